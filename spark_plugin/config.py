@@ -1,0 +1,212 @@
+"""Every ``spark.arrowbeat.*`` key, declared once: type, default, doc, and the form it expects.
+
+``load`` parses a settings mapping (Spark conf entries) into a typed :class:`ArrowBeatConfig`,
+reporting *all* problems at once, each naming the key and the expected form. The README's table
+of keys is generated from :data:`OPTIONS` (``python -m spark_plugin config-docs``) and a test
+checks the two agree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+PREFIX = "spark.arrowbeat."
+
+
+class ConfigError(ValueError):
+    """One or more ``spark.arrowbeat.*`` values are unknown or malformed."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid arrowbeat configuration: " + "; ".join(problems))
+        self.problems = problems
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|min|h|d)?\s*$")
+_UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Spark's time format, in seconds: ``500ms``, ``2s``, ``1min``; a bare number is milliseconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(text)
+    number, unit = match.groups()
+    return float(number) * _UNIT_SECONDS[unit or "ms"]
+
+
+def _parse_int(text: str) -> int:
+    return int(text.strip())
+
+
+def _parse_str(text: str) -> str:
+    return text
+
+
+def _parse_host(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]*", text):
+        raise ValueError(text)
+    return text
+
+
+def _parse_address(text: str) -> str:
+    if text and not re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+:\d{1,5}", text):
+        raise ValueError(text)
+    return text
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            raise ValueError(text)
+        return value
+
+    return parse
+
+
+def _log_level(text: str) -> str:
+    return _choice("debug", "info", "warning", "error")(text).upper()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One declared key. ``field`` is the attribute of :class:`ArrowBeatConfig` it fills."""
+
+    key: str
+    field: str
+    default: str
+    expected: str
+    doc: str
+    parse: Callable[[str], Any]
+    internal: bool = False  # set by arrowbeat itself, not by users
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "spark.arrowbeat.python", "python", "", "a path to a Python 3.11+ interpreter",
+        "Interpreter for arrowbeat's processes; empty means `PYSPARK_PYTHON`, then "
+        "`spark.pyspark.python`. It must have arrowbeat installed.", _parse_str,
+    ),
+    Option(
+        "spark.arrowbeat.startupTimeout", "startup_timeout_s", "30s", "a duration like 30s",
+        "How long the JVM waits for an arrowbeat process to report ready before running on without it.",
+        parse_duration,
+    ),
+    Option(
+        "spark.arrowbeat.authenticate.secret", "secret", "", "a string of at least 16 characters",
+        "Shared secret for every arrowbeat call (register, heartbeat, shuffle reads). Generated per "
+        "application when unset; never logged.", _parse_str,
+    ),
+    Option(
+        "spark.arrowbeat.rm.host", "rm_host", "", "a host name or IP address",
+        "Address the ResourceManager binds to; empty means `spark.driver.host`.", _parse_host,
+    ),
+    Option(
+        "spark.arrowbeat.rm.port", "rm_port", "0", "an integer port, 0 to 65535",
+        "Port of the ResourceManager; 0 picks a free one.", _parse_int,
+    ),
+    Option(
+        "spark.arrowbeat.heartbeat.interval", "heartbeat_interval_s", "1s", "a duration like 1s or 500ms",
+        "How often the ResourceManager requests a heartbeat from each executor agent.", parse_duration,
+    ),
+    Option(
+        "spark.arrowbeat.heartbeat.timeout", "heartbeat_timeout_s", "5s", "a duration like 5s",
+        "An executor that has not answered for this long is reported HEARTBEAT_TIMEOUT. "
+        "Must be larger than the interval.", parse_duration,
+    ),
+    Option(
+        "spark.arrowbeat.heartbeat.rpcFailureThreshold", "rpc_failure_threshold", "2",
+        "an integer >= 1, or -1 to disable",
+        "Consecutive failed heartbeat RPCs after which an executor is reported UNREACHABLE.", _parse_int,
+    ),
+    Option(
+        "spark.arrowbeat.log.level", "log_level", "info", "one of debug, info, warning, error",
+        "Log level of arrowbeat's processes (their output goes to the driver/executor log).", _log_level,
+    ),
+    Option(
+        "spark.arrowbeat.rm.address", "rm_address", "", "host:port",
+        "Set by arrowbeat on the driver: where the ResourceManager listens.", _parse_address,
+        internal=True,
+    ),
+    Option(
+        "spark.arrowbeat.driver.pid", "driver_pid", "0", "an integer",
+        "Set by arrowbeat on the driver: pid of the driver-side process.", _parse_int, internal=True,
+    ),
+)
+
+OPTIONS_BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class ArrowBeatConfig:
+    """Parsed, validated settings; one attribute per :data:`OPTIONS` entry."""
+
+    python: str
+    startup_timeout_s: float
+    secret: str
+    rm_host: str
+    rm_port: int
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    rpc_failure_threshold: int
+    log_level: str
+    rm_address: str
+    driver_pid: int
+
+
+def _check_ranges(c: ArrowBeatConfig) -> list[str]:
+    problems: list[str] = []
+    if c.startup_timeout_s <= 0:
+        problems.append("spark.arrowbeat.startupTimeout must be > 0")
+    if c.secret and len(c.secret) < 16:
+        problems.append("spark.arrowbeat.authenticate.secret must have at least 16 characters")
+    if not 0 <= c.rm_port <= 65535:
+        problems.append(f"spark.arrowbeat.rm.port={c.rm_port}: expected an integer port, 0 to 65535")
+    if c.heartbeat_interval_s <= 0:
+        problems.append("spark.arrowbeat.heartbeat.interval must be > 0")
+    if c.heartbeat_interval_s >= c.heartbeat_timeout_s:
+        problems.append(
+            f"spark.arrowbeat.heartbeat.interval ({c.heartbeat_interval_s:g}s) must be smaller than "
+            f"spark.arrowbeat.heartbeat.timeout ({c.heartbeat_timeout_s:g}s)"
+        )
+    if c.rpc_failure_threshold < 1 and c.rpc_failure_threshold != -1:
+        problems.append(
+            f"spark.arrowbeat.heartbeat.rpcFailureThreshold={c.rpc_failure_threshold}: "
+            "expected an integer >= 1, or -1 to disable"
+        )
+    return problems
+
+
+def load(settings: Mapping[str, str]) -> ArrowBeatConfig:
+    """Parses every ``spark.arrowbeat.*`` entry of ``settings``; other keys are ignored."""
+    problems: list[str] = []
+    for key in settings:
+        if key.startswith(PREFIX) and key not in OPTIONS_BY_KEY:
+            problems.append(f"unknown key {key} (known keys: see `python -m spark_plugin config-docs`)")
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        text = settings.get(option.key, option.default)
+        try:
+            values[option.field] = option.parse(text)
+        except ValueError:
+            shown = "<redacted>" if option.field == "secret" else repr(text)
+            problems.append(f"{option.key}={shown}: expected {option.expected}")
+            values[option.field] = option.parse(option.default)
+    config = ArrowBeatConfig(**values)
+    problems.extend(_check_ranges(config))
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def docs_table() -> str:
+    """The README's table of user-facing keys, generated from :data:`OPTIONS`."""
+    rows = ["| key | default | expected | meaning |", "| --- | --- | --- | --- |"]
+    for o in OPTIONS:
+        if not o.internal:
+            default = f"`{o.default}`" if o.default else "(unset)"
+            rows.append(f"| `{o.key}` | {default} | {o.expected} | {o.doc} |")
+    return "\n".join(rows)

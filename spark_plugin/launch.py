@@ -1,0 +1,67 @@
+"""How users turn arrowbeat on: ``spark-submit`` flags and ``SparkSession.builder`` settings.
+
+Both come from one list of ``(key, value)`` pairs, so the two ways cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+PLUGIN_CLASS = "arrowbeat.ArrowBeatPlugin"
+DELTA_VERSION = "4.0.1"
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+class SetupError(RuntimeError):
+    """arrowbeat's jars are not where they should be; the message says how to build them."""
+
+
+def jar_paths() -> list[str]:
+    """The launcher jar and the Delta jars: ``$ARROWBEAT_JARS`` (comma-separated) or the set-up cache."""
+    override = os.environ.get("ARROWBEAT_JARS")
+    if override:
+        jars = [p for p in override.split(",") if p]
+    else:
+        cache = _ROOT / ".cache"
+        jars = [
+            str(cache / "launcher" / "arrowbeat-launcher.jar"),
+            str(cache / "jars" / f"delta-spark_2.13-{DELTA_VERSION}.jar"),
+            str(cache / "jars" / f"delta-storage-{DELTA_VERSION}.jar"),
+        ]
+    missing = [j for j in jars if not Path(j).is_file()]
+    if missing:
+        raise SetupError(f"missing {', '.join(missing)}: run `make setup` in {_ROOT} (or set ARROWBEAT_JARS)")
+    return jars
+
+
+def spark_settings(python: str | None = None, delta: bool = True) -> list[tuple[str, str]]:
+    """The Spark conf entries that turn arrowbeat (and Delta) on."""
+    settings = [
+        ("spark.jars", ",".join(jar_paths())),
+        ("spark.plugins", PLUGIN_CLASS),
+        ("spark.arrowbeat.python", python or os.environ.get("PYSPARK_PYTHON") or sys.executable),
+    ]
+    if delta:
+        settings += [
+            ("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension"),
+            ("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"),
+        ]
+    return settings
+
+
+def submit_flags(python: str | None = None, delta: bool = True) -> list[str]:
+    """``spark-submit`` arguments: ``--jars ...`` then one ``--conf key=value`` per setting."""
+    flags: list[str] = []
+    for key, value in spark_settings(python, delta):
+        flags += ["--jars", value] if key == "spark.jars" else ["--conf", f"{key}={value}"]
+    return flags
+
+
+def configure(builder: Any, python: str | None = None, delta: bool = True) -> Any:
+    """Adds arrowbeat (and Delta) to a ``SparkSession.Builder``; returns the builder for chaining."""
+    for key, value in spark_settings(python, delta):
+        builder = builder.config(key, value)
+    return builder

@@ -1,0 +1,42 @@
+"""Environment for every test: loopback only, the venv's Python everywhere, Spark dirs in a temp
+folder, and a final check that the run left no process behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.procs import MARKER, end, ours, wait_until
+
+_SCRATCH = Path(tempfile.mkdtemp(prefix="arrowbeat-tests-"))
+os.environ.setdefault(MARKER, uuid.uuid4().hex)
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+os.environ["SPARK_WORKER_DIR"] = str(_SCRATCH / "work")
+os.environ["SPARK_LOCAL_DIRS"] = str(_SCRATCH / "local")
+os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+
+
+@pytest.fixture(scope="session")
+def scratch() -> Path:
+    """A per-run folder for warehouses, tables and logs."""
+    return _SCRATCH
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    """After the suite, nothing this run started may still run (JVMs, executors, agents, RMs)."""
+    yield
+    gone = wait_until(lambda: not ours(), timeout_s=20)
+    leftovers = [" ".join(p.cmdline())[:160] for p in ours()]
+    end(ours())
+    shutil.rmtree(_SCRATCH, ignore_errors=True)
+    assert gone, f"processes left running after the tests: {leftovers}"

@@ -1,0 +1,68 @@
+"""Finding and ending the processes a test run started, and only those.
+
+Every process of the run inherits ``ARROWBEAT_TEST_RUN`` (set in ``tests/conftest.py``): Spark JVMs,
+executors launched by the local-cluster Worker, and arrowbeat's Python processes under them. That
+marker finds them even after they are re-parented to init, without touching anyone else's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import psutil
+
+MARKER = "ARROWBEAT_TEST_RUN"
+
+
+APP_MARKER = "ARROWBEAT_TEST_APP"
+
+
+def ours(role: str = "", app: str | None = None) -> list[psutil.Process]:
+    """Live processes of this run whose command line contains ``role`` (of one app, if given)."""
+    token = os.environ.get(MARKER, "")
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid == me:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            env = proc.environ()
+            if not token or env.get(MARKER) != token or role not in " ".join(proc.cmdline()):
+                continue
+            if app is None or env.get(APP_MARKER) == app:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Polls ``condition`` until it is truthy or ``timeout_s`` passes; returns whether it held."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+
+
+def end(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
+    """SIGCONT (a stopped process ignores SIGTERM), SIGTERM, then SIGKILL what is left."""
+    for proc in procs:
+        try:
+            proc.resume()
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)

@@ -1,0 +1,94 @@
+"""Running a real ``spark-submit`` application with the flags ``python -m spark_plugin conf`` prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shlex
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.procs import APP_MARKER, end, ours
+
+SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
+
+
+def printed_flags() -> list[str]:
+    """Exactly what a user copies: the output of ``python -m spark_plugin conf``."""
+    out = subprocess.run(
+        [sys.executable, "-m", "spark_plugin", "conf"], check=True, capture_output=True, text=True
+    ).stdout
+    return shlex.split(out)
+
+
+class SubmittedApp:
+    """One spark-submit process; its stdout is read line by line on a thread."""
+
+    def __init__(self, app: Path, master: str, scratch: Path, conf: dict[str, str] | None = None) -> None:
+        self.marker = uuid.uuid4().hex
+        self.log_path = scratch / f"spark-submit-{self.marker[:8]}.log"
+        base = {
+            "spark.executor.memory": "512m",
+            "spark.driver.memory": "512m",
+            "spark.ui.enabled": "false",
+            "spark.sql.warehouse.dir": str(scratch / "warehouse"),
+            "spark.driver.extraJavaOptions": f"-Dderby.system.home={scratch / 'derby'}",
+        }
+        base.update(conf or {})
+        command = [SPARK_SUBMIT, "--master", master, *printed_flags()]
+        for key, value in base.items():
+            command += ["--conf", f"{key}={value}"]
+        command.append(str(app))
+        env = dict(os.environ, **{APP_MARKER: self.marker})
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env, text=True
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def wait_for(self, prefix: str, timeout_s: float) -> dict[str, Any]:
+        """The JSON after the first stdout line starting with ``prefix``."""
+        try:
+            while True:
+                line = self._lines.get(timeout=timeout_s)
+                if line is None:
+                    raise AssertionError(f"application exited before {prefix!r}:\n{self.log_tail()}")
+                if line.startswith(prefix):
+                    return json.loads(line[len(prefix) :])  # type: ignore[no-any-return]
+        except queue.Empty:
+            raise AssertionError(f"no {prefix!r} within {timeout_s}s:\n{self.log_tail()}") from None
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def wait(self, timeout_s: float) -> int:
+        return self.proc.wait(timeout=timeout_s)
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def close(self) -> None:
+        """Ends the application and everything it started, by pid."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        end(ours(app=self.marker))
+        self._log.close()

@@ -1,0 +1,57 @@
+"""The Python end of the JVM launcher protocol: settings block, pulses, EOF."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+
+from spark_plugin.sidecar import JvmLink
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_settings_block_is_read_and_unescaped() -> None:
+    raw = b"spark.app.id\tapp-1\nmulti\tline\\none\\ttab\\\\slash\n\n"
+    link = JvmLink(io.BytesIO(raw))
+    assert link.read_settings() == {"spark.app.id": "app-1", "multi": "line\none\ttab\\slash"}
+
+
+def test_eof_inside_settings_is_an_error() -> None:
+    with pytest.raises(EOFError):
+        JvmLink(io.BytesIO(b"a\tb\n")).read_settings()
+
+
+def test_malformed_settings_line_is_rejected() -> None:
+    with pytest.raises(ValueError, match="malformed settings line"):
+        JvmLink(io.BytesIO(b"no-tab-here\n\n")).read_settings()
+
+
+def test_pulses_reset_the_age_and_carry_running_tasks_and_eof_means_gone() -> None:
+    clock = FakeClock()
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader, os.fdopen(write_fd, "wb", buffering=0) as writer:
+        link = JvmLink(reader, clock=clock)
+        link.start()
+        clock.now += 3.0
+        assert link.pulse_age_s() == pytest.approx(3.0)
+        writer.write(b"p 4\n")
+        # The pulse is handled on the link's thread: wait on the observable effect.
+        deadline = 200
+        while link.running_tasks() != 4 and deadline:
+            deadline -= 1
+            link.gone.wait(0.01)
+        assert link.running_tasks() == 4
+        assert link.pulse_age_s() == pytest.approx(0.0)
+        clock.now += 1.5
+        writer.write(b"garbage\n")  # still proof of life, running tasks unchanged
+        assert not link.gone.wait(0.0)
+    assert link.gone.wait(5.0), "EOF on stdin must mark the JVM as gone"
+    assert link.running_tasks() == 4
