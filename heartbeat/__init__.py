@@ -1,0 +1,88 @@
+"""Flink-style heartbeats between a driver-side ResourceManager and executor agents.
+
+Knows nothing of Spark: the Spark wiring lives in ``spark_plugin``. Roles, one module each:
+``target``, ``listener``, ``monitor``, ``manager``, ``sender``, ``services``; the RM core in
+``resource_manager`` and its gRPC server in ``rm_server``; the agent in ``agent``.
+"""
+
+from .agent import AsyncAgent, Registration, TaskExecutorAgent
+from .clock import Clock, ManualClock, MonotonicClock
+from .errors import (
+    AuthenticationError,
+    ClosedError,
+    HeartbeatConfigError,
+    HeartbeatError,
+    HeartbeatRpcError,
+    MalformedMessageError,
+    ProtocolError,
+    RegistrationError,
+    RegistrationTimeoutError,
+    StaleEpochError,
+    StaleInstanceError,
+    UnknownExecutorError,
+)
+from .events import EventKind, ExecutorEvent, HeartbeatRecord
+from .listener import HeartbeatListener
+from .manager import HeartbeatManager
+from .monitor import HeartbeatMonitor, MonitorState
+from .payload import (
+    Payload,
+    PayloadProvider,
+    pulse_file_provider,
+    rss_provider,
+    slots_provider,
+    static_provider,
+)
+from .resource_manager import ExecutorInfo
+from .retry import RetryPolicy
+from .rm_server import ResourceManagerServer
+from .scheduler import Cancellable, LoopScheduler, ManualScheduler, Scheduler, ThreadScheduler
+from .sender import HeartbeatManagerSender
+from .services import CONFIG_KEYS, HeartbeatServices
+from .target import HeartbeatTarget
+
+__all__ = [
+    "CONFIG_KEYS",
+    "AsyncAgent",
+    "AuthenticationError",
+    "Cancellable",
+    "Clock",
+    "ClosedError",
+    "EventKind",
+    "ExecutorEvent",
+    "ExecutorInfo",
+    "HeartbeatConfigError",
+    "HeartbeatError",
+    "HeartbeatListener",
+    "HeartbeatManager",
+    "HeartbeatManagerSender",
+    "HeartbeatMonitor",
+    "HeartbeatRecord",
+    "HeartbeatRpcError",
+    "HeartbeatServices",
+    "HeartbeatTarget",
+    "LoopScheduler",
+    "MalformedMessageError",
+    "ManualClock",
+    "ManualScheduler",
+    "MonitorState",
+    "MonotonicClock",
+    "Payload",
+    "PayloadProvider",
+    "ProtocolError",
+    "Registration",
+    "RegistrationError",
+    "RegistrationTimeoutError",
+    "ResourceManagerServer",
+    "RetryPolicy",
+    "Scheduler",
+    "StaleEpochError",
+    "StaleInstanceError",
+    "TaskExecutorAgent",
+    "ThreadScheduler",
+    "UnknownExecutorError",
+    "pulse_file_provider",
+    "rss_provider",
+    "slots_provider",
+    "static_provider",
+]

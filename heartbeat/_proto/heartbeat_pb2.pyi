@@ -1,0 +1,108 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AgentMessage(_message.Message):
+    __slots__ = ("register", "heartbeat", "unregister")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    UNREGISTER_FIELD_NUMBER: _ClassVar[int]
+    register: RegisterRequest
+    heartbeat: HeartbeatResponse
+    unregister: UnregisterRequest
+    def __init__(self, register: _Optional[_Union[RegisterRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatResponse, _Mapping]] = ..., unregister: _Optional[_Union[UnregisterRequest, _Mapping]] = ...) -> None: ...
+
+class RmMessage(_message.Message):
+    __slots__ = ("registered", "heartbeat_request")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    registered: RegisterResponse
+    heartbeat_request: HeartbeatRequest
+    def __init__(self, registered: _Optional[_Union[RegisterResponse, _Mapping]] = ..., heartbeat_request: _Optional[_Union[HeartbeatRequest, _Mapping]] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("executor_id", "host", "pid", "resume_epoch", "resume_instance_id")
+    EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RESUME_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RESUME_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    executor_id: str
+    host: str
+    pid: int
+    resume_epoch: str
+    resume_instance_id: str
+    def __init__(self, executor_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., resume_epoch: _Optional[str] = ..., resume_instance_id: _Optional[str] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("epoch", "instance_id", "interval_ms", "timeout_ms", "resumed")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    instance_id: str
+    interval_ms: int
+    timeout_ms: int
+    resumed: bool
+    def __init__(self, epoch: _Optional[str] = ..., instance_id: _Optional[str] = ..., interval_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., resumed: bool = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("epoch", "instance_id", "seq")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    instance_id: str
+    seq: int
+    def __init__(self, epoch: _Optional[str] = ..., instance_id: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class Payload(_message.Message):
+    __slots__ = ("slots_total", "slots_busy", "running_tasks", "rss_bytes", "jvm_pulse_age_ms", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    SLOTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_BUSY_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_TASKS_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JVM_PULSE_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    slots_total: int
+    slots_busy: int
+    running_tasks: int
+    rss_bytes: int
+    jvm_pulse_age_ms: int
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, slots_total: _Optional[int] = ..., slots_busy: _Optional[int] = ..., running_tasks: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., jvm_pulse_age_ms: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("epoch", "instance_id", "seq", "payload")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    instance_id: str
+    seq: int
+    payload: Payload
+    def __init__(self, epoch: _Optional[str] = ..., instance_id: _Optional[str] = ..., seq: _Optional[int] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ...) -> None: ...
+
+class UnregisterRequest(_message.Message):
+    __slots__ = ("epoch", "instance_id", "reason")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    instance_id: str
+    reason: str
+    def __init__(self, epoch: _Optional[str] = ..., instance_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...

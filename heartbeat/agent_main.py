@@ -1,0 +1,88 @@
+"""Run one agent as a process: ``python -m heartbeat.agent_main --rm HOST:PORT --executor-id ID``.
+
+The secret comes from the ``ARROWBEAT_SECRET`` environment variable, never from argv (argv is
+visible in ``ps``). Prints ``READY <epoch> <instance_id>`` on the first registration and
+``REGISTERED <epoch> <instance_id>`` on each later one; exits on SIGTERM/SIGINT after
+unregistering, or with status 2 if registration gives up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from .agent import AsyncAgent, Registration
+from .payload import rss_provider, slots_provider
+from .retry import RetryPolicy
+from .services import HeartbeatServices
+
+SECRET_ENV = "ARROWBEAT_SECRET"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rm", required=True, help="the ResourceManager's HOST:PORT")
+    parser.add_argument("--executor-id", required=True)
+    parser.add_argument("--host", default="127.0.0.1", help="this executor's host name as reported to the RM")
+    parser.add_argument("--interval", type=float, default=1.0, help="heartbeat interval, s")
+    parser.add_argument("--timeout", type=float, default=5.0, help="heartbeat timeout, s")
+    parser.add_argument("--rpc-failure-threshold", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=1)
+    parser.add_argument("--retry-min", type=float, default=0.05, help="min registration backoff, s")
+    parser.add_argument("--retry-max", type=float, default=1.0, help="max registration backoff, s")
+    parser.add_argument("--retry-deadline", type=float, default=60.0, help="give up registering after, s")
+    return parser.parse_args(argv)
+
+
+async def _main(args: argparse.Namespace, secret: str) -> int:
+    services = HeartbeatServices(args.interval, args.timeout, args.rpc_failure_threshold)
+    policy = RetryPolicy(
+        min_delay_s=args.retry_min,
+        max_delay_s=args.retry_max,
+        deadline_s=args.retry_deadline,
+        attempt_timeout_s=min(5.0, args.timeout),
+    )
+    first = True
+
+    def announce(registration: Registration) -> None:
+        nonlocal first
+        word = "READY" if first else "REGISTERED"
+        first = False
+        print(f"{word} {registration.epoch} {registration.instance_id}", flush=True)
+
+    agent = AsyncAgent(
+        args.rm,
+        secret,
+        args.executor_id,
+        host=args.host,
+        services=services,
+        payload_providers=[slots_provider(args.slots), rss_provider()],
+        retry_policy=policy,
+        on_registered=announce,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.stop()))
+    await agent.run()
+    if agent.error is not None:
+        print(f"FAILED {agent.error}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    secret = os.environ.get(SECRET_ENV, "")
+    if not secret:
+        print(f"set the shared secret in the {SECRET_ENV} environment variable", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(_main(args, secret))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

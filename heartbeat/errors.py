@@ -1,0 +1,89 @@
+"""The one exception tree of the heartbeat package.
+
+::
+
+    HeartbeatError
+    ├── HeartbeatConfigError (also ValueError)   invalid interval/timeout/threshold/retry settings
+    ├── ClosedError                               we stopped it; the call came after stop()
+    ├── HeartbeatRpcError                         the peer is gone or the transport failed
+    ├── RegistrationError                         an agent could not register
+    │   ├── RegistrationTimeoutError              retries ran past the policy's deadline
+    │   └── AuthenticationError                   the RM rejected the shared secret (not retried)
+    └── ProtocolError                             the RM refused a message; nothing was applied
+        ├── MalformedMessageError                 -> gRPC INVALID_ARGUMENT
+        ├── UnknownExecutorError                  -> gRPC NOT_FOUND: re-register
+        ├── StaleEpochError                       -> gRPC FAILED_PRECONDITION: the RM restarted
+        └── StaleInstanceError                    -> gRPC FAILED_PRECONDITION: a newer registration won
+
+"We closed it" (``ClosedError``) and "the peer is gone" (``HeartbeatRpcError``) are kept apart on
+purpose: the first is a caller bug, the second is the normal failure the protocol detects.
+"""
+
+from __future__ import annotations
+
+
+class HeartbeatError(Exception):
+    """Base of every error raised by the heartbeat package."""
+
+
+class HeartbeatConfigError(HeartbeatError, ValueError):
+    """A configuration value is outside its allowed range; the message names both."""
+
+    def __init__(self, parameter: str, value: object, allowed: str) -> None:
+        super().__init__(f"invalid heartbeat setting {parameter}={value!r}: must be {allowed}")
+        self.parameter = parameter
+        self.value = value
+        self.allowed = allowed
+
+
+class ClosedError(HeartbeatError):
+    """The object was stopped by its owner; create a new one instead of reusing it."""
+
+
+class HeartbeatRpcError(HeartbeatError):
+    """Sending to or receiving from the peer failed; counts toward UNREACHABLE."""
+
+
+class RegistrationError(HeartbeatError):
+    """The agent could not register with the ResourceManager."""
+
+
+class RegistrationTimeoutError(RegistrationError):
+    """Registration kept failing until the retry policy's overall deadline passed."""
+
+    def __init__(
+        self, address: str, deadline_s: float, attempts: int, last_error: BaseException | None
+    ) -> None:
+        super().__init__(
+            f"could not register with the ResourceManager at {address} within {deadline_s:.1f} s "
+            f"({attempts} attempts; last error: {last_error!r}); check that the driver-side RM is running "
+            "and reachable, or raise the registration deadline"
+        )
+        self.address = address
+        self.deadline_s = deadline_s
+        self.attempts = attempts
+        self.last_error = last_error
+
+
+class AuthenticationError(RegistrationError):
+    """The RM rejected our secret: every process of one application must share the same secret."""
+
+
+class ProtocolError(HeartbeatError):
+    """The RM refused a message (it was not applied); the sender should re-register or fix it."""
+
+
+class MalformedMessageError(ProtocolError):
+    """The message could not be parsed or violates a field constraint."""
+
+
+class UnknownExecutorError(ProtocolError):
+    """The RM has no live registration for this executor id (timed out, unregistered or restarted)."""
+
+
+class StaleEpochError(ProtocolError):
+    """The message carries an epoch of an earlier RM incarnation."""
+
+
+class StaleInstanceError(ProtocolError):
+    """The message carries a registration (instance) id that a newer registration replaced."""

@@ -1,0 +1,101 @@
+"""Heartbeat payload and the pluggable providers that fill it.
+
+A provider is any callable returning a mapping of figure names to numbers. The well-known names
+(``PAYLOAD_FIELDS``) land in their typed fields; every other name goes to ``metrics`` (e.g.
+shuffle buffer-pool figures). A provider that raises is logged once and skipped, so a broken
+metric never silences the heartbeat that proves liveness.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+PayloadProvider = Callable[[], Mapping[str, float | int | None]]
+
+PAYLOAD_FIELDS = ("slots_total", "slots_busy", "running_tasks", "rss_bytes", "jvm_pulse_age_ms")
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What an agent reports with each heartbeat; None means "unknown"."""
+
+    slots_total: int | None = None
+    slots_busy: int | None = None
+    running_tasks: int | None = None
+    rss_bytes: int | None = None
+    jvm_pulse_age_ms: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def collect_payload(providers: Sequence[PayloadProvider], failed: set[int] | None = None) -> Payload:
+    """Merge every provider's figures; later providers win on a clash."""
+    typed: dict[str, int] = {}
+    metrics: dict[str, float] = {}
+    for index, provider in enumerate(providers):
+        try:
+            figures = provider()
+        except Exception:
+            if failed is None or index not in failed:
+                log.warning("heartbeat payload provider %r failed; skipping it", provider, exc_info=True)
+                if failed is not None:
+                    failed.add(index)
+            continue
+        for name, value in figures.items():
+            if value is None:
+                continue
+            if name in PAYLOAD_FIELDS:
+                typed[name] = int(value)
+            else:
+                metrics[name] = float(value)
+    return Payload(metrics=metrics, **typed)
+
+
+def slots_provider(total: int, busy: Callable[[], int] | None = None) -> PayloadProvider:
+    """Slots total (fixed) and busy (sampled each heartbeat); busy doubles as running tasks."""
+
+    def provide() -> Mapping[str, float | int | None]:
+        used = busy() if busy is not None else 0
+        return {"slots_total": total, "slots_busy": used, "running_tasks": used}
+
+    return provide
+
+
+def rss_provider(pid: int | None = None) -> PayloadProvider:
+    """Resident set size of ``pid`` (default: this process), via psutil imported on first use."""
+    import psutil
+
+    process = psutil.Process(pid or os.getpid())
+
+    def provide() -> Mapping[str, float | int | None]:
+        return {"rss_bytes": process.memory_info().rss}
+
+    return provide
+
+
+def pulse_file_provider(path: str, now: Callable[[], float] = time.time) -> PayloadProvider:
+    """Age of the last liveness pulse of the hosting process, as the mtime of a file it touches.
+
+    The Spark wiring has the executor JVM touch ``path``; a frozen JVM stops touching it, so the
+    age grows even while this agent keeps answering. A missing file reports unknown (None).
+    """
+
+    def provide() -> Mapping[str, float | int | None]:
+        try:
+            mtime = os.stat(path).st_mtime
+        except FileNotFoundError:
+            return {"jvm_pulse_age_ms": None}
+        return {"jvm_pulse_age_ms": max(0, int((now() - mtime) * 1000))}
+
+    return provide
+
+
+def static_provider(figures: Mapping[str, float | int | None]) -> PayloadProvider:
+    """Fixed figures, e.g. for tests and the benchmark."""
+    frozen = dict(figures)
+    return lambda: frozen

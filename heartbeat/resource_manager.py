@@ -1,0 +1,318 @@
+"""The ResourceManager's transport-free core: registrations, fencing and the heartbeat sender.
+
+It owns the epoch (fencing token, fresh per RM start) and one registration per executor id with
+its own instance id. Messages with another epoch or a replaced instance id raise a
+``ProtocolError`` and change nothing. The RM is the heartbeat sender: it asks each agent for a
+heartbeat every interval through that agent's ``AgentLink``, and measures RTT on its own clock.
+
+All methods are meant to run on one thread (the server's loop); a lock still guards the table
+so ``executors()`` can be read from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .clock import Clock
+from .errors import MalformedMessageError, StaleEpochError, StaleInstanceError, UnknownExecutorError
+from .events import Event, EventKind, ExecutorEvent, HeartbeatRecord
+from .monitor import HeartbeatMonitor
+from .payload import Payload
+from .scheduler import Scheduler
+from .services import HeartbeatServices
+
+log = logging.getLogger(__name__)
+
+RM_ID = "resource-manager"
+_MAX_ID_CHARS = 256
+_MAX_OUTSTANDING = 64
+
+
+class EventSink(Protocol):
+    """Where the core publishes events (an ``EventBus`` in production, a list in tests)."""
+
+    def publish(self, event: Event) -> None: ...
+
+
+class AgentLink(Protocol):
+    """The RM's one-way handle on an agent's connection (a fake in unit tests, a stream in production)."""
+
+    def send_heartbeat_request(self, epoch: str, instance_id: str, seq: int) -> None:
+        """Enqueue a request without blocking; raise ``HeartbeatRpcError`` if it cannot be sent."""
+        ...
+
+    def close(self, status: str, detail: str) -> None:
+        """End the connection with a gRPC status name and a message telling the agent what to do."""
+        ...
+
+
+@dataclass(frozen=True)
+class ExecutorInfo:
+    """A snapshot of one executor as the RM sees it; times are wall-clock epoch seconds."""
+
+    executor_id: str
+    host: str
+    instance_id: str
+    state: str
+    registered_at: float
+    last_heartbeat: float | None
+    last_rtt_ms: float | None
+    payload: Payload | None
+
+
+class _AgentTarget:
+    """``HeartbeatTarget`` for one registration: numbers requests and remembers when they left."""
+
+    def __init__(self, link: AgentLink, epoch: str, instance_id: str, clock: Clock) -> None:
+        self.link = link
+        self._epoch = epoch
+        self._instance_id = instance_id
+        self._clock = clock
+        self._seq = 0
+        self.sent: dict[int, float] = {}
+
+    def request_heartbeat(self, request_origin: str, payload: None) -> None:
+        self._seq += 1
+        self.sent[self._seq] = self._clock.now()
+        if len(self.sent) > _MAX_OUTSTANDING:
+            del self.sent[next(iter(self.sent))]
+        self.link.send_heartbeat_request(self._epoch, self._instance_id, self._seq)
+
+    def receive_heartbeat(self, heartbeat_origin: str, payload: None) -> None:
+        """The RM only sends requests; agents never ask it for a heartbeat."""
+
+
+@dataclass
+class _Registration:
+    executor_id: str
+    host: str
+    instance_id: str
+    target: _AgentTarget
+    monitor: HeartbeatMonitor[None]
+    registered_at: float
+    state: str = "RUNNING"
+    last_heartbeat: float | None = None
+    last_rtt_ms: float | None = None
+    payload: Payload | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Registered:
+    epoch: str
+    instance_id: str
+    resumed: bool
+
+
+class ResourceManagerCore:
+    """Registration table + heartbeat sender + event emission; a ``HeartbeatListener`` itself."""
+
+    def __init__(
+        self,
+        services: HeartbeatServices,
+        clock: Clock,
+        scheduler: Scheduler,
+        bus: EventSink,
+        *,
+        epoch: str | None = None,
+        known_executors: Iterable[str] = (),
+        wall: Callable[[], float] = time.time,
+        spread: int = 10,
+    ) -> None:
+        self.services = services
+        self.epoch = epoch or uuid.uuid4().hex
+        self._clock = clock
+        self._bus = bus
+        self._wall = wall
+        self._lock = threading.RLock()
+        self._registrations: dict[str, _Registration] = {}
+        self._seen: set[str] = set(known_executors)
+        self._stopped = False
+        self._sender = services.create_heartbeat_manager_sender(RM_ID, self, scheduler, clock, spread)
+
+    def start(self) -> None:
+        self._sender.start()
+
+    def stop(self) -> None:
+        """Stop requesting and emitting; idempotent."""
+        with self._lock:
+            self._stopped = True
+        self._sender.stop()
+
+    # ---- messages from agents -------------------------------------------------------------
+
+    def register(
+        self,
+        executor_id: str,
+        host: str,
+        link: AgentLink,
+        resume_epoch: str = "",
+        resume_instance_id: str = "",
+    ) -> Registered:
+        """Register (or re-register) ``executor_id``; a previous registration becomes stale."""
+        _check_id("executor_id", executor_id)
+        _check_id("host", host, allow_empty=True)
+        now_wall = self._wall()
+        with self._lock:
+            current = self._registrations.get(executor_id)
+            if (
+                current is not None
+                and current.state == "RUNNING"
+                and resume_epoch == self.epoch
+                and resume_instance_id == current.instance_id
+            ):
+                old_link, current.target.link = current.target.link, link
+                current.monitor.report_rpc_success()
+                if old_link is not link:
+                    old_link.close("FAILED_PRECONDITION", "this stream was replaced by a resumed one")
+                return Registered(self.epoch, current.instance_id, resumed=True)
+            instance_id = uuid.uuid4().hex
+            target = _AgentTarget(link, self.epoch, instance_id, self._clock)
+            monitor = self._sender.monitor_target(executor_id, target)
+            self._registrations[executor_id] = _Registration(
+                executor_id, host, instance_id, target, monitor, registered_at=now_wall
+            )
+            kind = EventKind.REREGISTERED if executor_id in self._seen else EventKind.REGISTERED
+            self._seen.add(executor_id)
+        if current is not None and current.state == "RUNNING":
+            current.state = "REPLACED"
+            current.target.link.close("FAILED_PRECONDITION", "stale registration: replaced by a newer one")
+        detail = "" if current is None else f"replaces instance {current.instance_id}"
+        self._emit(kind, executor_id, host, instance_id, detail)
+        return Registered(self.epoch, instance_id, resumed=False)
+
+    def receive_heartbeat(
+        self, executor_id: str, epoch: str, instance_id: str, seq: int, payload: Payload
+    ) -> None:
+        """An agent answered a request; raises ``ProtocolError`` (and applies nothing) if stale."""
+        registration = self._live(executor_id, epoch, instance_id)
+        sent = registration.target.sent.pop(seq, None)
+        rtt_ms = None if sent is None else (self._clock.now() - sent) * 1000.0
+        if not self._sender.receive_heartbeat(executor_id, payload):
+            raise UnknownExecutorError(f"executor {executor_id!r} is not monitored; register again")
+        now_wall = self._wall()
+        registration.last_heartbeat = now_wall
+        registration.payload = payload
+        if rtt_ms is not None:
+            registration.last_rtt_ms = rtt_ms
+            if not self._stopped:
+                self._bus.publish(
+                    HeartbeatRecord(executor_id, registration.host, instance_id, now_wall, rtt_ms, payload)
+                )
+
+    def unregister(self, executor_id: str, epoch: str, instance_id: str, reason: str = "") -> None:
+        """The agent is leaving on purpose."""
+        registration = self._live(executor_id, epoch, instance_id)
+        self._end(registration, "UNREGISTERED", EventKind.UNREGISTERED, reason or "agent stopped", None)
+
+    def report_rpc_failure(self, executor_id: str, link: AgentLink) -> None:
+        """A send on ``link`` failed asynchronously (only counts if ``link`` is still current)."""
+        registration = self._registrations.get(executor_id)
+        if registration is not None and registration.target.link is link:
+            registration.monitor.report_rpc_failure()
+
+    # ---- HeartbeatListener ----------------------------------------------------------------
+
+    def notify_heartbeat_timeout(self, target_id: str) -> None:
+        registration = self._registrations.get(target_id)
+        if registration is not None and registration.state == "RUNNING":
+            timeout = self.services.timeout_s
+            self._end(
+                registration,
+                "TIMEOUT",
+                EventKind.HEARTBEAT_TIMEOUT,
+                f"no heartbeat for {timeout:g} s",
+                ("NOT_FOUND", "heartbeat timeout: the RM dropped this registration; register again"),
+            )
+
+    def notify_target_unreachable(self, target_id: str) -> None:
+        registration = self._registrations.get(target_id)
+        if registration is not None and registration.state == "RUNNING":
+            failures = registration.monitor.consecutive_rpc_failures
+            self._end(
+                registration,
+                "UNREACHABLE",
+                EventKind.UNREACHABLE,
+                f"{failures} consecutive heartbeat RPCs failed",
+                ("NOT_FOUND", "unreachable: the RM dropped this registration; register again"),
+            )
+
+    def report_payload(self, target_id: str, payload: Payload) -> None:
+        """Payloads are recorded by ``receive_heartbeat``, which also knows the RTT."""
+
+    def retrieve_payload(self, target_id: str) -> None:
+        return None
+
+    # ---- queries --------------------------------------------------------------------------
+
+    def executors(self) -> list[ExecutorInfo]:
+        with self._lock:
+            return [
+                ExecutorInfo(
+                    r.executor_id,
+                    r.host,
+                    r.instance_id,
+                    r.state,
+                    r.registered_at,
+                    r.last_heartbeat,
+                    r.last_rtt_ms,
+                    r.payload,
+                )
+                for r in self._registrations.values()
+            ]
+
+    def last_heartbeat_from(self, executor_id: str) -> float | None:
+        """RM-clock time of the last heartbeat from a live registration."""
+        return self._sender.last_heartbeat_from(executor_id)
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _live(self, executor_id: str, epoch: str, instance_id: str) -> _Registration:
+        if epoch != self.epoch:
+            raise StaleEpochError(
+                f"epoch {epoch!r} is not the RM's current epoch {self.epoch!r}; register again"
+            )
+        registration = self._registrations.get(executor_id)
+        if registration is None or registration.state != "RUNNING":
+            raise UnknownExecutorError(f"executor {executor_id!r} has no live registration; register again")
+        if instance_id != registration.instance_id:
+            raise StaleInstanceError(
+                f"instance {instance_id!r} of executor {executor_id!r} was replaced by a newer registration"
+            )
+        return registration
+
+    def _end(
+        self,
+        registration: _Registration,
+        state: str,
+        kind: EventKind,
+        detail: str,
+        close: tuple[str, str] | None,
+    ) -> None:
+        with self._lock:
+            if registration.state != "RUNNING":
+                return
+            registration.state = state
+        self._sender.unmonitor_if(registration.executor_id, registration.monitor)
+        if close is not None:
+            registration.target.link.close(*close)
+        self._emit(kind, registration.executor_id, registration.host, registration.instance_id, detail)
+
+    def _emit(self, kind: EventKind, executor_id: str, host: str, instance_id: str, detail: str) -> None:
+        if self._stopped:
+            return
+        log.info("executor %s (%s) %s %s", executor_id, instance_id, kind.value, detail)
+        self._bus.publish(ExecutorEvent(kind, executor_id, host, instance_id, self._wall(), detail))
+
+
+def _check_id(name: str, value: str, allow_empty: bool = False) -> None:
+    if (not value and not allow_empty) or len(value) > _MAX_ID_CHARS or not value.isprintable():
+        raise MalformedMessageError(
+            f"{name} must be 1-{_MAX_ID_CHARS} printable characters, got {value[:40]!r}"
+        )

@@ -1,0 +1,99 @@
+"""``RetryPolicy`` and the retrying registration loop (Flink's ``RetryingRegistration``).
+
+Delays grow exponentially from ``min_delay_s`` up to ``max_delay_s`` with "full jitter" (each
+delay drawn uniformly from [(1 - jitter) * d, d]) so many agents restarting together do not
+retry in lockstep. Past ``deadline_s`` the loop raises ``RegistrationTimeoutError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from .clock import Clock
+from .errors import (
+    HeartbeatConfigError,
+    HeartbeatRpcError,
+    RegistrationTimeoutError,
+    StaleEpochError,
+    StaleInstanceError,
+    UnknownExecutorError,
+)
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff; ``retry_on`` lists the errors worth another attempt."""
+
+    min_delay_s: float = 0.1
+    max_delay_s: float = 5.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+    deadline_s: float = 60.0
+    attempt_timeout_s: float = 5.0
+    retry_on: tuple[type[BaseException], ...] = field(
+        default=(HeartbeatRpcError, UnknownExecutorError, StaleEpochError, StaleInstanceError, OSError)
+    )
+
+    def __post_init__(self) -> None:
+        checks: list[tuple[str, float, bool, str]] = [
+            ("min_delay_s", self.min_delay_s, self.min_delay_s >= 0, ">= 0"),
+            ("max_delay_s", self.max_delay_s, self.max_delay_s >= self.min_delay_s, ">= min_delay_s"),
+            ("multiplier", self.multiplier, self.multiplier >= 1, ">= 1"),
+            ("jitter", self.jitter, 0 <= self.jitter <= 1, "in [0, 1]"),
+            ("deadline_s", self.deadline_s, self.deadline_s > 0, "> 0"),
+            ("attempt_timeout_s", self.attempt_timeout_s, self.attempt_timeout_s > 0, "> 0"),
+        ]
+        for name, value, ok, allowed in checks:
+            if not (ok and math.isfinite(value)):
+                raise HeartbeatConfigError(f"RetryPolicy.{name}", value, allowed)
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Backoff before attempt ``attempt + 1`` (``attempt`` counts from 1)."""
+        base = min(self.max_delay_s, self.min_delay_s * self.multiplier ** max(0, attempt - 1))
+        draw = (rng or random).random()
+        return base * (1.0 - self.jitter * draw)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, self.retry_on)
+
+
+async def retry_until_deadline(
+    attempt: Callable[[float], Awaitable[T]],
+    policy: RetryPolicy,
+    clock: Clock,
+    address: str,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    rng: random.Random | None = None,
+) -> T:
+    """Run ``attempt(timeout_s)`` until it succeeds, a non-retryable error escapes, or time is up.
+
+    ``clock`` and ``sleep`` are injected so tests run the whole schedule without real waiting.
+    """
+    start = clock.now()
+    last_error: BaseException | None = None
+    for number in range(1, 1_000_000):
+        remaining = policy.deadline_s - (clock.now() - start)
+        if remaining <= 0:
+            raise RegistrationTimeoutError(address, policy.deadline_s, number - 1, last_error)
+        try:
+            return await attempt(min(policy.attempt_timeout_s, remaining))
+        except Exception as exc:
+            if not policy.is_retryable(exc):
+                raise
+            last_error = exc
+            log.debug("registration attempt %d with %s failed: %r", number, address, exc)
+        remaining = policy.deadline_s - (clock.now() - start)
+        if remaining <= 0:
+            raise RegistrationTimeoutError(address, policy.deadline_s, number, last_error)
+        await sleep(min(policy.delay(number, rng), remaining))
+    raise RegistrationTimeoutError(address, policy.deadline_s, number, last_error)  # pragma: no cover

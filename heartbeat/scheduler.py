@@ -1,0 +1,150 @@
+"""Delayed execution, injected everywhere a timer is needed (Flink's ``ScheduledExecutor``).
+
+Three implementations share the ``Scheduler`` protocol:
+
+* ``LoopScheduler`` runs callbacks on an asyncio loop: the RM and the agent keep all heartbeat
+  state on their loop thread, like Flink's main-thread executor, so no callback races a handler.
+* ``ThreadScheduler`` runs callbacks on one daemon thread, for callers without a loop.
+* ``ManualScheduler`` runs due callbacks only inside ``advance()``: deterministic, sleep-free tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from .clock import ManualClock, MonotonicClock
+
+log = logging.getLogger(__name__)
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Scheduler(Protocol):
+    def schedule(self, delay_s: float, fn: Callable[[], None]) -> Cancellable: ...
+
+
+class _Task:
+    """A queued callback; cancelling only flags it so the heap needs no removal."""
+
+    __slots__ = ("cancelled", "due", "fn")
+
+    def __init__(self, due: float, fn: Callable[[], None]) -> None:
+        self.due = due
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _run(fn: Callable[[], None]) -> None:
+    """A failing callback must not kill the scheduler that also runs everyone else's timers."""
+    try:
+        fn()
+    except Exception:
+        log.exception("scheduled heartbeat callback failed")
+
+
+class ManualScheduler:
+    """Runs tasks only when ``advance`` moves its ``ManualClock`` past their due time."""
+
+    def __init__(self, clock: ManualClock | None = None) -> None:
+        self.clock = clock or ManualClock()
+        self._heap: list[tuple[float, int, _Task]] = []
+        self._seq = itertools.count()
+
+    def schedule(self, delay_s: float, fn: Callable[[], None]) -> Cancellable:
+        task = _Task(self.clock.now() + max(0.0, delay_s), fn)
+        heapq.heappush(self._heap, (task.due, next(self._seq), task))
+        return task
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward, running every task due on the way at its own due time, in order."""
+        end = self.clock.now() + seconds
+        while self._heap and self._heap[0][0] <= end:
+            due, _, task = heapq.heappop(self._heap)
+            if task.cancelled:
+                continue
+            self.clock.set(max(due, self.clock.now()))
+            _run(task.fn)
+        self.clock.set(end)
+
+    def pending(self) -> int:
+        return sum(1 for _, _, t in self._heap if not t.cancelled)
+
+
+class ThreadScheduler:
+    """A single timer thread; ``shutdown`` drops pending tasks."""
+
+    def __init__(self, name: str = "heartbeat-scheduler") -> None:
+        self._clock = MonotonicClock()
+        self._heap: list[tuple[float, int, _Task]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def schedule(self, delay_s: float, fn: Callable[[], None]) -> Cancellable:
+        task = _Task(self._clock.now() + max(0.0, delay_s), fn)
+        with self._cond:
+            if not self._closed:
+                heapq.heappush(self._heap, (task.due, next(self._seq), task))
+                self._cond.notify()
+        return task
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (not self._heap or self._heap[0][0] > self._clock.now()):
+                    timeout = self._heap[0][0] - self._clock.now() if self._heap else None
+                    self._cond.wait(timeout)
+                if self._closed:
+                    return
+                _, _, task = heapq.heappop(self._heap)
+            if not task.cancelled:
+                _run(task.fn)
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._heap.clear()
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+class LoopScheduler:
+    """Schedules on an asyncio loop; safe to call from the loop thread or from any other thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def schedule(self, delay_s: float, fn: Callable[[], None]) -> Cancellable:
+        task = _Task(0.0, fn)
+
+        def fire() -> None:
+            if not task.cancelled:
+                _run(task.fn)
+
+        delay = max(0.0, delay_s)
+        if _running_loop() is self._loop:
+            self._loop.call_later(delay, fire)
+        else:
+            self._loop.call_soon_threadsafe(self._loop.call_later, delay, fire)
+        return task
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -1,0 +1,142 @@
+"""The agent's side of one registered stream, over a fake call and a manual clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from heartbeat import AsyncAgent, HeartbeatServices, ManualScheduler, Registration, static_provider
+from heartbeat._grpc_compat import EOF
+from heartbeat._proto import heartbeat_pb2 as pb
+from heartbeat.agent import _Session
+
+SERVICES = HeartbeatServices(interval_s=1.0, timeout_s=3.0, rpc_failure_threshold=2)
+REG = Registration("epoch-1", "instance-1")
+
+
+class FakeCall:
+    """Stands in for a grpc.aio stream call: the test feeds reads and inspects writes."""
+
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[object] = asyncio.Queue()
+        self.written: list[pb.AgentMessage] = []
+        self.status: tuple[grpc.StatusCode, str] = (grpc.StatusCode.OK, "")
+
+    async def read(self) -> object:
+        return await self.inbox.get()
+
+    async def write(self, message: pb.AgentMessage) -> None:
+        self.written.append(message)
+
+    async def code(self) -> grpc.StatusCode:
+        return self.status[0]
+
+    async def details(self) -> str:
+        return self.status[1]
+
+    def request(self, seq: int, epoch: str = REG.epoch, instance_id: str = REG.instance_id) -> None:
+        req = pb.HeartbeatRequest(epoch=epoch, instance_id=instance_id, seq=seq)
+        self.inbox.put_nowait(pb.RmMessage(heartbeat_request=req))
+
+    def end(self, code: grpc.StatusCode, details: str) -> None:
+        self.status = (code, details)
+        self.inbox.put_nowait(EOF)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Yield to the loop (no real waiting) until ``condition`` holds."""
+    for _ in range(100):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+def run_session(
+    scenario: Callable[[FakeCall, ManualScheduler, _Session, Any], Any],
+    healthy: Callable[[], bool] = lambda: True,
+) -> str:
+    async def main() -> str:
+        scheduler = ManualScheduler()
+        agent = AsyncAgent(
+            "rm:0",
+            "secret",
+            "exec-1",
+            services=SERVICES,
+            payload_providers=[static_provider({"slots_total": 2, "queue.depth": 3.0})],
+            is_healthy=healthy,
+            clock=scheduler.clock,
+            scheduler=scheduler,
+        )
+        call = FakeCall()
+        session = _Session(agent, None, call, REG)  # type: ignore[arg-type]
+        task = asyncio.create_task(session.serve())
+        await scenario(call, scheduler, session, task)
+        return await asyncio.wait_for(task, 5.0)
+
+    return asyncio.run(main())
+
+
+def test_requests_are_answered_with_seq_and_payload() -> None:
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: _Session, task: Any) -> None:
+        call.request(1)
+        call.request(2)
+        await until(lambda: len(call.written) == 2)
+        answers = [m.heartbeat for m in call.written]
+        assert [a.seq for a in answers] == [1, 2]
+        assert answers[0].epoch == REG.epoch and answers[0].instance_id == REG.instance_id
+        assert answers[0].payload.slots_total == 2 and answers[0].payload.metrics["queue.depth"] == 3.0
+        assert answers[0].payload.rss_bytes == -1
+        session.end("done")
+
+    assert run_session(scenario) == "done"
+
+
+def test_rm_silence_for_the_timeout_ends_the_session() -> None:
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: _Session, task: Any) -> None:
+        await until(lambda: scheduler.pending() > 0)
+        scheduler.advance(2.0)
+        call.request(1)
+        await until(lambda: len(call.written) == 1)
+        scheduler.advance(2.9)
+        await asyncio.sleep(0)
+        assert not task.done(), "a request 2.9 s ago is within the 3 s timeout"
+        scheduler.advance(0.1)
+
+    assert "no heartbeat request from the RM" in run_session(scenario)
+
+
+def test_a_new_rm_epoch_ends_the_session_for_re_registration() -> None:
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: _Session, task: Any) -> None:
+        call.request(1, epoch="epoch-2")
+
+    reason = run_session(scenario)
+    assert "restarted" in reason and "epoch-2" in reason
+
+
+def test_unknown_executor_status_ends_the_session() -> None:
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: _Session, task: Any) -> None:
+        call.end(grpc.StatusCode.NOT_FOUND, "unknown executor; register again")
+
+    assert "UnknownExecutorError" in run_session(scenario)
+
+
+def test_unhealthy_host_process_means_no_answers_and_stale_requests_are_ignored() -> None:
+    healthy = [False]
+
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: _Session, task: Any) -> None:
+        call.request(1)
+        call.request(2, instance_id="instance-0")
+        await until(lambda: call.inbox.empty())
+        await asyncio.sleep(0)
+        assert call.written == []
+        healthy[0] = True
+        call.request(3)
+        await until(lambda: len(call.written) == 1)
+        assert call.written[0].heartbeat.seq == 3
+        session.end("done")
+
+    assert run_session(scenario, healthy=lambda: healthy[0]) == "done"

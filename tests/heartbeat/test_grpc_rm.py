@@ -1,0 +1,196 @@
+"""The RM over real gRPC on 127.0.0.1, in-process: auth, malformed/oversized input, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import grpc.aio
+import pytest
+
+from heartbeat import (
+    EventKind,
+    RegistrationTimeoutError,
+    ResourceManagerServer,
+    RetryPolicy,
+    TaskExecutorAgent,
+)
+from heartbeat._io_loop import submit
+from heartbeat._proto import heartbeat_pb2 as pb
+from heartbeat._wire import CONNECT_METHOD, SECRET_METADATA_KEY
+
+from .conftest import FAST, SECRET, Collector
+
+pytestmark = pytest.mark.timeout(60)
+RETRY = RetryPolicy(min_delay_s=0.02, max_delay_s=0.1, deadline_s=10.0, attempt_timeout_s=1.0)
+Rm = tuple[ResourceManagerServer, str, Collector]
+
+
+def register_bytes(executor_id: str) -> bytes:
+    return pb.AgentMessage(register=pb.RegisterRequest(executor_id=executor_id, host="h")).SerializeToString()
+
+
+def raw_call(
+    address: str, messages: list[bytes], secret: str | None = SECRET
+) -> tuple[grpc.StatusCode, str, int]:
+    """Send raw frames on one Connect stream; returns (status, details, replies received)."""
+
+    async def run() -> tuple[grpc.StatusCode, str, int]:
+        options = [("grpc.max_send_message_length", 8 << 20), ("grpc.use_local_subchannel_pool", 1)]
+        async with grpc.aio.insecure_channel(address, options=options) as channel:
+            metadata = () if secret is None else ((SECRET_METADATA_KEY, secret),)
+            connect = channel.stream_stream(CONNECT_METHOD, None, None)
+            call = connect(None, metadata=metadata, timeout=5.0)
+            replies = 0
+            try:
+                for message in messages:
+                    await call.write(message)
+                while True:
+                    reply = await asyncio.wait_for(call.read(), 1.0)
+                    if reply is grpc.aio.EOF:  # type: ignore[attr-defined]
+                        break
+                    replies += 1
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, TimeoutError):
+                pass
+            call.cancel()
+            return await call.code(), await call.details() or "", replies
+
+    return submit(run()).result(10.0)
+
+
+def agent(address: str, executor_id: str, secret: str = SECRET, **kwargs: object) -> TaskExecutorAgent:
+    return TaskExecutorAgent(address, secret, executor_id, services=FAST, retry_policy=RETRY, **kwargs)  # type: ignore[arg-type]
+
+
+def test_registered_agent_reports_heartbeats_with_rtt(rm: Rm) -> None:
+    server, address, events = rm
+    a = agent(address, "1")
+    try:
+        a.start()
+        assert a.wait_registered(5.0)
+        assert a.registration is not None and a.registration.epoch == server.epoch
+        assert events.wait_for(lambda: len(events.records) >= 3, 5.0)
+        record = events.records[0]
+        assert record.executor_id == "1" and 0 < record.rtt_ms < 1000
+        [info] = server.executors()
+        assert info.state == "RUNNING" and info.instance_id == a.registration.instance_id
+    finally:
+        a.stop()
+    events.wait_event(EventKind.UNREGISTERED, "1", 5.0)
+
+
+@pytest.mark.parametrize("secret", [None, "wrong", ""])
+def test_wrong_or_missing_secret_is_unauthenticated_and_logged_once(
+    rm: Rm, secret: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, address, events = rm
+    with caplog.at_level(logging.WARNING, logger="heartbeat"):
+        code, details, replies = raw_call(address, [register_bytes("x")], secret=secret)
+        code2, _, _ = raw_call(address, [register_bytes("y")], secret=secret)
+    assert code == code2 == grpc.StatusCode.UNAUTHENTICATED
+    assert "secret" in details and replies == 0
+    assert server.executors() == [] and events.events == []
+    lines = [r for r in caplog.records if r.name.startswith("heartbeat")]
+    assert len(lines) == 1 and lines[0].exc_info is None
+
+
+def test_agent_with_wrong_secret_gives_up_with_an_authentication_error(rm: Rm) -> None:
+    _, address, _ = rm
+    a = agent(address, "1", secret="nope")
+    try:
+        a.start()
+        assert not a.wait_registered(5.0)
+        assert type(a.error).__name__ == "AuthenticationError"
+    finally:
+        a.stop()
+
+
+def test_malformed_and_oversized_messages_get_a_status_and_others_keep_working(rm: Rm) -> None:
+    _server, address, events = rm
+    code, details, _ = raw_call(address, [b"\xff\xff\xff\xff garbage"])
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in details
+    code, _, _ = raw_call(address, [b"\x00" * (2 << 20)])
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    bad_first = pb.AgentMessage(unregister=pb.UnregisterRequest(epoch="e")).SerializeToString()
+    code, details, _ = raw_call(address, [bad_first])
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "register" in details
+    code, details, _ = raw_call(address, [register_bytes("")])
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "executor_id" in details
+    a = agent(address, "good")
+    try:
+        a.start()
+        assert a.wait_registered(5.0)
+    finally:
+        a.stop()
+    assert [e.executor_id for e in events.events if e.kind is EventKind.REGISTERED] == ["good"]
+
+
+def test_stale_epoch_on_the_wire_is_failed_precondition(rm: Rm) -> None:
+    _, address, events = rm
+    stale = pb.AgentMessage(
+        heartbeat=pb.HeartbeatResponse(epoch="old", instance_id="i", seq=1, payload=pb.Payload())
+    ).SerializeToString()
+    code, details, replies = raw_call(address, [register_bytes("9"), stale])
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "epoch" in details
+    assert replies >= 1, "the registration itself was answered"
+    assert events.records == []
+
+
+def test_unhealthy_host_times_out_then_reregisters_when_healthy(rm: Rm) -> None:
+    _, address, events = rm
+    healthy = [True]
+    a = agent(address, "2", is_healthy=lambda: healthy[0])
+    try:
+        a.start()
+        assert a.wait_registered(5.0)
+        healthy[0] = False
+        events.wait_event(EventKind.HEARTBEAT_TIMEOUT, "2", 3.0)
+        assert events.find(EventKind.REREGISTERED, "2") == []
+        healthy[0] = True
+        events.wait_event(EventKind.REREGISTERED, "2", 5.0)
+        assert a.wait_registered(5.0)
+    finally:
+        a.stop()
+
+
+def test_rm_restart_on_the_same_port_is_followed_by_reregistration() -> None:
+    first = ResourceManagerServer(FAST, secret=SECRET)
+    address = first.start()
+    port = int(address.rsplit(":", 1)[1])
+    a = agent(address, "3")
+    second: ResourceManagerServer | None = None
+    try:
+        a.start()
+        assert a.wait_registered(5.0)
+        old = a.registration
+        first.stop(grace_s=0.1)
+        second = ResourceManagerServer(FAST, secret=SECRET, port=port, known_executors=["3"])
+        events = Collector()
+        second.subscribe(events)
+        assert second.start() == address
+        event = events.wait_event(EventKind.REREGISTERED, "3", FAST.timeout_s * 4)
+        assert a.wait_registered(5.0)
+        assert a.registration is not None and old is not None
+        assert a.registration.epoch == second.epoch != old.epoch
+        assert event.instance_id == a.registration.instance_id
+    finally:
+        a.stop()
+        first.stop()
+        if second is not None:
+            second.stop(grace_s=0.1)
+
+
+def test_registration_deadline_without_an_rm() -> None:
+    probe = ResourceManagerServer(FAST, secret=SECRET)
+    address = probe.start()
+    probe.stop(grace_s=0.0)
+    policy = RetryPolicy(min_delay_s=0.02, max_delay_s=0.05, deadline_s=0.5, attempt_timeout_s=0.2)
+    a = TaskExecutorAgent(address, SECRET, "4", services=FAST, retry_policy=policy)
+    try:
+        a.start()
+        assert not a.wait_registered(5.0)
+        assert isinstance(a.error, RegistrationTimeoutError)
+        assert address in str(a.error)
+    finally:
+        a.stop()

@@ -1,0 +1,173 @@
+"""The RM core without transport: registration, fencing, RTT, timeouts, unreachable, events."""
+
+from __future__ import annotations
+
+import pytest
+
+from heartbeat import (
+    EventKind,
+    HeartbeatServices,
+    MalformedMessageError,
+    ManualScheduler,
+    Payload,
+    StaleEpochError,
+    StaleInstanceError,
+    UnknownExecutorError,
+)
+from heartbeat.resource_manager import ResourceManagerCore
+
+from .fakes import EventList, FakeLink
+
+SERVICES = HeartbeatServices(interval_s=1.0, timeout_s=3.0, rpc_failure_threshold=2)
+
+
+class Rm:
+    def __init__(self, known: tuple[str, ...] = ()) -> None:
+        self.scheduler = ManualScheduler()
+        self.events = EventList()
+        self.core = ResourceManagerCore(
+            SERVICES,
+            self.scheduler.clock,
+            self.scheduler,
+            self.events,
+            known_executors=known,
+            wall=self.scheduler.clock.now,
+            spread=1,
+        )
+        self.core.start()
+
+    def answer_all(self, executor_id: str, link: FakeLink, instance_id: str, payload: Payload) -> None:
+        for epoch, instance, seq in link.sent:
+            self.core.receive_heartbeat(executor_id, epoch, instance, seq, payload)
+        link.sent.clear()
+
+
+def test_register_then_heartbeats_carry_payload_and_rtt() -> None:
+    rm = Rm()
+    link = FakeLink()
+    reg = rm.core.register("1", "host-a", link)
+    assert reg.epoch == rm.core.epoch and not reg.resumed
+    rm.scheduler.advance(0.0)
+    assert link.sent == [(rm.core.epoch, reg.instance_id, 1)]
+    rm.scheduler.advance(0.025)
+    rm.answer_all("1", link, reg.instance_id, Payload(slots_total=4))
+    [record] = rm.events.records()
+    assert record.rtt_ms == pytest.approx(25.0)
+    assert record.payload.slots_total == 4 and record.host == "host-a"
+    assert rm.events.kinds() == [(EventKind.REGISTERED, "1")]
+    [info] = rm.core.executors()
+    assert info.state == "RUNNING" and info.last_rtt_ms == pytest.approx(25.0)
+
+
+def test_silent_executor_times_out_once_and_its_late_answer_is_refused() -> None:
+    rm = Rm()
+    link = FakeLink()
+    reg = rm.core.register("1", "h", link)
+    rm.scheduler.advance(2.999)
+    assert rm.events.kinds() == [(EventKind.REGISTERED, "1")]
+    rm.scheduler.advance(0.001)
+    assert rm.events.kinds()[-1] == (EventKind.HEARTBEAT_TIMEOUT, "1")
+    assert link.closed is not None and link.closed[0] == "NOT_FOUND"
+    rm.scheduler.advance(10.0)
+    assert [k for k, _ in rm.events.kinds()].count(EventKind.HEARTBEAT_TIMEOUT) == 1
+    with pytest.raises(UnknownExecutorError):
+        rm.core.receive_heartbeat("1", reg.epoch, reg.instance_id, 1, Payload())
+    assert rm.events.records() == []
+    rm.core.register("1", "h", FakeLink())
+    assert rm.events.kinds()[-1] == (EventKind.REREGISTERED, "1")
+
+
+def test_answering_keeps_an_executor_alive_past_many_timeouts() -> None:
+    rm = Rm()
+    link = FakeLink()
+    reg = rm.core.register("1", "h", link)
+    for _ in range(10):
+        rm.scheduler.advance(1.0)
+        rm.answer_all("1", link, reg.instance_id, Payload())
+    assert rm.events.kinds() == [(EventKind.REGISTERED, "1")]
+    assert rm.core.last_heartbeat_from("1") == pytest.approx(10.0)
+
+
+def test_broken_link_becomes_unreachable_before_the_timeout() -> None:
+    rm = Rm()
+    link = FakeLink()
+    rm.core.register("1", "h", link)
+    rm.scheduler.advance(0.0)
+    link.broken = True
+    rm.scheduler.advance(1.0)
+    assert rm.events.kinds() == [(EventKind.REGISTERED, "1")]
+    rm.scheduler.advance(1.0)
+    assert rm.events.kinds()[-1] == (EventKind.UNREACHABLE, "1")
+    rm.scheduler.advance(5.0)
+    assert len(rm.events.kinds()) == 2, "no HEARTBEAT_TIMEOUT after UNREACHABLE"
+
+
+def test_second_registration_makes_the_first_stale() -> None:
+    rm = Rm()
+    old_link, new_link = FakeLink(), FakeLink()
+    old = rm.core.register("1", "h", old_link)
+    new = rm.core.register("1", "h", new_link)
+    assert new.instance_id != old.instance_id
+    assert old_link.closed is not None and old_link.closed[0] == "FAILED_PRECONDITION"
+    with pytest.raises(StaleInstanceError):
+        rm.core.receive_heartbeat("1", rm.core.epoch, old.instance_id, 1, Payload(slots_total=9))
+    with pytest.raises(StaleInstanceError):
+        rm.core.unregister("1", rm.core.epoch, old.instance_id)
+    assert rm.events.kinds() == [(EventKind.REGISTERED, "1"), (EventKind.REREGISTERED, "1")]
+    assert rm.core.executors()[0].payload is None, "the stale heartbeat was not applied"
+
+
+def test_stale_epoch_and_unknown_executor_are_rejected() -> None:
+    rm = Rm()
+    reg = rm.core.register("1", "h", FakeLink())
+    with pytest.raises(StaleEpochError):
+        rm.core.receive_heartbeat("1", "an-older-epoch", reg.instance_id, 1, Payload())
+    with pytest.raises(UnknownExecutorError):
+        rm.core.receive_heartbeat("2", rm.core.epoch, reg.instance_id, 1, Payload())
+    assert rm.events.records() == []
+
+
+def test_resume_reattaches_without_a_new_instance_or_event() -> None:
+    rm = Rm()
+    first, second = FakeLink(), FakeLink()
+    reg = rm.core.register("1", "h", first)
+    again = rm.core.register("1", "h", second, rm.core.epoch, reg.instance_id)
+    assert again.resumed and again.instance_id == reg.instance_id
+    rm.scheduler.advance(0.0)
+    assert second.sent and not first.sent
+    assert rm.events.kinds() == [(EventKind.REGISTERED, "1")]
+    wrong_epoch = rm.core.register("1", "h", FakeLink(), "old-epoch", reg.instance_id)
+    assert not wrong_epoch.resumed
+
+
+def test_known_executors_come_back_as_reregistered() -> None:
+    rm = Rm(known=("7",))
+    rm.core.register("7", "h", FakeLink())
+    rm.core.register("8", "h", FakeLink())
+    assert rm.events.kinds() == [(EventKind.REREGISTERED, "7"), (EventKind.REGISTERED, "8")]
+
+
+def test_unregister_emits_and_stops_monitoring() -> None:
+    rm = Rm()
+    link = FakeLink()
+    reg = rm.core.register("1", "h", link)
+    rm.core.unregister("1", reg.epoch, reg.instance_id, "bye")
+    rm.scheduler.advance(10.0)
+    assert rm.events.kinds() == [(EventKind.REGISTERED, "1"), (EventKind.UNREGISTERED, "1")]
+    assert rm.core.executors()[0].state == "UNREGISTERED"
+
+
+def test_stopped_core_emits_nothing() -> None:
+    rm = Rm()
+    rm.core.register("1", "h", FakeLink())
+    rm.core.stop()
+    rm.scheduler.advance(10.0)
+    assert rm.events.kinds() == [(EventKind.REGISTERED, "1")]
+
+
+@pytest.mark.parametrize("executor_id", ["", "x" * 257, "bad\nid"])
+def test_malformed_ids_are_refused(executor_id: str) -> None:
+    rm = Rm()
+    with pytest.raises(MalformedMessageError):
+        rm.core.register(executor_id, "h", FakeLink())
+    assert rm.core.executors() == []
