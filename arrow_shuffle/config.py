@@ -1,0 +1,79 @@
+"""``ShuffleConfig``: every engine setting declared once, with unit, default and range.
+
+Validation happens in ``__post_init__`` so a bad value fails at start-up, not mid-shuffle,
+with an error naming the field and its allowed range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from arrow_shuffle.errors import ConfigError
+
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ShuffleConfig:
+    """Engine settings. Sizes are bytes, durations seconds."""
+
+    buffer_size: int = _MIB
+    """Size of one network buffer (a pool segment); one frame payload at most."""
+    network_memory_bytes: int = 256 * _MIB
+    """Memory of the process-wide ``NetworkBufferPool`` (``// buffer_size`` segments)."""
+    exclusive_buffers_per_channel: int = 2
+    """Buffers each remote input channel owns; its initial credit."""
+    floating_buffers_per_gate: int = 8
+    """Buffers an input gate lends to whichever channel has the larger backlog."""
+    buffers_per_subpartition: int = 2
+    """Producer-side buffers per subpartition (plus ``floating_buffers_per_gate`` shared)."""
+    flush_timeout_s: float = 0.1
+    """A non-empty, not yet full buffer is flushed after at most this long; 0 flushes every write."""
+    blocking_memory_bytes: int = 64 * _MIB
+    """In-memory bound of a BLOCKING partition; the rest is spilled to ``spill_dir``."""
+    spill_dir: str = field(default_factory=tempfile.gettempdir)
+    """Directory for BLOCKING partitions' spill files."""
+    max_frame_bytes: int = 0
+    """Largest frame accepted on the wire; 0 means ``buffer_size`` (plus header slack)."""
+    connect_timeout_s: float = 5.0
+    """Bound on TCP connect plus the authentication handshake."""
+    keepalive_interval_s: float = 1.0
+    """An idle sender sends a keepalive frame this often."""
+    peer_timeout_s: float = 4.0
+    """Silence from the peer for this long means it is lost (``PeerLostError``)."""
+    buffer_request_timeout_s: float = 60.0
+    """Longest a writer blocks waiting for a buffer before failing (backpressure bound)."""
+
+    def __post_init__(self) -> None:
+        _check_range("buffer_size", self.buffer_size, 4096, 1 << 30)
+        _check_range("network_memory_bytes", self.network_memory_bytes, self.buffer_size, 1 << 40)
+        _check_range("exclusive_buffers_per_channel", self.exclusive_buffers_per_channel, 1, 1 << 16)
+        _check_range("floating_buffers_per_gate", self.floating_buffers_per_gate, 0, 1 << 16)
+        _check_range("buffers_per_subpartition", self.buffers_per_subpartition, 1, 1 << 16)
+        _check_range("flush_timeout_s", self.flush_timeout_s, 0.0, 3600.0)
+        _check_range("blocking_memory_bytes", self.blocking_memory_bytes, 0, 1 << 40)
+        if self.max_frame_bytes != 0:
+            _check_range("max_frame_bytes", self.max_frame_bytes, self.buffer_size, 1 << 31)
+        _check_range("connect_timeout_s", self.connect_timeout_s, 0.01, 600.0)
+        _check_range("keepalive_interval_s", self.keepalive_interval_s, 0.01, 600.0)
+        _check_range("peer_timeout_s", self.peer_timeout_s, self.keepalive_interval_s * 2, 3600.0)
+        _check_range("buffer_request_timeout_s", self.buffer_request_timeout_s, 0.001, 86400.0)
+        if not self.spill_dir:
+            raise ConfigError("spill_dir must be a non-empty directory path")
+
+    @property
+    def frame_limit(self) -> int:
+        """The effective maximum frame payload accepted from a peer."""
+        return self.max_frame_bytes or self.buffer_size
+
+    def replace(self, **changes: Any) -> ShuffleConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_range(name: str, value: float, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ConfigError(f"{name}={value!r} is out of range: allowed {low} <= {name} <= {high}")

@@ -1,0 +1,95 @@
+"""The one exception tree of the Arrow shuffle engine.
+
+Callers catch the branch they can act on; transport-level exceptions (``OSError``,
+``pyarrow.ArrowInvalid``) are always mapped into this tree with ``raise ... from exc``::
+
+    ShuffleError
+    ├── ConfigError                  invalid setting; names the field and its allowed range
+    ├── InsufficientBuffersError     a pool cannot reserve what a partition/gate needs
+    ├── BufferAccountingError        a buffer recycled twice (over-release) or to the wrong pool
+    ├── SchemaMismatchError          a batch's schema differs from the partition's
+    ├── RecordTooLargeError          one row does not fit in a network buffer
+    ├── AuthenticationError          wrong secret (either side), or no handshake
+    ├── PartitionNotFoundError       unknown partition, released one, or another application's
+    ├── ProtocolError                the peer broke the wire protocol
+    │   ├── SequenceGapError         a buffer arrived out of order (gap or duplicate)
+    │   ├── CorruptFrameError        bad magic/type, or a payload that is not valid Arrow IPC
+    │   ├── OversizedFrameError      a frame larger than ``max_frame_bytes``
+    │   └── CreditViolationError     the sender sent a buffer without credit
+    ├── ChannelClosedError           *we* closed it (close(), cancel); using it afterwards
+    └── PeerLostError                *the peer* is gone: EOF, reset or keepalive timeout
+        └── RemoteFailureError       the peer reported an error on the stream
+
+Every error about a stream names the partition and the peer (``describe``).
+"""
+
+from __future__ import annotations
+
+
+class ShuffleError(Exception):
+    """Root of every error raised by ``arrow_shuffle``."""
+
+
+class ConfigError(ShuffleError, ValueError):
+    """A configuration value is outside its allowed range."""
+
+
+class InsufficientBuffersError(ShuffleError):
+    """The network buffer pool cannot reserve the buffers a partition or gate requires."""
+
+
+class BufferAccountingError(ShuffleError):
+    """A buffer was released twice or to a pool that did not lend it (a bug, never ignored)."""
+
+
+class SchemaMismatchError(ShuffleError):
+    """A record batch's schema differs from the partition's schema."""
+
+
+class RecordTooLargeError(ShuffleError):
+    """A single row is larger than one network buffer; raise ``buffer_size``."""
+
+
+class AuthenticationError(ShuffleError):
+    """The peer could not prove it holds the application's secret."""
+
+
+class PartitionNotFoundError(ShuffleError):
+    """The requested partition is not hosted here (never was, released, or another app's)."""
+
+
+class ProtocolError(ShuffleError):
+    """The peer broke the wire protocol; the stream is failed."""
+
+
+class SequenceGapError(ProtocolError):
+    """A buffer's sequence number is not the expected one (a gap or a duplicate)."""
+
+
+class CorruptFrameError(ProtocolError):
+    """A frame header or payload could not be decoded."""
+
+
+class OversizedFrameError(ProtocolError):
+    """A frame announced a length above the configured maximum."""
+
+
+class CreditViolationError(ProtocolError):
+    """A data buffer arrived although the receiver had announced no credit for it."""
+
+
+class ChannelClosedError(ShuffleError):
+    """The channel, gate, partition or server was closed by us; it cannot be used again."""
+
+
+class PeerLostError(ShuffleError):
+    """The peer disappeared mid-stream (EOF, connection reset or keepalive timeout)."""
+
+
+class RemoteFailureError(PeerLostError):
+    """The peer reported a failure on the stream and closed it."""
+
+
+def describe(partition: object, peer: object) -> str:
+    """The ``partition ... peer ...`` suffix every stream error carries."""
+    return f"[partition {partition}, peer {peer}]"

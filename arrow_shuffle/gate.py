@@ -1,0 +1,208 @@
+"""``InputGate``: one reduce task's input, a set of local and remote channels.
+
+Channels report "I have data" into one queue, so batches are handed out in arrival order
+across channels; the first channel failure is raised to the reader (and every channel is then
+closed, returning its buffers). Remote channels share the gate's floating buffers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+
+from arrow_shuffle.auth import as_bytes
+from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool
+from arrow_shuffle.codec import decode
+from arrow_shuffle.config import ShuffleConfig
+from arrow_shuffle.errors import ChannelClosedError, ConfigError, ShuffleError
+from arrow_shuffle.ids import PartitionId
+from arrow_shuffle.local_channel import LocalInputChannel
+from arrow_shuffle.partition import ResultPartition
+from arrow_shuffle.remote_channel import RemoteInputChannel
+from arrow_shuffle.stats import GateStats, StatsCell
+from arrow_shuffle.transport import TcpTransport, Transport
+
+
+@dataclass(frozen=True)
+class LocalChannelSpec:
+    """Read ``partition.subpartitions[subpartition]`` in this process."""
+
+    partition: ResultPartition
+    subpartition: int
+
+
+@dataclass(frozen=True)
+class RemoteChannelSpec:
+    """Read ``subpartition`` of ``partition_id`` from the shuffle server at ``address``."""
+
+    address: tuple[str, int]
+    partition_id: PartitionId
+    subpartition: int
+
+
+ChannelSpec = LocalChannelSpec | RemoteChannelSpec
+
+
+class InputChannel(Protocol):
+    index: int
+    where: str
+
+    def start(self, on_data: object) -> None: ...
+
+    def poll(self) -> tuple[Buffer | None, bool]: ...
+
+    def close(self) -> None: ...
+
+
+class InputGate:
+    """Iterate ``pyarrow.RecordBatch``es from all channels until every one has ended."""
+
+    def __init__(
+        self,
+        channels: Sequence[ChannelSpec],
+        schema: pa.Schema,
+        pool: NetworkBufferPool,
+        config: ShuffleConfig | None = None,
+        secret: str | bytes | None = None,
+        transport: Transport | None = None,
+    ) -> None:
+        self.schema = schema
+        self.config = config or ShuffleConfig(buffer_size=pool.segment_size)
+        remote = [c for c in channels if isinstance(c, RemoteChannelSpec)]
+        if remote and not secret:
+            raise ConfigError("remote channels need the application secret")
+        self._cond = threading.Condition()
+        self._with_data: deque[int] = deque()
+        self._queued: set[int] = set()
+        self._closed = False
+        self._ended: set[int] = set()
+        self._stats = StatsCell(GateStats())
+        self.floating = LocalBufferPool(
+            pool, 0, self.config.floating_buffers_per_gate, "gate floating buffers"
+        )
+        exclusive = pool.reserve(len(remote) * self.config.exclusive_buffers_per_channel, "input gate")
+        per = self.config.exclusive_buffers_per_channel
+        self._channels: list[LocalInputChannel | RemoteInputChannel] = []
+        for index, spec in enumerate(channels):
+            if isinstance(spec, LocalChannelSpec):
+                self._channels.append(LocalInputChannel(index, spec.partition, spec.subpartition))
+            else:
+                mine, exclusive = exclusive[:per], exclusive[per:]
+                self._channels.append(
+                    RemoteInputChannel(
+                        index,
+                        spec.address,
+                        spec.partition_id,
+                        spec.subpartition,
+                        mine,
+                        pool,
+                        self.floating,
+                        self.config,
+                        as_bytes(secret or b""),
+                        transport or TcpTransport(),
+                    )
+                )
+        self._started = False
+
+    @property
+    def channels(self) -> list[LocalInputChannel | RemoteInputChannel]:
+        return list(self._channels)
+
+    def stats(self) -> GateStats:
+        snapshot: GateStats = self._stats.snapshot()
+        snapshot.credits_announced = sum(
+            c.credits_announced for c in self._channels if isinstance(c, RemoteInputChannel)
+        )
+        return snapshot
+
+    def _notify(self, index: int) -> None:
+        with self._cond:
+            if index not in self._queued:
+                self._queued.add(index)
+                self._with_data.append(index)
+                self._cond.notify()
+
+    def start(self) -> None:
+        """Send every partition request (idempotent; iteration starts the gate too)."""
+        if self._started:
+            return
+        self._started = True
+        try:
+            for channel in self._channels:
+                channel.start(self._notify)
+        except BaseException:
+            self.close()
+            raise
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        self.start()
+        try:
+            while len(self._ended) < len(self._channels):
+                index = self._next_channel()
+                channel = self._channels[index]
+                buffer, end = channel.poll()
+                if buffer is not None:
+                    self._notify(index)  # it may have more; re-queued behind the others
+                    yield from self._decode(channel.where, buffer)
+                elif end and index not in self._ended:
+                    self._ended.add(index)
+                    self._stats.add(channels_finished=1)
+        except BaseException:
+            self.close()
+            raise
+        self.close()
+
+    def read_all(self) -> pa.Table:
+        return pa.Table.from_batches(list(self), schema=self.schema)
+
+    def _next_channel(self) -> int:
+        started = time.monotonic()
+        with self._cond:
+            while not self._with_data:
+                if self._closed:
+                    raise ChannelClosedError("input gate is closed")
+                self._cond.wait(0.5)
+            index = self._with_data.popleft()
+            self._queued.discard(index)
+        self._stats.add(blocked_on_data_s=time.monotonic() - started)
+        return index
+
+    def _decode(self, where: str, buffer: Buffer) -> list[pa.RecordBatch]:
+        try:
+            batches = decode(buffer.segment.view[: buffer.size], self.schema, where)
+        finally:
+            buffer.recycle()  # copied out: the credit goes back to the sender right away
+        rows = sum(b.num_rows for b in batches)
+        self._stats.add(
+            buffers_received=1, bytes_received=buffer.size, batches_received=len(batches), rows_received=rows
+        )
+        return batches
+
+    def close(self) -> None:
+        """Cancel unfinished channels and return every buffer. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        errors: list[ShuffleError] = []
+        for channel in self._channels:
+            try:
+                channel.close()
+            except ShuffleError as exc:
+                errors.append(exc)
+        self.floating.close()
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> InputGate:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

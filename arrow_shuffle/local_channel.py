@@ -1,0 +1,42 @@
+"""``LocalInputChannel``: reads a subpartition of a partition in the same process, no network.
+
+No credit is involved (as in Flink): the consumer takes finished buffers straight from the
+subpartition queue and recycles them into the producer's pool once decoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from arrow_shuffle.buffer_pool import Buffer
+from arrow_shuffle.errors import ChannelClosedError, describe
+from arrow_shuffle.partition import ResultPartition
+
+
+class LocalInputChannel:
+    """In-process channel over ``partition.subpartitions[subpartition]``."""
+
+    def __init__(self, index: int, partition: ResultPartition, subpartition: int) -> None:
+        self.index = index
+        self.partition = partition
+        self.subpartition = partition.subpartitions[subpartition]
+        self.where = describe(f"{partition.partition_id}#{subpartition}", "local")
+        self._on_data: Callable[[int], None] | None = None
+        self._closed = False
+        self._ended = False
+
+    def start(self, on_data: Callable[[int], None]) -> None:
+        self._on_data = on_data
+        self.subpartition.attach_reader(lambda: on_data(self.index))
+
+    def poll(self) -> tuple[Buffer | None, bool]:
+        """Next buffer (``None`` if none yet) and whether the partition ended."""
+        if self._closed:
+            raise ChannelClosedError(f"channel closed {self.where}")
+        buffer, _backlog, end = self.subpartition.poll()
+        self._ended = end
+        return buffer, end
+
+    def close(self) -> None:
+        self._closed = True
+        self.subpartition.detach_reader()

@@ -1,0 +1,132 @@
+"""``ResultPartition``: a map task's output, one subpartition per consumer.
+
+PIPELINED partitions are bounded: when the partition's buffer share is exhausted the writer
+blocks (backpressure) until consumers free buffers. BLOCKING partitions are materialised:
+buffers stay in memory up to ``blocking_memory_bytes`` and are spilled to disk beyond that, so
+they hold however much is written; they become readable once finished.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+
+import pyarrow as pa
+
+from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool
+from arrow_shuffle.config import ShuffleConfig
+from arrow_shuffle.errors import ChannelClosedError, ConfigError
+from arrow_shuffle.ids import PartitionId
+from arrow_shuffle.spill import SpillFile
+from arrow_shuffle.stats import PartitionStats, StatsCell
+from arrow_shuffle.subpartition import Subpartition
+
+
+class PartitionKind(enum.Enum):
+    PIPELINED = "pipelined"
+    BLOCKING = "blocking"
+
+
+class ResultPartition:
+    """Buffers of one map output, split into ``num_subpartitions`` queues."""
+
+    def __init__(
+        self,
+        partition_id: PartitionId,
+        num_subpartitions: int,
+        schema: pa.Schema,
+        pool: NetworkBufferPool,
+        kind: PartitionKind = PartitionKind.PIPELINED,
+        config: ShuffleConfig | None = None,
+    ) -> None:
+        if num_subpartitions < 1:
+            raise ConfigError(f"num_subpartitions={num_subpartitions} is out of range: allowed >= 1")
+        self.config = config or ShuffleConfig(buffer_size=pool.segment_size)
+        if self.config.buffer_size != pool.segment_size:
+            raise ConfigError(
+                f"buffer_size={self.config.buffer_size} must equal the pool's segment size "
+                f"{pool.segment_size}"
+            )
+        self.partition_id = partition_id
+        self.schema = schema
+        self.kind = kind
+        self.num_subpartitions = num_subpartitions
+        minimum = num_subpartitions + 1  # one open buffer each, plus one to read spills back
+        if kind is PartitionKind.PIPELINED:
+            maximum = num_subpartitions * self.config.buffers_per_subpartition
+            maximum += self.config.floating_buffers_per_gate
+        else:
+            maximum = self.config.blocking_memory_bytes // self.config.buffer_size
+        self.pool = LocalBufferPool(pool, minimum, max(minimum, maximum), f"partition {partition_id}")
+        readable = kind is PartitionKind.PIPELINED
+        self.subpartitions = [
+            Subpartition(partition_id, i, self.pool, readable, self.config.buffer_request_timeout_s)
+            for i in range(num_subpartitions)
+        ]
+        self._spill: SpillFile | None = None
+        self._spill_lock = threading.Lock()
+        self._stats = StatsCell(PartitionStats())
+        self._finished = False
+        self._released = False
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def stats(self) -> PartitionStats:
+        snapshot: PartitionStats = self._stats.snapshot()
+        snapshot.blocked_on_pool_s = self.pool.blocked_s
+        return snapshot
+
+    def record(self, **deltas: float) -> None:
+        self._stats.add(**deltas)
+
+    def request_buffer(self) -> Buffer:
+        """A free buffer for the writer: blocks (PIPELINED) or spills (BLOCKING) when none is free."""
+        if self._released:
+            raise ChannelClosedError(f"partition {self.partition_id} was released")
+        if self.kind is PartitionKind.BLOCKING:
+            while True:
+                buffer = self.pool.try_request()
+                if buffer is not None:
+                    return buffer
+                if not self._spill_one():
+                    break
+        return self.pool.request(self.config.buffer_request_timeout_s, cancelled=lambda: self._released)
+
+    def _spill_one(self) -> bool:
+        with self._spill_lock:
+            if self._spill is None:
+                self._spill = SpillFile(self.config.spill_dir, f"{self.partition_id}".replace("/", "_"))
+            victim = max(self.subpartitions, key=lambda s: s.in_memory_buffers())
+            spilled = victim.spill_oldest(self._spill)
+        if spilled:
+            self.record(spill_bytes=spilled, spill_buffers=1)
+        return spilled > 0
+
+    def add(self, subpartition: int, buffer: Buffer) -> None:
+        self.record(buffers_written=1, bytes_written=buffer.size)
+        self.subpartitions[subpartition].add(buffer)
+
+    def finish(self) -> None:
+        """All data is written: consumers see end-of-partition after the last buffer."""
+        if self.kind is PartitionKind.BLOCKING:
+            # Leave one free buffer per subpartition so every reader can load its spilled data.
+            headroom = self.pool.max_segments - self.num_subpartitions
+            while self.pool.in_use > headroom and self._spill_one():
+                pass
+        self._finished = True
+        for sub in self.subpartitions:
+            sub.finish()
+
+    def release(self) -> None:
+        """Drop all data and return every buffer (after consumption, or on cancel/failure)."""
+        if self._released:
+            return
+        self._released = True
+        for sub in self.subpartitions:
+            sub.release()
+        self.pool.close()
+        with self._spill_lock:
+            if self._spill is not None:
+                self._spill.close()

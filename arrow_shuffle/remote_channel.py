@@ -1,0 +1,311 @@
+"""``RemoteInputChannel``: the receiving end of one stream, with credit-based flow control.
+
+Flink's rules, in order of appearance: the partition request carries the initial credit (the
+exclusive buffers); every BUFFER frame must find a free buffer here (else the sender broke the
+credit contract) and carry the next sequence number (else ``SequenceGapError``); its backlog
+makes us request floating buffers up to ``backlog + initial_credit``; every buffer gained is one
+unannounced credit, announced when that count leaves zero. The receiver thread's failure is
+sticky: stored and raised by the next ``poll``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from arrow_shuffle.auth import client_handshake
+from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool, Segment
+from arrow_shuffle.config import ShuffleConfig
+from arrow_shuffle.credit import UnannouncedCredit
+from arrow_shuffle.errors import (
+    AuthenticationError,
+    ChannelClosedError,
+    CreditViolationError,
+    OversizedFrameError,
+    PartitionNotFoundError,
+    ProtocolError,
+    RemoteFailureError,
+    SequenceGapError,
+    ShuffleError,
+    describe,
+)
+from arrow_shuffle.frames import MAX_CONTROL_PAYLOAD, ErrorCode, FrameHeader, Kind
+from arrow_shuffle.ids import PartitionId
+from arrow_shuffle.transport import Connection, Transport
+
+
+class RemoteInputChannel:
+    """One subpartition of a remote ``ResultPartition``, received over one connection."""
+
+    def __init__(
+        self,
+        index: int,
+        address: tuple[str, int],
+        partition_id: PartitionId,
+        subpartition: int,
+        exclusive: list[Segment],
+        network: NetworkBufferPool,
+        floating: LocalBufferPool,
+        config: ShuffleConfig,
+        secret: bytes,
+        transport: Transport,
+    ) -> None:
+        self.index = index
+        self.address = address
+        self.partition_id = partition_id
+        self.subpartition = subpartition
+        self.config = config
+        self.initial_credit = len(exclusive)
+        self.where = describe(f"{partition_id}#{subpartition}", f"{address[0]}:{address[1]}")
+        self._network = network
+        self._floating = floating
+        self._secret = secret
+        self._transport = transport
+        self._exclusive_total = len(exclusive)
+        self._lock = threading.Lock()
+        self._free: list[Buffer] = [Buffer(s, self) for s in exclusive]
+        self._received: deque[Buffer] = deque()
+        self._required = self.initial_credit
+        self._expected_seq = 0
+        self._ended = False
+        self._closed = False
+        self._error: BaseException | None = None
+        self._credit = UnannouncedCredit()
+        self._conn: Connection | None = None
+        self._thread: threading.Thread | None = None
+        self._on_data: Callable[[int], None] = lambda _i: None
+        # Counters the property tests assert on.
+        self.buffers_received = 0
+        self.bytes_received = 0
+        self.terminated = threading.Event()
+        """Set when the receiver thread ends (end-of-partition or failure)."""
+        self.max_in_flight = 0  # max(credit announced - buffers received): the sender's window
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self, on_data: Callable[[int], None]) -> None:
+        self._on_data = on_data
+        self._thread = threading.Thread(target=self._run, name=f"recv-{self.where}", daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> Connection:
+        conn = self._transport.connect(
+            self.address, self.config.connect_timeout_s, self.config.peer_timeout_s
+        )
+        try:
+            client_handshake(conn, self._secret, self.partition_id.app_id)
+            request = json.dumps(
+                {"partition": self.partition_id.to_wire(), "subpartition": self.subpartition}
+            )
+            conn.send(Kind.PARTITION_REQUEST, request.encode(), value=self.initial_credit)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _run(self) -> None:
+        try:
+            self._run_stream()
+        finally:
+            self.terminated.set()
+
+    def _run_stream(self) -> None:
+        try:
+            conn = self._connect()
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._conn = conn
+            self._receive_loop(conn)
+        except Exception as exc:
+            with self._lock:
+                if self._closed:
+                    return
+                self._error = self._located(exc)
+            self._on_data(self.index)
+
+    def _located(self, exc: Exception) -> ShuffleError:
+        """The same error type, naming this channel's partition and peer; chained to the original."""
+        if isinstance(exc, ShuffleError) and self.where in str(exc):
+            return exc
+        kind = type(exc) if isinstance(exc, ShuffleError) else ShuffleError
+        located = kind(f"{exc} {self.where}")
+        located.__cause__ = exc
+        return located
+
+    def _receive_loop(self, conn: Connection) -> None:
+        limit = self.config.frame_limit
+        while True:
+            header = conn.recv_header()
+            assert header is not None
+            if header.kind is Kind.BUFFER:
+                if header.length > limit:
+                    raise OversizedFrameError(
+                        f"frame of {header.length} bytes exceeds max {limit} {self.where}"
+                    )
+                self._check_seq(header)
+                with self._lock:
+                    if not self._free:
+                        raise CreditViolationError(f"buffer {header.seq} arrived without credit {self.where}")
+                    buffer = self._free.pop()
+                try:
+                    conn.recv_into(buffer.segment.view[: header.length])
+                except BaseException:
+                    self._give_back(buffer)
+                    raise
+                buffer.size = header.length
+                with self._lock:
+                    closed = self._closed
+                    if not closed:
+                        self._received.append(buffer)
+                        self.buffers_received += 1
+                        self.bytes_received += header.length
+                if closed:
+                    buffer.recycle()
+                    return
+                self._on_data(self.index)
+                self._on_backlog(header.value)
+            elif header.kind is Kind.END_OF_PARTITION:
+                self._check_seq(header)
+                with self._lock:
+                    self._ended = True
+                self._on_data(self.index)
+                return
+            elif header.kind is Kind.KEEPALIVE:
+                if header.length:
+                    raise ProtocolError(f"keepalive with a payload {self.where}")
+            elif header.kind is Kind.ERROR:
+                raise self._remote_error(conn, header)
+            else:
+                raise ProtocolError(f"unexpected {header.kind.name} frame {self.where}")
+
+    def _check_seq(self, header: FrameHeader) -> None:
+        if header.seq != self._expected_seq:
+            kind = "duplicate" if header.seq < self._expected_seq else "gap"
+            raise SequenceGapError(
+                f"{kind}: expected buffer {self._expected_seq}, got {header.seq} {self.where}"
+            )
+        self._expected_seq += 1
+
+    def _remote_error(self, conn: Connection, header: FrameHeader) -> ShuffleError:
+        if header.length > MAX_CONTROL_PAYLOAD:
+            return OversizedFrameError(f"error frame of {header.length} bytes {self.where}")
+        raw = bytearray(header.length)
+        conn.recv_into(memoryview(raw))
+        message = raw.decode("utf-8", "replace")
+        if header.value == ErrorCode.PARTITION_NOT_FOUND:
+            return PartitionNotFoundError(f"{message} (server side) {self.where}")
+        if header.value == ErrorCode.AUTHENTICATION:
+            return AuthenticationError(f"{message} {self.where}")
+        return RemoteFailureError(f"producer reported: {message} {self.where}")
+
+    # -- credit ---------------------------------------------------------------------------------
+    def _on_backlog(self, backlog: int) -> None:
+        """Request floating buffers until we hold ``backlog + initial_credit`` (Flink)."""
+        gained = 0
+        with self._lock:
+            self._required = backlog + self.initial_credit
+        while True:
+            with self._lock:
+                if self._closed or len(self._free) >= self._required:
+                    break
+            buffer = self._floating.request_or_listen(self._on_floating_buffer)
+            if buffer is None:
+                break
+            with self._lock:
+                closed = self._closed
+                if not closed:
+                    self._free.append(buffer)
+            if closed:
+                buffer.recycle()
+                break
+            gained += 1
+        self._add_credit(gained)
+
+    def _on_floating_buffer(self, buffer: Buffer) -> bool:
+        """Pool listener: a floating buffer became free; keep it if we still need one."""
+        with self._lock:
+            if self._closed or self._error is not None or len(self._free) >= self._required:
+                return False
+            self._free.append(buffer)
+        self._add_credit(1)
+        return True
+
+    def recycle_segment(self, segment: Segment) -> None:
+        """An exclusive buffer came back from the consumer: it is one more credit."""
+        with self._lock:
+            if self._closed:
+                to_network = True
+            else:
+                to_network = False
+                self._free.append(Buffer(segment, self))
+        if to_network:
+            self._network.release([segment])
+        else:
+            self._add_credit(1)
+
+    def _add_credit(self, n: int) -> None:
+        if n <= 0 or not self._credit.add(n):
+            return
+        credit = self._credit.take()  # outside our lock: this is I/O
+        with self._lock:
+            conn = self._conn
+            outstanding = self.credits_announced - self.buffers_received
+            self.max_in_flight = max(self.max_in_flight, outstanding)
+        if conn is None or credit == 0:
+            return
+        try:
+            conn.send(Kind.ADD_CREDIT, value=credit)
+        except ShuffleError as exc:
+            with self._lock:
+                if self._error is None and not self._closed and not self._ended:
+                    self._error = exc
+            self._on_data(self.index)
+
+    @property
+    def credits_announced(self) -> int:
+        return self.initial_credit + self._credit.announced_total
+
+    # -- consumer side ----------------------------------------------------------------------------
+    def poll(self) -> tuple[Buffer | None, bool]:
+        """Next received buffer and whether end-of-partition was reached (after all buffers)."""
+        with self._lock:
+            if self._closed:
+                raise ChannelClosedError(f"channel closed {self.where}")
+            if self._received:
+                return self._received.popleft(), False
+            if self._error is not None:
+                raise self._error
+            return None, self._ended
+
+    def _give_back(self, buffer: Buffer) -> None:
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._free.append(buffer)
+        if closed:
+            buffer.recycle()
+
+    def close(self) -> None:
+        """Cancel the stream and return every buffer this channel holds."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            conn = self._conn
+            held = list(self._free) + list(self._received)
+            self._free.clear()
+            self._received.clear()
+        self._floating.remove_listener(self._on_floating_buffer)
+        if conn is not None:
+            if not self._ended:
+                with contextlib.suppress(ShuffleError):
+                    conn.send(Kind.CANCEL)
+            conn.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.config.connect_timeout_s + 1)
+        for buffer in held:
+            buffer.recycle()

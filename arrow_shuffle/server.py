@@ -1,0 +1,223 @@
+"""``ShuffleServer``: one per process, serving its result partitions to remote channels.
+
+Each accepted connection is one stream: authenticate (HMAC), read the partition request with
+the channel's initial credit, then a sender thread pushes buffers while this connection's
+thread reads credit announcements from the same socket. A consumer that disappears before
+end-of-partition releases its subpartition, so a blocked producer fails fast instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from typing import Any
+
+from arrow_shuffle.auth import as_bytes, server_handshake
+from arrow_shuffle.config import ShuffleConfig
+from arrow_shuffle.errors import (
+    AuthenticationError,
+    ChannelClosedError,
+    ConfigError,
+    PartitionNotFoundError,
+    ProtocolError,
+    ShuffleError,
+    describe,
+)
+from arrow_shuffle.frames import MAX_CONTROL_PAYLOAD, ErrorCode, Kind
+from arrow_shuffle.ids import PartitionId
+from arrow_shuffle.partition import ResultPartition
+from arrow_shuffle.stream_sender import StreamSender
+from arrow_shuffle.transport import Connection, TcpTransport, Transport
+
+log = logging.getLogger(__name__)
+
+
+class ShuffleServer:
+    """Hosts ``ResultPartition``s of one application behind an authenticated listener."""
+
+    def __init__(
+        self,
+        secret: str | bytes,
+        app_id: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        config: ShuffleConfig | None = None,
+        transport: Transport | None = None,
+    ) -> None:
+        self.app_id = app_id
+        self.config = config or ShuffleConfig()
+        self._secret = as_bytes(secret)
+        if not self._secret:
+            raise ConfigError("secret must be non-empty")
+        self._listener = (transport or TcpTransport()).listen(host, port, self.config.peer_timeout_s)
+        self._partitions: dict[PartitionId, ResultPartition] = {}
+        self._lock = threading.Lock()
+        self._connections: set[Connection] = set()
+        self._senders: list[StreamSender] = []
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+        self._accept_thread = threading.Thread(target=self._accept_loop, name="shuffle-accept", daemon=True)
+        self._accept_thread.start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._listener.address
+
+    def register(self, partition: ResultPartition) -> None:
+        if partition.partition_id.app_id != self.app_id:
+            raise ConfigError(
+                f"partition {partition.partition_id} belongs to application "
+                f"{partition.partition_id.app_id!r}, this server to {self.app_id!r}"
+            )
+        with self._lock:
+            if self._closed:
+                raise ChannelClosedError("shuffle server is closed")
+            self._partitions[partition.partition_id] = partition
+
+    def release(self, partition_id: PartitionId) -> None:
+        """Forget the partition and return its buffers; later requests for it are refused."""
+        with self._lock:
+            partition = self._partitions.pop(partition_id, None)
+        if partition is not None:
+            partition.release()
+
+    def senders(self) -> list[StreamSender]:
+        """The streams served so far (tests assert their credit counters)."""
+        with self._lock:
+            return list(self._senders)
+
+    def close(self) -> None:
+        """Stop accepting, close every stream and release every registered partition."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            partitions = list(self._partitions.values())
+            self._partitions.clear()
+            connections = list(self._connections)
+            senders = list(self._senders)
+        self._listener.close()
+        for sender in senders:
+            sender.stop()
+        for conn in connections:
+            conn.close()
+        for partition in partitions:
+            partition.release()
+        self._accept_thread.join(timeout=5)
+        for thread in list(self._threads):
+            thread.join(timeout=5)
+
+    # -- connection handling --------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn = self._listener.accept()
+            except (ChannelClosedError, OSError):
+                return
+            if conn is None:
+                continue
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._connections.add(conn)
+                thread = threading.Thread(
+                    target=self._serve, args=(conn,), name="shuffle-stream", daemon=True
+                )
+                self._threads = [t for t in self._threads if t.is_alive()]
+                self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: Connection) -> None:
+        sender: StreamSender | None = None
+        sender_thread: threading.Thread | None = None
+        try:
+            app_id = server_handshake(conn, self._secret)
+            sender = self._open_stream(conn, app_id)
+            sender_thread = threading.Thread(target=sender.run, name="shuffle-sender", daemon=True)
+            sender_thread.start()
+            self._read_control(conn, sender, sender_thread)
+        except (AuthenticationError, PartitionNotFoundError, ProtocolError) as exc:
+            log.warning("refused shuffle stream from %s: %s", conn.peer, exc)
+            self._send_error(conn, exc)
+        except ShuffleError as exc:
+            log.info("shuffle stream from %s ended: %s", conn.peer, exc)
+        finally:
+            if sender is not None:
+                sender.stop()
+                if not sender.completed:  # the consumer went away mid-stream: fail the producer fast
+                    sender.subpartition.release()
+            if sender_thread is not None:
+                sender_thread.join(timeout=5)
+            conn.close()
+            with self._lock:
+                self._connections.discard(conn)
+
+    def _open_stream(self, conn: Connection, app_id: str) -> StreamSender:
+        header = conn.recv_header()
+        assert header is not None
+        if header.kind is not Kind.PARTITION_REQUEST or header.length > MAX_CONTROL_PAYLOAD:
+            raise ProtocolError(f"expected a PARTITION_REQUEST, got {header.kind.name} from {conn.peer}")
+        raw = bytearray(header.length)
+        conn.recv_into(memoryview(raw))
+        try:
+            request: dict[str, Any] = json.loads(raw)
+            partition_id = PartitionId.from_wire(request["partition"])
+            subpartition = int(request["subpartition"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProtocolError(f"malformed partition request from {conn.peer}: {exc}") from exc
+        where = describe(f"{partition_id}#{subpartition}", conn.peer)
+        if partition_id.app_id != self.app_id or app_id != self.app_id:
+            raise PartitionNotFoundError(
+                f"partition of application {partition_id.app_id!r} requested by {app_id!r} from a server of "
+                f"{self.app_id!r}: refused {where}"
+            )
+        with self._lock:
+            partition = self._partitions.get(partition_id)
+        if partition is None:
+            raise PartitionNotFoundError(f"partition not hosted here (never registered or released) {where}")
+        if not 0 <= subpartition < partition.num_subpartitions:
+            raise PartitionNotFoundError(
+                f"no subpartition {subpartition} (has {partition.num_subpartitions}) {where}"
+            )
+        if header.value < 1:
+            raise ProtocolError(f"initial credit must be >= 1, got {header.value} {where}")
+        sender = StreamSender(conn, partition, subpartition, header.value)
+        sender.subpartition.attach_reader(sender.notify)
+        with self._lock:
+            self._senders.append(sender)
+        return sender
+
+    def _read_control(self, conn: Connection, sender: StreamSender, sender_thread: threading.Thread) -> None:
+        while True:
+            header = conn.recv_header(idle_ok=True)
+            if header is None:
+                if self._closed:
+                    return
+                continue
+            if header.length > MAX_CONTROL_PAYLOAD:
+                raise ProtocolError(f"control frame of {header.length} bytes {sender.where}")
+            if header.length:
+                conn.recv_into(memoryview(bytearray(header.length)))
+            if header.kind is Kind.ADD_CREDIT:
+                if header.value < 1:
+                    raise ProtocolError(f"non-positive credit {header.value} {sender.where}")
+                sender.grant(header.value)
+            elif header.kind is Kind.CANCEL:
+                return
+            elif header.kind is not Kind.KEEPALIVE:
+                raise ProtocolError(f"unexpected {header.kind.name} frame {sender.where}")
+
+    @staticmethod
+    def _send_error(conn: Connection, exc: ShuffleError) -> None:
+        code = ErrorCode.OTHER
+        if isinstance(exc, PartitionNotFoundError):
+            code = ErrorCode.PARTITION_NOT_FOUND
+        elif isinstance(exc, AuthenticationError):
+            code = ErrorCode.AUTHENTICATION
+        elif isinstance(exc, ProtocolError):
+            code = ErrorCode.PROTOCOL
+        with contextlib.suppress(ShuffleError):
+            conn.send(Kind.ERROR, str(exc).encode(), value=code)

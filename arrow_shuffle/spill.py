@@ -1,0 +1,72 @@
+"""Spill files of BLOCKING partitions: one append-only file per subpartition.
+
+Each spilled buffer is written verbatim; a buffer payload is itself a complete Arrow IPC stream
+(schema, batches, end-of-stream), so every spilled region is a readable Arrow IPC stream and a
+region is read back into a pooled segment with one ``readinto`` (no re-encoding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass
+
+from arrow_shuffle.errors import ShuffleError
+
+
+@dataclass(frozen=True)
+class SpilledRegion:
+    """Where one spilled buffer lives in its spill file."""
+
+    offset: int
+    length: int
+
+
+class SpillFile:
+    """An append-only file of buffer payloads, deleted on ``close()``."""
+
+    def __init__(self, directory: str, name: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, f"arrow-shuffle-{os.getpid()}-{name}.arrows")
+        self._lock = threading.Lock()
+        try:
+            self._file = open(self.path, "w+b", buffering=0)  # noqa: SIM115 - lives as long as the partition
+        except OSError as exc:
+            raise ShuffleError(f"cannot create spill file {self.path}: {exc}; check spill_dir") from exc
+        self._end = 0
+        self.bytes_written = 0
+
+    def append(self, data: memoryview) -> SpilledRegion:
+        with self._lock:
+            try:
+                self._file.seek(self._end)
+                written = 0
+                while written < len(data):
+                    written += self._file.write(data[written:])
+            except OSError as exc:
+                raise ShuffleError(
+                    f"spilling to {self.path} failed: {exc}; free disk space or point spill_dir elsewhere"
+                ) from exc
+            region = SpilledRegion(self._end, len(data))
+            self._end += len(data)
+            self.bytes_written += len(data)
+            return region
+
+    def read_into(self, region: SpilledRegion, target: memoryview) -> None:
+        with self._lock:
+            self._file.seek(region.offset)
+            got = 0
+            while got < region.length:
+                n = self._file.readinto(target[got : region.length])
+                if not n:
+                    raise ShuffleError(f"spill file {self.path} truncated at {region.offset + got}")
+                got += n
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file.closed:
+                return
+            self._file.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)

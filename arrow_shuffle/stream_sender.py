@@ -1,0 +1,105 @@
+"""Server side of one remote channel: sends a subpartition's buffers as credit allows.
+
+Flink's ``CreditBasedSequenceNumberingViewReader``: every BUFFER frame spends one credit and
+carries its sequence number and the backlog left behind it; END_OF_PARTITION needs no credit.
+An idle stream sends keepalives so the receiver can tell "slow" from "gone".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+from arrow_shuffle.credit import SenderCredit
+from arrow_shuffle.errors import ChannelClosedError, ShuffleError, describe
+from arrow_shuffle.frames import ErrorCode, Kind
+from arrow_shuffle.partition import ResultPartition
+from arrow_shuffle.transport import Connection
+
+
+class StreamSender:
+    """Pushes one subpartition to one connection; ``run()`` is the sender thread's body."""
+
+    def __init__(
+        self, conn: Connection, partition: ResultPartition, subpartition: int, initial_credit: int
+    ) -> None:
+        self.conn = conn
+        self.partition = partition
+        self.subpartition = partition.subpartitions[subpartition]
+        self.credit = SenderCredit(initial_credit)
+        self.keepalive_s = partition.config.keepalive_interval_s
+        self._cond = threading.Condition()
+        self._signalled = False
+        self._stopped = False
+        self.completed = False
+        self.buffers_sent = 0
+        self.max_overdraft = 0  # max(sent - granted); > 0 would mean a buffer went out without credit
+        self.where = describe(f"{partition.partition_id}#{subpartition}", conn.peer)
+
+    def notify(self) -> None:
+        with self._cond:
+            self._signalled = True
+            self._cond.notify()
+
+    def grant(self, credit: int) -> None:
+        self.credit.grant(credit)
+        self.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        seq = 0
+        last_send = time.monotonic()
+        try:
+            while True:
+                with self._cond:
+                    if self._stopped:
+                        return
+                    self._signalled = False
+                has_credit = self.credit.available > 0
+                buffer, backlog, end = self.subpartition.poll(allow_data=has_credit)
+                if buffer is not None:
+                    spent = self.credit.try_spend()
+                    try:
+                        if spent:
+                            self.conn.send(Kind.BUFFER, buffer.segment.view[: buffer.size], seq, backlog)
+                    finally:
+                        buffer.recycle()
+                    if not spent:
+                        raise ShuffleError(f"internal: buffer polled without credit {self.where}")
+                    self.max_overdraft = max(
+                        self.max_overdraft, self.credit.spent_total - self.credit.granted_total
+                    )
+                    self.buffers_sent += 1
+                    self.partition.record(buffers_sent=1, bytes_sent=buffer.size)
+                    seq += 1
+                    last_send = time.monotonic()
+                    continue
+                if end:
+                    self.conn.send(Kind.END_OF_PARTITION, seq=seq)
+                    self.completed = True
+                    return
+                idle_for = time.monotonic() - last_send
+                if idle_for >= self.keepalive_s:
+                    self.conn.send(Kind.KEEPALIVE)
+                    last_send = time.monotonic()
+                    continue
+                started = time.monotonic()
+                with self._cond:
+                    if not self._signalled and not self._stopped:
+                        self._cond.wait(self.keepalive_s - idle_for)
+                if not has_credit and backlog > 0:
+                    self.partition.record(blocked_on_credit_s=time.monotonic() - started)
+        except ChannelClosedError as exc:
+            self._report(f"partition released or stream closed: {exc}")
+        except ShuffleError as exc:
+            self._report(str(exc))
+
+    def _report(self, message: str) -> None:
+        """Best effort: tell the consumer why its stream ends (it may already be gone)."""
+        with contextlib.suppress(ShuffleError):
+            self.conn.send(Kind.ERROR, f"{message} {self.where}".encode(), value=ErrorCode.OTHER)

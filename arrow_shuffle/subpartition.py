@@ -1,0 +1,152 @@
+"""One subpartition's queue of finished buffers, its backlog, and its single reader.
+
+The writer appends finished buffers; one reader (a local channel or a network stream) polls
+them in order. For BLOCKING partitions buffers may be moved to a spill file while writing and
+are only readable once the partition is finished.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool
+from arrow_shuffle.errors import ChannelClosedError, PartitionNotFoundError
+from arrow_shuffle.spill import SpilledRegion, SpillFile
+
+if TYPE_CHECKING:
+    from arrow_shuffle.ids import PartitionId
+
+Entry = Buffer | SpilledRegion
+
+
+class Subpartition:
+    """Queue of buffers for one consumer, with Flink's backlog (buffers queued)."""
+
+    def __init__(
+        self,
+        partition_id: PartitionId,
+        index: int,
+        pool: LocalBufferPool,
+        readable_before_finish: bool,
+        request_timeout_s: float,
+    ) -> None:
+        self.partition_id = partition_id
+        self.index = index
+        self._pool = pool
+        self._readable_before_finish = readable_before_finish
+        self._request_timeout_s = request_timeout_s
+        self._queue: deque[Entry] = deque()
+        self._lock = threading.Lock()
+        self._finished = False
+        self._released = False
+        self._reader: Callable[[], None] | None = None
+        self._has_reader = False
+        self._spill: SpillFile | None = None
+        self.buffers_added = 0
+        self.bytes_added = 0
+
+    # -- writer side ---------------------------------------------------------------------------
+    def add(self, buffer: Buffer) -> None:
+        with self._lock:
+            if self._released or self._finished:
+                buffer.recycle()
+                raise ChannelClosedError(f"subpartition {self.index} of {self.partition_id} is closed")
+            self._queue.append(buffer)
+            self.buffers_added += 1
+            self.bytes_added += buffer.size
+            notify = self._reader if self._readable_before_finish else None
+        if notify is not None:
+            notify()
+
+    def finish(self) -> None:
+        with self._lock:
+            self._finished = True
+            notify = self._reader
+        if notify is not None:
+            notify()
+
+    def spill_oldest(self, spill: SpillFile) -> int:
+        """Move the oldest in-memory buffer to ``spill``; returns bytes spilled (0 if none)."""
+        with self._lock:
+            for i, entry in enumerate(self._queue):
+                if isinstance(entry, Buffer):
+                    region = spill.append(entry.segment.view[: entry.size])
+                    self._queue[i] = region
+                    self._spill = spill
+                    victim = entry
+                    break
+            else:
+                return 0
+        victim.recycle()
+        return region.length
+
+    def in_memory_buffers(self) -> int:
+        with self._lock:
+            return sum(1 for e in self._queue if isinstance(e, Buffer))
+
+    # -- reader side ---------------------------------------------------------------------------
+    def attach_reader(self, on_available: Callable[[], None]) -> None:
+        """Register the one reader; ``on_available`` is called (outside locks) on new data/finish."""
+        with self._lock:
+            if self._released:
+                raise PartitionNotFoundError(f"subpartition {self.index} of {self.partition_id} was released")
+            if self._has_reader:
+                raise PartitionNotFoundError(
+                    f"subpartition {self.index} of {self.partition_id} is already being consumed"
+                )
+            self._has_reader = True
+            self._reader = on_available
+        on_available()
+
+    def detach_reader(self) -> None:
+        with self._lock:
+            self._reader = None
+
+    def poll(self, allow_data: bool = True) -> tuple[Buffer | None, int, bool]:
+        """``(buffer or None, backlog after it, end_of_partition)``; never blocks on the writer.
+
+        With ``allow_data=False`` (no credit) only end-of-partition is reported, data stays queued.
+        """
+        with self._lock:
+            if self._released:
+                raise ChannelClosedError(f"subpartition {self.index} of {self.partition_id} was released")
+            if not self._readable_before_finish and not self._finished:
+                return None, 0, False
+            if not self._queue:
+                return None, 0, self._finished
+            if not allow_data:
+                return None, len(self._queue), False
+            entry = self._queue.popleft()
+            backlog = len(self._queue)
+            spill = self._spill
+        if isinstance(entry, Buffer):
+            return entry, backlog, False
+        assert spill is not None
+        buffer = self._pool.request(self._request_timeout_s)
+        try:
+            spill.read_into(entry, buffer.segment.view)
+        except BaseException:
+            buffer.recycle()
+            raise
+        buffer.size = entry.length
+        return buffer, backlog, False
+
+    @property
+    def backlog(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def release(self) -> None:
+        """Drop queued data and return every buffer (cancel / release path)."""
+        with self._lock:
+            self._released = True
+            entries, self._queue = list(self._queue), deque()
+            notify = self._reader
+        for entry in entries:
+            if isinstance(entry, Buffer):
+                entry.recycle()
+        if notify is not None:
+            notify()

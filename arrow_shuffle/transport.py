@@ -1,0 +1,163 @@
+"""The transport seam: a framed, bidirectional byte stream per channel.
+
+``Connection`` is all the engine needs from a transport (send a frame, receive a header,
+receive a payload into a given memory); ``Transport`` opens and accepts them. ``TcpTransport``
+is the implementation chosen by measurement (see ``benchmarks/shuffle_transport.py``):
+length-prefixed frames on plain sockets, payloads received with ``recv_into`` straight into
+pooled segments. Socket errors are mapped to ``PeerLostError`` / ``ChannelClosedError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from typing import Protocol
+
+from arrow_shuffle.errors import ChannelClosedError, PeerLostError
+from arrow_shuffle.frames import HEADER_SIZE, FrameHeader, Kind, unpack_header
+
+_SOCKET_BUFFER = 4 << 20
+
+
+class Connection(Protocol):
+    """One framed stream. ``send`` is thread-safe; receiving is done by a single thread."""
+
+    peer: str
+
+    def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None: ...
+
+    def recv_header(self, idle_ok: bool = False) -> FrameHeader | None: ...
+
+    def recv_into(self, target: memoryview) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Listener(Protocol):
+    address: tuple[str, int]
+
+    def accept(self) -> Connection | None: ...
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    def connect(self, address: tuple[str, int], timeout_s: float, read_timeout_s: float) -> Connection: ...
+
+    def listen(self, host: str, port: int, read_timeout_s: float) -> Listener: ...
+
+
+class TcpConnection:
+    """A ``Connection`` over a TCP socket with a read timeout (silence means the peer is lost)."""
+
+    def __init__(self, sock: socket.socket, read_timeout_s: float) -> None:
+        self._sock = sock
+        self._send_lock = threading.Lock()
+        self._header = bytearray(HEADER_SIZE)
+        self._closed = False
+        self.read_timeout_s = read_timeout_s
+        try:
+            host, port = sock.getpeername()[:2]
+            self.peer = f"{host}:{port}"
+        except OSError:
+            self.peer = "<unconnected>"
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
+        sock.settimeout(read_timeout_s)
+
+    def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None:
+        header = FrameHeader(kind, len(payload), seq, value).pack()
+        with self._send_lock:
+            self._check_open()
+            try:
+                if len(payload) <= 4096:
+                    self._sock.sendall(header + bytes(payload))
+                else:
+                    self._sock.sendall(header)
+                    self._sock.sendall(payload)
+            except OSError as exc:
+                raise self._lost("send failed", exc) from exc
+
+    def recv_header(self, idle_ok: bool = False) -> FrameHeader | None:
+        """The next header; ``None`` on a read timeout before any byte if ``idle_ok``."""
+        view = memoryview(self._header)
+        if not self._recv_exact(view, idle_ok):
+            return None
+        return unpack_header(self._header)
+
+    def recv_into(self, target: memoryview) -> None:
+        self._recv_exact(target, False)
+
+    def _recv_exact(self, view: memoryview, idle_ok: bool) -> bool:
+        got = 0
+        while got < len(view):
+            try:
+                n = self._sock.recv_into(view[got:])
+            except TimeoutError as exc:
+                if idle_ok and got == 0:
+                    return False
+                raise self._lost(f"no data for {self.read_timeout_s:.1f}s (peer hung or gone)", exc) from exc
+            except OSError as exc:
+                raise self._lost("receive failed", exc) from exc
+            if n == 0:
+                raise self._lost("connection closed by peer (EOF)", None)
+            got += n
+        return True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelClosedError(f"connection to {self.peer} was closed locally")
+
+    def _lost(self, what: str, exc: BaseException | None) -> Exception:
+        if self._closed:
+            return ChannelClosedError(f"connection to {self.peer} was closed locally")
+        detail = f": {exc}" if exc is not None else ""
+        return PeerLostError(f"peer {self.peer}: {what}{detail}")
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+
+class TcpListener:
+    def __init__(self, host: str, port: int, read_timeout_s: float) -> None:
+        self._sock = socket.create_server((host, port), backlog=128)
+        self._sock.settimeout(0.2)
+        self._read_timeout_s = read_timeout_s
+        self.address: tuple[str, int] = self._sock.getsockname()[:2]
+        self._closed = False
+
+    def accept(self) -> Connection | None:
+        """A new connection, or ``None`` after a short idle wait (so the loop can check closed)."""
+        try:
+            sock, _ = self._sock.accept()
+        except TimeoutError:
+            return None
+        except OSError as exc:
+            if self._closed:
+                raise ChannelClosedError("listener closed") from exc
+            raise
+        return TcpConnection(sock, self._read_timeout_s)
+
+    def close(self) -> None:
+        self._closed = True
+        self._sock.close()
+
+
+class TcpTransport:
+    """Plain TCP sockets; the measured winner over Flight ``do_exchange`` on this machine."""
+
+    def connect(self, address: tuple[str, int], timeout_s: float, read_timeout_s: float) -> Connection:
+        try:
+            sock = socket.create_connection(address, timeout=timeout_s)
+        except OSError as exc:
+            raise PeerLostError(f"cannot connect to shuffle server {address[0]}:{address[1]}: {exc}") from exc
+        return TcpConnection(sock, read_timeout_s)
+
+    def listen(self, host: str, port: int, read_timeout_s: float) -> Listener:
+        return TcpListener(host, port, read_timeout_s)

@@ -1,0 +1,175 @@
+"""``RecordWriter``: routes record batches to subpartitions and packs them into buffers.
+
+Small batches are coalesced into the subpartition's open buffer; a buffer is handed to the
+subpartition when the next batch does not fit (trigger one: full) or when the flusher thread's
+``flush_timeout_s`` passes (trigger two: timeout). Requesting a buffer may block on the
+partition's pool: that is the backpressure a slow consumer exerts on a PIPELINED producer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from arrow_shuffle.codec import BufferBuilder, batch_size, schema_size, split_to_fit
+from arrow_shuffle.errors import ChannelClosedError, ConfigError, SchemaMismatchError, ShuffleError
+from arrow_shuffle.partition import ResultPartition
+from arrow_shuffle.partitioner import Partitioner, hash_partitioner
+
+
+class RecordWriter:
+    """Writes batches into one ``ResultPartition``. Not thread-safe: one writing thread."""
+
+    def __init__(
+        self,
+        partition: ResultPartition,
+        key_columns: Sequence[str] | None = None,
+        partitioner: Partitioner | None = None,
+    ) -> None:
+        if key_columns is not None and partitioner is not None:
+            raise ConfigError("give key_columns or partitioner, not both")
+        self.partition = partition
+        self._route = hash_partitioner(key_columns) if key_columns is not None else partitioner
+        self._usable = partition.config.buffer_size - schema_size(partition.schema)
+        if self._usable <= 0:
+            raise ConfigError(f"buffer_size={partition.config.buffer_size} cannot even hold the schema")
+        self._builders: list[BufferBuilder | None] = [None] * partition.num_subpartitions
+        self._lock = threading.Lock()
+        self._closed = False
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+        timeout = partition.config.flush_timeout_s
+        if timeout > 0:
+            self._flusher = threading.Thread(
+                target=self._flush_loop,
+                args=(timeout,),
+                name=f"flusher-{partition.partition_id}",
+                daemon=True,
+            )
+            self._flusher.start()
+
+    # -- public ---------------------------------------------------------------------------------
+    def write(self, batch: pa.RecordBatch, subpartition: int | None = None) -> None:
+        """Append ``batch``: all of it to ``subpartition``, or each row where the partitioner says."""
+        self._check()
+        if not batch.schema.equals(self.partition.schema):
+            raise SchemaMismatchError(
+                f"batch schema {batch.schema} differs from partition {self.partition.partition_id}'s "
+                f"schema {self.partition.schema}"
+            )
+        n = self.partition.num_subpartitions
+        if subpartition is not None:
+            if not 0 <= subpartition < n:
+                raise ConfigError(f"subpartition={subpartition} is out of range: allowed 0 <= x < {n}")
+            self._emit(subpartition, batch)
+        elif n == 1:
+            self._emit(0, batch)
+        elif self._route is None:
+            raise ConfigError("this writer has no key_columns/partitioner: pass subpartition=")
+        else:
+            self._emit_routed(batch, self._route(batch, n))
+        self.partition.record(batches_written=1, rows_written=batch.num_rows)
+
+    def flush(self) -> None:
+        """Hand every non-empty open buffer to its subpartition now."""
+        self._check()
+        self._flush_all()
+
+    def finish(self) -> None:
+        """Flush and mark the partition finished (consumers then see end-of-partition)."""
+        self._check()
+        self._stop_flusher()
+        self._flush_all()
+        self._closed = True
+        self.partition.finish()
+
+    def abort(self) -> None:
+        """Cancel: return the open buffers without publishing them. Idempotent."""
+        self._closed = True
+        self._stop_flusher()
+        with self._lock:
+            builders, self._builders = self._builders, [None] * len(self._builders)
+        for builder in builders:
+            if builder is not None:
+                builder.abandon()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._error is not None:
+            raise ShuffleError(f"the flusher of {self.partition.partition_id} failed: {self._error}") from (
+                self._error
+            )
+        if self._closed:
+            raise ChannelClosedError(f"writer of {self.partition.partition_id} is finished or aborted")
+
+    def _emit_routed(self, batch: pa.RecordBatch, ids: np.ndarray) -> None:
+        n = self.partition.num_subpartitions
+        counts = np.bincount(ids, minlength=n)
+        if counts.max(initial=0) == batch.num_rows:
+            self._emit(int(ids[0]), batch)
+            return
+        order = np.argsort(ids, kind="stable")
+        grouped = batch.take(pa.array(order))
+        offset = 0
+        for sub in range(n):
+            count = int(counts[sub])
+            if count:
+                self._emit(sub, grouped.slice(offset, count))
+                offset += count
+
+    def _emit(self, sub: int, batch: pa.RecordBatch) -> None:
+        for piece in split_to_fit(batch, self._usable):
+            size = batch_size(piece)
+            while True:
+                with self._lock:
+                    current = self._builders[sub]
+                    if current is not None and current.remaining < size:
+                        self._publish_locked(sub)
+                        current = None
+                    if current is not None:
+                        current.append(piece)
+                        break
+                # Outside the lock: this may block on the pool while the flusher keeps flushing.
+                fresh: BufferBuilder | None = BufferBuilder(
+                    self.partition.request_buffer(), self.partition.schema
+                )
+                with self._lock:
+                    if self._builders[sub] is None:
+                        self._builders[sub], fresh = fresh, None
+                if fresh is not None:
+                    fresh.abandon()
+        if self.partition.config.flush_timeout_s == 0:
+            with self._lock:
+                self._publish_locked(sub)
+
+    def _publish_locked(self, sub: int) -> None:
+        builder = self._builders[sub]
+        self._builders[sub] = None
+        if builder is None:
+            return
+        if builder.num_batches == 0:
+            builder.abandon()
+            return
+        self.partition.add(sub, builder.finish())
+
+    def _flush_all(self) -> None:
+        with self._lock:
+            for sub in range(len(self._builders)):
+                self._publish_locked(sub)
+
+    def _flush_loop(self, timeout: float) -> None:
+        while not self._stop.wait(timeout):
+            try:
+                self._flush_all()
+            except BaseException as exc:  # sticky: re-raised by the next public call
+                self._error = exc
+                return
+
+    def _stop_flusher(self) -> None:
+        self._stop.set()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join()
