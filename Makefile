@@ -40,8 +40,14 @@ $(LAUNCHER_JAR): $(LAUNCHER_SRC) $(VENV)/.installed
 	  $(LAUNCHER_SRC)
 	jar --create --file $@ -C $(CACHE)/launcher/classes .
 
+DEMO_WORK := $(abspath $(CACHE))/demo
 demo: setup
-	$(PY) -m jobs.demo
+	@mkdir -p $(DEMO_WORK)
+	SPARK_WORKER_DIR=$(DEMO_WORK)/work $(VENV)/bin/spark-submit $$($(PY) -m spark_plugin conf) \
+	  --master 'local-cluster[2,1,1024]' --conf spark.executor.memory=512m --conf spark.driver.memory=1g \
+	  --conf spark.ui.enabled=false --conf spark.sql.warehouse.dir=$(DEMO_WORK)/warehouse \
+	  --conf spark.driver.extraJavaOptions=-Dderby.system.home=$(DEMO_WORK) \
+	  jobs/demo.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

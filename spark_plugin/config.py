@@ -123,6 +123,27 @@ OPTIONS: tuple[Option, ...] = (
         "Consecutive failed heartbeat RPCs after which an executor is reported UNREACHABLE.", _parse_int,
     ),
     Option(
+        "spark.arrowbeat.tables.path", "tables_path", "", "a local directory path",
+        "Where the Delta history tables (heartbeats, executor_events) live; empty means an "
+        "`arrowbeat` folder under `spark.sql.warehouse.dir`.", _parse_str,
+    ),
+    Option(
+        "spark.arrowbeat.tables.flushInterval", "tables_flush_interval_s", "2s", "a duration like 2s",
+        "At most one commit per table per interval; rows are readable within about this long.",
+        parse_duration,
+    ),
+    Option(
+        "spark.arrowbeat.tables.compactInterval", "tables_compact_interval_s", "1min",
+        "a duration like 1min",
+        "How often small files are compacted, the log checkpointed and removed files vacuumed "
+        "(files stay 1 hour for lagging streaming readers).", parse_duration,
+    ),
+    Option(
+        "spark.arrowbeat.onHeartbeatTimeout", "on_heartbeat_timeout", "record", "record or kill",
+        "What a heartbeat timeout does besides being recorded: `kill` asks Spark to kill and "
+        "replace the executor.", _choice("record", "kill"),
+    ),
+    Option(
         "spark.arrowbeat.log.level", "log_level", "info", "one of debug, info, warning, error",
         "Log level of arrowbeat's processes (their output goes to the driver/executor log).", _log_level,
     ),
@@ -152,6 +173,10 @@ class ArrowBeatConfig:
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     rpc_failure_threshold: int
+    tables_path: str
+    tables_flush_interval_s: float
+    tables_compact_interval_s: float
+    on_heartbeat_timeout: str
     log_level: str
     rm_address: str
     driver_pid: int
@@ -172,6 +197,10 @@ def _check_ranges(c: ArrowBeatConfig) -> list[str]:
             f"spark.arrowbeat.heartbeat.interval ({c.heartbeat_interval_s:g}s) must be smaller than "
             f"spark.arrowbeat.heartbeat.timeout ({c.heartbeat_timeout_s:g}s)"
         )
+    if c.tables_flush_interval_s <= 0:
+        problems.append("spark.arrowbeat.tables.flushInterval must be > 0")
+    if c.tables_compact_interval_s < c.tables_flush_interval_s:
+        problems.append("spark.arrowbeat.tables.compactInterval must not be below tables.flushInterval")
     if c.rpc_failure_threshold < 1 and c.rpc_failure_threshold != -1:
         problems.append(
             f"spark.arrowbeat.heartbeat.rpcFailureThreshold={c.rpc_failure_threshold}: "

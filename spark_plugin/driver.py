@@ -1,8 +1,8 @@
 """``python -m spark_plugin.driver``: the driver-side process, started by the JVM DriverPlugin.
 
 Start-up happens here, in one place and in order (Flink's ``ClusterEntrypoint.initializeServices``):
-settings from the JVM, validated config, heartbeat services, the ResourceManager's gRPC server,
-then the ready line with its address. Shutdown runs in reverse when the JVM goes away.
+settings from the JVM, validated config, history tables, heartbeat services, the ResourceManager's
+gRPC server, then the ready line with its address. Shutdown runs in reverse when the JVM goes away.
 """
 
 from __future__ import annotations
@@ -10,15 +10,78 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 from spark_plugin.config import ArrowBeatConfig, ConfigError, load
-from spark_plugin.sidecar import JvmLink, announce_ready, setup_logging, wait_for_exit
+from spark_plugin.sidecar import JvmLink, announce_ready, exit_process, setup_logging, wait_for_exit
 
 log = logging.getLogger("arrowbeat.driver")
+_stdout_lock = threading.Lock()
 
 
-def _rm_host(config: ArrowBeatConfig, settings: dict[str, str]) -> str:
+def rm_host(config: ArrowBeatConfig, settings: dict[str, str]) -> str:
     return config.rm_host or settings.get("spark.driver.host") or "127.0.0.1"
+
+
+def tables_root(config: ArrowBeatConfig, settings: dict[str, str]) -> Path:
+    """``spark.arrowbeat.tables.path``, else ``<spark.sql.warehouse.dir>/arrowbeat``."""
+    if config.tables_path:
+        return Path(config.tables_path.removeprefix("file:"))
+    warehouse = settings.get("spark.sql.warehouse.dir") or "spark-warehouse"
+    return Path(warehouse.removeprefix("file:")).absolute() / "arrowbeat"
+
+
+def ask_jvm(command: str) -> None:
+    """A line the JVM DriverPlugin turns into an action on the SparkContext."""
+    with _stdout_lock:
+        sys.stdout.write(f"ARROWBEAT-CMD {command}\n")
+        sys.stdout.flush()
+
+
+class EventRouter:
+    """The RM's subscriber: history rows, a log line per lifecycle event, the optional kill."""
+
+    def __init__(self, app_id: Callable[[], str], history: Any, kill_on_timeout: bool) -> None:
+        self._app_id = app_id
+        self._history = history
+        self._kill = kill_on_timeout
+
+    def __call__(self, event: object) -> None:
+        from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord
+        from spark_plugin.history import EXECUTOR_EVENTS, HEARTBEATS, event_row, heartbeat_row
+
+        if isinstance(event, HeartbeatRecord):
+            if self._history is not None:
+                self._history.append(HEARTBEATS.name, heartbeat_row(self._app_id(), event))
+            return
+        if not isinstance(event, ExecutorEvent):
+            return
+        log.info("executor %s (%s, instance %s): %s %s", event.executor_id, event.host,
+                 event.instance_id, event.kind.name, event.detail)
+        if self._history is not None:
+            self._history.append(EXECUTOR_EVENTS.name, event_row(self._app_id(), event))
+        if self._kill and event.kind in (EventKind.HEARTBEAT_TIMEOUT, EventKind.UNREACHABLE):
+            ask_jvm(f"kill-executor {event.executor_id}")
+
+
+def open_history(config: ArrowBeatConfig, settings: dict[str, str]) -> tuple[Any, list[str]]:
+    """The history writer and the executors this application's history knows; on a bad path, (None, [])."""
+    from spark_plugin.history import HistoryTableError, HistoryWriter, known_executors
+
+    root = tables_root(config, settings)
+    writer = HistoryWriter(root, config.tables_flush_interval_s, config.tables_compact_interval_s)
+    try:
+        writer.open()
+        known = [e.executor_id for e in known_executors(root, settings.get("spark.app.id", ""))]
+    except HistoryTableError as exc:
+        log.error("history tables off, heartbeats continue in memory only: %s", exc)
+        return None, []
+    writer.start()
+    log.info("history tables at %s%s", root, f"; recovered executors {known}" if known else "")
+    return writer, known
 
 
 def main() -> int:
@@ -43,19 +106,24 @@ def main() -> int:
         timeout_s=config.heartbeat_timeout_s,
         rpc_failure_threshold=config.rpc_failure_threshold,
     )
-    rm = ResourceManagerServer(services, secret=config.secret, host=_rm_host(config, settings),
-                               port=config.rm_port)
+    history, known = open_history(config, settings)
+    rm = ResourceManagerServer(services, secret=config.secret, host=rm_host(config, settings),
+                               port=config.rm_port, known_executors=known)
+    app_id = settings.get("spark.app.id", "")
+    rm.subscribe(EventRouter(lambda: link.app_id(app_id), history,
+                             kill_on_timeout=config.on_heartbeat_timeout == "kill"))
     address = rm.start()
-    rm.subscribe(lambda event: log.info("%s", event))
     link.start()
     announce_ready(address=address, pid=os.getpid(), epoch=rm.epoch,
                    pulse_ms=int(config.heartbeat_interval_s * 1000))
-    log.info("ResourceManager for %s serving on %s", settings.get("spark.app.id", "?"), address)
+    log.info("ResourceManager serving on %s", address)
     reason = wait_for_exit(link)
     log.info("stopping (%s)", reason)
     rm.stop()
+    if history is not None:
+        history.stop()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -10,41 +10,25 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
 
 import psutil
 
+from heartbeat import HeartbeatServices, PayloadProvider, TaskExecutorAgent, rss_provider, slots_provider
 from spark_plugin.config import ConfigError, load
-from spark_plugin.sidecar import JvmLink, announce_ready, setup_logging, wait_for_exit
+from spark_plugin.sidecar import JvmLink, announce_ready, exit_process, setup_logging, wait_for_exit
 
 log = logging.getLogger("arrowbeat.agent")
 
 
-class ExecutorPayload:
-    """What one heartbeat says about this executor: slots, tasks, JVM memory, pulse age."""
-
-    def __init__(self, link: JvmLink, slots_total: int, jvm_pid: int) -> None:
-        self._link = link
-        self._slots_total = slots_total
-        self._jvm: psutil.Process | None = None
-        try:
-            self._jvm = psutil.Process(jvm_pid) if jvm_pid > 0 else None
-        except psutil.Error:
-            log.warning("cannot watch executor JVM pid %s; rss_bytes will be this agent's own", jvm_pid)
-
-    def __call__(self) -> dict[str, Any]:
-        running = self._link.running_tasks()
-        try:
-            rss = (self._jvm or psutil.Process()).memory_info().rss
-        except psutil.Error:
-            rss = -1
-        return {
-            "slots_total": self._slots_total,
-            "slots_busy": min(running, self._slots_total),
-            "running_tasks": running,
-            "rss_bytes": rss,
-            "jvm_pulse_age_ms": int(self._link.pulse_age_s() * 1000),
-        }
+def executor_payload(link: JvmLink, slots_total: int, jvm_pid: int) -> list[PayloadProvider]:
+    """Slots and running tasks (from the JVM's pulses), the JVM's RSS, and the pulse age."""
+    providers = [slots_provider(slots_total, busy=link.running_tasks)]
+    try:
+        providers.append(rss_provider(jvm_pid if jvm_pid > 0 else None))
+    except psutil.Error:
+        log.warning("cannot watch executor JVM pid %s; rss_bytes stays unknown", jvm_pid)
+    providers.append(lambda: {"jvm_pulse_age_ms": int(link.pulse_age_s() * 1000)})
+    return providers
 
 
 def main() -> int:
@@ -63,14 +47,12 @@ def main() -> int:
                   "or secret")
         return 2
 
-    from heartbeat import HeartbeatServices, TaskExecutorAgent
-
     services = HeartbeatServices(
         interval_s=config.heartbeat_interval_s,
         timeout_s=config.heartbeat_timeout_s,
         rpc_failure_threshold=config.rpc_failure_threshold,
     )
-    payload = ExecutorPayload(
+    payload = executor_payload(
         link,
         slots_total=int(settings.get("arrowbeat.executor.cores", "1") or 1),
         jvm_pid=int(settings.get("arrowbeat.executor.jvm.pid", "0") or 0),
@@ -81,7 +63,7 @@ def main() -> int:
         executor_id=executor_id,
         host=host,
         services=services,
-        payload_providers=[payload],
+        payload_providers=payload,
         is_healthy=lambda: link.pulse_age_s() < config.heartbeat_timeout_s,
     )
     link.start()
@@ -95,4 +77,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -7,6 +7,7 @@ The hosting JVM (driver or executor) starts this process with a pipe on stdin an
 2. waits for one stdout line ``ARROWBEAT-READY k=v ...`` (:func:`announce_ready`);
 3. writes a pulse line ``p <running_tasks>`` every pulse interval. A pulse proves the JVM itself
    runs: a SIGSTOPped or GC-frozen JVM stops pulsing although this process still would answer;
+   the driver also sends ``app <application id>`` once Spark has assigned one;
 4. closes the pipe to stop us. The kernel closes it too when the JVM dies, even by SIGKILL, so EOF
    is our only exit signal and no orphan survives its JVM.
 """
@@ -14,6 +15,7 @@ The hosting JVM (driver or executor) starts this process with a pipe on stdin an
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -46,6 +48,7 @@ class JvmLink:
         self._lock = threading.Lock()
         self._last_pulse = clock()
         self._running_tasks = 0
+        self._app_id = ""
         self.gone = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -82,6 +85,9 @@ class JvmLink:
 
     def _on_pulse(self, line: str) -> None:
         parts = line.split()
+        if len(parts) == 2 and parts[0] == "app":
+            with self._lock:
+                self._app_id = parts[1]
         running = None
         if len(parts) == 2 and parts[0] == "p" and parts[1].isdigit():
             running = int(parts[1])
@@ -94,6 +100,11 @@ class JvmLink:
         """Seconds since the JVM last proved it runs."""
         with self._lock:
             return self._clock() - self._last_pulse
+
+    def app_id(self, default: str = "") -> str:
+        """The Spark application id, once the JVM has told us."""
+        with self._lock:
+            return self._app_id or default
 
     def running_tasks(self) -> int:
         """Tasks the executor JVM reported running with its last pulse."""
@@ -115,6 +126,15 @@ def setup_logging(level: str) -> None:
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+def exit_process(code: int) -> None:
+    """Ends the process without interpreter finalisation, which would trip over the daemon thread
+    still blocked reading stdin. Call after every resource is closed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def wait_for_exit(link: JvmLink) -> str:

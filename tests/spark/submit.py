@@ -29,7 +29,14 @@ def printed_flags() -> list[str]:
 class SubmittedApp:
     """One spark-submit process; its stdout is read line by line on a thread."""
 
-    def __init__(self, app: Path, master: str, scratch: Path, conf: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        app: Path,
+        master: str,
+        scratch: Path,
+        conf: dict[str, str] | None = None,
+        args: list[str] | None = None,
+    ) -> None:
         self.marker = uuid.uuid4().hex
         self.log_path = scratch / f"spark-submit-{self.marker[:8]}.log"
         base = {
@@ -43,7 +50,7 @@ class SubmittedApp:
         command = [SPARK_SUBMIT, "--master", master, *printed_flags()]
         for key, value in base.items():
             command += ["--conf", f"{key}={value}"]
-        command.append(str(app))
+        command += [str(app), *(args or [])]
         env = dict(os.environ, **{APP_MARKER: self.marker})
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""A spark-submit application for launcher tests: runs a job, reports, then waits for "stop" on stdin.
+"""A spark-submit application for launcher tests: runs a job, reports, then waits for a go file.
 
 Prints ``APP-READY {json}`` (RM address, executors seen) so the test can inspect the processes
 while the application is alive, and ``APP-RESULT {json}`` after a second job once told to go on.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -23,9 +25,10 @@ def main() -> int:
         "executors": executors,
     }
     print("APP-READY " + json.dumps(info), flush=True)
-    for line in sys.stdin:
-        if line.strip() == "stop":
-            break
+    go = Path(sys.argv[1])
+    deadline = time.monotonic() + 600
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
     again = spark.range(0, 1000, numPartitions=4).selectExpr("sum(id) AS s").collect()[0]["s"]
     print("APP-RESULT " + json.dumps({"sum": again}), flush=True)
     spark.stop()

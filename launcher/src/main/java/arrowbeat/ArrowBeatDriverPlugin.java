@@ -36,9 +36,12 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
               Launch.command(conf, "spark_plugin.driver"),
               settings,
               Launch.startupTimeoutMs(conf));
+      sidecar.onCommand(command -> handle(sc, command));
       sidecar.startPulses(Launch.pulseMs(sidecar.info()), () -> 0);
       String address = sidecar.info().get("address");
       conf.set(Launch.RM_ADDRESS, address);
+      // Driver-side code of this application may query the RM; Spark redacts "secret" keys.
+      conf.set(Launch.SECRET, secret);
       conf.set("spark.arrowbeat.driver.pid", String.valueOf(sidecar.pid()));
       executorSettings.putAll(settings);
       executorSettings.put(Launch.RM_ADDRESS, address);
@@ -51,6 +54,29 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
       }
     }
     return executorSettings;
+  }
+
+  /** The application id exists only after {@link #init}; the driver-side process needs it for history. */
+  @Override
+  public void registerMetrics(String appId, PluginContext pluginContext) {
+    if (sidecar != null) {
+      sidecar.send("app " + appId);
+    }
+  }
+
+  /**
+   * The one action the ResourceManager may ask of Spark, when the user enabled it
+   * ({@code spark.arrowbeat.onHeartbeatTimeout=kill}): {@code kill-executor <id>}.
+   */
+  private static void handle(SparkContext sc, String command) {
+    String[] words = command.split(" ");
+    if (words.length == 2 && words[0].equals("kill-executor")) {
+      boolean accepted = sc.killAndReplaceExecutor(words[1]);
+      LOG.warn("arrowbeat asked Spark to kill and replace executor {}: {}", words[1],
+          accepted ? "accepted" : "refused by the scheduler backend");
+    } else {
+      LOG.warn("arrowbeat: unknown command from the driver-side process: {}", command);
+    }
   }
 
   @Override

@@ -31,6 +31,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
       }
       SparkConf conf = ctx.conf();
       Map<String, String> settings = new LinkedHashMap<>(extraConf);
+      settings.put("spark.app.id", conf.get("spark.app.id", ""));
       settings.put("arrowbeat.executor.id", ctx.executorID());
       // PluginContext.hostname() throws on non-local executors; the block manager knows the host.
       settings.put("arrowbeat.executor.host", SparkEnv.get().blockManager().blockManagerId().host());

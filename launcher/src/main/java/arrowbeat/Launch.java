@@ -46,6 +46,7 @@ final class Launch {
     }
     settings.put("spark.app.id", conf.get("spark.app.id", ""));
     settings.put("spark.app.name", conf.get("spark.app.name", ""));
+    settings.put("spark.sql.warehouse.dir", conf.get("spark.sql.warehouse.dir", ""));
     return settings;
   }
 

@@ -28,6 +28,7 @@ import org.slf4j.LoggerFactory;
  */
 final class Sidecar {
   static final String READY = "ARROWBEAT-READY";
+  static final String COMMAND = "ARROWBEAT-CMD ";
   private static final Logger LOG = LoggerFactory.getLogger(Sidecar.class);
   private static final int TAIL_LINES = 30;
 
@@ -37,6 +38,7 @@ final class Sidecar {
   private final Deque<String> tail = new ArrayDeque<>();
   private final CompletableFuture<Map<String, String>> ready = new CompletableFuture<>();
   private volatile boolean stopping;
+  private volatile java.util.function.Consumer<String> commands = line -> {};
   private Thread pulser;
 
   private Sidecar(String name, Process process) {
@@ -108,6 +110,10 @@ final class Sidecar {
                     ready.complete(parseReady(line));
                     continue;
                   }
+                  if (line.startsWith(COMMAND)) {
+                    commands.accept(line.substring(COMMAND.length()).trim());
+                    continue;
+                  }
                   remember(line);
                   LOG.info("[arrowbeat {}] {}", name, line);
                 }
@@ -147,6 +153,11 @@ final class Sidecar {
     return info;
   }
 
+  /** Lines {@code ARROWBEAT-CMD <words>} from the child go to {@code handler}. */
+  void onCommand(java.util.function.Consumer<String> handler) {
+    commands = handler;
+  }
+
   /**
    * Writes a pulse line {@code p <running tasks>} every {@code intervalMs}; stops when the child's
    * stdin breaks.
@@ -161,8 +172,10 @@ final class Sidecar {
               try {
                 while (!stopping && process.isAlive()) {
                   String pulse = "p " + runningTasks.getAsInt() + "\n";
-                  stdin.write(pulse.getBytes(StandardCharsets.UTF_8));
-                  stdin.flush();
+                  synchronized (stdin) {
+                    stdin.write(pulse.getBytes(StandardCharsets.UTF_8));
+                    stdin.flush();
+                  }
                   Thread.sleep(intervalMs);
                 }
               } catch (IOException | InterruptedException e) {
@@ -172,6 +185,18 @@ final class Sidecar {
             "arrowbeat-" + name + "-pulse");
     pulser.setDaemon(true);
     pulser.start();
+  }
+
+  /** Sends one line to the child (between pulses; the pulse thread writes under the same lock). */
+  void send(String line) {
+    synchronized (stdin) {
+      try {
+        stdin.write((line + "\n").getBytes(StandardCharsets.UTF_8));
+        stdin.flush();
+      } catch (IOException e) {
+        LOG.debug("arrowbeat {} did not take {}: {}", name, line, e.toString());
+      }
+    }
   }
 
   /** Closes stdin (the child's signal to stop), then escalates to SIGTERM and SIGKILL. */

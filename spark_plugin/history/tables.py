@@ -1,0 +1,131 @@
+"""The Delta tables arrowbeat keeps, their schemas, and opening them safely.
+
+The ResourceManager runs outside the user's Spark session, so it writes with delta-rs
+(``deltalake``): writing never launches a job inside the user's application. Any delta-spark
+reader (batch SQL or Structured Streaming) reads the tables; ``tests/spark`` checks that.
+
+Schemas (one row per heartbeat received / per lifecycle event):
+
+``heartbeats``: app_id, executor_id, host, instance_id, ts (UTC timestamp), rtt_ms,
+jvm_pulse_age_ms, slots_total, slots_busy, running_tasks, rss_bytes.
+
+``executor_events``: app_id, executor_id, host, instance_id, ts, event (REGISTERED, REREGISTERED,
+HEARTBEAT_TIMEOUT, UNREACHABLE, UNREGISTERED), detail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+
+#: Table properties: keep the log and removed files for an hour, so compaction and vacuum bound the
+#: file count of a day-long application; a streaming reader may lag at most that long.
+TABLE_PROPERTIES = {
+    "delta.logRetentionDuration": "interval 1 hours",
+    "delta.deletedFileRetentionDuration": "interval 1 hours",
+    "delta.checkpointInterval": "20",
+}
+
+
+class HistoryTableError(RuntimeError):
+    """A history table cannot be used; the message names the path and what to do."""
+
+
+class TablePathError(HistoryTableError):
+    """The path cannot be created or written, or holds something that is not a Delta table."""
+
+
+class IncompatibleTableError(HistoryTableError):
+    """A Delta table at the path has a schema arrowbeat cannot append to."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    schema: pa.Schema
+
+
+HEARTBEATS = TableSpec(
+    "heartbeats",
+    pa.schema(
+        [
+            ("app_id", pa.string()),
+            ("executor_id", pa.string()),
+            ("host", pa.string()),
+            ("instance_id", pa.string()),
+            ("ts", TS),
+            ("rtt_ms", pa.float64()),
+            ("jvm_pulse_age_ms", pa.int64()),
+            ("slots_total", pa.int64()),
+            ("slots_busy", pa.int64()),
+            ("running_tasks", pa.int64()),
+            ("rss_bytes", pa.int64()),
+        ]
+    ),
+)
+
+EXECUTOR_EVENTS = TableSpec(
+    "executor_events",
+    pa.schema(
+        [
+            ("app_id", pa.string()),
+            ("executor_id", pa.string()),
+            ("host", pa.string()),
+            ("instance_id", pa.string()),
+            ("ts", TS),
+            ("event", pa.string()),
+            ("detail", pa.string()),
+        ]
+    ),
+)
+
+TABLES: tuple[TableSpec, ...] = (HEARTBEATS, EXECUTOR_EVENTS)
+
+
+def _fields(schema: pa.Schema) -> dict[str, pa.DataType]:
+    return {f.name: f.type for f in schema}
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    # delta-rs may hand back large/view string variants of what we wrote.
+    strings = {pa.string(), pa.large_string(), pa.string_view()}
+    return a == b or (a in strings and b in strings)
+
+
+def open_table(root: Path, spec: TableSpec) -> str:
+    """Creates ``root/<name>`` as a Delta table, or checks an existing one; returns its path."""
+    from deltalake import DeltaTable
+
+    path = root / spec.name
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".arrowbeat-write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise TablePathError(f"cannot write the arrowbeat table path {path}: {exc.strerror or exc}") from exc
+    if not (path / "_delta_log").is_dir():
+        if any(p for p in path.iterdir() if not p.name.startswith(".")):
+            raise TablePathError(f"{path} is not empty and is not a Delta table: choose another "
+                                 "spark.arrowbeat.tables.path")
+        DeltaTable.create(str(path), schema=spec.schema, mode="ignore", configuration=TABLE_PROPERTIES)
+        return str(path)
+    try:
+        existing = DeltaTable(str(path)).schema().to_arrow()
+    except Exception as exc:  # delta-rs raises several unrelated types for a damaged log
+        raise TablePathError(f"{path} holds a corrupt Delta table ({exc}): repair or move it") from exc
+    have = _fields(pa.schema(existing))
+    want = _fields(spec.schema)
+    wrong = [n for n, t in want.items() if n not in have or not _same_type(have[n], t)]
+    extra = [n for n in have if n not in want]
+    if wrong or extra:
+        raise IncompatibleTableError(
+            f"the Delta table at {path} does not have arrowbeat's {spec.name} schema "
+            f"(missing or different: {wrong or 'none'}; unexpected: {extra or 'none'}); arrowbeat will "
+            "not write into it: point spark.arrowbeat.tables.path elsewhere"
+        )
+    return str(path)

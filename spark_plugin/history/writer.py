@@ -1,0 +1,209 @@
+"""Batched, durable appends of heartbeats and lifecycle events to the Delta history tables.
+
+Subscribers hand rows to :meth:`HistoryWriter.record` from RM threads; it only buffers. A flusher
+thread commits each table at most once per flush interval, so readers see rows within about one
+interval and the log grows by one commit per interval, not per heartbeat. A failed commit is
+retried and its rows stay buffered (bounded: past ``max_buffered_rows`` the oldest are dropped and
+counted), so a table that is briefly unavailable loses nothing. Periodic maintenance compacts small
+files, checkpoints the log and vacuums what retention allows, which bounds the file count of a
+day-long application.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from spark_plugin.history.tables import EXECUTOR_EVENTS, HEARTBEATS, TABLES, TableSpec, open_table
+
+log = logging.getLogger("arrowbeat.history")
+
+Row = dict[str, Any]
+
+
+@dataclass
+class _Pending:
+    spec: TableSpec
+    path: str
+    rows: deque[Row]
+    dropped: int = 0
+    commits: int = 0
+
+
+class HistoryWriter:
+    """Appends rows to the history tables under ``root`` in batches, from one flusher thread."""
+
+    def __init__(
+        self,
+        root: Path,
+        flush_interval_s: float,
+        compact_interval_s: float = 60.0,
+        max_buffered_rows: int = 200_000,
+        commit_attempts: int = 5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = root
+        self._flush_interval_s = flush_interval_s
+        self._compact_interval_s = compact_interval_s
+        self._max_rows = max_buffered_rows
+        self._attempts = commit_attempts
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._tables: dict[str, _Pending] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_maintenance = clock()
+
+    def open(self) -> None:
+        """Creates or checks every table; raises :class:`HistoryTableError` naming the path."""
+        for spec in TABLES:
+            path = open_table(self.root, spec)
+            self._tables[spec.name] = _Pending(spec, path, deque())
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="history-flusher", daemon=True)
+        self._thread.start()
+
+    def append(self, table: str, row: Row) -> None:
+        """Buffers one row for ``table``; never blocks on I/O."""
+        with self._lock:
+            pending = self._tables[table]
+            pending.rows.append(row)
+            if len(pending.rows) > self._max_rows:
+                pending.rows.popleft()
+                pending.dropped += 1
+
+    def buffered(self, table: str) -> int:
+        with self._lock:
+            return len(self._tables[table].rows)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._flush_interval_s):
+            try:
+                self.flush()
+                if self._clock() - self._last_maintenance >= self._compact_interval_s:
+                    self._last_maintenance = self._clock()
+                    self.maintain()
+            except Exception:  # keep flushing: one bad cycle must not end history
+                log.exception("history flush failed; rows stay buffered")
+
+    def flush(self) -> None:
+        """Commits every table's buffered rows (one commit per table); failed rows stay buffered."""
+        with self._flush_lock:
+            for pending in self._tables.values():
+                self._flush_table(pending)
+
+    def _flush_table(self, pending: _Pending) -> None:
+        from deltalake import write_deltalake
+
+        with self._lock:
+            rows = list(pending.rows)
+            pending.rows.clear()
+        if not rows:
+            return
+        batch = pa.Table.from_pylist(rows, schema=pending.spec.schema)
+        delay = 0.05
+        for attempt in range(1, self._attempts + 1):
+            try:
+                write_deltalake(pending.path, batch, mode="append")
+                pending.commits += 1
+                return
+            except Exception as exc:  # commit conflicts, I/O errors: retry, then keep the rows
+                if attempt == self._attempts:
+                    log.warning("could not append %d rows to %s after %d attempts (%s); keeping them "
+                                "buffered", len(rows), pending.path, attempt, exc)
+                    break
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        with self._lock:
+            pending.rows.extendleft(reversed(rows))
+            while len(pending.rows) > self._max_rows:
+                pending.rows.popleft()
+                pending.dropped += 1
+
+    def maintain(self) -> None:
+        """Compacts small files, checkpoints, and removes what the tables' retention allows."""
+        from deltalake import DeltaTable
+
+        with self._flush_lock:
+            for pending in self._tables.values():
+                try:
+                    table = DeltaTable(pending.path)
+                    table.optimize.compact()
+                    table = DeltaTable(pending.path)
+                    table.create_checkpoint()
+                    table.cleanup_metadata()
+                    table.vacuum(dry_run=False)
+                except Exception as exc:  # a concurrent writer or reader may win; try next time
+                    log.info("maintenance of %s skipped this round: %s", pending.path, exc)
+
+    def stats(self) -> Mapping[str, Mapping[str, int]]:
+        with self._lock:
+            return {
+                name: {"buffered": len(p.rows), "dropped": p.dropped, "commits": p.commits}
+                for name, p in self._tables.items()
+            }
+
+    def stop(self) -> None:
+        """Stops the flusher and commits what is buffered."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self._tables:
+            self.flush()
+
+
+def utc(ts: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC)
+
+
+def heartbeat_row(app_id: str, record: Any) -> Row:
+    """A ``heartbeats`` row from a :class:`heartbeat.HeartbeatRecord`."""
+    payload = record.payload
+    return {
+        "app_id": app_id,
+        "executor_id": record.executor_id,
+        "host": record.host,
+        "instance_id": record.instance_id,
+        "ts": utc(record.ts),
+        "rtt_ms": float(record.rtt_ms),
+        "jvm_pulse_age_ms": _int(payload, "jvm_pulse_age_ms"),
+        "slots_total": _int(payload, "slots_total"),
+        "slots_busy": _int(payload, "slots_busy"),
+        "running_tasks": _int(payload, "running_tasks"),
+        "rss_bytes": _int(payload, "rss_bytes"),
+    }
+
+
+def event_row(app_id: str, event: Any) -> Row:
+    """An ``executor_events`` row from a :class:`heartbeat.ExecutorEvent`."""
+    kind = event.kind
+    return {
+        "app_id": app_id,
+        "executor_id": event.executor_id,
+        "host": event.host,
+        "instance_id": event.instance_id,
+        "ts": utc(event.ts),
+        "event": getattr(kind, "name", str(kind)),
+        "detail": event.detail,
+    }
+
+
+def _int(payload: Any, name: str) -> int | None:
+    value = payload.get(name) if isinstance(payload, Mapping) else getattr(payload, name, None)
+    if value is None or value < 0:
+        return None
+    return int(value)
+
+
+__all__ = ["EXECUTOR_EVENTS", "HEARTBEATS", "HistoryWriter", "event_row", "heartbeat_row"]

@@ -1,0 +1,105 @@
+"""The JVM launcher under a real spark-submit: processes start, follow their JVMs, and never take
+the application down."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+
+from tests.procs import ours, wait_until
+from tests.spark.history_read import events, rows
+from tests.spark.submit import SubmittedApp
+
+APPS = Path(__file__).parent / "apps"
+pytestmark = pytest.mark.spark
+
+
+def agent_of(executor_jvm: psutil.Process) -> psutil.Process:
+    agents = [c for c in executor_jvm.children() if "spark_plugin.executor" in " ".join(c.cmdline())]
+    assert len(agents) == 1, f"executor pid {executor_jvm.pid} has agents {agents}"
+    return agents[0]
+
+
+def test_one_agent_per_executor_each_follows_its_jvm(scratch: Path) -> None:
+    tables = scratch / "launcher-tables"
+    go = scratch / "launcher-go"
+    app = SubmittedApp(
+        APPS / "hold_app.py",
+        "local-cluster[2,1,1024]",
+        scratch,
+        conf={
+            "spark.arrowbeat.heartbeat.interval": "500ms",
+            "spark.arrowbeat.heartbeat.timeout": "2s",
+            "spark.arrowbeat.tables.path": str(tables),
+            "spark.arrowbeat.tables.flushInterval": "500ms",
+        },
+        args=[str(go)],
+    )
+    try:
+        ready = app.wait_for("APP-READY ", timeout_s=180)
+        assert ready["sum"] == sum(range(100_000))
+        assert ready["executors"] == 2
+
+        # The driver-side process runs and its RM port answers.
+        assert len(ours("spark_plugin.driver", app.marker)) == 1
+        with grpc.insecure_channel(ready["rm_address"]) as channel:
+            grpc.channel_ready_future(channel).result(timeout=10)
+
+        # One agent per executor JVM, each registered and answering the RM's heartbeat requests.
+        executors = ours("CoarseGrainedExecutorBackend", app.marker)
+        assert len(executors) == 2
+        agents = {jvm.pid: agent_of(jvm) for jvm in executors}
+        assert len(ours("spark_plugin.executor", app.marker)) == 2
+        assert wait_until(lambda: {e for e, k in events(tables) if k == "REGISTERED"} == {"0", "1"}, 30)
+        assert wait_until(lambda: {r["executor_id"] for r in rows(tables, "heartbeats")} == {"0", "1"}, 30)
+        beat = rows(tables, "heartbeats")[-1]
+        assert beat["slots_total"] == 1 and beat["rss_bytes"] > 0 and beat["jvm_pulse_age_ms"] < 2000
+        assert all(r["app_id"].startswith("app-") for r in rows(tables, "executor_events"))
+
+        # SIGKILL one executor JVM: its agent sees EOF on the pipe and exits within 2 s.
+        victim = executors[0]
+        victim_agent = agents[victim.pid]
+        victim.send_signal(signal.SIGKILL)
+        assert wait_until(lambda: not victim_agent.is_running() or victim_agent.status() == "zombie", 2.0), (
+            "the agent outlived its executor JVM by more than 2 s"
+        )
+
+        # The application runs on (Spark replaces the executor) and ends cleanly.
+        go.touch()
+        assert app.wait_for("APP-RESULT ", timeout_s=180)["sum"] == sum(range(1000))
+        assert app.wait(timeout_s=120) == 0
+        assert wait_until(lambda: not ours(app=app.marker), 30), [p.cmdline() for p in ours(app=app.marker)]
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize(
+    ("conf", "logged"),
+    [
+        ({"spark.arrowbeat.python": "/nonexistent/python3"}, "/nonexistent/python3"),
+        (
+            {"spark.arrowbeat.heartbeat.interval": "soon"},
+            "spark.arrowbeat.heartbeat.interval='soon': expected a duration",
+        ),
+    ],
+    ids=["bad-python", "bad-setting"],
+)
+def test_start_failure_is_logged_and_the_job_runs_on(scratch: Path, conf: dict[str, str], logged: str) -> None:
+    go = scratch / f"go-{len(logged)}"
+    go.touch()
+    app = SubmittedApp(APPS / "hold_app.py", "local[1]", scratch, conf=conf, args=[str(go)])
+    try:
+        ready = app.wait_for("APP-READY ", timeout_s=120)
+        assert ready["rm_address"] is None
+        assert ready["sum"] == sum(range(100_000))
+        assert app.wait_for("APP-RESULT ", timeout_s=120)["sum"] == sum(range(1000))
+        assert app.wait(timeout_s=120) == 0
+        log = app.log_text()
+        assert "arrowbeat is off for this application" in log
+        assert logged in log
+    finally:
+        app.close()
