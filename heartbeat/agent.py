@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -211,6 +212,7 @@ class AsyncAgent:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
+        self._stop_event = asyncio.Event()
         self.registration: Registration | None = None
         self.error: BaseException | None = None
         self.registrations = 0
@@ -229,8 +231,11 @@ class AsyncAgent:
             while not self._stopping:
                 await self._wait_until_healthy()
                 self._session = await retry_until_deadline(
-                    self._open_session, self.retry_policy, self.clock, self.rm_address
+                    self._open_session, self.retry_policy, self.clock, self.rm_address, self._sleep
                 )
+                if self._stopping:
+                    await self._session.close(unregister=True, timeout_s=1.0)
+                    break
                 self.registration = self._session.registration
                 self.registrations += 1
                 if self._on_registered is not None:
@@ -256,19 +261,34 @@ class AsyncAgent:
             self._done.set()
 
     async def stop(self, timeout_s: float = 3.0) -> None:
-        """Unregister (best effort) and end ``run``; idempotent."""
+        """Unregister (best effort) and end ``run``; idempotent.
+
+        A registration attempt in flight is allowed to finish (so the RM gets an unregister,
+        not a timeout) unless that takes longer than ``timeout_s``; then it is cancelled.
+        """
         self._stopping = True
+        self._stop_event.set()
         if self._session is not None:
             self._session.end("agent stopping")
-        elif self._task is not None and not self._task.done():
-            self._task.cancel()
-        if self._task is not None:
+        if self._task is None or self._task.done():
+            return
+        try:
             await asyncio.wait_for(self._done.wait(), timeout_s)
+        except TimeoutError:
+            self._task.cancel()
+            await self._done.wait()
+
+    async def _sleep(self, seconds: float) -> None:
+        """A backoff sleep that ``stop`` cuts short."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_event.wait(), seconds)
+        if self._stopping:
+            raise ClosedError("the agent is stopping")
 
     async def _wait_until_healthy(self) -> None:
         """A frozen host process must not re-register; poll until it recovers (no event exists)."""
-        while not self._stopping and not self.healthy():
-            await asyncio.sleep(self.services.interval_s)
+        while not self.healthy():
+            await self._sleep(self.services.interval_s)
 
     async def _open_session(self, timeout_s: float) -> _Session:
         if self._stopping:

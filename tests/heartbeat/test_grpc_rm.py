@@ -47,7 +47,7 @@ def raw_call(
                 for message in messages:
                     await call.write(message)
                 while True:
-                    reply = await asyncio.wait_for(call.read(), 1.0)
+                    reply = await asyncio.wait_for(call.read(), 5.0)
                     if reply is grpc.aio.EOF:  # type: ignore[attr-defined]
                         break
                     replies += 1
