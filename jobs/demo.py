@@ -12,9 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from pyspark.sql import SparkSession
-
 from heartbeat.client import list_executors
+from pyspark.sql import SparkSession
 
 
 def wait_for_agents(address: str, secret: str, expected: int, timeout_s: float) -> list[object]:
@@ -46,8 +45,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"driver-side ResourceManager: pid {conf.get('spark.arrowbeat.driver.pid')} at {address}")
     for e in wait_for_agents(address, secret, expected, timeout_s=60):
-        print(f"  agent for executor {e.executor_id}: pid {e.pid} on {e.host}, {e.state}, "  # type: ignore[attr-defined]
-              f"last heartbeat {e.last_heartbeat_age_s:.2f}s ago")  # type: ignore[attr-defined]
+        print(
+            f"  agent for executor {e.executor_id}: pid {e.pid} on {e.host}, {e.state}, "  # type: ignore[attr-defined]
+            f"last heartbeat {e.last_heartbeat_age_s:.2f}s ago"
+        )  # type: ignore[attr-defined]
 
     warehouse = conf.get("spark.sql.warehouse.dir", "spark-warehouse").removeprefix("file:")
     table = args.table or str(Path(warehouse) / "arrowbeat_demo")

@@ -11,8 +11,8 @@ import logging
 import os
 import sys
 import threading
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from spark_plugin.config import ArrowBeatConfig, ConfigError, load
@@ -48,19 +48,29 @@ class EventRouter:
         self._app_id = app_id
         self._history = history
         self._kill = kill_on_timeout
+        self._last_beat: dict[str, float] = {}
 
     def __call__(self, event: object) -> None:
         from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord
         from spark_plugin.history import EXECUTOR_EVENTS, HEARTBEATS, event_row, heartbeat_row
 
         if isinstance(event, HeartbeatRecord):
+            previous = self._last_beat.get(event.executor_id)
+            self._last_beat[event.executor_id] = event.ts
+            gap_ms = None if previous is None else (event.ts - previous) * 1000.0
             if self._history is not None:
-                self._history.append(HEARTBEATS.name, heartbeat_row(self._app_id(), event))
+                self._history.append(HEARTBEATS.name, heartbeat_row(self._app_id(), event, gap_ms))
             return
         if not isinstance(event, ExecutorEvent):
             return
-        log.info("executor %s (%s, instance %s): %s %s", event.executor_id, event.host,
-                 event.instance_id, event.kind.name, event.detail)
+        log.info(
+            "executor %s (%s, instance %s): %s %s",
+            event.executor_id,
+            event.host,
+            event.instance_id,
+            event.kind.name,
+            event.detail,
+        )
         if self._history is not None:
             self._history.append(EXECUTOR_EVENTS.name, event_row(self._app_id(), event))
         if self._kill and event.kind in (EventKind.HEARTBEAT_TIMEOUT, EventKind.UNREACHABLE):
@@ -107,15 +117,24 @@ def main() -> int:
         rpc_failure_threshold=config.rpc_failure_threshold,
     )
     history, known = open_history(config, settings)
-    rm = ResourceManagerServer(services, secret=config.secret, host=rm_host(config, settings),
-                               port=config.rm_port, known_executors=known)
+    rm = ResourceManagerServer(
+        services,
+        secret=config.secret,
+        host=rm_host(config, settings),
+        port=config.rm_port,
+        known_executors=known,
+    )
     app_id = settings.get("spark.app.id", "")
-    rm.subscribe(EventRouter(lambda: link.app_id(app_id), history,
-                             kill_on_timeout=config.on_heartbeat_timeout == "kill"))
+    rm.subscribe(
+        EventRouter(
+            lambda: link.app_id(app_id), history, kill_on_timeout=config.on_heartbeat_timeout == "kill"
+        )
+    )
     address = rm.start()
     link.start()
-    announce_ready(address=address, pid=os.getpid(), epoch=rm.epoch,
-                   pulse_ms=int(config.heartbeat_interval_s * 1000))
+    announce_ready(
+        address=address, pid=os.getpid(), epoch=rm.epoch, pulse_ms=int(config.heartbeat_interval_s * 1000)
+    )
     log.info("ResourceManager serving on %s", address)
     reason = wait_for_exit(link)
     log.info("stopping (%s)", reason)

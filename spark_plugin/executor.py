@@ -43,8 +43,9 @@ def main() -> int:
     executor_id = settings.get("arrowbeat.executor.id", "")
     host = settings.get("arrowbeat.executor.host", "") or "127.0.0.1"
     if not executor_id or not config.rm_address or not config.secret:
-        log.error("arrowbeat agent not started: the launcher handed over no executor id, RM address "
-                  "or secret")
+        log.error(
+            "arrowbeat agent not started: the launcher handed over no executor id, RM address or secret"
+        )
         return 2
 
     services = HeartbeatServices(
@@ -64,12 +65,18 @@ def main() -> int:
         host=host,
         services=services,
         payload_providers=payload,
-        is_healthy=lambda: link.pulse_age_s() < config.heartbeat_timeout_s,
+        # Pulses come every interval/2: one interval without one means the JVM is frozen, and the
+        # agent stops answering so the RM's timeout reports it (after interval + timeout at most).
+        is_healthy=lambda: link.pulse_age_s() < config.heartbeat_interval_s,
     )
     link.start()
     agent.start()
-    announce_ready(pid=os.getpid(), executor_id=executor_id, rm=config.rm_address,
-                   pulse_ms=max(50, int(config.heartbeat_interval_s * 1000 / 2)))
+    announce_ready(
+        pid=os.getpid(),
+        executor_id=executor_id,
+        rm=config.rm_address,
+        pulse_ms=max(50, int(config.heartbeat_interval_s * 1000 / 2)),
+    )
     reason = wait_for_exit(link)
     log.info("agent for executor %s stopping (%s)", executor_id, reason)
     agent.stop()

@@ -8,8 +8,9 @@ The hosting JVM (driver or executor) starts this process with a pipe on stdin an
 3. writes a pulse line ``p <running_tasks>`` every pulse interval. A pulse proves the JVM itself
    runs: a SIGSTOPped or GC-frozen JVM stops pulsing although this process still would answer;
    the driver also sends ``app <application id>`` once Spark has assigned one;
-4. closes the pipe to stop us. The kernel closes it too when the JVM dies, even by SIGKILL, so EOF
-   is our only exit signal and no orphan survives its JVM.
+4. writes ``stop`` and closes the pipe to stop us. The kernel closes it too when the JVM dies, even
+   by SIGKILL, so EOF is our only exit signal and no orphan survives its JVM; EOF without ``stop``
+   means the JVM died.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class JvmLink:
         self._last_pulse = clock()
         self._running_tasks = 0
         self._app_id = ""
+        self.stop_requested = threading.Event()
         self.gone = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -85,6 +87,9 @@ class JvmLink:
 
     def _on_pulse(self, line: str) -> None:
         parts = line.split()
+        if parts == ["stop"]:
+            self.stop_requested.set()
+            return
         if len(parts) == 2 and parts[0] == "app":
             with self._lock:
                 self._app_id = parts[1]
@@ -148,4 +153,6 @@ def wait_for_exit(link: JvmLink) -> str:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     link.gone.wait()
-    return reason[0] if reason else "stdin closed"
+    if reason:
+        return reason[0]
+    return "stopped by the JVM" if link.stop_requested.is_set() else "the JVM exited unexpectedly"

@@ -27,11 +27,13 @@ def known_executors(root: Path, app_id: str) -> list[KnownExecutor]:
     path = root / EXECUTOR_EVENTS.name
     if not (path / "_delta_log").is_dir():
         return []
-    events = DeltaTable(str(path)).to_pyarrow_table(columns=["app_id", "executor_id", "host",
-                                                             "instance_id", "ts", "event"])
+    events = DeltaTable(str(path)).to_pyarrow_table(
+        columns=["app_id", "executor_id", "host", "instance_id", "ts", "event"]
+    )
     events = events.filter(pc.equal(events["app_id"], app_id)).sort_by([("ts", "ascending")])
     last: dict[str, KnownExecutor] = {}
     for row in events.to_pylist():
-        last[row["executor_id"]] = KnownExecutor(row["executor_id"], row["host"], row["instance_id"],
-                                                 row["event"])
+        last[row["executor_id"]] = KnownExecutor(
+            row["executor_id"], row["host"], row["instance_id"], row["event"]
+        )
     return [e for e in last.values() if e.last_event not in _ENDED]

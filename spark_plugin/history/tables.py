@@ -6,8 +6,10 @@ reader (batch SQL or Structured Streaming) reads the tables; ``tests/spark`` che
 
 Schemas (one row per heartbeat received / per lifecycle event):
 
-``heartbeats``: app_id, executor_id, host, instance_id, ts (UTC timestamp), rtt_ms,
-jvm_pulse_age_ms, slots_total, slots_busy, running_tasks, rss_bytes.
+``heartbeats``: app_id, executor_id, host, instance_id, ts (UTC timestamp), rtt_ms, gap_ms (time
+since the previous heartbeat of the same executor, null for its first; the RM sees each executor's
+heartbeats in order, a streaming query cannot), jvm_pulse_age_ms, slots_total, slots_busy,
+running_tasks, rss_bytes.
 
 ``executor_events``: app_id, executor_id, host, instance_id, ts, event (REGISTERED, REREGISTERED,
 HEARTBEAT_TIMEOUT, UNREACHABLE, UNREGISTERED), detail.
@@ -59,6 +61,7 @@ HEARTBEATS = TableSpec(
             ("instance_id", pa.string()),
             ("ts", TS),
             ("rtt_ms", pa.float64()),
+            ("gap_ms", pa.float64()),
             ("jvm_pulse_age_ms", pa.int64()),
             ("slots_total", pa.int64()),
             ("slots_busy", pa.int64()),
@@ -110,8 +113,9 @@ def open_table(root: Path, spec: TableSpec) -> str:
         raise TablePathError(f"cannot write the arrowbeat table path {path}: {exc.strerror or exc}") from exc
     if not (path / "_delta_log").is_dir():
         if any(p for p in path.iterdir() if not p.name.startswith(".")):
-            raise TablePathError(f"{path} is not empty and is not a Delta table: choose another "
-                                 "spark.arrowbeat.tables.path")
+            raise TablePathError(
+                f"{path} is not empty and is not a Delta table: choose another spark.arrowbeat.tables.path"
+            )
         DeltaTable.create(str(path), schema=spec.schema, mode="ignore", configuration=TABLE_PROPERTIES)
         return str(path)
     try:

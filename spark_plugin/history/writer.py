@@ -120,8 +120,13 @@ class HistoryWriter:
                 return
             except Exception as exc:  # commit conflicts, I/O errors: retry, then keep the rows
                 if attempt == self._attempts:
-                    log.warning("could not append %d rows to %s after %d attempts (%s); keeping them "
-                                "buffered", len(rows), pending.path, attempt, exc)
+                    log.warning(
+                        "could not append %d rows to %s after %d attempts (%s); keeping them buffered",
+                        len(rows),
+                        pending.path,
+                        attempt,
+                        exc,
+                    )
                     break
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -167,7 +172,7 @@ def utc(ts: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(ts, tz=dt.UTC)
 
 
-def heartbeat_row(app_id: str, record: Any) -> Row:
+def heartbeat_row(app_id: str, record: Any, gap_ms: float | None) -> Row:
     """A ``heartbeats`` row from a :class:`heartbeat.HeartbeatRecord`."""
     payload = record.payload
     return {
@@ -177,6 +182,7 @@ def heartbeat_row(app_id: str, record: Any) -> Row:
         "instance_id": record.instance_id,
         "ts": utc(record.ts),
         "rtt_ms": float(record.rtt_ms),
+        "gap_ms": gap_ms,
         "jvm_pulse_age_ms": _int(payload, "jvm_pulse_age_ms"),
         "slots_total": _int(payload, "slots_total"),
         "slots_busy": _int(payload, "slots_busy"),

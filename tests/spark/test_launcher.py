@@ -88,7 +88,9 @@ def test_one_agent_per_executor_each_follows_its_jvm(scratch: Path) -> None:
     ],
     ids=["bad-python", "bad-setting"],
 )
-def test_start_failure_is_logged_and_the_job_runs_on(scratch: Path, conf: dict[str, str], logged: str) -> None:
+def test_start_failure_is_logged_and_the_job_runs_on(
+    scratch: Path, conf: dict[str, str], logged: str
+) -> None:
     go = scratch / f"go-{len(logged)}"
     go.touch()
     app = SubmittedApp(APPS / "hold_app.py", "local[1]", scratch, conf=conf, args=[str(go)])

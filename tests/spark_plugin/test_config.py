@@ -50,7 +50,7 @@ def test_every_problem_is_reported_with_its_key_and_expected_form() -> None:
 
 
 def test_interval_must_be_below_timeout() -> None:
-    with pytest.raises(ConfigError, match="interval .* must be smaller than .*timeout"):
+    with pytest.raises(ConfigError, match=r"interval .* must be smaller than .*timeout"):
         load({"spark.arrowbeat.heartbeat.interval": "5s", "spark.arrowbeat.heartbeat.timeout": "5s"})
 
 

@@ -205,6 +205,7 @@ final class Sidecar {
     if (pulser != null) {
       pulser.interrupt();
     }
+    send("stop"); // An orderly stop; EOF without it tells the child that its JVM died.
     try {
       stdin.close();
     } catch (IOException e) {

@@ -1,0 +1,198 @@
+"""Executor monitoring end to end: a spark-submit application on local-cluster[2,1,1024] with
+interval 500 ms / timeout 2 s; one executor is frozen (SIGSTOP) and resumed, another SIGKILLed.
+The scenario runs once per module; each test asserts one part of what it recorded."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from pyspark.sql import SparkSession
+
+from jobs import executor_health, lifecycle_feed
+from tests.procs import ours, wait_until
+from tests.spark.history_read import events, rows
+from tests.spark.submit import SubmittedApp
+
+pytestmark = pytest.mark.spark
+APPS = Path(__file__).parent / "apps"
+INTERVAL_S, TIMEOUT_S = 0.5, 2.0
+LOSS_EVENTS = {"HEARTBEAT_TIMEOUT", "UNREACHABLE", "UNREGISTERED"}
+
+
+@dataclass
+class Scenario:
+    tables: Path
+    frozen: str = ""
+    killed: str = ""
+    stop_time: float = 0.0
+    kill_time: float = 0.0
+    executors_at_start: set[str] = field(default_factory=set)
+    stream_counts: list[int] = field(default_factory=list)
+    exit_code: int | None = None
+
+
+def event_ts(tables: Path, executor_id: str, kinds: set[str], after: float) -> float | None:
+    for r in rows(tables, "executor_events"):
+        if r["executor_id"] == executor_id and r["event"] in kinds and r["ts"].timestamp() >= after:
+            return float(r["ts"].timestamp())
+    return None
+
+
+def executor_jvms(app: SubmittedApp) -> dict[str, psutil.Process]:
+    """Executor id -> JVM process, from the executors' command lines (``--executor-id N``)."""
+    found = {}
+    for proc in ours("CoarseGrainedExecutorBackend", app.marker):
+        args = proc.cmdline()
+        found[args[args.index("--executor-id") + 1]] = proc
+    return found
+
+
+def count_stream(spark: SparkSession, tables: Path, checkpoint: Path) -> Any:
+    return (
+        spark.readStream.format("delta")
+        .load(str(tables / "heartbeats"))
+        .writeStream.format("memory")
+        .queryName("heartbeats_seen")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+
+
+@pytest.fixture(scope="module")
+def scenario(scratch: Path, spark_local: SparkSession) -> Iterator[Scenario]:
+    result = Scenario(tables=scratch / "monitoring-tables")
+    go = scratch / "monitoring-go"
+    app = SubmittedApp(
+        APPS / "hold_app.py",
+        "local-cluster[2,1,1024]",
+        scratch,
+        conf={
+            "spark.arrowbeat.heartbeat.interval": f"{int(INTERVAL_S * 1000)}ms",
+            "spark.arrowbeat.heartbeat.timeout": f"{int(TIMEOUT_S)}s",
+            "spark.arrowbeat.tables.path": str(result.tables),
+            "spark.arrowbeat.tables.flushInterval": "500ms",
+        },
+        args=[str(go)],
+    )
+    query = None
+    try:
+        app.wait_for("APP-READY ", timeout_s=180)
+        wait_until(lambda: len({e for e, k in events(result.tables) if k == "REGISTERED"}) >= 2, 30)
+        result.executors_at_start = {e for e, k in events(result.tables) if k == "REGISTERED"}
+        wait_until(lambda: len(rows(result.tables, "heartbeats")) > 4, 30)
+
+        query = count_stream(spark_local, result.tables, scratch / "monitoring-stream-ckpt")
+        wait_until(lambda: bool(query.lastProgress), 60)
+        seen = lambda: spark_local.sql("SELECT count(*) AS n FROM heartbeats_seen").collect()[0]["n"]  # noqa: E731
+        result.stream_counts.append(seen())
+
+        jvms = executor_jvms(app)
+        result.frozen, result.killed = sorted(jvms)[:2]
+        result.stop_time = time.time()
+        jvms[result.frozen].suspend()
+        wait_until(
+            lambda: event_ts(
+                result.tables, result.frozen, {"HEARTBEAT_TIMEOUT", "UNREACHABLE"}, result.stop_time
+            ),
+            20,
+        )
+        jvms[result.frozen].resume()
+        wait_until(lambda: event_ts(result.tables, result.frozen, {"REREGISTERED"}, result.stop_time), 20)
+
+        result.kill_time = time.time()
+        jvms[result.killed].send_signal(signal.SIGKILL)
+        wait_until(lambda: event_ts(result.tables, result.killed, LOSS_EVENTS, result.kill_time), 20)
+        wait_until(lambda: len({e for e, k in events(result.tables) if k == "REGISTERED"}) >= 3, 90)
+
+        wait_until(lambda: seen() > result.stream_counts[0], 30)
+        result.stream_counts.append(seen())
+        go.touch()
+        app.wait_for("APP-RESULT ", timeout_s=180)
+        result.exit_code = app.wait(timeout_s=120)
+        yield result
+    finally:
+        if query is not None:
+            query.stop()
+        for proc in executor_jvms(app).values():
+            proc.resume()
+        app.close()
+
+
+def test_both_executors_register_and_heartbeat(scenario: Scenario) -> None:
+    assert scenario.executors_at_start == {"0", "1"}
+    beats = rows(scenario.tables, "heartbeats")
+    assert {"0", "1"} <= {r["executor_id"] for r in beats}
+    assert all(r["rtt_ms"] >= 0 and r["slots_total"] == 1 for r in beats)
+
+
+def test_a_frozen_executor_is_reported_within_timeout_plus_interval(scenario: Scenario) -> None:
+    reported = event_ts(
+        scenario.tables, scenario.frozen, {"HEARTBEAT_TIMEOUT", "UNREACHABLE"}, scenario.stop_time
+    )
+    assert reported is not None, events(scenario.tables, scenario.frozen)
+    assert reported - scenario.stop_time <= TIMEOUT_S + INTERVAL_S + 0.5
+
+
+def test_a_resumed_executor_reregisters(scenario: Scenario) -> None:
+    assert event_ts(scenario.tables, scenario.frozen, {"REREGISTERED"}, scenario.stop_time) is not None
+
+
+def test_a_killed_executor_is_reported_and_replaced(scenario: Scenario) -> None:
+    reported = event_ts(scenario.tables, scenario.killed, LOSS_EVENTS, scenario.kill_time)
+    assert reported is not None and reported - scenario.kill_time <= TIMEOUT_S + INTERVAL_S + 0.5
+    registered = {e for e, k in events(scenario.tables) if k == "REGISTERED"}
+    assert registered - scenario.executors_at_start, "no replacement executor registered"
+    assert scenario.exit_code == 0
+
+
+def test_a_structured_streaming_query_sees_new_heartbeats(scenario: Scenario) -> None:
+    assert len(scenario.stream_counts) == 2
+    assert scenario.stream_counts[1] > scenario.stream_counts[0] > 0
+
+
+def test_executor_health_job_flags_the_frozen_executor(
+    scenario: Scenario, spark_local: SparkSession, scratch: Path
+) -> None:
+    output = str(scratch / "executor_health")
+    query = executor_health.start(
+        spark_local,
+        str(scenario.tables),
+        output,
+        str(scratch / "health-ckpt"),
+        TIMEOUT_S,
+        {"availableNow": True},
+    )
+    query.awaitTermination(300)
+    health = spark_local.read.format("delta").load(output)
+    flagged = {r["executor_id"] for r in health.where("gap_exceeds_timeout").collect()}
+    assert scenario.frozen in flagged
+    total = health.groupBy().sum("heartbeats").collect()[0][0]
+    assert total == len(rows(scenario.tables, "heartbeats"))
+    healthy = health.where(f"executor_id = '{scenario.frozen}' AND NOT gap_exceeds_timeout").collect()
+    assert all(r["max_gap_ms"] is None or r["max_gap_ms"] <= TIMEOUT_S * 1000 for r in healthy)
+    assert all(r["p95_rtt_ms"] >= 0 for r in health.collect())
+
+
+def test_lifecycle_feed_prints_every_event(
+    scenario: Scenario, spark_local: SparkSession, scratch: Path
+) -> None:
+    lines: list[str] = []
+    query = lifecycle_feed.start(
+        spark_local,
+        str(scenario.tables),
+        str(scratch / "feed-ckpt"),
+        {"availableNow": True},
+        emit=lines.append,
+    )
+    query.awaitTermination(300)
+    assert len(lines) == len(events(scenario.tables))
+    assert any(f"executor {scenario.frozen} " in line and "HEARTBEAT_TIMEOUT" in line for line in lines)
+    assert any(f"executor {scenario.frozen} " in line and "REREGISTERED" in line for line in lines)
