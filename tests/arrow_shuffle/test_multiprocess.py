@@ -98,3 +98,21 @@ def test_killed_producer_gives_every_consumer_a_typed_error_quickly(procs: Procs
         assert "mp-app/s0/m0a0" in out  # names the lost partition
         assert elapsed < 5.0
         assert not (tmp_path / "r0.arrow").exists()  # nothing reported complete
+
+
+def test_killed_consumer_fails_the_producer_instead_of_hanging(procs: Procs, tmp_path: Path) -> None:
+    producer = procs.start("produce", "0", "2", "0", str(BUFFER), "endless")
+    addresses = json.dumps([_address(producer)])
+    consumers = [
+        procs.start("consume", str(r), str(BUFFER), addresses, str(tmp_path / f"r{r}.arrow"))
+        for r in range(2)
+    ]
+    for c in consumers:
+        assert c.stdout is not None
+        assert c.stdout.readline().strip() == "DATA"
+    killed_at = time.monotonic()
+    os.kill(consumers[0].pid, signal.SIGKILL)
+    assert producer.stdout is not None
+    line = producer.stdout.readline()
+    assert line.startswith("PRODUCER-ERROR ChannelClosedError"), line
+    assert time.monotonic() - killed_at < 5.0

@@ -22,6 +22,7 @@ from arrow_shuffle import (
     ResultPartition,
     SchemaMismatchError,
     ShuffleConfig,
+    ShuffleError,
     column_partitioner,
 )
 from arrow_shuffle.partitioner import hash_rows
@@ -189,4 +190,22 @@ def test_blocking_partition_spills_far_beyond_its_memory_bound(
     spill_path = partition._spill.path if partition._spill else ""
     partition.release()
     assert not os.path.exists(spill_path)
+    assert pool.num_available == pool.num_segments
+
+
+def test_flusher_failure_is_sticky(config: ShuffleConfig, pool: NetworkBufferPool) -> None:
+    partition = ResultPartition(PID, 1, SCHEMA, pool, config=config.replace(flush_timeout_s=0.01))
+    writer = RecordWriter(partition)
+    writer.write(make_batch(0, 5))
+    with writer._lock:  # publish nothing until the partition is gone
+        partition.subpartitions[0].release()
+    flusher = writer._flusher
+    assert flusher is not None
+    flusher.join(5)  # the flusher thread only ends by failing (or by finish/abort)
+    assert not flusher.is_alive()
+    for _ in range(2):  # stored, and raised on every later call
+        with pytest.raises(ShuffleError, match="flusher"):
+            writer.write(make_batch(5, 5))
+    writer.abort()
+    partition.release()
     assert pool.num_available == pool.num_segments

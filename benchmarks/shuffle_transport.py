@@ -1,0 +1,346 @@
+"""Shuffle transport benchmark: the engine's per-channel throughput against raw TCP, same run.
+
+Every measurement runs producer and consumer in separate processes (multiprocessing spawn) on
+loopback, moving the same number of bytes in 1 MiB buffers:
+
+* ``raw_tcp``: plain sockets, ``sendall`` from one reused buffer, ``recv_into`` one reused buffer:
+  the ceiling for any framed protocol on this machine.
+* ``channel``: the engine end to end with credits on: ``RecordWriter`` -> ``ResultPartition`` ->
+  ``ShuffleServer`` -> ``RemoteInputChannel`` -> ``InputGate`` yielding decoded record batches.
+* ``flight``: pyarrow Flight ``do_exchange`` with credits flowing back on the same stream
+  (window 2K buffers, announced every K): the alternative transport, measured for the choice.
+* ``agg_MxN``: M producer x N consumer processes, aggregate bytes over wall time.
+
+Run: ``.venv/bin/python -m benchmarks.shuffle_transport`` (``--quick`` for a smoke run). It ends
+with ``RESULT key=value`` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import resource
+import socket
+import statistics
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+MIB = 1 << 20
+BUFFER = MIB
+SECRET = "bench-secret"
+APP = "bench"
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _batch_for(buffer_size: int) -> pa.RecordBatch:
+    """One int64 batch that fills a buffer almost exactly (so one batch = one buffer)."""
+    from arrow_shuffle.codec import batch_size, schema_size
+
+    schema = pa.schema([("a", pa.int64()), ("b", pa.int64())])
+    usable = buffer_size - schema_size(schema)
+    rows = usable // 16
+    while True:
+        data = np.arange(rows, dtype=np.int64)
+        batch = pa.record_batch([pa.array(data), pa.array(data * 3)], schema=schema)
+        if batch_size(batch) <= usable:
+            return batch
+        rows -= 64
+
+
+# -- raw TCP ----------------------------------------------------------------------------------------
+def _raw_sender(port: int, total: int, ready: Connection) -> None:
+    payload = bytearray(BUFFER)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        ready.recv()
+        sent = 0
+        view = memoryview(payload)
+        while sent < total:
+            sock.sendall(view)
+            sent += len(view)
+
+
+def _raw_receiver(total: int, out: Connection, port_out: Connection) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port_out.send(server.getsockname()[1])
+    sock, _ = server.accept()
+    buffer = bytearray(BUFFER)
+    view = memoryview(buffer)
+    got = 0
+    start = time.perf_counter()
+    while got < total:
+        n = sock.recv_into(view)
+        if n == 0:
+            break
+        got += n
+    elapsed = time.perf_counter() - start
+    sock.close()
+    server.close()
+    out.send((got, elapsed, _peak_rss_mib()))
+
+
+def measure_raw_tcp(total: int) -> tuple[float, float]:
+    ctx = mp.get_context("spawn")
+    result_r, result_w = ctx.Pipe(duplex=False)
+    port_r, port_w = ctx.Pipe(duplex=False)
+    go_r, go_w = ctx.Pipe(duplex=False)
+    receiver = ctx.Process(target=_raw_receiver, args=(total, result_w, port_w))
+    receiver.start()
+    port = port_r.recv()
+    sender = ctx.Process(target=_raw_sender, args=(port, total, go_r))
+    sender.start()
+    go_w.send(True)
+    got, elapsed, rss = result_r.recv()
+    _end(sender, receiver)
+    return got / elapsed / 1e9, rss
+
+
+# -- the engine -------------------------------------------------------------------------------------
+def _engine_producer(
+    map_index: int, reducers: int, total: int, address_out: Connection, go: Any, stop: Any, report: Any
+) -> None:
+    from arrow_shuffle import (
+        NetworkBufferPool,
+        PartitionId,
+        RecordWriter,
+        ResultPartition,
+        ShuffleConfig,
+        ShuffleServer,
+    )
+
+    config = ShuffleConfig(buffer_size=BUFFER, network_memory_bytes=(2 * reducers + 24) * BUFFER)
+    pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
+    server = ShuffleServer(SECRET, APP, config=config)
+    batch = _batch_for(BUFFER)
+    partition = ResultPartition(PartitionId(APP, 0, map_index), reducers, batch.schema, pool, config=config)
+    server.register(partition)
+    address_out.send(server.address)
+    writer = RecordWriter(partition)
+    go.wait()
+    written = 0
+    sub = 0
+    while written < total:
+        writer.write(batch, subpartition=sub)
+        sub = (sub + 1) % reducers
+        written += batch.nbytes
+    writer.finish()
+    stop.wait()
+    stats = partition.stats()
+    report.put(("producer", stats.blocked_on_credit_s, stats.blocked_on_pool_s, _peak_rss_mib()))
+    server.close()
+
+
+def _engine_consumer(reduce_index: int, addresses: list[tuple[str, int]], go: Any, report: Any) -> None:
+    from arrow_shuffle import InputGate, NetworkBufferPool, PartitionId, RemoteChannelSpec, ShuffleConfig
+
+    config = ShuffleConfig(buffer_size=BUFFER, network_memory_bytes=(2 * len(addresses) + 16) * BUFFER)
+    pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
+    schema = _batch_for(BUFFER).schema
+    specs = [RemoteChannelSpec(a, PartitionId(APP, 0, m), reduce_index) for m, a in enumerate(addresses)]
+    go.wait()
+    start = time.perf_counter()
+    rows = 0
+    with InputGate(specs, schema, pool, config, secret=SECRET) as gate:
+        for batch in gate:
+            rows += batch.num_rows
+        stats = gate.stats()
+    elapsed = time.perf_counter() - start
+    report.put(("consumer", stats.bytes_received, elapsed, _peak_rss_mib()))
+
+
+def measure_engine(producers: int, consumers: int, total_per_producer: int) -> dict[str, float]:
+    """M x N processes; returns aggregate GB/s (payload bytes over wall time) and peak RSS."""
+    ctx = mp.get_context("spawn")
+    go, stop = ctx.Event(), ctx.Event()
+    report: Any = ctx.Queue()
+    procs = []
+    addresses = []
+    for m in range(producers):
+        addr_r, addr_w = ctx.Pipe(duplex=False)
+        p = ctx.Process(
+            target=_engine_producer, args=(m, consumers, total_per_producer, addr_w, go, stop, report)
+        )
+        p.start()
+        procs.append(p)
+        addresses.append(addr_r.recv())
+    for r in range(consumers):
+        c = ctx.Process(target=_engine_consumer, args=(r, addresses, go, report))
+        c.start()
+        procs.append(c)
+    time.sleep(0.5)  # let every consumer import and connect-ready before the clock starts
+    start = time.perf_counter()
+    go.set()
+    received = 0
+    slowest = 0.0
+    rss = 0.0
+    for _ in range(consumers):
+        _kind, nbytes, elapsed, peak = report.get(timeout=120)
+        received += nbytes
+        slowest = max(slowest, elapsed)
+        rss = max(rss, peak)
+    wall = time.perf_counter() - start
+    stop.set()
+    credit_wait = pool_wait = 0.0
+    for _ in range(producers):
+        _kind, credit_s, pool_s, peak = report.get(timeout=60)
+        credit_wait += credit_s
+        pool_wait += pool_s
+        rss = max(rss, peak)
+    _end(*procs)
+    return {
+        "gbps": received / min(wall, slowest + 0.05) / 1e9,
+        "bytes": received,
+        "peak_rss_mib": rss,
+        "producer_blocked_on_credit_s": credit_wait,
+        "producer_blocked_on_pool_s": pool_wait,
+    }
+
+
+# -- Flight do_exchange with credits -------------------------------------------------------------------
+def _flight_server(total: int, window: int, every: int, port_out: Connection) -> None:
+    import pyarrow.flight as flight
+
+    batch = _batch_for(BUFFER)
+
+    class Server(flight.FlightServerBase):  # type: ignore[misc]
+        def do_exchange(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+            credit = threading.Semaphore(window)
+
+            def read_credits() -> None:
+                try:
+                    while True:
+                        chunk = reader.read_chunk()
+                        if chunk.app_metadata is None:
+                            continue
+                        for _ in range(int(chunk.app_metadata.to_pybytes())):
+                            credit.release()
+                except (StopIteration, flight.FlightError, OSError, pa.ArrowException):
+                    return
+
+            threading.Thread(target=read_credits, daemon=True).start()
+            writer.begin(batch.schema)
+            sent = 0
+            while sent < total:
+                credit.acquire()
+                writer.write_batch(batch)
+                sent += batch.nbytes
+
+    server = Server("grpc://127.0.0.1:0")
+    port_out.send(server.port)
+    server.serve()
+
+
+def _flight_client(port: int, window: int, every: int, out: Connection) -> None:
+    import pyarrow.flight as flight
+
+    client = flight.FlightClient(
+        f"grpc://127.0.0.1:{port}",
+        generic_options=[("grpc.max_receive_message_length", 64 * MIB)],
+    )
+    writer, reader = client.do_exchange(flight.FlightDescriptor.for_command(b"x"))
+    writer.begin(pa.schema([]))
+    start = time.perf_counter()
+    got = 0
+    pending = 0
+    for chunk in reader:
+        got += chunk.data.nbytes
+        pending += 1
+        if pending == every:
+            writer.write_metadata(pa.py_buffer(str(pending).encode()))
+            pending = 0
+    elapsed = time.perf_counter() - start
+    out.send((got, elapsed))
+    writer.close()
+    client.close()
+
+
+def measure_flight(total: int, window: int = 32, every: int = 16) -> float:
+    ctx = mp.get_context("spawn")
+    port_r, port_w = ctx.Pipe(duplex=False)
+    res_r, res_w = ctx.Pipe(duplex=False)
+    server = ctx.Process(target=_flight_server, args=(total, window, every, port_w))
+    server.start()
+    port = port_r.recv()
+    client = ctx.Process(target=_flight_client, args=(port, window, every, res_w))
+    client.start()
+    got, elapsed = res_r.recv()
+    _end(client)
+    server.kill()  # serve() never returns on its own
+    server.join(timeout=5)
+    return float(got) / float(elapsed) / 1e9
+
+
+# -- helpers -------------------------------------------------------------------------------------------
+def _end(*procs: Any) -> None:
+    """End every process we started, by pid; none is left behind."""
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small volumes, for a smoke run")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of raw TCP vs channel")
+    parser.add_argument("--no-flight", action="store_true", help="skip the Flight do_exchange comparison")
+    args = parser.parse_args()
+    volume = (256 if args.quick else 1536) * MIB
+    rounds = 1 if args.quick else args.rounds
+    print(f"cpus={os.cpu_count()} buffer={BUFFER // 1024} KiB volume/channel={volume // MIB} MiB")
+
+    raw, channel, rss = [], [], []
+    for i in range(rounds):  # interleaved, so machine noise hits both alike
+        raw_gbps, raw_rss = measure_raw_tcp(volume)
+        engine = measure_engine(1, 1, volume)
+        raw.append(raw_gbps)
+        channel.append(engine["gbps"])
+        rss.extend([engine["peak_rss_mib"], raw_rss])
+        print(
+            f"round {i}: raw_tcp={raw_gbps:.2f} GB/s channel={engine['gbps']:.2f} GB/s "
+            f"ratio={engine['gbps'] / raw_gbps:.2f} "
+            f"(producer blocked on credit {engine['producer_blocked_on_credit_s']:.2f}s, "
+            f"on pool {engine['producer_blocked_on_pool_s']:.2f}s, peak RSS {engine['peak_rss_mib']:.0f} MiB)"
+        )
+    channel_gbps = statistics.median(channel)
+    raw_gbps = statistics.median(raw)
+
+    flight_gbps = float("nan")
+    if not args.no_flight:
+        flight_gbps = measure_flight(volume // 2)
+        print(f"flight do_exchange (credits: window 32, announce every 16) = {flight_gbps:.2f} GB/s")
+
+    agg = {}
+    for m, n in ((2, 2), (4, 4)):
+        per_producer = volume // (2 if m == 2 else 4)
+        result = measure_engine(m, n, per_producer)
+        agg[f"{m}x{n}"] = result
+        print(
+            f"agg {m}x{n}: {result['gbps']:.2f} GB/s over {result['bytes'] / MIB:.0f} MiB, "
+            f"peak RSS {result['peak_rss_mib']:.0f} MiB/process"
+        )
+    peak = max([*rss, *(r["peak_rss_mib"] for r in agg.values())])
+
+    print(f"RESULT raw_tcp_runs={','.join(f'{x:.2f}' for x in raw)}")
+    print(f"RESULT channel_runs={','.join(f'{x:.2f}' for x in channel)}")
+    print(f"RESULT flight_exchange_gbps={flight_gbps:.3f}")
+    print(f"RESULT agg_2x2_gbps={agg['2x2']['gbps']:.3f}")
+    print(f"RESULT agg_4x4_gbps={agg['4x4']['gbps']:.3f}")
+    print(f"RESULT peak_rss_mib={peak:.0f}")
+    print(f"RESULT channel_gbps={channel_gbps:.3f}")
+    print(f"RESULT raw_tcp_gbps={raw_gbps:.3f}")
+    print(f"RESULT channel_vs_raw={channel_gbps / raw_gbps:.3f}")
+
+
+if __name__ == "__main__":
+    main()
