@@ -7,6 +7,7 @@ marker finds them even after they are re-parented to init, without touching anyo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -61,8 +62,6 @@ def end(procs: list[psutil.Process], grace_s: float = 5.0) -> None:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for proc in alive:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(alive, timeout=grace_s)

@@ -55,3 +55,26 @@ def test_pulses_reset_the_age_and_carry_running_tasks_and_eof_means_gone() -> No
         assert not link.gone.wait(0.0)
     assert link.gone.wait(5.0), "EOF on stdin must mark the JVM as gone"
     assert link.running_tasks() == 4
+
+
+def test_stop_line_tells_an_orderly_stop_from_a_dead_jvm() -> None:
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader:
+        link = JvmLink(reader)
+        link.start()
+        with os.fdopen(write_fd, "wb", buffering=0) as writer:
+            writer.write(b"app app-20261122-0001\nstop\n")
+        assert link.gone.wait(5.0)
+    assert link.stop_requested.is_set()
+    assert link.app_id() == "app-20261122-0001"
+
+
+def test_eof_without_stop_means_the_jvm_died() -> None:
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader:
+        link = JvmLink(reader)
+        link.start()
+        os.close(write_fd)
+        assert link.gone.wait(5.0)
+    assert not link.stop_requested.is_set()
+    assert link.app_id("fallback") == "fallback"

@@ -1,33 +1,60 @@
-"""A spark-submit application for launcher tests: runs a job, reports, then waits for a go file.
+"""A spark-submit application for tests and benchmarks: runs a job, reports, then waits for a go file.
 
-Prints ``APP-READY {json}`` (RM address, executors seen) so the test can inspect the processes
-while the application is alive, and ``APP-RESULT {json}`` after a second job once told to go on.
+``hold_app.py GO_FILE [--max-wait S] [--busy]``. Prints ``APP-READY {json}`` (RM address, executors
+seen) so the caller can inspect processes while the application is alive, keeps running small jobs
+while it waits if ``--busy``, prints ``SPARK-EXECUTOR-REMOVED {json}`` when Spark itself drops an
+executor, and ``APP-RESULT {json}`` after a last job once the go file exists.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 
+def executor_ids(spark: SparkSession) -> set[str]:
+    """The executors Spark itself currently counts as alive."""
+    sc = spark.sparkContext
+    seq = sc._jsc.sc().getExecutorIds()
+    jvm: Any = sc._jvm
+    return set(jvm.scala.jdk.javaapi.CollectionConverters.asJava(seq))
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("go")
+    parser.add_argument("--max-wait", type=float, default=600.0)
+    parser.add_argument("--busy", action="store_true")
+    args = parser.parse_args()
+
     spark = SparkSession.builder.getOrCreate()
     sc = spark.sparkContext
     total = spark.range(0, 100_000, numPartitions=4).selectExpr("sum(id) AS s").collect()[0]["s"]
-    executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1  # minus the driver
+    known = executor_ids(spark)
     info = {
         "rm_address": sc.getConf().get("spark.arrowbeat.rm.address", None),
         "sum": total,
-        "executors": executors,
+        "executors": len(known),
     }
     print("APP-READY " + json.dumps(info), flush=True)
-    go = Path(sys.argv[1])
-    deadline = time.monotonic() + 600
+
+    go = Path(args.go)
+    deadline = time.monotonic() + args.max_wait
     while not go.exists() and time.monotonic() < deadline:
+        current = executor_ids(spark)
+        for gone in sorted(known - current):
+            print(
+                "SPARK-EXECUTOR-REMOVED " + json.dumps({"executor_id": gone, "ts": time.time()}), flush=True
+            )
+        known = current
+        if args.busy:
+            sc.parallelize(range(1000), 2).map(lambda x: x * 2).sum()
         time.sleep(0.1)
     again = spark.range(0, 1000, numPartitions=4).selectExpr("sum(id) AS s").collect()[0]["s"]
     print("APP-RESULT " + json.dumps({"sum": again}), flush=True)

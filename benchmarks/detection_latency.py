@@ -1,0 +1,101 @@
+"""How fast a hung executor is noticed: arrowbeat against Spark's own heartbeat, in one run.
+
+Two spark-submit applications on local-cluster[2,1,1024], both with arrowbeat at its defaults
+(interval 1 s, timeout 5 s): one with Spark's defaults (spark.network.timeout 120 s, checked every
+spark.network.timeoutInterval 60 s), one with Spark's timeouts lowered (10 s, checked every 1 s).
+In each, one executor JVM is frozen with SIGSTOP; arrowbeat's time is its HEARTBEAT_TIMEOUT event,
+Spark's is when the executor leaves ``SparkContext.getExecutorIds`` (seen by the driver every 0.1 s).
+
+    .venv/bin/python benchmarks/detection_latency.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests import conftest as _env  # noqa: F401  (loopback, venv python, test-run marker)
+from tests.procs import ours, wait_until
+from tests.spark.history_read import rows
+from tests.spark.submit import SubmittedApp
+
+HOLD_APP = Path(__file__).resolve().parent.parent / "tests/spark/apps/hold_app.py"
+SPARK_LOWERED = {
+    "spark.network.timeout": "10s",
+    "spark.network.timeoutInterval": "1s",
+    "spark.executor.heartbeatInterval": "1s",
+}
+
+
+def measure(
+    scratch: Path, label: str, spark_conf: dict[str, str], spark_wait_s: float
+) -> tuple[float, float]:
+    """Freezes one executor; returns (arrowbeat seconds, Spark seconds) to notice it."""
+    tables = scratch / f"tables-{label}"
+    go = scratch / f"go-{label}"
+    app = SubmittedApp(
+        HOLD_APP,
+        "local-cluster[2,1,1024]",
+        scratch,
+        conf={"spark.arrowbeat.tables.path": str(tables), **spark_conf},
+        args=[str(go), "--max-wait", str(spark_wait_s + 120)],
+    )
+    try:
+        app.wait_for("APP-READY ", timeout_s=180)
+        wait_until(lambda: len(rows(tables, "heartbeats")) >= 4, 60)
+        jvms = {}
+        for proc in ours("CoarseGrainedExecutorBackend", app.marker):
+            args = proc.cmdline()
+            jvms[args[args.index("--executor-id") + 1]] = proc
+        victim_id = sorted(jvms)[0]
+        stopped_at = time.time()
+        jvms[victim_id].suspend()
+        removed = app.wait_for("SPARK-EXECUTOR-REMOVED ", timeout_s=spark_wait_s)
+        spark_s = removed["ts"] - stopped_at
+        jvms[victim_id].resume()
+        timeouts = [
+            r["ts"].timestamp()
+            for r in rows(tables, "executor_events")
+            if r["executor_id"] == victim_id
+            and r["event"] == "HEARTBEAT_TIMEOUT"
+            and r["ts"].timestamp() >= stopped_at
+        ]
+        if not timeouts:
+            raise SystemExit(f"{label}: arrowbeat recorded no HEARTBEAT_TIMEOUT for executor {victim_id}")
+        arrowbeat_s = min(timeouts) - stopped_at
+        print(
+            f"{label}: arrowbeat {arrowbeat_s:.2f}s, Spark {spark_s:.2f}s "
+            f"(executor {removed['executor_id']})",
+            flush=True,
+        )
+        go.touch()
+        app.wait_for("APP-RESULT ", timeout_s=180)
+        app.wait(timeout_s=120)
+        return arrowbeat_s, spark_s
+    finally:
+        app.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--spark-wait", type=float, default=400.0, help="longest wait for Spark's own detection"
+    )
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="arrowbeat-detect-"))
+    arrowbeat_s, spark_s = measure(scratch, "spark-defaults", {}, args.spark_wait)
+    arrowbeat_low_s, spark_low_s = measure(scratch, "spark-lowered", SPARK_LOWERED, args.spark_wait)
+    print(f"RESULT arrowbeat_detect_s={arrowbeat_s:.2f}")
+    print(f"RESULT spark_detect_s={spark_s:.2f}")
+    print(f"RESULT detect_speedup={spark_s / arrowbeat_s:.1f}")
+    print(f"RESULT arrowbeat_detect_s_run2={arrowbeat_low_s:.2f}")
+    print(f"RESULT spark_lowered_detect_s={spark_low_s:.2f}")
+    print(f"RESULT detect_speedup_vs_lowered={spark_low_s / arrowbeat_low_s:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
