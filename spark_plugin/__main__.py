@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
 from spark_plugin.config import docs_table
 from spark_plugin.launch import SetupError, submit_flags
+
+TABLE_BEGIN, TABLE_END = "<!-- config-table -->", "<!-- /config-table -->"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,10 +19,17 @@ def main(argv: list[str] | None = None) -> int:
     conf = sub.add_parser("conf", help="print the spark-submit flags that turn arrowbeat on")
     conf.add_argument("--python", help="interpreter for arrowbeat's processes (default: this one)")
     conf.add_argument("--no-delta", action="store_true", help="leave Delta's session extension off")
-    sub.add_parser("config-docs", help="print the table of spark.arrowbeat.* keys (Markdown)")
+    docs = sub.add_parser("config-docs", help="print the table of spark.arrowbeat.* keys (Markdown)")
+    docs.add_argument("--write", metavar="README", help="replace the table between the markers in this file")
     args = parser.parse_args(argv)
     if args.command == "config-docs":
-        print(docs_table())
+        if args.write:
+            path = Path(args.write)
+            text = path.read_text()
+            begin, end = text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
+            path.write_text(text[:begin] + "\n" + docs_table() + "\n" + text[end:])
+        else:
+            print(docs_table())
         return 0
     try:
         print(shlex.join(submit_flags(args.python, delta=not args.no_delta)))
