@@ -105,3 +105,45 @@ def test_start_failure_is_logged_and_the_job_runs_on(
         assert logged in log
     finally:
         app.close()
+
+
+def test_a_dead_driver_side_process_is_restarted_and_recovers_its_executors(scratch: Path) -> None:
+    tables = scratch / "restart-tables"
+    go = scratch / "restart-go"
+    app = SubmittedApp(
+        APPS / "hold_app.py",
+        "local-cluster[2,1,1024]",
+        scratch,
+        conf={
+            "spark.arrowbeat.heartbeat.interval": "500ms",
+            "spark.arrowbeat.heartbeat.timeout": "2s",
+            "spark.arrowbeat.tables.path": str(tables),
+            "spark.arrowbeat.tables.flushInterval": "500ms",
+        },
+        args=[str(go)],
+    )
+    try:
+        ready = app.wait_for("APP-READY ", timeout_s=180)
+        assert wait_until(lambda: {e for e, k in events(tables) if k == "REGISTERED"} == {"0", "1"}, 30)
+        (first,) = ours("spark_plugin.driver", app.marker)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+
+        def restarted() -> list[psutil.Process]:
+            return [p for p in ours("spark_plugin.driver", app.marker) if p.pid != first.pid]
+
+        assert wait_until(lambda: len(restarted()) == 1, 30), app.log_tail()
+        with grpc.insecure_channel(ready["rm_address"]) as channel:
+            grpc.channel_ready_future(channel).result(timeout=10)
+        # Both agents find the new RM at the same address; it knew them from the history tables.
+        assert wait_until(lambda: {e for e, k in events(tables) if k == "REREGISTERED"} == {"0", "1"}, 30), (
+            events(tables)
+        )
+        assert [k for _, k in events(tables)].count("REGISTERED") == 2, (
+            "history was not kept across the restart"
+        )
+        go.touch()
+        assert app.wait_for("APP-RESULT ", timeout_s=180)["sum"] == sum(range(1000))
+        assert app.wait(timeout_s=120) == 0
+    finally:
+        app.close()

@@ -16,28 +16,31 @@ import org.slf4j.LoggerFactory;
  */
 public final class ArrowBeatDriverPlugin implements DriverPlugin {
   private static final Logger LOG = LoggerFactory.getLogger(ArrowBeatDriverPlugin.class);
-  private Sidecar sidecar;
+  /** Restarts of a driver-side process that died; past this, arrowbeat stays off. */
+  private static final int MAX_RESTARTS = 5;
+
+  private volatile Sidecar sidecar;
+  private volatile boolean shuttingDown;
+  private SparkContext sc;
+  private SparkConf conf;
+  private Map<String, String> settings;
+  private String appId;
+  private int restarts;
 
   @Override
   public Map<String, String> init(SparkContext sc, PluginContext ctx) {
     Map<String, String> executorSettings = new HashMap<>();
     try {
-      SparkConf conf = ctx.conf();
-      Map<String, String> settings = Launch.settings(conf);
+      this.sc = sc;
+      conf = ctx.conf();
+      settings = Launch.settings(conf);
       settings.put("spark.driver.host", conf.get("spark.driver.host", ""));
       String secret = settings.get(Launch.SECRET);
       if (secret == null || secret.isEmpty()) {
         secret = Launch.newSecret();
         settings.put(Launch.SECRET, secret);
       }
-      sidecar =
-          Sidecar.start(
-              "driver",
-              Launch.command(conf, "spark_plugin.driver"),
-              settings,
-              Launch.startupTimeoutMs(conf));
-      sidecar.onCommand(command -> handle(sc, command));
-      sidecar.startPulses(Launch.pulseMs(sidecar.info()), () -> 0);
+      launch();
       String address = sidecar.info().get("address");
       conf.set(Launch.RM_ADDRESS, address);
       // Driver-side code of this application may query the RM; Spark redacts "secret" keys.
@@ -56,11 +59,52 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
     return executorSettings;
   }
 
+  private void launch() throws Exception {
+    Sidecar started =
+        Sidecar.start(
+            "driver",
+            Launch.command(conf, "spark_plugin.driver"),
+            settings,
+            Launch.startupTimeoutMs(conf));
+    started.onCommand(command -> handle(sc, command));
+    started.onUnexpectedExit(this::restart);
+    started.startPulses(Launch.pulseMs(started.info()), () -> 0);
+    sidecar = started;
+  }
+
+  /**
+   * Supervision: a driver-side process that died is started again on the same port, so agents
+   * find it where they were told; it recovers the executors it knew from the history tables.
+   */
+  private synchronized void restart() {
+    if (shuttingDown) {
+      return;
+    }
+    if (++restarts > MAX_RESTARTS) {
+      LOG.error("arrowbeat's driver-side process died {} times; arrowbeat stays off", MAX_RESTARTS);
+      return;
+    }
+    try {
+      String address = sidecar.info().get("address");
+      settings.put("spark.arrowbeat.rm.port", address.substring(address.lastIndexOf(':') + 1));
+      if (appId != null) {
+        settings.put("spark.app.id", appId);
+      }
+      LOG.warn("restarting arrowbeat's driver-side process on {} (restart {})", address, restarts);
+      launch();
+      conf.set("spark.arrowbeat.driver.pid", String.valueOf(sidecar.pid()));
+    } catch (Throwable t) {
+      LOG.error("arrowbeat's driver-side process could not be restarted: {}", t.getMessage());
+    }
+  }
+
   /** The application id exists only after {@link #init}; the driver-side process needs it for history. */
   @Override
   public void registerMetrics(String appId, PluginContext pluginContext) {
-    if (sidecar != null) {
-      sidecar.send("app " + appId);
+    this.appId = appId;
+    Sidecar current = sidecar;
+    if (current != null) {
+      current.send("app " + appId);
     }
   }
 
@@ -81,6 +125,7 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
 
   @Override
   public void shutdown() {
+    shuttingDown = true;
     if (sidecar != null) {
       try {
         sidecar.stop(Launch.STOP_GRACE_MS);

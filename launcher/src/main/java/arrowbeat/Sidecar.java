@@ -39,6 +39,7 @@ final class Sidecar {
   private final CompletableFuture<Map<String, String>> ready = new CompletableFuture<>();
   private volatile boolean stopping;
   private volatile java.util.function.Consumer<String> commands = line -> {};
+  private volatile Runnable onUnexpectedExit = () -> {};
   private Thread pulser;
 
   private Sidecar(String name, Process process) {
@@ -124,6 +125,9 @@ final class Sidecar {
                   new IllegalStateException("process exited before it was ready"));
               if (!stopping) {
                 LOG.warn("arrowbeat {} exited{}", name, tailText());
+                if (ready.isDone() && !ready.isCompletedExceptionally()) {
+                  onUnexpectedExit.run();
+                }
               }
             },
             "arrowbeat-" + name + "-output");
@@ -151,6 +155,11 @@ final class Sidecar {
       }
     }
     return info;
+  }
+
+  /** Runs (on the output thread) when a child that had been ready exits without being stopped. */
+  void onUnexpectedExit(Runnable handler) {
+    onUnexpectedExit = handler;
   }
 
   /** Lines {@code ARROWBEAT-CMD <words>} from the child go to {@code handler}. */
