@@ -82,10 +82,43 @@ def split_to_fit(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
     return pieces
 
 
+class _Lease:
+    """Recycles a network buffer when the last Arrow object viewing it is freed."""
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, buffer: Buffer) -> None:
+        self.buffer = buffer
+
+    def __del__(self) -> None:
+        self.buffer.recycle()
+
+
+def decode_buffer(buffer: Buffer, schema: pa.Schema, where: str, zero_copy: bool) -> list[pa.RecordBatch]:
+    """Decode ``buffer`` and arrange its recycling.
+
+    Copying (the default) frees the network buffer at once. ``zero_copy`` saves one memcpy per
+    buffer but the batches then pin it: its credit returns only when they are all freed.
+    """
+    if not zero_copy:
+        try:
+            return decode(buffer.segment.view[: buffer.size], schema, where)
+        finally:
+            buffer.recycle()
+    lease = _Lease(buffer)
+    view = pa.foreign_buffer(buffer.segment.memory.address, buffer.size, base=lease)
+    del lease  # from here on the Arrow buffer owns the lease: freeing it recycles the segment
+    return _read(view, schema, where)
+
+
 def decode(payload: memoryview | pa.Buffer, schema: pa.Schema, where: str) -> list[pa.RecordBatch]:
     """Decode one buffer payload into batches owned by Arrow memory (copied out of the segment)."""
     owned = pa.allocate_buffer(len(payload) if isinstance(payload, memoryview) else payload.size)
     memoryview(owned)[:] = payload
+    return _read(owned, schema, where)
+
+
+def _read(owned: pa.Buffer, schema: pa.Schema, where: str) -> list[pa.RecordBatch]:
     try:
         reader = pa.ipc.open_stream(owned)
         got = reader.schema

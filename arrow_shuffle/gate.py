@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from arrow_shuffle.auth import as_bytes
 from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool
-from arrow_shuffle.codec import decode
+from arrow_shuffle.codec import decode_buffer
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ChannelClosedError, ConfigError, ShuffleError
 from arrow_shuffle.ids import PartitionId
@@ -61,7 +61,12 @@ class InputChannel(Protocol):
 
 
 class InputGate:
-    """Iterate ``pyarrow.RecordBatch``es from all channels until every one has ended."""
+    """Iterate ``pyarrow.RecordBatch``es from all channels until every one has ended.
+
+    By default batches are copied out of network buffers, so they may be kept freely. With
+    ``zero_copy=True`` they view the network buffers directly and a buffer (one credit) is
+    recycled only when all its batches are freed: faster, but holding many batches stalls
+    the senders."""
 
     def __init__(
         self,
@@ -71,8 +76,10 @@ class InputGate:
         config: ShuffleConfig | None = None,
         secret: str | bytes | None = None,
         transport: Transport | None = None,
+        zero_copy: bool = False,
     ) -> None:
         self.schema = schema
+        self.zero_copy = zero_copy
         self.config = config or ShuffleConfig(buffer_size=pool.segment_size)
         remote = [c for c in channels if isinstance(c, RemoteChannelSpec)]
         if remote and not secret:
@@ -174,13 +181,11 @@ class InputGate:
         return index
 
     def _decode(self, where: str, buffer: Buffer) -> list[pa.RecordBatch]:
-        try:
-            batches = decode(buffer.segment.view[: buffer.size], self.schema, where)
-        finally:
-            buffer.recycle()  # copied out: the credit goes back to the sender right away
+        size = buffer.size
+        batches = decode_buffer(buffer, self.schema, where, self.zero_copy)
         rows = sum(b.num_rows for b in batches)
         self._stats.add(
-            buffers_received=1, bytes_received=buffer.size, batches_received=len(batches), rows_received=rows
+            buffers_received=1, bytes_received=size, batches_received=len(batches), rows_received=rows
         )
         return batches
 

@@ -98,6 +98,9 @@ class StreamSender:
             self._report(f"partition released or stream closed: {exc}")
         except ShuffleError as exc:
             self._report(str(exc))
+        except Exception as exc:  # a bug must still end the stream visibly, not hang it
+            self._report(f"internal error in the sender: {exc!r}")
+            raise
 
     def _report(self, message: str) -> None:
         """Best effort: tell the consumer why its stream ends (it may already be gone)."""

@@ -139,7 +139,9 @@ def _engine_producer(
     server.close()
 
 
-def _engine_consumer(reduce_index: int, addresses: list[tuple[str, int]], go: Any, report: Any) -> None:
+def _engine_consumer(
+    reduce_index: int, addresses: list[tuple[str, int]], go: Any, report: Any, zero_copy: bool
+) -> None:
     from arrow_shuffle import InputGate, NetworkBufferPool, PartitionId, RemoteChannelSpec, ShuffleConfig
 
     config = ShuffleConfig(buffer_size=BUFFER, network_memory_bytes=(2 * len(addresses) + 16) * BUFFER)
@@ -149,15 +151,18 @@ def _engine_consumer(reduce_index: int, addresses: list[tuple[str, int]], go: An
     go.wait()
     start = time.perf_counter()
     rows = 0
-    with InputGate(specs, schema, pool, config, secret=SECRET) as gate:
+    with InputGate(specs, schema, pool, config, secret=SECRET, zero_copy=zero_copy) as gate:
         for batch in gate:
             rows += batch.num_rows
+            del batch
         stats = gate.stats()
     elapsed = time.perf_counter() - start
     report.put(("consumer", stats.bytes_received, elapsed, _peak_rss_mib()))
 
 
-def measure_engine(producers: int, consumers: int, total_per_producer: int) -> dict[str, float]:
+def measure_engine(
+    producers: int, consumers: int, total_per_producer: int, zero_copy: bool = False
+) -> dict[str, float]:
     """M x N processes; returns aggregate GB/s (payload bytes over wall time) and peak RSS."""
     ctx = mp.get_context("spawn")
     go, stop = ctx.Event(), ctx.Event()
@@ -173,7 +178,7 @@ def measure_engine(producers: int, consumers: int, total_per_producer: int) -> d
         procs.append(p)
         addresses.append(addr_r.recv())
     for r in range(consumers):
-        c = ctx.Process(target=_engine_consumer, args=(r, addresses, go, report))
+        c = ctx.Process(target=_engine_consumer, args=(r, addresses, go, report, zero_copy))
         c.start()
         procs.append(c)
     time.sleep(0.5)  # let every consumer import and connect-ready before the clock starts
@@ -299,16 +304,18 @@ def main() -> None:
     rounds = 1 if args.quick else args.rounds
     print(f"cpus={os.cpu_count()} buffer={BUFFER // 1024} KiB volume/channel={volume // MIB} MiB")
 
-    raw, channel, rss = [], [], []
-    for i in range(rounds):  # interleaved, so machine noise hits both alike
+    raw, channel, zero, rss = [], [], [], []
+    for i in range(rounds):  # interleaved, so machine noise hits all alike
         raw_gbps, raw_rss = measure_raw_tcp(volume)
         engine = measure_engine(1, 1, volume)
+        zero_copy = measure_engine(1, 1, volume, zero_copy=True)
         raw.append(raw_gbps)
         channel.append(engine["gbps"])
+        zero.append(zero_copy["gbps"])
         rss.extend([engine["peak_rss_mib"], raw_rss])
         print(
             f"round {i}: raw_tcp={raw_gbps:.2f} GB/s channel={engine['gbps']:.2f} GB/s "
-            f"ratio={engine['gbps'] / raw_gbps:.2f} "
+            f"ratio={engine['gbps'] / raw_gbps:.2f} zero_copy={zero_copy['gbps']:.2f} GB/s "
             f"(producer blocked on credit {engine['producer_blocked_on_credit_s']:.2f}s, "
             f"on pool {engine['producer_blocked_on_pool_s']:.2f}s, peak RSS {engine['peak_rss_mib']:.0f} MiB)"
         )
@@ -333,7 +340,11 @@ def main() -> None:
 
     print(f"RESULT raw_tcp_runs={','.join(f'{x:.2f}' for x in raw)}")
     print(f"RESULT channel_runs={','.join(f'{x:.2f}' for x in channel)}")
+    print(f"RESULT channel_zero_copy_runs={','.join(f'{x:.2f}' for x in zero)}")
+    print(f"RESULT channel_zero_copy_gbps={statistics.median(zero):.3f}")
+    print(f"RESULT channel_zero_copy_vs_raw={statistics.median(zero) / raw_gbps:.3f}")
     print(f"RESULT flight_exchange_gbps={flight_gbps:.3f}")
+    print(f"RESULT flight_vs_raw={flight_gbps / raw_gbps:.3f}")
     print(f"RESULT agg_2x2_gbps={agg['2x2']['gbps']:.3f}")
     print(f"RESULT agg_4x4_gbps={agg['4x4']['gbps']:.3f}")
     print(f"RESULT peak_rss_mib={peak:.0f}")

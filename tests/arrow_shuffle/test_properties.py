@@ -43,6 +43,7 @@ scenario = st.fixed_dictionaries(
         "slow_every": st.sampled_from([0, 3, 7]),
         "cancel_after": st.one_of(st.none(), st.integers(0, 10)),
         "flush_timeout_s": st.sampled_from([0.0, 0.005, 0.05]),
+        "zero_copy": st.booleans(),
     }
 )
 
@@ -87,17 +88,19 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
     specs = [RemoteChannelSpec(server.address, partition.partition_id, i) for i in range(s["subpartitions"])]
     received: dict[int, list[int]] = defaultdict(list)
     cancelled = False
-    gate = InputGate(specs, SCHEMA, pool, config, secret=SECRET)
+    gate = InputGate(specs, SCHEMA, pool, config, secret=SECRET, zero_copy=s["zero_copy"])
     try:
         for n, batch in enumerate(gate):
             if s["cancel_after"] is not None and n >= s["cancel_after"]:
                 cancelled = True
+                del batch  # held batches pin their buffers (zero_copy): drop before checking
                 gate.close()
                 break
             if s["slow_every"] and n % s["slow_every"] == 0:
                 time.sleep(0.002)  # a slow consumer, not synchronisation
             sub = _sub_of(batch.column("key").to_numpy(), s["subpartitions"])
             received[sub].extend(batch.column("seq").to_pylist())
+            del batch  # with zero_copy the batch pins its network buffer
     finally:
         gate.close()
     producer.join(15)
