@@ -21,7 +21,7 @@ PayloadProvider = Callable[[], Mapping[str, float | int | None]]
 PAYLOAD_FIELDS = ("slots_total", "slots_busy", "running_tasks", "rss_bytes", "jvm_pulse_age_ms")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Payload:
     """What an agent reports with each heartbeat; None means "unknown"."""
 

@@ -120,6 +120,7 @@ class ResourceManagerServer:
         known_executors: Iterable[str] = (),
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         register_timeout_s: float = 5.0,
+        spread: int = 50,
     ) -> None:
         if not secret:
             raise ValueError("a non-empty shared secret is required")
@@ -131,6 +132,7 @@ class ResourceManagerServer:
         self._known = tuple(known_executors)
         self._max_message_bytes = max_message_bytes
         self._register_timeout_s = register_timeout_s
+        self._spread = spread
         self._bus = EventBus()
         self._auth_log = _AuthLog()
         self._core: ResourceManagerCore | None = None
@@ -207,6 +209,7 @@ class ResourceManagerServer:
             LoopScheduler(asyncio.get_running_loop()),
             self._bus,
             known_executors=self._known,
+            spread=self._spread,
         )
         await server.start()
         self._server = server
