@@ -5,7 +5,7 @@ Knows nothing of Spark: the Spark wiring lives in ``spark_plugin``. Roles, one m
 ``resource_manager`` and its gRPC server in ``rm_server``; the agent in ``agent``.
 """
 
-from .agent import AsyncAgent, Registration, TaskExecutorAgent
+from .agent import AsyncAgent, Registration
 from .clock import Clock, ManualClock, MonotonicClock
 from .errors import (
     AuthenticationError,
@@ -40,6 +40,7 @@ from .scheduler import Cancellable, LoopScheduler, ManualScheduler, Scheduler, T
 from .sender import HeartbeatManagerSender
 from .services import CONFIG_KEYS, HeartbeatServices
 from .target import HeartbeatTarget
+from .task_executor import TaskExecutorAgent
 
 __all__ = [
     "CONFIG_KEYS",

@@ -11,7 +11,7 @@ import grpc
 from heartbeat import AsyncAgent, HeartbeatServices, ManualScheduler, Registration, static_provider
 from heartbeat._grpc_compat import EOF
 from heartbeat._proto import heartbeat_pb2 as pb
-from heartbeat.agent import _Session
+from heartbeat.agent_session import AgentSession
 
 SERVICES = HeartbeatServices(interval_s=1.0, timeout_s=3.0, rpc_failure_threshold=2)
 REG = Registration("epoch-1", "instance-1")
@@ -56,7 +56,7 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 def run_session(
-    scenario: Callable[[FakeCall, ManualScheduler, _Session, Any], Any],
+    scenario: Callable[[FakeCall, ManualScheduler, AgentSession, Any], Any],
     healthy: Callable[[], bool] = lambda: True,
 ) -> str:
     async def main() -> str:
@@ -72,7 +72,7 @@ def run_session(
             scheduler=scheduler,
         )
         call = FakeCall()
-        session = _Session(agent, None, call, REG)  # type: ignore[arg-type]
+        session = AgentSession(agent, None, call, REG)  # type: ignore[arg-type]
         task = asyncio.create_task(session.serve())
         await scenario(call, scheduler, session, task)
         return await asyncio.wait_for(task, 5.0)
@@ -81,7 +81,7 @@ def run_session(
 
 
 def test_requests_are_answered_with_seq_and_payload() -> None:
-    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: _Session, task: Any) -> None:
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: AgentSession, task: Any) -> None:
         call.request(1)
         call.request(2)
         await until(lambda: len(call.written) == 2)
@@ -96,7 +96,7 @@ def test_requests_are_answered_with_seq_and_payload() -> None:
 
 
 def test_rm_silence_for_the_timeout_ends_the_session() -> None:
-    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: _Session, task: Any) -> None:
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: AgentSession, task: Any) -> None:
         await until(lambda: scheduler.pending() > 0)
         scheduler.advance(2.0)
         call.request(1)
@@ -110,7 +110,7 @@ def test_rm_silence_for_the_timeout_ends_the_session() -> None:
 
 
 def test_a_new_rm_epoch_ends_the_session_for_re_registration() -> None:
-    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: _Session, task: Any) -> None:
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: AgentSession, task: Any) -> None:
         call.request(1, epoch="epoch-2")
 
     reason = run_session(scenario)
@@ -118,7 +118,7 @@ def test_a_new_rm_epoch_ends_the_session_for_re_registration() -> None:
 
 
 def test_unknown_executor_status_ends_the_session() -> None:
-    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: _Session, task: Any) -> None:
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: AgentSession, task: Any) -> None:
         call.end(grpc.StatusCode.NOT_FOUND, "unknown executor; register again")
 
     assert "UnknownExecutorError" in run_session(scenario)
@@ -127,7 +127,7 @@ def test_unknown_executor_status_ends_the_session() -> None:
 def test_unhealthy_host_process_means_no_answers_and_stale_requests_are_ignored() -> None:
     healthy = [False]
 
-    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: _Session, task: Any) -> None:
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: AgentSession, task: Any) -> None:
         call.request(1)
         call.request(2, instance_id="instance-0")
         await until(lambda: call.inbox.empty())

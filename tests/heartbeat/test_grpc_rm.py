@@ -121,6 +121,7 @@ def test_malformed_and_oversized_messages_get_a_status_and_others_keep_working(r
     try:
         a.start()
         assert a.wait_registered(5.0)
+        events.wait_event(EventKind.REGISTERED, "good", 5.0)
     finally:
         a.stop()
     assert [e.executor_id for e in events.events if e.kind is EventKind.REGISTERED] == ["good"]

@@ -1,0 +1,109 @@
+"""``TaskExecutorAgent``: an ``AsyncAgent`` on the shared heartbeat loop, for synchronous callers."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._io_loop import submit
+from .agent import AsyncAgent, Registration
+from .clock import Clock
+from .errors import ClosedError
+from .payload import PayloadProvider
+from .retry import RetryPolicy
+from .services import HeartbeatServices
+
+log = logging.getLogger(__name__)
+
+
+class TaskExecutorAgent:
+    """``AsyncAgent`` on the shared heartbeat I/O loop, for the Spark wiring and other sync callers."""
+
+    def __init__(
+        self,
+        rm_address: str,
+        secret: str,
+        executor_id: str,
+        host: str = "127.0.0.1",
+        services: HeartbeatServices | None = None,
+        payload_providers: Sequence[PayloadProvider] = (),
+        is_healthy: Callable[[], bool] = lambda: True,
+        retry_policy: RetryPolicy | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._cond = threading.Condition()
+        self._kwargs: dict[str, Any] = dict(
+            rm_address=rm_address,
+            secret=secret,
+            executor_id=executor_id,
+            host=host,
+            services=services,
+            payload_providers=payload_providers,
+            is_healthy=is_healthy,
+            retry_policy=retry_policy,
+            clock=clock,
+            on_registered=self._registered,
+        )
+        self._agent: AsyncAgent | None = None
+        self._running: concurrent.futures.Future[None] | None = None
+        self._stopped = False
+
+    @property
+    def registration(self) -> Registration | None:
+        """``(epoch, instance_id)`` of the live registration, or None."""
+        return None if self._agent is None else self._agent.registration
+
+    @property
+    def error(self) -> BaseException | None:
+        """The sticky error that ended the agent (e.g. ``RegistrationTimeoutError``), if any."""
+        return None if self._agent is None else self._agent.error
+
+    @property
+    def registrations(self) -> int:
+        """How many times the agent registered (re-registrations included)."""
+        return 0 if self._agent is None else self._agent.registrations
+
+    def start(self) -> None:
+        """Start registering in the background; returns at once."""
+        if self._stopped:
+            raise ClosedError("this agent was stopped; create a new one")
+        if self._running is not None:
+            return
+        self._agent = submit(_make_agent(self._kwargs)).result()
+        self._running = submit(self._agent.run())
+        self._running.add_done_callback(lambda _: self._registered(None))
+
+    def wait_registered(self, timeout_s: float) -> bool:
+        """True once registered; False on timeout or if the agent gave up (see ``error``)."""
+        with self._cond:
+            self._cond.wait_for(self._registered_or_done, timeout_s)
+            return self.registration is not None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Unregister best effort and end the agent; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._agent is None or self._running is None:
+            return
+        try:
+            submit(self._agent.stop(timeout_s)).result(timeout_s + 1.0)
+            self._running.result(timeout_s)
+        except Exception as exc:
+            log.debug("agent stop: %r", exc)
+            self._running.cancel()
+
+    def _registered_or_done(self) -> bool:
+        return self.registration is not None or (self._running is not None and self._running.done())
+
+    def _registered(self, registration: Registration | None) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
+async def _make_agent(kwargs: dict[str, Any]) -> AsyncAgent:
+    """Construct on the loop so the agent's futures and events bind to it."""
+    return AsyncAgent(**kwargs)
