@@ -8,6 +8,8 @@ segment can be recycled immediately and callers may keep the batches as long as 
 
 from __future__ import annotations
 
+import ctypes
+
 import pyarrow as pa
 
 from arrow_shuffle.buffer_pool import Buffer
@@ -101,10 +103,11 @@ def decode_buffer(buffer: Buffer, schema: pa.Schema, where: str, zero_copy: bool
     buffer but the batches then pin it: its credit returns only when they are all freed.
     """
     if not zero_copy:
-        try:
-            return decode(buffer.segment.view[: buffer.size], schema, where)
-        finally:
-            buffer.recycle()
+        owned = pa.allocate_buffer(buffer.size)
+        # ctypes releases the GIL for the copy, so the receiver thread keeps reading meanwhile.
+        ctypes.memmove(owned.address, buffer.segment.memory.address, buffer.size)
+        buffer.recycle()
+        return _read(owned, schema, where)
     lease = _Lease(buffer)
     view = pa.foreign_buffer(buffer.segment.memory.address, buffer.size, base=lease)
     del lease  # from here on the Arrow buffer owns the lease: freeing it recycles the segment

@@ -114,7 +114,9 @@ class ShuffleServer:
         while not self._closed:
             try:
                 conn = self._listener.accept()
-            except (ChannelClosedError, OSError):
+            except (ChannelClosedError, OSError) as exc:
+                if not self._closed:
+                    log.error("shuffle server stopped accepting: %s", exc)
                 return
             if conn is None:
                 continue

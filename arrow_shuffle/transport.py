@@ -58,13 +58,10 @@ class TcpConnection:
         self._header = bytearray(HEADER_SIZE)
         self._closed = False
         self.read_timeout_s = read_timeout_s
-        try:
-            host, port = sock.getpeername()[:2]
-            self.peer = f"{host}:{port}"
-        except OSError:
-            self.peer = "<unconnected>"
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        self.peer = _peer_name(sock)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
         # Kernel-side timeouts on a blocking socket: Python's settimeout() would add a poll()
@@ -139,6 +136,16 @@ class TcpConnection:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+
+
+def _peer_name(sock: socket.socket) -> str:
+    try:
+        name = sock.getpeername()
+    except OSError:
+        return "<unconnected>"
+    if isinstance(name, tuple) and len(name) >= 2:
+        return f"{name[0]}:{name[1]}"
+    return f"local:{sock.fileno()}"
 
 
 class TcpListener:

@@ -11,6 +11,9 @@ loopback, moving the same number of bytes in 1 MiB buffers:
   (window 2K buffers, announced every K): the alternative transport, measured for the choice.
 * ``agg_MxN``: M producer x N consumer processes, aggregate bytes over wall time.
 
+``channel_vs_raw`` is the median over rounds of (engine / raw TCP) measured back to back, so
+load from other processes on the machine affects both sides of each ratio alike.
+
 Run: ``.venv/bin/python -m benchmarks.shuffle_transport`` (``--quick`` for a smoke run). It ends
 with ``RESULT key=value`` lines.
 """
@@ -33,6 +36,7 @@ import pyarrow as pa
 
 MIB = 1 << 20
 BUFFER = MIB
+FLOATING = int(os.environ.get("BENCH_FLOATING", "8"))
 SECRET = "bench-secret"
 APP = "bench"
 
@@ -77,18 +81,21 @@ def _raw_receiver(total: int, out: Connection, port_out: Connection) -> None:
     view = memoryview(buffer)
     got = 0
     start = time.perf_counter()
+    cpu = time.process_time()
     while got < total:
         n = sock.recv_into(view)
         if n == 0:
             break
         got += n
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     sock.close()
     server.close()
-    out.send((got, elapsed, _peak_rss_mib()))
+    out.send((got, elapsed, _peak_rss_mib(), cpu))
 
 
-def measure_raw_tcp(total: int) -> tuple[float, float]:
+def measure_raw_tcp(total: int) -> tuple[float, float, float]:
+    """(GB/s, receiver peak RSS MiB, receiver CPU seconds per GiB)."""
     ctx = mp.get_context("spawn")
     result_r, result_w = ctx.Pipe(duplex=False)
     port_r, port_w = ctx.Pipe(duplex=False)
@@ -99,9 +106,9 @@ def measure_raw_tcp(total: int) -> tuple[float, float]:
     sender = ctx.Process(target=_raw_sender, args=(port, total, go_r))
     sender.start()
     go_w.send(True)
-    got, elapsed, rss = result_r.recv()
+    got, elapsed, rss, cpu = result_r.recv()
     _end(sender, receiver)
-    return got / elapsed / 1e9, rss
+    return float(got) / elapsed / 1e9, float(rss), float(cpu) / (got / 2**30)
 
 
 # -- the engine -------------------------------------------------------------------------------------
@@ -117,7 +124,11 @@ def _engine_producer(
         ShuffleServer,
     )
 
-    config = ShuffleConfig(buffer_size=BUFFER, network_memory_bytes=(2 * reducers + 24) * BUFFER)
+    config = ShuffleConfig(
+        buffer_size=BUFFER,
+        network_memory_bytes=(2 * reducers + 24 + FLOATING) * BUFFER,
+        floating_buffers_per_gate=FLOATING,
+    )
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
     server = ShuffleServer(SECRET, APP, config=config)
     batch = _batch_for(BUFFER)
@@ -126,6 +137,7 @@ def _engine_producer(
     address_out.send(server.address)
     writer = RecordWriter(partition)
     go.wait()
+    cpu = time.process_time()
     written = 0
     sub = 0
     while written < total:
@@ -133,9 +145,12 @@ def _engine_producer(
         sub = (sub + 1) % reducers
         written += batch.nbytes
     writer.finish()
+    while partition.stats().bytes_sent < partition.stats().bytes_written and not stop.is_set():
+        stop.wait(0.01)  # CPU until the last buffer left
+    cpu = time.process_time() - cpu
     stop.wait()
     stats = partition.stats()
-    report.put(("producer", stats.blocked_on_credit_s, stats.blocked_on_pool_s, _peak_rss_mib()))
+    report.put(("producer", stats.blocked_on_credit_s, stats.blocked_on_pool_s, _peak_rss_mib(), cpu))
     server.close()
 
 
@@ -144,12 +159,17 @@ def _engine_consumer(
 ) -> None:
     from arrow_shuffle import InputGate, NetworkBufferPool, PartitionId, RemoteChannelSpec, ShuffleConfig
 
-    config = ShuffleConfig(buffer_size=BUFFER, network_memory_bytes=(2 * len(addresses) + 16) * BUFFER)
+    config = ShuffleConfig(
+        buffer_size=BUFFER,
+        network_memory_bytes=(2 * len(addresses) + 16 + FLOATING) * BUFFER,
+        floating_buffers_per_gate=FLOATING,
+    )
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
     schema = _batch_for(BUFFER).schema
     specs = [RemoteChannelSpec(a, PartitionId(APP, 0, m), reduce_index) for m, a in enumerate(addresses)]
     go.wait()
     start = time.perf_counter()
+    cpu = time.process_time()
     rows = 0
     with InputGate(specs, schema, pool, config, secret=SECRET, zero_copy=zero_copy) as gate:
         for batch in gate:
@@ -157,7 +177,8 @@ def _engine_consumer(
             del batch
         stats = gate.stats()
     elapsed = time.perf_counter() - start
-    report.put(("consumer", stats.bytes_received, elapsed, _peak_rss_mib()))
+    cpu = time.process_time() - cpu
+    report.put(("consumer", stats.bytes_received, elapsed, _peak_rss_mib(), cpu))
 
 
 def measure_engine(
@@ -185,18 +206,21 @@ def measure_engine(
     start = time.perf_counter()
     go.set()
     received = 0
+    consumer_cpu = 0.0
     slowest = 0.0
     rss = 0.0
     for _ in range(consumers):
-        _kind, nbytes, elapsed, peak = report.get(timeout=120)
+        _kind, nbytes, elapsed, peak, cpu = report.get(timeout=120)
+        consumer_cpu += cpu
         received += nbytes
         slowest = max(slowest, elapsed)
         rss = max(rss, peak)
     wall = time.perf_counter() - start
     stop.set()
-    credit_wait = pool_wait = 0.0
+    credit_wait = pool_wait = producer_cpu = 0.0
     for _ in range(producers):
-        _kind, credit_s, pool_s, peak = report.get(timeout=60)
+        _kind, credit_s, pool_s, peak, cpu = report.get(timeout=60)
+        producer_cpu += cpu
         credit_wait += credit_s
         pool_wait += pool_s
         rss = max(rss, peak)
@@ -205,6 +229,8 @@ def measure_engine(
         "gbps": received / min(wall, slowest + 0.05) / 1e9,
         "bytes": received,
         "peak_rss_mib": rss,
+        "consumer_cpu_s_per_gib": consumer_cpu / (received / 2**30),
+        "producer_cpu_s_per_gib": producer_cpu / (received / 2**30),
         "producer_blocked_on_credit_s": credit_wait,
         "producer_blocked_on_pool_s": pool_wait,
     }
@@ -299,14 +325,22 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small volumes, for a smoke run")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of raw TCP vs channel")
     parser.add_argument("--no-flight", action="store_true", help="skip the Flight do_exchange comparison")
+    parser.add_argument("--floating", type=int, default=None, help="floating buffers per gate (default 8)")
     args = parser.parse_args()
+    if args.floating is not None:  # children are spawned: they read it from the environment
+        os.environ["BENCH_FLOATING"] = str(args.floating)
+        global FLOATING
+        FLOATING = args.floating
     volume = (256 if args.quick else 1536) * MIB
     rounds = 1 if args.quick else args.rounds
-    print(f"cpus={os.cpu_count()} buffer={BUFFER // 1024} KiB volume/channel={volume // MIB} MiB")
+    print(
+        f"cpus={os.cpu_count()} buffer={BUFFER // 1024} KiB volume/channel={volume // MIB} MiB "
+        f"exclusive=2 floating={FLOATING}"
+    )
 
     raw, channel, zero, rss = [], [], [], []
     for i in range(rounds):  # interleaved, so machine noise hits all alike
-        raw_gbps, raw_rss = measure_raw_tcp(volume)
+        raw_gbps, raw_rss, raw_cpu = measure_raw_tcp(volume)
         engine = measure_engine(1, 1, volume)
         zero_copy = measure_engine(1, 1, volume, zero_copy=True)
         raw.append(raw_gbps)
@@ -316,11 +350,16 @@ def main() -> None:
         print(
             f"round {i}: raw_tcp={raw_gbps:.2f} GB/s channel={engine['gbps']:.2f} GB/s "
             f"ratio={engine['gbps'] / raw_gbps:.2f} zero_copy={zero_copy['gbps']:.2f} GB/s "
+            f"CPU s/GiB: raw receiver={raw_cpu:.2f} channel consumer={engine['consumer_cpu_s_per_gib']:.2f} "
+            f"producer={engine['producer_cpu_s_per_gib']:.2f} "
             f"(producer blocked on credit {engine['producer_blocked_on_credit_s']:.2f}s, "
             f"on pool {engine['producer_blocked_on_pool_s']:.2f}s, peak RSS {engine['peak_rss_mib']:.0f} MiB)"
         )
     channel_gbps = statistics.median(channel)
     raw_gbps = statistics.median(raw)
+    # Each round measures raw TCP and the engine back to back: the median of the per-round
+    # ratios is robust to other load on the machine drifting between rounds.
+    ratio = statistics.median(c / r for c, r in zip(channel, raw, strict=True))
 
     flight_gbps = float("nan")
     if not args.no_flight:
@@ -342,7 +381,8 @@ def main() -> None:
     print(f"RESULT channel_runs={','.join(f'{x:.2f}' for x in channel)}")
     print(f"RESULT channel_zero_copy_runs={','.join(f'{x:.2f}' for x in zero)}")
     print(f"RESULT channel_zero_copy_gbps={statistics.median(zero):.3f}")
-    print(f"RESULT channel_zero_copy_vs_raw={statistics.median(zero) / raw_gbps:.3f}")
+    zero_ratio = statistics.median(z / r for z, r in zip(zero, raw, strict=True))
+    print(f"RESULT channel_zero_copy_vs_raw={zero_ratio:.3f}")
     print(f"RESULT flight_exchange_gbps={flight_gbps:.3f}")
     print(f"RESULT flight_vs_raw={flight_gbps / raw_gbps:.3f}")
     print(f"RESULT agg_2x2_gbps={agg['2x2']['gbps']:.3f}")
@@ -350,7 +390,7 @@ def main() -> None:
     print(f"RESULT peak_rss_mib={peak:.0f}")
     print(f"RESULT channel_gbps={channel_gbps:.3f}")
     print(f"RESULT raw_tcp_gbps={raw_gbps:.3f}")
-    print(f"RESULT channel_vs_raw={channel_gbps / raw_gbps:.3f}")
+    print(f"RESULT channel_vs_raw={ratio:.3f}")
 
 
 if __name__ == "__main__":
