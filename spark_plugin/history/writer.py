@@ -36,6 +36,7 @@ class _Pending:
     path: str
     rows: deque[Row]
     dropped: int = 0
+    rejected: int = 0
     commits: int = 0
 
 
@@ -111,7 +112,9 @@ class HistoryWriter:
             pending.rows.clear()
         if not rows:
             return
-        batch = pa.Table.from_pylist(rows, schema=pending.spec.schema)
+        batch = self._to_table(pending, rows)
+        if batch.num_rows == 0:
+            return
         delay = 0.05
         for attempt in range(1, self._attempts + 1):
             try:
@@ -136,6 +139,24 @@ class HistoryWriter:
                 pending.rows.popleft()
                 pending.dropped += 1
 
+    def _to_table(self, pending: _Pending, rows: list[Row]) -> pa.Table:
+        """The rows as an Arrow table; rows that do not fit the schema are rejected and counted."""
+        schema = pending.spec.schema
+        try:
+            return pa.Table.from_pylist(rows, schema=schema)
+        except (pa.ArrowException, TypeError, ValueError, KeyError):
+            good = []
+            for row in rows:
+                try:
+                    pa.Table.from_pylist([row], schema=schema)
+                    good.append(row)
+                except (pa.ArrowException, TypeError, ValueError, KeyError) as exc:
+                    pending.rejected += 1
+                    log.error(
+                        "rejected a %s row that does not fit its schema (%s): %r", pending.spec.name, exc, row
+                    )
+            return pa.Table.from_pylist(good, schema=schema)
+
     def maintain(self) -> None:
         """Compacts small files, checkpoints, and removes what the tables' retention allows."""
         from deltalake import DeltaTable
@@ -155,7 +176,12 @@ class HistoryWriter:
     def stats(self) -> Mapping[str, Mapping[str, int]]:
         with self._lock:
             return {
-                name: {"buffered": len(p.rows), "dropped": p.dropped, "commits": p.commits}
+                name: {
+                    "buffered": len(p.rows),
+                    "dropped": p.dropped,
+                    "rejected": p.rejected,
+                    "commits": p.commits,
+                }
                 for name, p in self._tables.items()
             }
 

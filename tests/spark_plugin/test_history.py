@@ -1,0 +1,178 @@
+"""The history writer on real Delta tables (delta-rs): batching, bad paths, conflicts, compaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from spark_plugin.history import (
+    EXECUTOR_EVENTS,
+    HEARTBEATS,
+    HistoryWriter,
+    IncompatibleTableError,
+    TablePathError,
+    known_executors,
+)
+
+
+def event(executor_id: str, kind: str, second: int, app_id: str = "app-1") -> dict[str, object]:
+    return {
+        "app_id": app_id,
+        "executor_id": executor_id,
+        "host": "127.0.0.1",
+        "instance_id": f"i-{executor_id}-{second}",
+        "ts": dt.datetime(2026, 11, 22, 5, 0, second, tzinfo=dt.UTC),
+        "event": kind,
+        "detail": "",
+    }
+
+
+def count(root: Path, table: str) -> int:
+    return DeltaTable(str(root / table)).to_pyarrow_table().num_rows
+
+
+def test_buffered_rows_land_in_one_commit_per_table_per_flush(tmp_path: Path) -> None:
+    writer = HistoryWriter(tmp_path, flush_interval_s=60)
+    writer.open()
+    before = DeltaTable(str(tmp_path / EXECUTOR_EVENTS.name)).version()
+    for i in range(25):
+        writer.append(EXECUTOR_EVENTS.name, event(str(i % 3), "REGISTERED", i))
+    assert writer.buffered(EXECUTOR_EVENTS.name) == 25
+    writer.flush()
+    assert DeltaTable(str(tmp_path / EXECUTOR_EVENTS.name)).version() == before + 1
+    assert count(tmp_path, EXECUTOR_EVENTS.name) == 25
+    assert writer.buffered(EXECUTOR_EVENTS.name) == 0
+    writer.flush()  # nothing buffered: no empty commit
+    assert DeltaTable(str(tmp_path / EXECUTOR_EVENTS.name)).version() == before + 1
+
+
+def test_an_unwritable_path_is_named(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    writer = HistoryWriter(blocker / "tables", flush_interval_s=1)
+    with pytest.raises(TablePathError, match=str(blocker)):
+        writer.open()
+
+
+def test_a_non_delta_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / HEARTBEATS.name).mkdir()
+    (tmp_path / HEARTBEATS.name / "data.csv").write_text("x\n")
+    with pytest.raises(TablePathError, match="not a Delta table"):
+        HistoryWriter(tmp_path, flush_interval_s=1).open()
+
+
+def test_a_table_with_another_schema_is_refused_and_left_alone(tmp_path: Path) -> None:
+    other = pa.table({"executor_id": ["1"], "mood": ["fine"]})
+    write_deltalake(str(tmp_path / EXECUTOR_EVENTS.name), other)
+    with pytest.raises(IncompatibleTableError, match="mood"):
+        HistoryWriter(tmp_path, flush_interval_s=1).open()
+    assert DeltaTable(str(tmp_path / EXECUTOR_EVENTS.name)).to_pyarrow_table().num_rows == 1
+
+
+def test_appends_racing_compaction_lose_and_double_nothing(tmp_path: Path) -> None:
+    writer = HistoryWriter(tmp_path, flush_interval_s=60)
+    writer.open()
+    path = str(tmp_path / EXECUTOR_EVENTS.name)
+    stop = threading.Event()
+    compactions: list[int] = []
+
+    def compact_forever() -> None:
+        while not stop.is_set():
+            try:
+                DeltaTable(path).optimize.compact()
+                compactions.append(1)
+            except Exception:  # the writer may win the race; that is the point
+                pass
+
+    thread = threading.Thread(target=compact_forever)
+    thread.start()
+    try:
+        for batch in range(30):
+            for i in range(10):
+                writer.append(EXECUTOR_EVENTS.name, event(f"{batch}-{i}", "REGISTERED", i))
+            writer.flush()
+    finally:
+        stop.set()
+        thread.join()
+    assert compactions, "the race never happened"
+    assert writer.stats()[EXECUTOR_EVENTS.name]["buffered"] == 0
+    ids = DeltaTable(path).to_pyarrow_table()["executor_id"].to_pylist()
+    assert sorted(ids) == sorted(f"{b}-{i}" for b in range(30) for i in range(10))
+
+
+def test_maintenance_compacts_small_files_without_changing_rows(tmp_path: Path) -> None:
+    writer = HistoryWriter(tmp_path, flush_interval_s=60)
+    writer.open()
+    for second in range(12):
+        writer.append(EXECUTOR_EVENTS.name, event("1", "REGISTERED", second))
+        writer.flush()
+    path = str(tmp_path / EXECUTOR_EVENTS.name)
+    assert len(DeltaTable(path).file_uris()) == 12
+    writer.maintain()
+    assert len(DeltaTable(path).file_uris()) == 1
+    assert count(tmp_path, EXECUTOR_EVENTS.name) == 12
+
+
+def test_the_buffer_is_bounded_and_counts_what_it_drops(tmp_path: Path) -> None:
+    writer = HistoryWriter(tmp_path, flush_interval_s=60, max_buffered_rows=5)
+    writer.open()
+    for second in range(7):
+        writer.append(EXECUTOR_EVENTS.name, event("1", "REGISTERED", second))
+    assert writer.stats()[EXECUTOR_EVENTS.name] == {"buffered": 5, "dropped": 2, "rejected": 0, "commits": 0}
+    writer.flush()
+    instances = DeltaTable(str(tmp_path / EXECUTOR_EVENTS.name)).to_pyarrow_table()["instance_id"].to_pylist()
+    assert sorted(instances) == [f"i-1-{s}" for s in range(2, 7)]  # the oldest went first
+
+
+def test_a_malformed_row_is_rejected_without_losing_its_batch(tmp_path: Path) -> None:
+    writer = HistoryWriter(tmp_path, flush_interval_s=60)
+    writer.open()
+    writer.append(EXECUTOR_EVENTS.name, event("1", "REGISTERED", 1))
+    writer.append(EXECUTOR_EVENTS.name, {**event("2", "REGISTERED", 2), "ts": "not a timestamp"})
+    writer.append(EXECUTOR_EVENTS.name, event("3", "REGISTERED", 3))
+    writer.flush()
+    assert writer.stats()[EXECUTOR_EVENTS.name]["rejected"] == 1
+    ids = DeltaTable(str(tmp_path / EXECUTOR_EVENTS.name)).to_pyarrow_table()["executor_id"].to_pylist()
+    assert sorted(ids) == ["1", "3"]
+
+
+def test_a_failed_commit_keeps_the_rows_for_the_next_flush(tmp_path: Path) -> None:
+    writer = HistoryWriter(tmp_path, flush_interval_s=60, commit_attempts=2)
+    writer.open()
+    writer.append(EXECUTOR_EVENTS.name, event("1", "REGISTERED", 1))
+    log_dir = tmp_path / EXECUTOR_EVENTS.name / "_delta_log"
+    moved = log_dir.rename(tmp_path / "log-away")  # the table vanishes: every commit fails
+    log_dir.mkdir()
+    (log_dir / "00000000000000000000.json").write_text("{broken")
+    writer.flush()
+    assert writer.buffered(EXECUTOR_EVENTS.name) == 1
+    for f in log_dir.iterdir():
+        f.unlink()
+    log_dir.rmdir()
+    moved.rename(log_dir)
+    writer.flush()
+    assert writer.buffered(EXECUTOR_EVENTS.name) == 0
+    assert count(tmp_path, EXECUTOR_EVENTS.name) == 1
+
+
+def test_a_restarted_rm_recovers_the_executors_it_knew(tmp_path: Path) -> None:
+    writer = HistoryWriter(tmp_path, flush_interval_s=60)
+    writer.open()
+    for row in [
+        event("1", "REGISTERED", 1),
+        event("2", "REGISTERED", 2),
+        event("2", "UNREGISTERED", 3),
+        event("3", "REGISTERED", 4),
+        event("3", "HEARTBEAT_TIMEOUT", 5),
+        event("9", "REGISTERED", 6, app_id="another-app"),
+    ]:
+        writer.append(EXECUTOR_EVENTS.name, row)
+    writer.stop()
+    known = {e.executor_id: e.last_event for e in known_executors(tmp_path, "app-1")}
+    assert known == {"1": "REGISTERED", "3": "HEARTBEAT_TIMEOUT"}
+    assert known_executors(tmp_path / "elsewhere", "app-1") == []
