@@ -33,7 +33,7 @@ def event(executor_id: str, kind: str, second: int, app_id: str = "app-1") -> di
 
 
 def count(root: Path, table: str) -> int:
-    return DeltaTable(str(root / table)).to_pyarrow_table().num_rows
+    return int(DeltaTable(str(root / table)).to_pyarrow_table().num_rows)
 
 
 def test_buffered_rows_land_in_one_commit_per_table_per_flush(tmp_path: Path) -> None:
