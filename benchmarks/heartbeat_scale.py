@@ -254,7 +254,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("role", nargs="?", default="coordinate", choices=["coordinate", "rm", "load"])
-    parser.add_argument("--steps", default="250,500,1000,2000,3000,4000")
+    parser.add_argument("--steps", default="250,500,1000,2000,3000,3500,4000")
     parser.add_argument("--step-seconds", type=float, default=8.0)
     parser.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--clients", type=int, default=2)

@@ -5,6 +5,7 @@ Knows nothing of Spark: the Spark wiring lives in ``spark_plugin``. Roles, one m
 ``resource_manager`` and its gRPC server in ``rm_server``; the agent in ``agent``.
 """
 
+from ._io_loop import io_loop
 from .agent import AsyncAgent, Registration
 from .clock import Clock, ManualClock, MonotonicClock
 from .errors import (
@@ -82,6 +83,7 @@ __all__ = [
     "TaskExecutorAgent",
     "ThreadScheduler",
     "UnknownExecutorError",
+    "io_loop",
     "pulse_file_provider",
     "rss_provider",
     "slots_provider",
