@@ -116,3 +116,18 @@ def test_killed_consumer_fails_the_producer_instead_of_hanging(procs: Procs, tmp
     line = producer.stdout.readline()
     assert line.startswith("PRODUCER-ERROR ChannelClosedError"), line
     assert time.monotonic() - killed_at < 5.0
+
+
+def test_hung_producer_is_detected_by_keepalive_timeout(procs: Procs, tmp_path: Path) -> None:
+    """SIGSTOP keeps the sockets open: only the missing keepalives reveal the hang."""
+    producer = procs.start("produce", "0", "1", "0", str(BUFFER), "endless")
+    addresses = json.dumps([_address(producer)])
+    consumer = procs.start("consume", "0", str(BUFFER), addresses, str(tmp_path / "r0.arrow"))
+    assert consumer.stdout is not None
+    assert consumer.stdout.readline().strip() == "DATA"
+    stopped_at = time.monotonic()
+    os.kill(producer.pid, signal.SIGSTOP)
+    out, _ = consumer.communicate(timeout=10)
+    assert out.startswith("ERROR PeerLostError"), out
+    assert "no data for" in out
+    assert time.monotonic() - stopped_at < 5.0  # peer_timeout_s=2 in the workers' config
