@@ -11,6 +11,7 @@ so ``executors()`` can be read from any thread.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -124,6 +125,7 @@ class ResourceManagerCore:
         known_executors: Iterable[str] = (),
         wall: Callable[[], float] = time.time,
         spread: int = 10,
+        max_ended: int = 10_000,
     ) -> None:
         self.services = services
         self.epoch = epoch or uuid.uuid4().hex
@@ -133,6 +135,8 @@ class ResourceManagerCore:
         self._lock = threading.RLock()
         self._registrations: dict[str, _Registration] = {}
         self._seen: set[str] = set(known_executors)
+        self._ended: collections.deque[str] = collections.deque()
+        self._max_ended = max_ended
         self._stopped = False
         self._sender = services.create_heartbeat_manager_sender(RM_ID, self, scheduler, clock, spread)
 
@@ -299,10 +303,20 @@ class ResourceManagerCore:
             if registration.state != "RUNNING":
                 return
             registration.state = state
+            self._forget_old_ended(registration.executor_id)
         self._sender.unmonitor_if(registration.executor_id, registration.monitor)
         if close is not None:
             registration.target.link.close(*close)
         self._emit(kind, registration.executor_id, registration.host, registration.instance_id, detail)
+
+    def _forget_old_ended(self, executor_id: str) -> None:
+        """Keep at most ``max_ended`` ended entries in the table so executor churn cannot grow it."""
+        self._ended.append(executor_id)
+        while len(self._ended) > self._max_ended:
+            old = self._ended.popleft()
+            entry = self._registrations.get(old)
+            if entry is not None and entry.state != "RUNNING" and old not in self._ended:
+                del self._registrations[old]
 
     def _emit(self, kind: EventKind, executor_id: str, host: str, instance_id: str, detail: str) -> None:
         if self._stopped:

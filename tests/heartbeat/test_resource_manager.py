@@ -22,7 +22,7 @@ SERVICES = HeartbeatServices(interval_s=1.0, timeout_s=3.0, rpc_failure_threshol
 
 
 class Rm:
-    def __init__(self, known: tuple[str, ...] = ()) -> None:
+    def __init__(self, known: tuple[str, ...] = (), max_ended: int = 100) -> None:
         self.scheduler = ManualScheduler()
         self.events = EventList()
         self.core = ResourceManagerCore(
@@ -33,6 +33,7 @@ class Rm:
             known_executors=known,
             wall=self.scheduler.clock.now,
             spread=1,
+            max_ended=max_ended,
         )
         self.core.start()
 
@@ -171,3 +172,14 @@ def test_malformed_ids_are_refused(executor_id: str) -> None:
     with pytest.raises(MalformedMessageError):
         rm.core.register(executor_id, "h", FakeLink())
     assert rm.core.executors() == []
+
+
+def test_ended_entries_are_forgotten_beyond_the_limit_but_remembered_as_seen() -> None:
+    rm = Rm(max_ended=2)
+    for name in ("a", "b", "c"):
+        reg = rm.core.register(name, "h", FakeLink())
+        rm.core.unregister(name, reg.epoch, reg.instance_id)
+    rm.core.register("d", "h", FakeLink())
+    assert sorted(i.executor_id for i in rm.core.executors()) == ["b", "c", "d"]
+    rm.core.register("a", "h", FakeLink())
+    assert rm.events.kinds()[-1] == (EventKind.REREGISTERED, "a")
