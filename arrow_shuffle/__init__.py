@@ -67,3 +67,14 @@ __all__ = [
     "column_partitioner",
     "hash_partitioner",
 ]
+
+_DATAFRAME_API = ("group_apply", "partition_apply", "release", "repartition", "shuffle_of", "ShuffleHandle")
+
+
+def __getattr__(name: str) -> object:
+    """The PySpark DataFrame API, imported on first use so ``import arrow_shuffle`` needs no pyspark."""
+    if name in _DATAFRAME_API:
+        from arrow_shuffle import dataframe
+
+        return getattr(dataframe, name)
+    raise AttributeError(f"module 'arrow_shuffle' has no attribute {name!r}")

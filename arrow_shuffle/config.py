@@ -37,7 +37,7 @@ class ShuffleConfig:
     spill_dir: str = field(default_factory=tempfile.gettempdir)
     """Directory for BLOCKING partitions' spill files."""
     max_frame_bytes: int = 0
-    """Largest frame accepted on the wire; 0 means ``buffer_size`` (plus header slack)."""
+    """Largest data frame payload accepted from a peer; 0 means ``buffer_size``."""
     connect_timeout_s: float = 5.0
     """Bound on TCP connect plus the authentication handshake."""
     keepalive_interval_s: float = 1.0

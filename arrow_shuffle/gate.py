@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,10 +50,12 @@ ChannelSpec = LocalChannelSpec | RemoteChannelSpec
 
 
 class InputChannel(Protocol):
+    """What the gate needs from a channel (local or remote)."""
+
     index: int
     where: str
 
-    def start(self, on_data: object) -> None: ...
+    def start(self, on_data: Callable[[int], None]) -> None: ...
 
     def poll(self) -> tuple[Buffer | None, bool]: ...
 
@@ -95,7 +97,7 @@ class InputGate:
         )
         exclusive = pool.reserve(len(remote) * self.config.exclusive_buffers_per_channel, "input gate")
         per = self.config.exclusive_buffers_per_channel
-        self._channels: list[LocalInputChannel | RemoteInputChannel] = []
+        self._channels: list[InputChannel] = []
         for index, spec in enumerate(channels):
             if isinstance(spec, LocalChannelSpec):
                 self._channels.append(LocalInputChannel(index, spec.partition, spec.subpartition))
@@ -118,7 +120,7 @@ class InputGate:
         self._started = False
 
     @property
-    def channels(self) -> list[LocalInputChannel | RemoteInputChannel]:
+    def channels(self) -> list[InputChannel]:
         return list(self._channels)
 
     def stats(self) -> GateStats:

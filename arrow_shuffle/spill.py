@@ -1,4 +1,4 @@
-"""Spill files of BLOCKING partitions: one append-only file per subpartition.
+"""Spill files of BLOCKING partitions: one append-only file per partition.
 
 Each spilled buffer is written verbatim; a buffer payload is itself a complete Arrow IPC stream
 (schema, batches, end-of-stream), so every spilled region is a readable Arrow IPC stream and a

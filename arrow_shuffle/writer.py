@@ -99,10 +99,10 @@ class RecordWriter:
 
     # -- internals ------------------------------------------------------------------------------
     def _check(self) -> None:
-        if self._error is not None:
-            raise ShuffleError(f"the flusher of {self.partition.partition_id} failed: {self._error}") from (
-                self._error
-            )
+        if self._error is not None:  # sticky: same error type on every call, chained to the original
+            kind = type(self._error) if isinstance(self._error, ShuffleError) else ShuffleError
+            message = f"the flusher of {self.partition.partition_id} failed: {self._error}"
+            raise kind(message) from self._error
         if self._closed:
             raise ChannelClosedError(f"writer of {self.partition.partition_id} is finished or aborted")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pyarrow as pa
@@ -10,6 +11,7 @@ import pytest
 from arrow_shuffle import (
     AuthenticationError,
     ChannelClosedError,
+    ConfigError,
     CorruptFrameError,
     CreditViolationError,
     InputGate,
@@ -18,8 +20,10 @@ from arrow_shuffle import (
     OversizedFrameError,
     PartitionId,
     PartitionNotFoundError,
+    PeerLostError,
     RecordWriter,
     RemoteChannelSpec,
+    RemoteFailureError,
     ResultPartition,
     SchemaMismatchError,
     SequenceGapError,
@@ -233,4 +237,42 @@ def test_protocol_violations_fail_the_stream_with_typed_errors(
         assert f"{fake.address[0]}:{fake.address[1]}" in str(info.value)
     finally:
         fake.close()
+    assert pool.num_available == pool.num_segments
+
+
+def test_releasing_a_partition_mid_stream_fails_its_readers_clearly(
+    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+) -> None:
+    part = ResultPartition(PartitionId(APP, 6, 0), 1, SCHEMA, pool, config=config)
+    server.register(part)
+    producer = produce(part, 200_000)
+    gate = InputGate([RemoteChannelSpec(server.address, part.partition_id, 0)], SCHEMA, pool, config, SECRET)
+    it = iter(gate)
+    next(it)
+    server.release(part.partition_id)
+    with pytest.raises(RemoteFailureError, match="released"):
+        for _ in it:
+            pass
+    producer.join(10)
+    assert not producer.is_alive()
+    assert pool.num_available == pool.num_segments
+
+
+def test_unreachable_server_is_a_lost_peer(config: ShuffleConfig, pool: NetworkBufferPool) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    spec = RemoteChannelSpec(("127.0.0.1", port), PartitionId(APP, 7, 0), 0)
+    error = _expect_failure(config, pool, spec, SECRET)
+    assert isinstance(error, PeerLostError) and "cannot connect" in str(error)
+    assert pool.num_available == pool.num_segments
+
+
+def test_server_refuses_partitions_of_other_applications(
+    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+) -> None:
+    part = ResultPartition(PartitionId("other-app", 1, 0), 1, SCHEMA, pool, config=config)
+    with pytest.raises(ConfigError, match="other-app"):
+        server.register(part)
+    part.release()
     assert pool.num_available == pool.num_segments
