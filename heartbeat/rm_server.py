@@ -256,15 +256,20 @@ class ResourceManagerServer:
             timeout_ms=round(self.services.timeout_s * 1000),
             resumed=registered.resumed,
         )
-        await context.write(pb.RmMessage(registered=response))
-        writer = asyncio.create_task(link.write_loop())
-        reader = asyncio.create_task(self._read_loop(context, core, executor_id, link))
+        writer: asyncio.Task[None] | None = None
+        reader: asyncio.Task[None] | None = None
         try:
+            await context.write(pb.RmMessage(registered=response))
+            writer = asyncio.create_task(link.write_loop())
+            reader = asyncio.create_task(self._read_loop(context, core, executor_id, link))
             status = await link.ended
         finally:
+            # Whatever ended the call (the agent vanished, a failed write, stop), later
+            # requests on this link must fail fast so they count toward UNREACHABLE.
             link.finish(None)
-            writer.cancel()
-            reader.cancel()
+            for task in (writer, reader):
+                if task is not None:
+                    task.cancel()
         if status is not None:
             await context.abort(getattr(grpc.StatusCode, status[0]), status[1])
 

@@ -63,8 +63,13 @@ def agent(address: str, executor_id: str, secret: str = SECRET, **kwargs: object
     return TaskExecutorAgent(address, secret, executor_id, services=FAST, retry_policy=RETRY, **kwargs)  # type: ignore[arg-type]
 
 
-def test_registered_agent_reports_heartbeats_with_rtt(rm: Rm) -> None:
+def test_registered_agent_reports_heartbeats_with_rtt_despite_a_raising_subscriber(rm: Rm) -> None:
     server, address, events = rm
+
+    def broken_subscriber(event: object) -> None:
+        raise RuntimeError("a subscriber bug must not break the RM")
+
+    server.subscribe(broken_subscriber)
     a = agent(address, "1")
     try:
         a.start()
