@@ -188,6 +188,15 @@ class AsyncAgent:
         reply = cast(pb.RmMessage, first).registered
         registration = Registration(reply.epoch, reply.instance_id)
         self._last_registration = registration
-        return AgentSession(self, channel, call, registration)
+        return AgentSession(self, channel, call, registration, self._rm_services(reply))
+
+    def _rm_services(self, reply: pb.RegisterResponse) -> HeartbeatServices:
+        """Watch the RM with the interval/timeout it announced: they are the RM's, not ours."""
+        try:
+            return HeartbeatServices(
+                reply.interval_ms / 1000.0, reply.timeout_ms / 1000.0, self.services.rpc_failure_threshold
+            )
+        except ValueError:
+            return self.services
 
     _last_registration: Registration | None = None

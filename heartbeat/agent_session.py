@@ -29,6 +29,7 @@ from .errors import (
 from .manager import HeartbeatManager
 from .payload import Payload, collect_payload
 from .scheduler import LoopScheduler
+from .services import HeartbeatServices
 
 if TYPE_CHECKING:
     from .agent import AsyncAgent
@@ -61,8 +62,14 @@ class AgentSession:
     """One registered stream; ``serve`` returns why it ended. Also the RM-monitor's listener."""
 
     def __init__(
-        self, agent: AsyncAgent, channel: grpc.aio.Channel, call: Any, registration: Registration
+        self,
+        agent: AsyncAgent,
+        channel: grpc.aio.Channel,
+        call: Any,
+        registration: Registration,
+        services: HeartbeatServices | None = None,
     ) -> None:
+        self.services = services or agent.services
         self.agent = agent
         self.channel = channel
         self.call = call
@@ -72,7 +79,7 @@ class AgentSession:
         self._ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._reader: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
-        self.manager: HeartbeatManager[None, Payload] = agent.services.create_heartbeat_manager(
+        self.manager: HeartbeatManager[None, Payload] = self.services.create_heartbeat_manager(
             agent.executor_id, self, agent.scheduler or LoopScheduler(asyncio.get_running_loop()), agent.clock
         )
 
@@ -154,7 +161,7 @@ class AgentSession:
 
     # HeartbeatListener for the RM target.
     def notify_heartbeat_timeout(self, target_id: str) -> None:
-        self.end(f"no heartbeat request from the RM for {self.agent.services.timeout_s:g} s")
+        self.end(f"no heartbeat request from the RM for {self.services.timeout_s:g} s")
 
     def notify_target_unreachable(self, target_id: str) -> None:
         self.end("answers to the RM kept failing")
