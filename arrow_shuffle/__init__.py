@@ -6,6 +6,8 @@ them through an ``InputGate`` of local and remote channels. See ``errors`` for t
 tree and ``config.ShuffleConfig`` for every setting.
 """
 
+from typing import TYPE_CHECKING
+
 from arrow_shuffle.buffer_pool import NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import (
@@ -63,10 +65,26 @@ __all__ = [
     "SequenceGapError",
     "ShuffleConfig",
     "ShuffleError",
+    "ShuffleHandle",
     "ShuffleServer",
     "column_partitioner",
+    "group_apply",
     "hash_partitioner",
+    "partition_apply",
+    "release",
+    "repartition",
+    "shuffle_of",
 ]
+
+if TYPE_CHECKING:  # the real import is lazy (``__getattr__``): no pyspark for engine users
+    from arrow_shuffle.dataframe import (
+        ShuffleHandle,
+        group_apply,
+        partition_apply,
+        release,
+        repartition,
+        shuffle_of,
+    )
 
 _DATAFRAME_API = ("group_apply", "partition_apply", "release", "repartition", "shuffle_of", "ShuffleHandle")
 

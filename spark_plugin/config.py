@@ -37,6 +37,18 @@ def parse_duration(text: str) -> float:
     return float(number) * _UNIT_SECONDS[unit or "ms"]
 
 
+_BYTES = re.compile(r"^\s*(\d+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """Spark's size format: ``512m``, ``64mb``, ``1g``; a bare number is bytes."""
+    match = _BYTES.match(text)
+    if not match:
+        raise ValueError(text)
+    number, unit = match.groups()
+    return int(number) << (10 * " kmgt".index(unit.lower() or " "))
+
+
 def _parse_int(text: str) -> int:
     return int(text.strip())
 
@@ -196,6 +208,40 @@ OPTIONS: tuple[Option, ...] = (
         _log_level,
     ),
     Option(
+        "spark.arrowbeat.shuffle.dir",
+        "shuffle_dir",
+        "",
+        "a local directory path",
+        "Root of the Arrow shuffle's map-output files on every executor (and of the agents' discovery "
+        "files); empty means `arrowbeat-shuffle` in the system temp directory. Must be the same "
+        "setting on driver and executors.",
+        _parse_str,
+    ),
+    Option(
+        "spark.arrowbeat.shuffle.ttl",
+        "shuffle_ttl_s",
+        "1h",
+        "a duration like 1h",
+        "An agent deletes a shuffle's map outputs that nobody released after this long untouched.",
+        parse_duration,
+    ),
+    Option(
+        "spark.arrowbeat.shuffle.mapMemory",
+        "shuffle_map_memory_bytes",
+        "64m",
+        "a size like 64m",
+        "Memory a map task buffers before writing a run of its output to disk (bounds the task's memory).",
+        parse_bytes,
+    ),
+    Option(
+        "spark.arrowbeat.shuffle.agentMemory",
+        "shuffle_agent_memory_bytes",
+        "32m",
+        "a size like 32m",
+        "Network buffer memory of each executor agent's shuffle server (streams to remote reducers).",
+        parse_bytes,
+    ),
+    Option(
         "spark.arrowbeat.rm.address",
         "rm_address",
         "",
@@ -235,6 +281,10 @@ class ArrowBeatConfig:
     tables_compact_interval_s: float
     on_heartbeat_timeout: str
     log_level: str
+    shuffle_dir: str
+    shuffle_ttl_s: float
+    shuffle_map_memory_bytes: int
+    shuffle_agent_memory_bytes: int
     rm_address: str
     driver_pid: int
 
@@ -258,6 +308,12 @@ def _check_ranges(c: ArrowBeatConfig) -> list[str]:
         problems.append("spark.arrowbeat.tables.flushInterval must be > 0")
     if c.tables_compact_interval_s < c.tables_flush_interval_s:
         problems.append("spark.arrowbeat.tables.compactInterval must not be below tables.flushInterval")
+    if c.shuffle_ttl_s <= 0:
+        problems.append("spark.arrowbeat.shuffle.ttl must be > 0")
+    if not 1 << 20 <= c.shuffle_map_memory_bytes <= 1 << 40:
+        problems.append("spark.arrowbeat.shuffle.mapMemory must be between 1m and 1t")
+    if not 4 << 20 <= c.shuffle_agent_memory_bytes <= 1 << 40:
+        problems.append("spark.arrowbeat.shuffle.agentMemory must be between 4m and 1t")
     if c.rpc_failure_threshold < 1 and c.rpc_failure_threshold != -1:
         problems.append(
             f"spark.arrowbeat.heartbeat.rpcFailureThreshold={c.rpc_failure_threshold}: "

@@ -10,11 +10,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 
 import psutil
 
+from arrow_shuffle.config import ShuffleConfig
+from arrow_shuffle.errors import ShuffleError
+from arrow_shuffle.shuffle_service import ShuffleService, default_root
 from heartbeat import HeartbeatServices, PayloadProvider, TaskExecutorAgent, rss_provider, slots_provider
-from spark_plugin.config import ConfigError, load
+from spark_plugin.config import ArrowBeatConfig, ConfigError, load
 from spark_plugin.sidecar import JvmLink, announce_ready, exit_process, setup_logging, wait_for_exit
 
 log = logging.getLogger("arrowbeat.agent")
@@ -69,6 +73,9 @@ def main() -> int:
         # agent stops answering so the RM's timeout reports it (after interval + timeout at most).
         is_healthy=lambda: link.pulse_age_s() < config.heartbeat_interval_s,
     )
+    shuffle = start_shuffle_service(config, settings, executor_id, host)
+    if shuffle is not None:
+        payload.append(shuffle.metrics)
     link.start()
     agent.start()
     announce_ready(
@@ -80,7 +87,45 @@ def main() -> int:
     reason = wait_for_exit(link)
     log.info("agent for executor %s stopping (%s)", executor_id, reason)
     agent.stop()
+    if shuffle is not None:
+        shuffle.close()
     return 0
+
+
+def start_shuffle_service(
+    config: ArrowBeatConfig, settings: dict[str, str], executor_id: str, host: str
+) -> ShuffleService | None:
+    """The Arrow shuffle's map-output directory and server; the agent runs on without it on failure."""
+    try:
+        service = ShuffleService(
+            app_id=settings.get("spark.app.id", "") or "app",
+            executor_id=executor_id,
+            secret=config.secret,
+            root=config.shuffle_dir or default_root(),
+            jvm_pid=int(settings.get("arrowbeat.executor.jvm.pid", "0") or 0),
+            host=host,
+            config=ShuffleConfig(network_memory_bytes=config.shuffle_agent_memory_bytes),
+            ttl_s=config.shuffle_ttl_s,
+        )
+    except (OSError, ShuffleError) as exc:
+        log.error("Arrow shuffle service not started on executor %s: %s", executor_id, exc)
+        return None
+    sweeper = threading.Thread(
+        target=_sweep_loop,
+        args=(service, min(60.0, config.shuffle_ttl_s / 4)),
+        name="shuffle-ttl",
+        daemon=True,
+    )
+    sweeper.start()
+    return service
+
+
+def _sweep_loop(service: ShuffleService, every_s: float) -> None:
+    while not service.closed.wait(every_s):
+        try:
+            service.sweep()
+        except OSError as exc:
+            log.warning("shuffle TTL sweep failed: %s", exc)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,33 @@ EXECUTOR_EVENTS = TableSpec(
     ),
 )
 
+SHUFFLE_METRICS = TableSpec(
+    "shuffle_metrics",
+    pa.schema(
+        [
+            ("app_id", pa.string()),
+            ("shuffle_id", pa.int64()),
+            ("ts", TS),
+            ("side", pa.string()),
+            ("partition", pa.int64()),
+            ("attempt", pa.string()),
+            ("executor_id", pa.string()),
+            ("bytes", pa.int64()),
+            ("batches", pa.int64()),
+            ("rows", pa.int64()),
+            ("spill_bytes", pa.int64()),
+            ("blocked_on_credit_s", pa.float64()),
+            ("seconds", pa.float64()),
+            ("recomputed", pa.bool_()),
+            ("detail", pa.string()),
+        ]
+    ),
+)
+"""Written by the application's driver process (``spark_plugin.shuffle_metrics``), not the RM, so it
+is not in :data:`TABLES`: one row per map task (side ``write``: partition = map partition) and per
+reduce partition read (side ``read``), successful task attempts only. ``recomputed`` marks a map
+partition written again by a retried stage (executor loss) and a read that used such outputs."""
+
 TABLES: tuple[TableSpec, ...] = (HEARTBEATS, EXECUTOR_EVENTS)
 
 

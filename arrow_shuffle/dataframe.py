@@ -1,0 +1,345 @@
+"""Arrow shuffle for PySpark DataFrames: ``repartition``, ``group_apply``, ``partition_apply``.
+
+The driver side. Each call builds one lazy plan and returns a DataFrame::
+
+    df.mapInArrow(map_fn, STATUS)              map stage: rows -> map-output files in the agents
+      .repartition(R, "rk")                    Spark shuffles only the tiny status rows
+      .mapInArrow(reduce_fn, schema)           reduce stage: Arrow straight from the files/agents
+
+so the data goes Python -> Arrow IPC -> Python with no JVM rows in between, while Spark's own
+scheduler tracks map outputs (one status per map partition), runs the stages and recomputes lost
+map partitions (see ``tasks``). ``rk`` takes, for reduce partition ``r``, a value Spark's hash
+partitioner sends to partition ``r``, so reduce task ``r`` reads exactly shuffle partition ``r``.
+
+Life cycle: ``shuffle_of(out)`` is the shuffle's handle: ``release()`` (or ``with``) deletes its
+map outputs in every agent that reported one and appends its rows to the ``shuffle_metrics``
+Delta table; agents delete everything when their executor ends, and release forgotten shuffles
+after ``spark.arrowbeat.shuffle.ttl``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import random
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.accumulators import AccumulatorParam
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+from arrow_shuffle.errors import ConfigError, ShuffleError
+from arrow_shuffle.map_output import check_keys
+from arrow_shuffle.service_client import ControlClient
+from arrow_shuffle.shuffle_service import app_dir, default_root
+from arrow_shuffle.tasks import (
+    STATUS_DDL,
+    ShufflePlan,
+    group_consumer,
+    map_function,
+    partition_consumer,
+    passthrough,
+    reduce_function,
+)
+
+log = logging.getLogger("arrowbeat.shuffle")
+
+MODES = ("blocking", "pipelined")
+
+
+class _ListParam(AccumulatorParam[list[dict[str, Any]]]):
+    """Task reports (one dict per map or reduce task) gathered on the driver."""
+
+    def zero(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return []
+
+    def addInPlace(self, a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        a.extend(b)
+        return a
+
+
+class ShuffleHandle:
+    """One shuffle: its plan, its task reports, and the way to release it."""
+
+    def __init__(self, spark: SparkSession, plan: ShufflePlan, mode: str) -> None:
+        self.spark = spark
+        self.plan = plan
+        self.mode = mode
+        self._reports = spark.sparkContext.accumulator([], _ListParam())
+        self._written = 0
+        self._lock = threading.Lock()
+        self.released = False
+        _LIVE.add(self)
+
+    @property
+    def shuffle_id(self) -> int:
+        return self.plan.shuffle_id
+
+    def reporter(self) -> Callable[[dict[str, Any]], None]:
+        acc = self._reports
+
+        def report(row: dict[str, Any]) -> None:
+            acc.add([row])
+
+        return report
+
+    def reports(self) -> list[dict[str, Any]]:
+        """Every map and reduce task report received so far (successful task attempts only)."""
+        return list(self._reports.value)
+
+    def agents(self) -> set[tuple[str, int]]:
+        return {(str(r["control"][0]), int(r["control"][1])) for r in self.reports()}
+
+    def flush_metrics(self) -> int:
+        """Append the reports not yet written to the ``shuffle_metrics`` table; returns rows written."""
+        from spark_plugin.shuffle_metrics import append_rows, tables_root_of
+
+        with self._lock:
+            reports = self.reports()[self._written :]
+            if not reports:
+                return 0
+            everything = self.reports()
+            recomputed = {str(a) for r in everything if r["side"] == "read" for _, a in r["recomputed_maps"]}
+            for report in reports:  # readers name the map outputs written by a recomputation
+                if report["side"] == "write" and report["attempt"] in recomputed:
+                    report["recomputed"] = True
+                    log.warning(
+                        "shuffle %s: map partition %s was recomputed on executor %s",
+                        self.shuffle_id,
+                        report["partition"],
+                        report["executor"],
+                    )
+            append_rows(tables_root_of(self.spark), self.plan.app_id, self.shuffle_id, reports)
+            self._written += len(reports)
+            return len(reports)
+
+    def release(self) -> int:
+        """Delete this shuffle's data in every agent that holds some; returns bytes freed."""
+        with self._lock:
+            if self.released:
+                return 0
+            self.released = True
+        freed = 0
+        for address in sorted(self.agents() | _local_agents(self.plan)):
+            try:
+                with ControlClient(address, self.plan.secret, f"agent {address[0]}:{address[1]}") as client:
+                    freed += int(client.call("release", self.shuffle_id))
+            except ShuffleError as exc:  # an agent that is gone took its data with it
+                log.info("release of shuffle %s: %s", self.shuffle_id, exc)
+        try:
+            self.flush_metrics()
+        except Exception as exc:  # metrics must never turn a release into a failure
+            log.warning("shuffle_metrics rows of shuffle %s not written: %s", self.shuffle_id, exc)
+        _LIVE.discard(self)
+        return freed
+
+    def __enter__(self) -> ShuffleHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+_LIVE: weakref.WeakSet[ShuffleHandle] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for handle in list(_LIVE):
+        with contextlib.suppress(Exception):  # best effort: the session may be gone
+            handle.flush_metrics()
+
+
+def _local_agents(plan: ShufflePlan) -> set[tuple[str, int]]:
+    """Agents announced on this host (executors that ran no task of this shuffle hold nothing,
+    but a task that failed before reporting may have left a file)."""
+    import json
+
+    found = set()
+    folder = Path(app_dir(plan.root, plan.app_id)) / "agents"
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        try:
+            data = json.loads(path.read_text())
+            found.add((str(data["host"]), int(data["control_port"])))
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
+
+
+def shuffle_of(df: DataFrame) -> ShuffleHandle:
+    """The shuffle behind a DataFrame returned by this module."""
+    handle = getattr(df, "_arrowbeat_shuffle", None)
+    if not isinstance(handle, ShuffleHandle):
+        raise ConfigError(
+            "this DataFrame was not produced by arrow_shuffle.repartition/group_apply/partition_apply"
+        )
+    return handle
+
+
+def release(df: DataFrame) -> int:
+    """Release the shuffle behind ``df`` (see ``ShuffleHandle.release``)."""
+    return shuffle_of(df).release()
+
+
+# -- building the plan ---------------------------------------------------------------------------
+_route_cache: dict[int, tuple[int, ...]] = {}
+
+
+def _route_keys(spark: SparkSession, n: int) -> tuple[int, ...]:
+    """For each r < n, a bigint that Spark's hash partitioning sends to partition r."""
+    cached = _route_cache.get(n)
+    if cached is not None:
+        return cached
+    span = 64 * n
+    while True:
+        rows = (
+            spark.range(0, span)
+            .selectExpr(f"pmod(hash(id), {n}) AS p", "id")
+            .groupBy("p")
+            .min("id")
+            .collect()
+        )
+        found = {int(r[0]): int(r[1]) for r in rows}
+        if len(found) == n:
+            keys = tuple(found[r] for r in range(n))
+            _route_cache[n] = keys
+            return keys
+        span *= 4
+
+
+def _setting(spark: SparkSession, key: str, default: str = "") -> str:
+    return str(spark.sparkContext.getConf().get(key, default) or default)
+
+
+def _plan(
+    df: DataFrame, num_partitions: int, key_columns: Sequence[str], mode: str
+) -> tuple[SparkSession, ShufflePlan]:
+    if isinstance(num_partitions, bool) or not isinstance(num_partitions, int) or num_partitions < 1:
+        raise ConfigError(f"num_partitions={num_partitions!r} is out of range: expected an integer >= 1")
+    if mode not in MODES:
+        raise ConfigError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
+    spark = df.sparkSession
+    schema = to_arrow_schema(df.schema)
+    check_keys(schema, list(key_columns))
+    secret = _setting(spark, "spark.arrowbeat.authenticate.secret")
+    if not secret:
+        raise ConfigError(
+            "arrowbeat is not on in this application (no spark.arrowbeat.authenticate.secret): "
+            "set spark.plugins=arrowbeat.ArrowBeatPlugin (see spark_plugin.configure)"
+        )
+    if mode == "pipelined":
+        _check_pipelined(spark, df, num_partitions)
+    plan = ShufflePlan(
+        app_id=spark.sparkContext.applicationId,
+        shuffle_id=random.randrange(1, 1 << 31),
+        root=_setting(spark, "spark.arrowbeat.shuffle.dir") or default_root(),
+        secret=secret,
+        key_columns=tuple(key_columns),
+        num_partitions=num_partitions,
+        schema_ipc=schema.serialize().to_pybytes(),
+        route_keys=_route_keys(spark, num_partitions),
+        memory_bytes=_bytes_setting(spark, "spark.arrowbeat.shuffle.mapMemory", "64m"),
+    )
+    return spark, plan
+
+
+def _bytes_setting(spark: SparkSession, key: str, default: str) -> int:
+    from spark_plugin.config import parse_bytes
+
+    return parse_bytes(_setting(spark, key, default))
+
+
+def _check_pipelined(spark: SparkSession, df: DataFrame, num_partitions: int) -> None:
+    """Streaming needs every map and reduce task running at once: refuse up front, not deadlock."""
+    slots = spark.sparkContext.defaultParallelism
+    maps = df.rdd.getNumPartitions()
+    if maps + num_partitions > slots:
+        raise ConfigError(
+            f"mode='pipelined' needs {maps} map + {num_partitions} reduce tasks running at once, but the "
+            f"application has {slots} task slots: use mode='blocking', fewer partitions or more executors"
+        )
+    raise ConfigError(
+        "mode='pipelined' is not available yet in the DataFrame API (the engine supports it); "
+        "use mode='blocking'"
+    )
+
+
+def _build(
+    df: DataFrame,
+    spark: SparkSession,
+    plan: ShufflePlan,
+    mode: str,
+    consume: Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    out_schema: StructType,
+) -> DataFrame:
+    handle = ShuffleHandle(spark, plan, mode)
+    report = handle.reporter()
+    statuses = df.mapInArrow(map_function(plan, report), STATUS_DDL)
+    out = statuses.repartition(plan.num_partitions, "rk").mapInArrow(
+        reduce_function(plan, report, consume), out_schema
+    )
+    out._arrowbeat_shuffle = handle  # type: ignore[attr-defined]
+    return out
+
+
+def _struct(spark: SparkSession, schema: StructType | str) -> StructType:
+    if isinstance(schema, StructType):
+        return schema
+    parsed = spark.createDataFrame([], schema).schema
+    return parsed
+
+
+def repartition(df: DataFrame, num_partitions: int, *key_columns: str, mode: str = "blocking") -> DataFrame:
+    """Like ``df.repartition(num_partitions, *key_columns)``: same rows, each key in one partition."""
+    spark, plan = _plan(df, num_partitions, key_columns, mode)
+    return _build(df, spark, plan, mode, passthrough, df.schema)
+
+
+def partition_apply(
+    df: DataFrame,
+    num_partitions: int,
+    key_columns: Sequence[str],
+    func: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    schema: StructType | str,
+    mode: str = "blocking",
+) -> DataFrame:
+    """Like ``df.repartition(n, *keys).mapInArrow(func, schema)`` without Arrow -> JVM -> Arrow between."""
+    spark, plan = _plan(df, num_partitions, list(key_columns), mode)
+    out_schema = _struct(spark, schema)
+    return _build(df, spark, plan, mode, partition_consumer(func, to_arrow_schema(out_schema)), out_schema)
+
+
+def group_apply(
+    df: DataFrame,
+    key_columns: Sequence[str],
+    func: Callable[[pa.Table], pa.Table],
+    schema: StructType | str,
+    num_partitions: int | None = None,
+    mode: str = "blocking",
+) -> DataFrame:
+    """Like ``df.groupBy(*keys).applyInArrow(func, schema)``: ``func`` once per key group.
+
+    Groups are found in Arrow in the reduce task (``grouping.iter_groups``), not by a JVM sort."""
+    spark = df.sparkSession
+    n = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
+    spark, plan = _plan(df, n, list(key_columns), mode)
+    out_schema = _struct(spark, schema)
+    consume = group_consumer(func, plan.key_columns, plan.schema, to_arrow_schema(out_schema))
+    return _build(df, spark, plan, mode, consume, out_schema)
+
+
+__all__ = [
+    "ShuffleHandle",
+    "group_apply",
+    "partition_apply",
+    "release",
+    "repartition",
+    "shuffle_of",
+]

@@ -1,0 +1,172 @@
+"""Map outputs as files: one Arrow IPC file per map task attempt, one set of segments per reducer.
+
+Why files and not a BLOCKING ``ResultPartition`` in the agent: a map task runs in a Spark Python
+worker, which may exit after the task; its output must outlive it and be readable *more than
+once* (a reduce task that fails half-way is retried and reads again, and an engine subpartition
+is consumed by its single reader). Spark's external-shuffle-service model gives both: the worker
+writes its output to the executor agent's directory, the agent serves it (``shuffle_service``)
+and deletes it on release, TTL or exit.
+
+Layout: the file is a sequence of *runs*. A run holds, for each reduce partition with data, one
+complete Arrow IPC stream (schema, batches, end-of-stream) of that partition's rows. Rows are
+buffered in memory up to ``memory_bytes`` and then written as a run, so a map task's memory is
+bounded whatever its input size; the status of reduce partition ``r`` lists its ``(offset,
+length)`` segments in run order. Memory-mapped, every segment is read back with no copy.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from arrow_shuffle.errors import ConfigError, ShuffleError
+from arrow_shuffle.partitioner import hash_rows
+
+Segment = tuple[int, int]
+"""``(offset, length)`` of one Arrow IPC stream inside a map output file."""
+
+
+@dataclass
+class ReducerOutput:
+    """What one map task wrote for one reduce partition."""
+
+    segments: list[Segment] = field(default_factory=list)
+    bytes: int = 0
+    batches: int = 0
+    rows: int = 0
+
+
+def check_keys(schema: pa.Schema, key_columns: Sequence[str]) -> None:
+    """Fail before any data moves when a key column is missing or cannot be hashed."""
+    if not key_columns:
+        raise ConfigError("key_columns must name at least one column")
+    for name in key_columns:
+        index = schema.get_field_index(name)
+        if index < 0:
+            raise ConfigError(f"key column {name!r} is not a column of the DataFrame ({schema.names})")
+        kind = schema.field(index).type
+        hashable = (
+            pa.types.is_integer(kind)
+            or pa.types.is_floating(kind)
+            or pa.types.is_boolean(kind)
+            or pa.types.is_temporal(kind)
+            or pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)
+        )
+        if not hashable or pa.types.is_decimal(kind):
+            raise ConfigError(
+                f"key column {name!r} has type {kind}, which arrowbeat cannot hash-partition; "
+                "use integer, floating, boolean, date/timestamp, string or binary keys"
+            )
+
+
+def route(batch: pa.RecordBatch, key_columns: Sequence[str], num_partitions: int) -> np.ndarray:
+    """The reduce partition of every row: the engine's process-independent key hash."""
+    ids: np.ndarray = (hash_rows(batch, key_columns) % np.uint64(num_partitions)).astype(np.int64)
+    return ids
+
+
+class MapOutputWriter:
+    """Routes batches to reduce partitions and writes them as runs of IPC streams to ``path``."""
+
+    def __init__(
+        self,
+        path: str,
+        schema: pa.Schema,
+        key_columns: Sequence[str],
+        num_partitions: int,
+        memory_bytes: int,
+    ) -> None:
+        self.path = path
+        self.schema = schema
+        self.keys = list(key_columns)
+        self.num_partitions = num_partitions
+        self.memory_bytes = memory_bytes
+        self.outputs = [ReducerOutput() for _ in range(num_partitions)]
+        self.spill_bytes = 0
+        """Bytes written in runs forced by the memory bound (all but the final run)."""
+        self._pending: list[list[pa.RecordBatch]] = [[] for _ in range(num_partitions)]
+        self._pending_bytes = 0
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            self._file = open(path, "wb")  # noqa: SIM115 - closed in finish()/abort()
+        except OSError as exc:
+            raise ShuffleError(
+                f"cannot create map output {path}: {exc}; check spark.arrowbeat.shuffle.dir"
+            ) from exc
+        self._offset = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        if not batch.schema.equals(self.schema):
+            batch = pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
+        ids = route(batch, self.keys, self.num_partitions)
+        counts = np.bincount(ids, minlength=self.num_partitions)
+        order = np.argsort(ids, kind="stable")
+        grouped = batch.take(pa.array(order))
+        offset = 0
+        for reducer in np.flatnonzero(counts):
+            count = int(counts[reducer])
+            self._pending[reducer].append(grouped.slice(offset, count))
+            offset += count
+        self._pending_bytes += grouped.nbytes
+        if self._pending_bytes >= self.memory_bytes:
+            self.spill_bytes += self._write_run()
+
+    def finish(self) -> list[ReducerOutput]:
+        """Write the last run, close the file; the per-reducer segments are final."""
+        self._write_run()
+        self._file.close()
+        return self.outputs
+
+    def abort(self) -> None:
+        self._file.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+    def _write_run(self) -> int:
+        written = 0
+        for reducer, batches in enumerate(self._pending):
+            if not batches:
+                continue
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, self.schema) as stream:
+                for b in batches:
+                    stream.write_batch(b)
+            data = sink.getvalue()
+            try:
+                self._file.write(data)
+            except OSError as exc:
+                raise ShuffleError(
+                    f"writing map output {self.path} failed: {exc}; free disk space or point "
+                    "spark.arrowbeat.shuffle.dir elsewhere"
+                ) from exc
+            out = self.outputs[reducer]
+            out.segments.append((self._offset, data.size))
+            out.bytes += data.size
+            out.batches += len(batches)
+            out.rows += sum(b.num_rows for b in batches)
+            self._offset += data.size
+            written += data.size
+            self._pending[reducer] = []
+        self._pending_bytes = 0
+        return written
+
+
+def read_segments(path: str, segments: Sequence[Segment]) -> Iterator[pa.RecordBatch]:
+    """The batches of ``segments`` of a local map output file, memory-mapped (no copy)."""
+    try:
+        source = pa.memory_map(path, "r")
+    except OSError as exc:
+        raise ShuffleError(f"map output {path} is gone: {exc}") from exc
+    # Not closed explicitly: batches handed out view the mapping, which lives while they do.
+    for offset, length in segments:
+        source.seek(offset)
+        yield from pa.ipc.open_stream(source.read_buffer(length))

@@ -1,0 +1,108 @@
+"""The worker's side of the agent's control channel, and finding this executor's agent.
+
+A Spark Python worker is a child of ``pyspark.daemon``, itself a child of the executor JVM; the
+agent is another child of that JVM and writes ``<root>/<app>/agents/<jvm pid>.json``. Walking
+the worker's parent chain (a few steps) finds the file with no configuration and no guessing:
+the parent chain is the one fact that ties a worker to its executor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from multiprocessing.connection import Client
+from typing import Any
+
+from arrow_shuffle.auth import as_bytes
+from arrow_shuffle.errors import ConfigError, PeerLostError, ShuffleError
+from arrow_shuffle.shuffle_service import agent_file
+
+_MAX_DEPTH = 6
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """Where one executor's agent serves shuffle data and control requests."""
+
+    executor_id: str
+    host: str
+    data_port: int
+    control_port: int
+    dir: str
+
+    @property
+    def data_address(self) -> tuple[str, int]:
+        return (self.host, self.data_port)
+
+    @property
+    def control_address(self) -> tuple[str, int]:
+        return (self.host, self.control_port)
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The command name (field 2) may contain spaces: the ppid follows the last ')'.
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def find_agent(root: str, app_id: str) -> AgentInfo:
+    """The agent of the executor JVM this process descends from."""
+    pid = os.getpid()
+    tried = []
+    for _ in range(_MAX_DEPTH):
+        pid = _parent(pid)
+        if pid <= 1:
+            break
+        tried.append(pid)
+        path = agent_file(root, app_id, pid)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            continue
+        return AgentInfo(
+            str(data["executor_id"]),
+            str(data["host"]),
+            int(data["data_port"]),
+            int(data["control_port"]),
+            str(data["dir"]),
+        )
+    raise ConfigError(
+        f"no arrowbeat agent found for this executor (looked for {agent_file(root, app_id, 0)[:-6]}"
+        f"<pid>.json for ancestors {tried}); run with spark.plugins=arrowbeat.ArrowBeatPlugin and the "
+        "same spark.arrowbeat.shuffle.dir on driver and executors"
+    )
+
+
+class ControlClient:
+    """One authenticated control connection to an agent; failures name the agent."""
+
+    def __init__(self, address: tuple[str, int], secret: str | bytes, who: str) -> None:
+        self.who = who
+        try:
+            self._conn = Client(address, authkey=as_bytes(secret))
+        except (OSError, EOFError) as exc:
+            raise PeerLostError(f"cannot reach the shuffle agent of {who} at {address}: {exc}") from exc
+
+    def call(self, *request: Any) -> Any:
+        try:
+            self._conn.send(request)
+            status, value = self._conn.recv()
+        except (OSError, EOFError) as exc:
+            raise PeerLostError(f"the shuffle agent of {self.who} went away: {exc}") from exc
+        if status != "ok":
+            raise ShuffleError(f"the shuffle agent of {self.who} refused {request[0]!r}: {value}")
+        return value
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,383 @@
+"""The functions Spark runs in its Python workers: the map side and the reduce side of a shuffle.
+
+Map task (``df.mapInArrow(map_fn)``): route the partition's batches by key into a map-output file
+in this executor's agent directory, then emit one tiny *status row per reduce partition*
+(where the file is, its segments, bytes/batches/rows).
+
+Reduce task (``statuses.repartition(R, rk).mapInArrow(reduce_fn)``): receive the status rows of
+its reduce partition, read the segments of map outputs on *this* executor straight from disk
+(memory-mapped: the "local channel" — a worker is a different process from the agent, and a
+direct file read is cheaper than loopback), and those on other executors through an engine
+``InputGate`` of ``RemoteChannelSpec``s, one credit-based stream per remote agent.
+
+The status rows travel through Spark's own shuffle on purpose: they are a few bytes per
+(map, reduce) pair, and it makes Spark's DAGScheduler the map-output tracker of record. When an
+executor is lost, its status blocks are lost with its map-output files, the reduce stage hits
+a fetch failure, and Spark recomputes exactly the lost map partitions on live executors before
+the reads resume; a remote read that fails mid-stream fails the task with ``MapOutputLostError``
+(naming executor and map partitions), and its retry goes through the same path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from arrow_shuffle.buffer_pool import NetworkBufferPool
+from arrow_shuffle.config import ShuffleConfig
+from arrow_shuffle.errors import SchemaMismatchError, ShuffleError
+from arrow_shuffle.gate import InputGate, RemoteChannelSpec
+from arrow_shuffle.grouping import iter_groups
+from arrow_shuffle.ids import PartitionId
+from arrow_shuffle.map_output import MapOutputWriter, read_segments
+from arrow_shuffle.service_client import AgentInfo, ControlClient, find_agent
+
+STATUS_SCHEMA = pa.schema(
+    [
+        ("rk", pa.int64()),
+        ("reduce", pa.int32()),
+        ("map", pa.int32()),
+        ("attempt", pa.string()),
+        ("executor", pa.string()),
+        ("host", pa.string()),
+        ("data_port", pa.int32()),
+        ("control_port", pa.int32()),
+        ("path", pa.string()),
+        ("segments", pa.string()),
+        ("bytes", pa.int64()),
+        ("batches", pa.int64()),
+        ("rows", pa.int64()),
+    ]
+)
+STATUS_DDL = (
+    "rk bigint, reduce int, map int, attempt string, executor string, host string, data_port int, "
+    "control_port int, path string, segments string, bytes bigint, batches bigint, rows bigint"
+)
+
+
+class MapOutputLostError(ShuffleError):
+    """Map outputs a reduce task needs are gone (their executor or agent died)."""
+
+
+@dataclass(frozen=True)
+class ShufflePlan:
+    """Everything a task needs, shipped in the task closure (the secret included: it only
+    reaches executors of this application, as Spark's own auth secret does)."""
+
+    app_id: str
+    shuffle_id: int
+    root: str
+    secret: str
+    key_columns: tuple[str, ...]
+    num_partitions: int
+    schema_ipc: bytes
+    route_keys: tuple[int, ...]
+    memory_bytes: int = 64 << 20
+    buffer_size: int = 1 << 20
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.ipc.read_schema(pa.py_buffer(self.schema_ipc))
+
+
+@dataclass
+class ReadStats:
+    bytes: int = 0
+    batches: int = 0
+    rows: int = 0
+    local_bytes: int = 0
+    remote_bytes: int = 0
+    blocked_s: float = 0.0
+    recomputed: list[tuple[int, str]] = field(default_factory=list)
+    """``(map partition, attempt)`` of the map outputs read that were written by a recomputation."""
+
+
+Report = Callable[[dict[str, Any]], None]
+
+
+def _task() -> tuple[int, str, int]:
+    """``(partition, "stage.taskAttemptId.attemptNumber", stage)`` of the running task.
+
+    PySpark's ``TaskContext`` has no stage attempt number: a reducer tells a recomputed map output
+    by its stage id, later than the query's first map stage (``read_reducer``)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return 0, "0.0.0", 0
+    return ctx.partitionId(), f"{ctx.stageId()}.{ctx.taskAttemptId()}.{ctx.attemptNumber()}", ctx.stageId()
+
+
+# -- map side ------------------------------------------------------------------------------------
+def map_function(
+    plan: ShufflePlan, report: Report
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        started = time.monotonic()
+        map_index, attempt, stage = _task()
+        agent = find_agent(plan.root, plan.app_id)
+        path = os.path.join(
+            agent.dir, f"s{plan.shuffle_id}", f"m{map_index}-{attempt}-{uuid.uuid4().hex[:8]}.arrows"
+        )
+        writer = MapOutputWriter(path, plan.schema, plan.key_columns, plan.num_partitions, plan.memory_bytes)
+        try:
+            for batch in batches:
+                writer.write(batch)
+            outputs = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        report(
+            {
+                "side": "write",
+                "partition": map_index,
+                "attempt": attempt,
+                "stage": stage,
+                "recomputed": False,
+                "executor": agent.executor_id,
+                "control": [agent.host, agent.control_port],
+                "bytes": sum(o.bytes for o in outputs),
+                "batches": sum(o.batches for o in outputs),
+                "rows": sum(o.rows for o in outputs),
+                "spill_bytes": writer.spill_bytes,
+                "blocked_s": 0.0,
+                "seconds": time.monotonic() - started,
+            }
+        )
+        r = plan.num_partitions
+        yield pa.record_batch(
+            [
+                pa.array(plan.route_keys, pa.int64()),
+                pa.array(range(r), pa.int32()),
+                pa.array([map_index] * r, pa.int32()),
+                pa.array([attempt] * r),
+                pa.array([agent.executor_id] * r),
+                pa.array([agent.host] * r),
+                pa.array([agent.data_port] * r, pa.int32()),
+                pa.array([agent.control_port] * r, pa.int32()),
+                pa.array([path] * r),
+                pa.array([json.dumps(o.segments) for o in outputs]),
+                pa.array([o.bytes for o in outputs], pa.int64()),
+                pa.array([o.batches for o in outputs], pa.int64()),
+                pa.array([o.rows for o in outputs], pa.int64()),
+            ],
+            schema=STATUS_SCHEMA,
+        )
+
+    return run
+
+
+# -- reduce side ---------------------------------------------------------------------------------
+_pool_lock = threading.Lock()
+_pools: dict[tuple[int, int], NetworkBufferPool] = {}
+
+
+def _worker_pool(segments: int, size: int) -> NetworkBufferPool:
+    """A gate pool reused by the tasks of one (reused) Python worker: pages touched once."""
+    with _pool_lock:
+        pool = _pools.get((segments, size))
+        if pool is None:
+            pool = _pools[(segments, size)] = NetworkBufferPool(segments, size)
+        return pool
+
+
+def statuses_by_reducer(batches: Iterable[pa.RecordBatch]) -> dict[int, list[dict[str, Any]]]:
+    """The status rows this task received, per reduce partition, one per map partition."""
+    rows = pa.Table.from_batches(list(batches), schema=STATUS_SCHEMA).to_pylist()
+    found: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
+    for row in rows:
+        found[row["reduce"]].setdefault(row["map"], row)  # Spark tracks one output per map
+    return {r: sorted(m.values(), key=lambda s: s["map"]) for r, m in found.items()}
+
+
+def read_reducer(
+    plan: ShufflePlan, reducer: int, statuses: Sequence[dict[str, Any]], me: AgentInfo, stats: ReadStats
+) -> Iterator[pa.RecordBatch]:
+    """Every batch of reduce partition ``reducer``: local segments from disk, remote ones over the gate."""
+    schema = plan.schema
+    # One query runs its map stage once; a map status from a later stage is a recomputation
+    # (Spark resubmitted the lost partitions after a fetch failure).
+    first_stage = min(int(s["attempt"].split(".")[0]) for s in statuses)
+    stats.recomputed = [
+        (s["map"], s["attempt"]) for s in statuses if int(s["attempt"].split(".")[0]) > first_stage
+    ]
+    with_data = [s for s in statuses if s["bytes"] > 0]
+    local = [s for s in with_data if s["executor"] == me.executor_id]
+    remote: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in with_data:
+        if s["executor"] != me.executor_id:
+            remote[s["executor"]].append(s)
+    for s in local:
+        try:
+            for batch in read_segments(s["path"], json.loads(s["segments"])):
+                stats.local_bytes += batch.nbytes
+                yield _count(stats, batch)
+        except (OSError, ShuffleError) as exc:
+            raise MapOutputLostError(
+                f"shuffle {plan.shuffle_id}, reduce partition {reducer}: the local output of map partition "
+                f"{s['map']} on executor {s['executor']} is unreadable ({exc})"
+            ) from exc
+    if not remote:
+        return
+    clients: list[tuple[ControlClient, PartitionId]] = []
+    specs = []
+    try:
+        for executor, items in remote.items():
+            where = _where(plan, reducer, executor, items)
+            try:
+                client = ControlClient(
+                    (items[0]["host"], items[0]["control_port"]), plan.secret, f"executor {executor}"
+                )
+                files = [(s["path"], [tuple(x) for x in json.loads(s["segments"])]) for s in items]
+                pid = PartitionId.from_wire(
+                    client.call("stage", plan.shuffle_id, reducer, schema.serialize().to_pybytes(), files)
+                )
+            except ShuffleError as exc:
+                raise MapOutputLostError(f"{where}: {exc}") from exc
+            clients.append((client, pid))
+            specs.append(RemoteChannelSpec((items[0]["host"], items[0]["data_port"]), pid, 0))
+        config = ShuffleConfig(buffer_size=plan.buffer_size, network_memory_bytes=plan.buffer_size)
+        need = len(specs) * config.exclusive_buffers_per_channel + config.floating_buffers_per_gate
+        pool = _worker_pool(need, plan.buffer_size)
+        gate = InputGate(specs, schema, pool, config, plan.secret)
+        try:
+            for batch in gate:
+                stats.remote_bytes += batch.nbytes
+                yield _count(stats, batch)
+        except ShuffleError as exc:
+            lost = [s for items in remote.values() for s in items]
+            raise MapOutputLostError(
+                f"shuffle {plan.shuffle_id}, reduce partition {reducer}: reading map outputs "
+                f"{sorted({s['map'] for s in lost})} from executors {sorted(remote)} failed ({exc}); "
+                "Spark retries the task and recomputes lost map partitions"
+            ) from exc
+        finally:
+            gate.close()
+            stats.blocked_s += gate.stats().blocked_on_data_s
+    finally:
+        for client, pid in clients:
+            with contextlib.suppress(ShuffleError):
+                client.call("unstage", pid.to_wire())
+            client.close()
+
+
+def _where(plan: ShufflePlan, reducer: int, executor: str, items: Sequence[dict[str, Any]]) -> str:
+    maps = sorted(s["map"] for s in items)
+    return (
+        f"shuffle {plan.shuffle_id}, reduce partition {reducer}: map outputs {maps} on lost executor "
+        f"{executor} ({items[0]['host']}:{items[0]['control_port']}) are unreachable"
+    )
+
+
+def _count(stats: ReadStats, batch: pa.RecordBatch) -> pa.RecordBatch:
+    stats.batches += 1
+    stats.rows += batch.num_rows
+    stats.bytes += batch.nbytes
+    return batch
+
+
+def reduce_function(
+    plan: ShufflePlan,
+    report: Report,
+    consume: Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The reduce task: for each reduce partition it was given, ``consume(reducer, batches)``."""
+
+    def run(status_batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        by_reducer = statuses_by_reducer(status_batches)
+        if not by_reducer:
+            return
+        me = find_agent(plan.root, plan.app_id)
+        _, attempt, _ = _task()
+        for reducer, statuses in sorted(by_reducer.items()):
+            started = time.monotonic()
+            stats = ReadStats()
+            yield from consume(reducer, read_reducer(plan, reducer, statuses, me, stats))
+            report(
+                {
+                    "side": "read",
+                    "partition": reducer,
+                    "attempt": attempt,
+                    "recomputed": bool(stats.recomputed),
+                    "recomputed_maps": stats.recomputed,
+                    "executor": me.executor_id,
+                    "control": [me.host, me.control_port],
+                    "bytes": stats.bytes,
+                    "batches": stats.batches,
+                    "rows": stats.rows,
+                    "spill_bytes": 0,
+                    "blocked_s": stats.blocked_s,
+                    "seconds": time.monotonic() - started,
+                }
+            )
+
+    return run
+
+
+# -- what the reduce side does with the batches --------------------------------------------------
+def _check_schema(got: pa.Schema, want: pa.Schema, what: str) -> None:
+    if got.names != want.names or any(a.type != b.type for a, b in zip(got, want, strict=True)):
+        raise SchemaMismatchError(f"{what} returned schema {got}, but the declared schema is {want}")
+
+
+def passthrough(_: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield from batches
+
+
+def partition_consumer(
+    func: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]], out_schema: pa.Schema
+) -> Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def consume(reducer: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for out in func(batches):
+            _check_schema(out.schema, out_schema, f"func on shuffled partition {reducer}")
+            yield pa.RecordBatch.from_arrays(out.columns, schema=out_schema)
+
+    return consume
+
+
+def group_consumer(
+    func: Callable[[pa.Table], pa.Table],
+    key_columns: Sequence[str],
+    in_schema: pa.Schema,
+    out_schema: pa.Schema,
+    batch_rows: int = 65536,
+) -> Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def consume(reducer: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table = pa.Table.from_batches(list(batches), schema=in_schema)
+        pending: list[pa.Table] = []
+        rows = 0
+        for group in iter_groups(table, key_columns):
+            out = func(group)
+            if not isinstance(out, pa.Table):
+                raise SchemaMismatchError(
+                    f"func must return a pyarrow.Table; got {type(out).__name__} for a group of "
+                    f"partition {reducer}"
+                )
+            if out.num_rows == 0:
+                continue
+            keys = {k: group.column(k)[0].as_py() for k in key_columns}
+            _check_schema(out.schema, out_schema, f"func on key group {keys} of partition {reducer}")
+            pending.append(out)
+            rows += out.num_rows
+            if rows >= batch_rows:
+                yield from _emit(pending, out_schema)
+                pending, rows = [], 0
+        if pending:
+            yield from _emit(pending, out_schema)
+
+    return consume
+
+
+def _emit(tables: list[pa.Table], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    combined = pa.concat_tables([pa.Table.from_arrays(t.columns, schema=schema) for t in tables])
+    yield from combined.combine_chunks().to_batches()

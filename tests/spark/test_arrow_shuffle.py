@@ -1,0 +1,284 @@
+"""Arrow shuffle for DataFrames on ``local-cluster[2,1,1024]``: two real executors, each with its agent.
+
+One cluster for the module. The input has nulls, strings, a skewed key (a third of the rows share
+one key), empty map partitions (a filtered range) and, with 64 reduce partitions over ~50 keys,
+empty reduce partitions. Results are compared with Spark's own operators as multisets.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from arrow_shuffle import ConfigError, group_apply, partition_apply, repartition, shuffle_of
+from arrow_shuffle.service_client import ControlClient
+from tests.procs import ours, wait_until
+from tests.spark.session import build_session, stop_session
+
+pytestmark = pytest.mark.spark
+ROWS = 30_000
+
+
+@pytest.fixture(scope="module")
+def cluster(scratch: Path) -> Iterator[tuple[SparkSession, Path]]:
+    root = scratch / "arrow-shuffle"
+    spark = build_session(
+        "local-cluster[2,1,1024]",
+        scratch,
+        "test-arrow-shuffle",
+        conf={
+            "spark.arrowbeat.shuffle.dir": str(root),
+            "spark.arrowbeat.tables.path": str(scratch / "arrow-shuffle-tables"),
+            "spark.sql.shuffle.partitions": "5",
+        },
+    )
+    yield spark, root
+    app_id = spark.sparkContext.applicationId
+    stop_session(spark)
+    # Application end: the agents die with their executors and take the shuffle data along.
+    app_root = root / app_id
+    assert wait_until(lambda: _files(app_root) == [], 30), f"left after application end: {_files(app_root)}"
+
+
+def _files(path: Path) -> list[str]:
+    return [str(p) for p in path.rglob("*") if p.is_file()] if path.exists() else []
+
+
+def source(spark: SparkSession, rows: int = ROWS) -> DataFrame:
+    """Deterministic (recomputable) data; partitions 4 and 5 of 6 are empty after the filter."""
+    return (
+        spark.range(0, rows * 3 // 2, numPartitions=6)
+        .filter(f"id < {rows}")
+        .selectExpr(
+            "id",
+            "CASE WHEN id % 17 = 0 THEN NULL WHEN id % 3 = 0 THEN 7 ELSE pmod(hash(id), 50) END AS k",
+            "CASE WHEN id % 11 = 0 THEN NULL ELSE concat('s', pmod(hash(id, 1), 20)) END AS s",
+            "cast(pmod(hash(id, 2), 100000) AS double) / 7 AS x",
+        )
+    )
+
+
+def multiset(df: DataFrame, cols: list[str] | None = None) -> Counter[tuple[Any, ...]]:
+    return Counter(tuple(r) for r in (df.select(*cols) if cols else df).collect())
+
+
+def rows_and_placement(
+    df: DataFrame, keys: list[str]
+) -> tuple[Counter[tuple[Any, ...]], dict[tuple[Any, ...], set[int]]]:
+    """One action: the multiset of rows, and the partitions each key value was found in."""
+    rows: Counter[tuple[Any, ...]] = Counter()
+    where: dict[tuple[Any, ...], set[int]] = {}
+    for row in df.selectExpr("spark_partition_id() AS _p", "*").collect():
+        values = row.asDict()
+        rows[tuple(row[1:])] += 1
+        where.setdefault(tuple(values[k] for k in keys), set()).add(row[0])
+    return rows, where
+
+
+@pytest.mark.parametrize("keys, n", [(["k"], 64), (["s", "k"], 7)])
+def test_repartition_keeps_every_row_once_and_each_key_in_one_partition(
+    cluster: tuple[SparkSession, Path], keys: list[str], n: int
+) -> None:
+    spark, _ = cluster
+    df = source(spark)
+    out = repartition(df, n, *keys)
+    with shuffle_of(out):
+        assert out.rdd.getNumPartitions() == n
+        rows, where = rows_and_placement(out, keys)
+        # Usable downstream: a Spark aggregation on top of the shuffled DataFrame.
+        groups = out.groupBy(*keys).count().count()
+    assert rows == multiset(df)
+    assert where and all(len(parts) == 1 for parts in where.values())
+    assert groups == len(where)
+    if n == 64:
+        assert len({p for parts in where.values() for p in parts}) < n  # empty reduce partitions
+
+
+def _summary(table: pa.Table) -> pa.Table:
+    """Per group: key, row count, sum of x, max id (order-independent)."""
+    return pa.table(
+        {
+            "k": pa.array([table.column("k")[0].as_py()], pa.int32()),
+            "n": pa.array([table.num_rows], pa.int64()),
+            "sx": pa.array([pc.sum(table.column("x")).as_py()], pa.float64()),
+            "mx": pa.array([pc.max(table.column("id")).as_py()], pa.int64()),
+        }
+    )
+
+
+SUMMARY = "k int, n bigint, sx double, mx bigint"
+
+
+def test_group_apply_equals_apply_in_arrow(cluster: tuple[SparkSession, Path]) -> None:
+    spark, _ = cluster
+    df = source(spark)
+    ours_ = group_apply(df, ["k"], _summary, SUMMARY)
+    with shuffle_of(ours_):
+        got = {r.k: (r.n, round(r.sx, 6), r.mx) for r in ours_.collect()}
+    want = {
+        r.k: (r.n, round(r.sx, 6), r.mx) for r in df.groupBy("k").applyInArrow(_summary, SUMMARY).collect()
+    }
+    assert got == want and None in got and len(got) == 51
+
+
+def _tag(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for b in batches:
+        yield pa.record_batch(
+            {"id": b.column("id"), "s": b.column("s"), "y": pc.multiply(b.column("x"), 2.0)}
+        )
+
+
+def test_partition_apply_equals_repartition_map_in_arrow(cluster: tuple[SparkSession, Path]) -> None:
+    spark, _ = cluster
+    df = source(spark)
+    schema = "id bigint, s string, y double"
+    out = partition_apply(df, 6, ["s"], _tag, schema)
+    with shuffle_of(out):
+        got, where = rows_and_placement(out, ["s"])
+    assert got == multiset(df.repartition(6, "s").mapInArrow(_tag, schema))
+    assert all(len(parts) == 1 for parts in where.values())
+
+
+def test_bad_input_fails_early_naming_the_column_or_partition(cluster: tuple[SparkSession, Path]) -> None:
+    spark, _ = cluster
+    df = source(spark, 1000)
+    with pytest.raises(ConfigError, match="'nope'"):
+        repartition(df, 4, "nope")
+    with pytest.raises(ConfigError, match="'arr'"):
+        repartition(df.selectExpr("id", "array(id) AS arr"), 4, "arr")
+    with pytest.raises(ConfigError, match="num_partitions=0"):
+        repartition(df, 0, "k")
+    with pytest.raises(ConfigError, match="mode"):
+        repartition(df, 2, "k", mode="eager")
+    with pytest.raises(ConfigError, match="task slots"):
+        repartition(df, 8, "k", mode="pipelined")
+
+    def wrong(table: pa.Table) -> pa.Table:
+        return pa.table({"k": pa.array([1], pa.int64())})  # declared int, returns bigint
+
+    bad = group_apply(df, ["k"], wrong, "k int")
+    with shuffle_of(bad), pytest.raises(Exception, match=r"key group \{'k': .*\} of partition \d+"):
+        bad.collect()
+
+
+def _agent_metrics(spark: SparkSession, root: Path) -> list[dict[str, float]]:
+    import json
+
+    secret = spark.sparkContext.getConf().get("spark.arrowbeat.authenticate.secret")
+    assert secret
+    figures = []
+    for path in (root / spark.sparkContext.applicationId / "agents").glob("*.json"):
+        info = json.loads(path.read_text())
+        with ControlClient((info["host"], info["control_port"]), secret, "test") as client:
+            figures.append(client.call("metrics"))
+    return figures
+
+
+def test_release_returns_disk_and_memory_to_baseline(cluster: tuple[SparkSession, Path]) -> None:
+    spark, root = cluster
+    app_root = root / spark.sparkContext.applicationId
+    before = _agent_metrics(spark, root)
+    assert len(before) == 2
+    used_before = sum(m["shuffle_pool_used_bytes"] for m in before)
+    out = repartition(source(spark), 8, "k")
+    handle = shuffle_of(out)
+    assert out.count() == ROWS
+    shuffle_dirs = list(app_root.glob(f"*/s{handle.shuffle_id}"))
+    assert shuffle_dirs and sum(f.stat().st_size for d in shuffle_dirs for f in d.rglob("*")) > 0
+    assert handle.release() > 0
+    assert not list(app_root.glob(f"*/s{handle.shuffle_id}"))
+    after = _agent_metrics(spark, root)
+    assert sum(m["shuffle_pool_used_bytes"] for m in after) == used_before
+    assert all(m["shuffle_streams_open"] == 0 for m in after)
+    assert handle.release() == 0  # idempotent
+
+
+def _executor_jvms() -> dict[str, Any]:
+    found = {}
+    for proc in ours("CoarseGrainedExecutorBackend"):
+        args = proc.cmdline()
+        if "test-arrow-shuffle" in " ".join(args) or "--executor-id" in args:
+            found[args[args.index("--executor-id") + 1]] = proc
+    return found
+
+
+def test_executor_killed_after_map_stage_result_still_exact(
+    cluster: tuple[SparkSession, Path], tmp_path: Path
+) -> None:
+    """Map stage done, first reduce task holds before reading; the other executor is SIGKILLed."""
+    spark, _ = cluster
+    df = source(spark)
+    gate_dir = str(tmp_path)
+
+    def hold_then_pass(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        marker = os.path.join(gate_dir, "holding")
+        if not os.path.exists(marker):  # only the very first reduce task attempt holds
+            with open(marker, "w") as f:
+                f.write(str(os.getppid()))
+            deadline = time.monotonic() + 60
+            while not os.path.exists(os.path.join(gate_dir, "go")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        yield from batches
+
+    out = partition_apply(df, 4, ["k"], hold_then_pass, df.schema)
+    handle = shuffle_of(out)
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["rows"] = multiset(out)
+        except Exception as exc:  # reported by the assertion below
+            result["error"] = exc
+
+    jvms_before = _executor_jvms()
+    assert len(jvms_before) == 2
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert wait_until(lambda: os.path.exists(os.path.join(gate_dir, "holding")), 120)
+        # The holding task runs in a worker under one executor JVM; kill the *other* one, which
+        # holds map outputs that task has not read yet.
+        holder = _holding_jvm(int(Path(gate_dir, "holding").read_text()))
+        victims = [p for p in jvms_before.values() if p.pid != holder]
+        assert len(victims) == 1
+        victims[0].send_signal(signal.SIGKILL)
+    finally:
+        Path(gate_dir, "go").write_text("")
+        thread.join(timeout=240)
+    assert "error" not in result, result.get("error")
+    assert result["rows"] == multiset(df)
+    reads = [r for r in handle.reports() if r["side"] == "read"]
+    assert any(r["recomputed_maps"] for r in reads), reads
+    handle.flush_metrics()
+    tables = Path(spark.sparkContext.getConf().get("spark.arrowbeat.tables.path") or "")
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(tables / "shuffle_metrics")).to_pyarrow_table().to_pylist()
+    mine = [r for r in rows if r["shuffle_id"] == handle.shuffle_id]
+    assert any(r["recomputed"] and r["side"] == "write" for r in mine)
+    assert sum(r["rows"] for r in mine if r["side"] == "read") >= ROWS
+    handle.release()
+    # The cluster replaces the lost executor before the next module needs it.
+    assert wait_until(lambda: len(_executor_jvms()) == 2, 60)
+
+
+def _holding_jvm(worker_parent: int) -> int:
+    """The executor JVM above a Python worker's parent (the pyspark daemon)."""
+    import psutil
+
+    proc: psutil.Process | None = psutil.Process(worker_parent)
+    while proc is not None and "CoarseGrainedExecutorBackend" not in " ".join(proc.cmdline()):
+        proc = proc.parent()
+    assert proc is not None
+    return proc.pid
