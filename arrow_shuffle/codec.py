@@ -3,7 +3,7 @@
 A buffer payload is a complete Arrow IPC stream (schema, batches, end-of-stream marker) written
 straight into the segment's memory: one copy on the producer, none extra on the wire. Decoding
 copies the payload once into Arrow-allocated memory (pooled by Arrow's allocator) so the network
-segment can be recycled immediately and callers may keep the batches as long as they like.
+segment is recycled immediately and callers may keep the batches as long as they like.
 """
 
 from __future__ import annotations
@@ -84,34 +84,18 @@ def split_to_fit(batch: pa.RecordBatch, max_bytes: int) -> list[pa.RecordBatch]:
     return pieces
 
 
-class _Lease:
-    """Recycles a network buffer when the last Arrow object viewing it is freed."""
+def decode_buffer(buffer: Buffer, schema: pa.Schema, where: str) -> list[pa.RecordBatch]:
+    """Decode ``buffer`` into batches in Arrow memory and recycle it at once (its credit returns).
 
-    __slots__ = ("buffer",)
-
-    def __init__(self, buffer: Buffer) -> None:
-        self.buffer = buffer
-
-    def __del__(self) -> None:
-        self.buffer.recycle()
-
-
-def decode_buffer(buffer: Buffer, schema: pa.Schema, where: str, zero_copy: bool) -> list[pa.RecordBatch]:
-    """Decode ``buffer`` and arrange its recycling.
-
-    Copying (the default) frees the network buffer at once. ``zero_copy`` saves one memcpy per
-    buffer but the batches then pin it: its credit returns only when they are all freed.
+    Always a copy: batches that viewed the network buffer would pin it, and a consumer holding a
+    batch a moment too long (``enumerate`` caches the previous item!) then starves the channel
+    of credit or a BLOCKING reader of its spill buffer. The property tests found exactly that.
     """
-    if not zero_copy:
-        owned = pa.allocate_buffer(buffer.size)
-        # ctypes releases the GIL for the copy, so the receiver thread keeps reading meanwhile.
-        ctypes.memmove(owned.address, buffer.segment.memory.address, buffer.size)
-        buffer.recycle()
-        return _read(owned, schema, where)
-    lease = _Lease(buffer)
-    view = pa.foreign_buffer(buffer.segment.memory.address, buffer.size, base=lease)
-    del lease  # from here on the Arrow buffer owns the lease: freeing it recycles the segment
-    return _read(view, schema, where)
+    owned = pa.allocate_buffer(buffer.size)
+    # ctypes releases the GIL for the copy, so the receiver thread keeps reading meanwhile.
+    ctypes.memmove(owned.address, buffer.segment.memory.address, buffer.size)
+    buffer.recycle()
+    return _read(owned, schema, where)
 
 
 def decode(payload: memoryview | pa.Buffer, schema: pa.Schema, where: str) -> list[pa.RecordBatch]:

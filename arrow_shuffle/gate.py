@@ -65,10 +65,8 @@ class InputChannel(Protocol):
 class InputGate:
     """Iterate ``pyarrow.RecordBatch``es from all channels until every one has ended.
 
-    By default batches are copied out of network buffers, so they may be kept freely. With
-    ``zero_copy=True`` they view the network buffers directly and a buffer (one credit) is
-    recycled only when all its batches are freed: faster, but holding many batches stalls
-    the senders."""
+    Batches are copied out of the network buffers (one memcpy, GIL released), so each buffer's
+    credit goes back to its sender at once and callers may keep batches as long as they like."""
 
     def __init__(
         self,
@@ -78,10 +76,8 @@ class InputGate:
         config: ShuffleConfig | None = None,
         secret: str | bytes | None = None,
         transport: Transport | None = None,
-        zero_copy: bool = False,
     ) -> None:
         self.schema = schema
-        self.zero_copy = zero_copy
         self.config = config or ShuffleConfig(buffer_size=pool.segment_size)
         remote = [c for c in channels if isinstance(c, RemoteChannelSpec)]
         if remote and not secret:
@@ -184,7 +180,7 @@ class InputGate:
 
     def _decode(self, where: str, buffer: Buffer) -> list[pa.RecordBatch]:
         size = buffer.size
-        batches = decode_buffer(buffer, self.schema, where, self.zero_copy)
+        batches = decode_buffer(buffer, self.schema, where)
         rows = sum(b.num_rows for b in batches)
         self._stats.add(
             buffers_received=1, bytes_received=size, batches_received=len(batches), rows_received=rows

@@ -154,9 +154,7 @@ def _engine_producer(
     server.close()
 
 
-def _engine_consumer(
-    reduce_index: int, addresses: list[tuple[str, int]], go: Any, report: Any, zero_copy: bool
-) -> None:
+def _engine_consumer(reduce_index: int, addresses: list[tuple[str, int]], go: Any, report: Any) -> None:
     from arrow_shuffle import InputGate, NetworkBufferPool, PartitionId, RemoteChannelSpec, ShuffleConfig
 
     config = ShuffleConfig(
@@ -171,7 +169,7 @@ def _engine_consumer(
     start = time.perf_counter()
     cpu = time.process_time()
     rows = 0
-    with InputGate(specs, schema, pool, config, secret=SECRET, zero_copy=zero_copy) as gate:
+    with InputGate(specs, schema, pool, config, secret=SECRET) as gate:
         for batch in gate:
             rows += batch.num_rows
             del batch
@@ -181,9 +179,7 @@ def _engine_consumer(
     report.put(("consumer", stats.bytes_received, elapsed, _peak_rss_mib(), cpu))
 
 
-def measure_engine(
-    producers: int, consumers: int, total_per_producer: int, zero_copy: bool = False
-) -> dict[str, float]:
+def measure_engine(producers: int, consumers: int, total_per_producer: int) -> dict[str, float]:
     """M x N processes; returns aggregate GB/s (payload bytes over wall time) and peak RSS."""
     ctx = mp.get_context("spawn")
     go, stop = ctx.Event(), ctx.Event()
@@ -199,7 +195,7 @@ def measure_engine(
         procs.append(p)
         addresses.append(addr_r.recv())
     for r in range(consumers):
-        c = ctx.Process(target=_engine_consumer, args=(r, addresses, go, report, zero_copy))
+        c = ctx.Process(target=_engine_consumer, args=(r, addresses, go, report))
         c.start()
         procs.append(c)
     time.sleep(0.5)  # let every consumer import and connect-ready before the clock starts
@@ -338,18 +334,16 @@ def main() -> None:
         f"exclusive=2 floating={FLOATING}"
     )
 
-    raw, channel, zero, rss = [], [], [], []
+    raw, channel, rss = [], [], []
     for i in range(rounds):  # interleaved, so machine noise hits all alike
         raw_gbps, raw_rss, raw_cpu = measure_raw_tcp(volume)
         engine = measure_engine(1, 1, volume)
-        zero_copy = measure_engine(1, 1, volume, zero_copy=True)
         raw.append(raw_gbps)
         channel.append(engine["gbps"])
-        zero.append(zero_copy["gbps"])
         rss.extend([engine["peak_rss_mib"], raw_rss])
         print(
             f"round {i}: raw_tcp={raw_gbps:.2f} GB/s channel={engine['gbps']:.2f} GB/s "
-            f"ratio={engine['gbps'] / raw_gbps:.2f} zero_copy={zero_copy['gbps']:.2f} GB/s "
+            f"ratio={engine['gbps'] / raw_gbps:.2f} "
             f"CPU s/GiB: raw receiver={raw_cpu:.2f} channel consumer={engine['consumer_cpu_s_per_gib']:.2f} "
             f"producer={engine['producer_cpu_s_per_gib']:.2f} "
             f"(producer blocked on credit {engine['producer_blocked_on_credit_s']:.2f}s, "
@@ -379,10 +373,6 @@ def main() -> None:
 
     print(f"RESULT raw_tcp_runs={','.join(f'{x:.2f}' for x in raw)}")
     print(f"RESULT channel_runs={','.join(f'{x:.2f}' for x in channel)}")
-    print(f"RESULT channel_zero_copy_runs={','.join(f'{x:.2f}' for x in zero)}")
-    print(f"RESULT channel_zero_copy_gbps={statistics.median(zero):.3f}")
-    zero_ratio = statistics.median(z / r for z, r in zip(zero, raw, strict=True))
-    print(f"RESULT channel_zero_copy_vs_raw={zero_ratio:.3f}")
     print(f"RESULT flight_exchange_gbps={flight_gbps:.3f}")
     print(f"RESULT flight_vs_raw={flight_gbps / raw_gbps:.3f}")
     print(f"RESULT agg_2x2_gbps={agg['2x2']['gbps']:.3f}")

@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 
 from arrow_shuffle import (
     InputGate,
+    LocalChannelSpec,
     NetworkBufferPool,
     PartitionId,
+    PartitionKind,
     RecordWriter,
     RemoteChannelSpec,
     ResultPartition,
@@ -43,7 +45,8 @@ scenario = st.fixed_dictionaries(
         "slow_every": st.sampled_from([0, 3, 7]),
         "cancel_after": st.one_of(st.none(), st.integers(0, 10)),
         "flush_timeout_s": st.sampled_from([0.0, 0.005, 0.05]),
-        "zero_copy": st.booleans(),
+        "blocking": st.booleans(),
+        "local_first": st.booleans(),
     }
 )
 
@@ -60,70 +63,77 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
         keepalive_interval_s=0.2,
         peer_timeout_s=3.0,
         buffer_request_timeout_s=10.0,
+        blocking_memory_bytes=6 * s["buffer_size"],  # BLOCKING: spill almost everything
         spill_dir=str(tmp_path_factory.mktemp("spill")),
     )
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
     server = ShuffleServer(SECRET, APP, config=config)
-    partition = ResultPartition(PartitionId(APP, 7, 0), s["subpartitions"], SCHEMA, pool, config=config)
-    server.register(partition)
-    writer = RecordWriter(partition, key_columns=["key"])
-    written: list[pa.RecordBatch] = []
-    producer_error: list[BaseException] = []
-
-    def produce() -> None:
-        start = 0
-        try:
-            for rows in s["batch_rows"]:
-                batch = make_batch(start, rows, payload_len=int(rows) % 40)
-                writer.write(batch)
-                written.append(batch)
-                start += rows
-            writer.finish()
-        except ShuffleError as exc:  # only legitimate when the consumer cancelled
-            producer_error.append(exc)
-            writer.abort()
-
-    producer = threading.Thread(target=produce)
-    producer.start()
-    specs = [RemoteChannelSpec(server.address, partition.partition_id, i) for i in range(s["subpartitions"])]
-    received: dict[int, list[int]] = defaultdict(list)
-    cancelled = False
-    gate = InputGate(specs, SCHEMA, pool, config, secret=SECRET, zero_copy=s["zero_copy"])
     try:
-        for n, batch in enumerate(gate):
-            if s["cancel_after"] is not None and n >= s["cancel_after"]:
-                cancelled = True
-                del batch  # held batches pin their buffers (zero_copy): drop before checking
-                gate.close()
-                break
-            if s["slow_every"] and n % s["slow_every"] == 0:
-                time.sleep(0.002)  # a slow consumer, not synchronisation
-            sub = _sub_of(batch.column("key").to_numpy(), s["subpartitions"])
-            received[sub].extend(batch.column("seq").to_pylist())
-            del batch  # with zero_copy the batch pins its network buffer
+        kind = PartitionKind.BLOCKING if s["blocking"] else PartitionKind.PIPELINED
+        partition = ResultPartition(PartitionId(APP, 7, 0), s["subpartitions"], SCHEMA, pool, kind, config)
+        server.register(partition)
+        writer = RecordWriter(partition, key_columns=["key"])
+        written: list[pa.RecordBatch] = []
+        producer_error: list[BaseException] = []
+
+        def produce() -> None:
+            start = 0
+            try:
+                for rows in s["batch_rows"]:
+                    batch = make_batch(start, rows, payload_len=int(rows) % 40)
+                    writer.write(batch)
+                    written.append(batch)
+                    start += rows
+                writer.finish()
+            except ShuffleError as exc:  # only legitimate when the consumer cancelled
+                producer_error.append(exc)
+                writer.abort()
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        specs: list[LocalChannelSpec | RemoteChannelSpec] = [
+            RemoteChannelSpec(server.address, partition.partition_id, i) for i in range(s["subpartitions"])
+        ]
+        if s["local_first"]:  # mix in a local channel: same gate, no network, no credit
+            specs[0] = LocalChannelSpec(partition, 0)
+        received: dict[int, list[int]] = defaultdict(list)
+        cancelled = False
+        gate = InputGate(specs, SCHEMA, pool, config, secret=SECRET)
+        try:
+            for n, batch in enumerate(gate):
+                if s["cancel_after"] is not None and n >= s["cancel_after"]:
+                    cancelled = True
+                    gate.close()
+                    break
+                if s["slow_every"] and n % s["slow_every"] == 0:
+                    time.sleep(0.002)  # a slow consumer, not synchronisation
+                sub = _sub_of(batch.column("key").to_numpy(), s["subpartitions"])
+                received[sub].extend(batch.column("seq").to_pylist())
+        finally:
+            gate.close()
+        producer.join(15)
+        assert not producer.is_alive()
+        channels = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
+        for channel in channels:  # in flight never exceeded what the receiver announced
+            assert (
+                channel.max_in_flight
+                <= config.exclusive_buffers_per_channel + config.floating_buffers_per_gate
+            )
+            assert channel.buffers_received <= channel.credits_announced
+        for sender in server.senders():  # no buffer left without credit
+            assert sender.max_overdraft <= 0
+            assert sender.buffers_sent <= sender.credit.granted_total
+        if not cancelled:
+            assert not producer_error
+            expected = pa.Table.from_batches(written, schema=SCHEMA) if written else None
+            total = sum(len(v) for v in received.values())
+            assert total == (expected.num_rows if expected is not None else 0)
+            for seqs in received.values():  # exactly once, in order per subpartition
+                assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+            all_seqs = sorted(x for v in received.values() for x in v)
+            assert all_seqs == list(range(len(all_seqs)))
     finally:
-        gate.close()
-    producer.join(15)
-    assert not producer.is_alive()
-    channels = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
-    for channel in channels:  # in flight never exceeded what the receiver announced
-        assert (
-            channel.max_in_flight <= config.exclusive_buffers_per_channel + config.floating_buffers_per_gate
-        )
-        assert channel.buffers_received <= channel.credits_announced
-    for sender in server.senders():  # no buffer left without credit
-        assert sender.max_overdraft <= 0
-        assert sender.buffers_sent <= sender.credit.granted_total
-    if not cancelled:
-        assert not producer_error
-        expected = pa.Table.from_batches(written, schema=SCHEMA) if written else None
-        total = sum(len(v) for v in received.values())
-        assert total == (expected.num_rows if expected is not None else 0)
-        for seqs in received.values():  # exactly once, in order per subpartition
-            assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-        all_seqs = sorted(x for v in received.values() for x in v)
-        assert all_seqs == list(range(len(all_seqs)))
-    server.close()
+        server.close()  # idempotent; also on a failing example, so nothing leaks
     assert pool.num_available == pool.num_segments, "every buffer must be back in the pool"
 
 
