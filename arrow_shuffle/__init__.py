@@ -70,6 +70,7 @@ __all__ = [
     "column_partitioner",
     "group_apply",
     "hash_partitioner",
+    "map_in_arrow",
     "partition_apply",
     "release",
     "repartition",
@@ -80,13 +81,22 @@ if TYPE_CHECKING:  # the real import is lazy (``__getattr__``): no pyspark for e
     from arrow_shuffle.dataframe import (
         ShuffleHandle,
         group_apply,
+        map_in_arrow,
         partition_apply,
         release,
         repartition,
         shuffle_of,
     )
 
-_DATAFRAME_API = ("group_apply", "partition_apply", "release", "repartition", "shuffle_of", "ShuffleHandle")
+_DATAFRAME_API = (
+    "group_apply",
+    "map_in_arrow",
+    "partition_apply",
+    "release",
+    "repartition",
+    "shuffle_of",
+    "ShuffleHandle",
+)
 
 
 def __getattr__(name: str) -> object:

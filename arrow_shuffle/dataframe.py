@@ -25,7 +25,7 @@ import logging
 import random
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +245,7 @@ def _plan(
         num_partitions=num_partitions,
         schema_ipc=schema.serialize().to_pybytes(),
         route_keys=_route_keys(spark, num_partitions),
-        memory_bytes=_bytes_setting(spark, "spark.arrowbeat.shuffle.mapMemory", "64m"),
+        memory_bytes=_bytes_setting(spark, "spark.arrowbeat.shuffle.mapMemory", "32m"),
     )
     return spark, plan
 
@@ -281,7 +281,13 @@ def _build(
 ) -> DataFrame:
     handle = ShuffleHandle(spark, plan, mode)
     report = handle.reporter()
-    statuses = df.mapInArrow(map_function(plan, report), STATUS_DDL)
+    statuses: DataFrame
+    chained = getattr(df, "_arrowbeat_chain", None)
+    if chained is not None:  # run the producing mapInArrow inside the map task: no JVM in between
+        parent, pre = chained
+        statuses = parent.mapInArrow(map_function(plan, report, pre), STATUS_DDL)
+    else:
+        statuses = df.mapInArrow(map_function(plan, report), STATUS_DDL)
     out = statuses.repartition(plan.num_partitions, "rk").mapInArrow(
         reduce_function(plan, report, consume), out_schema
     )
@@ -294,6 +300,21 @@ def _struct(spark: SparkSession, schema: StructType | str) -> StructType:
         return schema
     parsed = spark.createDataFrame([], schema).schema
     return parsed
+
+
+def map_in_arrow(
+    df: DataFrame,
+    func: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]],
+    schema: StructType | str,
+) -> DataFrame:
+    """``df.mapInArrow(func, schema)`` that an arrowbeat shuffle after it *chains*.
+
+    The result is an ordinary DataFrame. When it is the input of ``repartition``,
+    ``group_apply`` or ``partition_apply``, the map task runs ``func`` and the shuffle write in
+    one Python worker (Flink's operator chaining), so its batches never become JVM rows."""
+    out = df.mapInArrow(func, schema)
+    out._arrowbeat_chain = (df, func)  # type: ignore[attr-defined]
+    return out
 
 
 def repartition(df: DataFrame, num_partitions: int, *key_columns: str, mode: str = "blocking") -> DataFrame:
@@ -338,6 +359,7 @@ def group_apply(
 __all__ = [
     "ShuffleHandle",
     "group_apply",
+    "map_in_arrow",
     "partition_apply",
     "release",
     "repartition",

@@ -26,6 +26,9 @@ import pyarrow as pa
 from arrow_shuffle.errors import ConfigError, ShuffleError
 from arrow_shuffle.partitioner import hash_rows
 
+BATCH_ROWS = 16384
+"""Rows per batch in map-output files (Spark hands Python 10k-row batches by default)."""
+
 Segment = tuple[int, int]
 """``(offset, length)`` of one Arrow IPC stream inside a map output file."""
 
@@ -136,6 +139,10 @@ class MapOutputWriter:
         for reducer, batches in enumerate(self._pending):
             if not batches:
                 continue
+            # The slices routed here are small (a 10k-row input batch split n ways): write them
+            # as few large batches, or every later step (network, JVM conversion) pays per batch.
+            merged = pa.Table.from_batches(batches, schema=self.schema).combine_chunks()
+            batches = merged.to_batches(max_chunksize=BATCH_ROWS)
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, self.schema) as stream:
                 for b in batches:

@@ -228,8 +228,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "spark.arrowbeat.shuffle.mapMemory",
         "shuffle_map_memory_bytes",
-        "64m",
-        "a size like 64m",
+        "32m",
+        "a size like 32m",
         "Memory a map task buffers before writing a run of its output to disk (bounds the task's memory).",
         parse_bytes,
     ),
