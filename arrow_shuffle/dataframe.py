@@ -95,7 +95,7 @@ class ShuffleHandle:
         return list(self._reports.value)
 
     def agents(self) -> set[tuple[str, int]]:
-        return {(str(r["control"][0]), int(r["control"][1])) for r in self.reports()}
+        return {(str(r["control"][0]), int(r["control"][1])) for r in self.reports() if r["control"]}
 
     def flush_metrics(self) -> int:
         """Append the reports not yet written to the ``shuffle_metrics`` table; returns rows written."""
@@ -234,8 +234,6 @@ def _plan(
             "arrowbeat is not on in this application (no spark.arrowbeat.authenticate.secret): "
             "set spark.plugins=arrowbeat.ArrowBeatPlugin (see spark_plugin.configure)"
         )
-    if mode == "pipelined":
-        _check_pipelined(spark, df, num_partitions)
     plan = ShufflePlan(
         app_id=spark.sparkContext.applicationId,
         shuffle_id=random.randrange(1, 1 << 31),
@@ -256,19 +254,35 @@ def _bytes_setting(spark: SparkSession, key: str, default: str) -> int:
     return parse_bytes(_setting(spark, key, default))
 
 
-def _check_pipelined(spark: SparkSession, df: DataFrame, num_partitions: int) -> None:
-    """Streaming needs every map and reduce task running at once: refuse up front, not deadlock."""
+_rendezvous_lock = threading.Lock()
+_rendezvous_of: dict[str, Any] = {}
+
+
+def _rendezvous(spark: SparkSession, secret: str) -> Any:
+    """The driver's rendezvous for pipelined map tasks, one per application, started on first use."""
+    from arrow_shuffle.rendezvous import Rendezvous
+
+    app = spark.sparkContext.applicationId
+    with _rendezvous_lock:
+        found = _rendezvous_of.get(app)
+        if found is None:
+            host = _setting(spark, "spark.driver.host", "127.0.0.1")
+            found = _rendezvous_of[app] = Rendezvous(secret, host)
+        return found
+
+
+def _check_pipelined(spark: SparkSession, source: DataFrame, num_partitions: int) -> int:
+    """Streaming needs every map and reduce task running at once: refuse up front, not deadlock.
+
+    Returns the number of map tasks."""
     slots = spark.sparkContext.defaultParallelism
-    maps = df.rdd.getNumPartitions()
+    maps = source.rdd.getNumPartitions()
     if maps + num_partitions > slots:
         raise ConfigError(
             f"mode='pipelined' needs {maps} map + {num_partitions} reduce tasks running at once, but the "
             f"application has {slots} task slots: use mode='blocking', fewer partitions or more executors"
         )
-    raise ConfigError(
-        "mode='pipelined' is not available yet in the DataFrame API (the engine supports it); "
-        "use mode='blocking'"
-    )
+    return maps
 
 
 def _build(
@@ -283,6 +297,16 @@ def _build(
     report = handle.reporter()
     statuses: DataFrame
     chained = getattr(df, "_arrowbeat_chain", None)
+    if mode == "pipelined":
+        from arrow_shuffle.pipelined import pipelined_function
+
+        source, pre = chained if chained is not None else (df, None)
+        maps = _check_pipelined(spark, source, plan.num_partitions)
+        fn = pipelined_function(plan, maps, _rendezvous(spark, plan.secret).address, report, consume, pre)
+        reducers = spark.range(0, plan.num_partitions, numPartitions=plan.num_partitions)
+        pipelined: DataFrame = source.mapInArrow(fn, out_schema).union(reducers.mapInArrow(fn, out_schema))
+        pipelined._arrowbeat_shuffle = handle  # type: ignore[attr-defined]
+        return pipelined
     if chained is not None:  # run the producing mapInArrow inside the map task: no JVM in between
         parent, pre = chained
         statuses = parent.mapInArrow(map_function(plan, report, pre), STATUS_DDL)

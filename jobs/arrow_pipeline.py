@@ -157,6 +157,8 @@ def main() -> None:
     parser.add_argument("--reducers", type=int, default=8, help="shuffle partitions")
     args = parser.parse_args()
     spark = SparkSession.builder.appName("arrowbeat-arrow-pipeline").getOrCreate()
+    for warm_up in pipelines(spark, 100_000, 2, 2).values():  # start Python workers, load classes
+        warm_up()
     steps = pipelines(spark, args.rows, args.parts, args.reducers)
     t = {name: step() for name, step in steps.items()}
     floor = t["floor"]

@@ -282,3 +282,23 @@ def _holding_jvm(worker_parent: int) -> int:
         proc = proc.parent()
     assert proc is not None
     return proc.pid
+
+
+def test_pipelined_mode_streams_map_to_reduce_in_one_stage(
+    cluster: tuple[SparkSession, Path],
+) -> None:
+    """Two slots: one map task and one reduce task, running at once, the map output streamed."""
+    spark, _ = cluster
+    df = source(spark).coalesce(1)
+    schema = "id bigint, s string, y double"
+    out = partition_apply(df, 1, ["s"], _tag, schema, mode="pipelined")
+    with shuffle_of(out):
+        assert multiset(out) == multiset(df.repartition(1, "s").mapInArrow(_tag, schema))
+    grouped = group_apply(df, ["k"], _summary, SUMMARY, num_partitions=1, mode="pipelined")
+    with shuffle_of(grouped) as handle:
+        got = {r.k: (r.n, round(r.sx, 6), r.mx) for r in grouped.collect()}
+        assert sum(r["rows"] for r in handle.reports() if r["side"] == "read") == ROWS
+    want = {
+        r.k: (r.n, round(r.sx, 6), r.mx) for r in df.groupBy("k").applyInArrow(_summary, SUMMARY).collect()
+    }
+    assert got == want

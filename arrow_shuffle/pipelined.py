@@ -1,0 +1,200 @@
+"""``mode="pipelined"``: map tasks stream to running reduce tasks under credits, in one barrier stage.
+
+Plan: ``df.mapInArrow(fn).union(range(R).mapInArrow(fn))`` is *one* stage of M + R tasks (a union
+of narrow dependencies), so with M + R free slots all of them run at once and a map task blocked
+on credits has its readers running. The driver refuses up front when M + R exceeds the
+application's slots (Spark's barrier mode, which would guarantee co-scheduling, rejects unions).
+
+Data path: each map task hosts an engine ``ShuffleServer`` with a PIPELINED ``ResultPartition``
+(R subpartitions, bounded buffers: the writer blocks until reducers grant credit) in its own
+Python worker; pipelined data never outlives its producer, so unlike blocking outputs it needs no
+agent. The driver's ``rendezvous`` maps each map task to its address. The map task exits once
+every subpartition was consumed.
+
+Failure: pipelined outputs are consumed as they stream and cannot be re-read, so a lost task
+fails its readers/producers and, after Spark's retries, the query, with an error naming the
+partition; it never yields a partial result. Use ``mode="blocking"`` for recoverable shuffles.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import pyarrow as pa
+
+from arrow_shuffle.buffer_pool import NetworkBufferPool
+from arrow_shuffle.config import ShuffleConfig
+from arrow_shuffle.errors import ShuffleError
+from arrow_shuffle.gate import InputGate, RemoteChannelSpec
+from arrow_shuffle.ids import PartitionId
+from arrow_shuffle.partition import PartitionKind, ResultPartition
+from arrow_shuffle.rendezvous import call as announce
+from arrow_shuffle.rendezvous import locate
+from arrow_shuffle.server import ShuffleServer
+from arrow_shuffle.tasks import ReadStats, Report, ShufflePlan
+from arrow_shuffle.writer import RecordWriter
+
+CONSUME_TIMEOUT_S = 120.0
+"""Longest a finished map task waits for its reducers to drain it."""
+
+
+def _host() -> str:
+    """The address reducers reach this worker at: Spark's own choice (``SPARK_LOCAL_IP``) first."""
+    chosen = os.environ.get("SPARK_LOCAL_IP")
+    if chosen:
+        return chosen
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def pipelined_function(
+    plan: ShufflePlan,
+    num_maps: int,
+    rendezvous: tuple[str, int],
+    report: Report,
+    consume: Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    pre: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]] | None = None,
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """One function for both sides: union partitions ``< num_maps`` are map tasks."""
+
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        assert ctx is not None
+        index = ctx.partitionId()
+        attempt = ctx.attemptNumber()
+        config = ShuffleConfig(buffer_size=plan.buffer_size, network_memory_bytes=32 * plan.buffer_size)
+        if index < num_maps:
+            yield from _map(
+                plan, rendezvous, index, attempt, config, report, pre(batches) if pre else batches
+            )
+        else:
+            yield from _reduce(plan, rendezvous, index - num_maps, num_maps, config, report, consume, batches)
+
+    return run
+
+
+def _map(
+    plan: ShufflePlan,
+    rendezvous: tuple[str, int],
+    index: int,
+    attempt: int,
+    config: ShuffleConfig,
+    report: Report,
+    batches: Iterable[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    started = time.monotonic()
+    pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
+    server = ShuffleServer(plan.secret, plan.app_id, _host(), 0, config)
+    token = int(time.time() * 1000) % (1 << 30)
+    pid = PartitionId(plan.app_id, plan.shuffle_id, index, token)
+    partition = ResultPartition(pid, plan.num_partitions, plan.schema, pool, PartitionKind.PIPELINED, config)
+    server.register(partition)
+    try:
+        host, port = server.address
+        announce(
+            rendezvous,
+            plan.secret,
+            "announce",
+            plan.shuffle_id,
+            {"map": index, "host": host, "port": port, "token": token},
+        )
+        writer = RecordWriter(partition, plan.key_columns)
+        try:
+            for batch in batches:
+                if not batch.schema.equals(plan.schema):
+                    batch = pa.RecordBatch.from_arrays(batch.columns, schema=plan.schema)
+                writer.write(batch)
+            writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        deadline = time.monotonic() + CONSUME_TIMEOUT_S
+        while sum(1 for s in server.senders() if s.completed) < plan.num_partitions:
+            if time.monotonic() > deadline:
+                raise ShuffleError(f"pipelined map partition {index}: reducers did not drain it in time")
+            time.sleep(0.01)
+        stats = partition.stats()
+        report(
+            {
+                "side": "write",
+                "partition": index,
+                "attempt": f"pipelined.{attempt}",
+                "recomputed": False,
+                "executor": "pipelined",
+                "control": [],
+                "bytes": stats.bytes_written,
+                "batches": stats.batches_written,
+                "rows": stats.rows_written,
+                "spill_bytes": 0,
+                "blocked_s": stats.blocked_on_pool_s + stats.blocked_on_credit_s,
+                "seconds": time.monotonic() - started,
+            }
+        )
+    finally:
+        server.close()
+    return
+    yield
+
+
+def _reduce(
+    plan: ShufflePlan,
+    rendezvous: tuple[str, int],
+    reducer: int,
+    num_maps: int,
+    config: ShuffleConfig,
+    report: Report,
+    consume: Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    batches: Iterable[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    started = time.monotonic()
+    for _ in batches:  # the range row that made this task; nothing to read from it
+        pass
+    maps = locate(rendezvous, plan.secret, plan.shuffle_id, num_maps)
+    specs = [
+        RemoteChannelSpec(
+            (m["host"], int(m["port"])),
+            PartitionId(plan.app_id, plan.shuffle_id, int(m["map"]), int(m["token"])),
+            reducer,
+        )
+        for m in sorted(maps, key=lambda m: int(m["map"]))
+    ]
+    need = len(specs) * config.exclusive_buffers_per_channel + config.floating_buffers_per_gate
+    pool = NetworkBufferPool(need, config.buffer_size)
+    gate = InputGate(specs, plan.schema, pool, config, plan.secret)
+    stats = ReadStats()
+
+    def counted() -> Iterator[pa.RecordBatch]:
+        for b in gate:
+            stats.batches += 1
+            stats.rows += b.num_rows
+            stats.bytes += b.nbytes
+            yield b
+
+    try:
+        yield from consume(reducer, counted())
+    finally:
+        gate.close()
+    report(
+        {
+            "side": "read",
+            "partition": reducer,
+            "attempt": "pipelined",
+            "recomputed": False,
+            "recomputed_maps": [],
+            "executor": "pipelined",
+            "control": [],
+            "bytes": stats.bytes,
+            "batches": stats.batches,
+            "rows": stats.rows,
+            "spill_bytes": 0,
+            "blocked_s": gate.stats().blocked_on_data_s,
+            "seconds": time.monotonic() - started,
+        }
+    )
