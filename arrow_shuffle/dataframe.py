@@ -10,6 +10,9 @@ so the data goes Python -> Arrow IPC -> Python with no JVM rows in between, whil
 scheduler tracks map outputs (one status per map partition), runs the stages and recomputes lost
 map partitions (see ``tasks``). ``rk`` takes, for reduce partition ``r``, a value Spark's hash
 partitioner sends to partition ``r``, so reduce task ``r`` reads exactly shuffle partition ``r``.
+That is ``mode="blocking"``; ``mode="pipelined"`` runs map and reduce tasks in one stage,
+streaming under credits (``pipelined``). A DataFrame made by ``map_in_arrow`` is *chained*: its
+function runs inside the map task, so generated batches never become JVM rows at all.
 
 Life cycle: ``shuffle_of(out)`` is the shuffle's handle: ``release()`` (or ``with``) deletes its
 map outputs in every agent that reported one and appends its rows to the ``shuffle_metrics``
