@@ -206,3 +206,14 @@ def test_agent_discovery_file_points_at_the_service(service: ShuffleService) -> 
     service.close()
     assert not (Path(service.root) / "app-u" / "agents" / "4242.json").exists()
     assert not Path(service.dir).exists()
+
+
+def test_heartbeat_payload_carries_the_agents_buffer_pool_figures(service: ShuffleService) -> None:
+    from heartbeat.payload import collect_payload
+
+    payload = collect_payload([service.metrics])
+    pool = service.pool
+    assert payload.metrics["shuffle_pool_segments"] == pool.num_segments
+    assert payload.metrics["shuffle_pool_used_bytes"] == 0
+    write_map(service, 3, 0, batch(list(range(40))), 1)
+    assert collect_payload([service.metrics]).metrics["shuffle_disk_bytes"] > 0
