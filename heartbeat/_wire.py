@@ -11,6 +11,7 @@ from .errors import (
     UnknownExecutorError,
 )
 from .payload import Payload
+from .resource_manager import ExecutorInfo
 
 SECRET_METADATA_KEY = "x-arrowbeat-secret"
 SERVICE_NAME = "arrowbeat.heartbeat.ResourceManager"
@@ -65,3 +66,32 @@ def status_name_for(error: ProtocolError) -> str:
     if isinstance(error, StaleEpochError | StaleInstanceError):
         return "FAILED_PRECONDITION"
     return "INVALID_ARGUMENT"
+
+
+def status_to_proto(info: ExecutorInfo) -> pb.ExecutorStatus:
+    """One row of ``ListExecutors``."""
+    return pb.ExecutorStatus(
+        executor_id=info.executor_id,
+        host=info.host,
+        pid=info.pid,
+        instance_id=info.instance_id,
+        state=info.state,
+        registered_at=info.registered_at,
+        last_heartbeat=info.last_heartbeat or 0.0,
+        last_rtt_ms=UNKNOWN if info.last_rtt_ms is None else info.last_rtt_ms,
+        payload=payload_to_proto(info.payload) if info.payload is not None else None,
+    )
+
+
+def status_from_proto(status: pb.ExecutorStatus) -> ExecutorInfo:
+    return ExecutorInfo(
+        executor_id=status.executor_id,
+        host=status.host,
+        instance_id=status.instance_id,
+        state=status.state,
+        registered_at=status.registered_at,
+        last_heartbeat=status.last_heartbeat or None,
+        last_rtt_ms=None if status.last_rtt_ms < 0 else status.last_rtt_ms,
+        payload=payload_from_proto(status.payload) if status.HasField("payload") else None,
+        pid=status.pid,
+    )

@@ -65,6 +65,7 @@ class ExecutorInfo:
     last_heartbeat: float | None
     last_rtt_ms: float | None
     payload: Payload | None
+    pid: int = 0  # the agent process's pid as it registered; 0 if it did not say
 
 
 class _AgentTarget:
@@ -101,6 +102,7 @@ class _Registration:
     last_heartbeat: float | None = None
     last_rtt_ms: float | None = None
     payload: Payload | None = None
+    pid: int = 0
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -158,6 +160,7 @@ class ResourceManagerCore:
         link: AgentLink,
         resume_epoch: str = "",
         resume_instance_id: str = "",
+        pid: int = 0,
     ) -> Registered:
         """Register (or re-register) ``executor_id``; a previous registration becomes stale."""
         _check_id("executor_id", executor_id)
@@ -180,7 +183,7 @@ class ResourceManagerCore:
             target = _AgentTarget(link, self.epoch, instance_id, self._clock)
             monitor = self._sender.monitor_target(executor_id, target)
             self._registrations[executor_id] = _Registration(
-                executor_id, host, instance_id, target, monitor, registered_at=now_wall
+                executor_id, host, instance_id, target, monitor, registered_at=now_wall, pid=pid
             )
             kind = EventKind.REREGISTERED if executor_id in self._seen else EventKind.REGISTERED
             self._seen.add(executor_id)
@@ -267,6 +270,7 @@ class ResourceManagerCore:
                     r.last_heartbeat,
                     r.last_rtt_ms,
                     r.payload,
+                    r.pid,
                 )
                 for r in self._registrations.values()
             ]

@@ -29,6 +29,7 @@ from ._wire import (
     message_size_options,
     payload_from_proto,
     status_name_for,
+    status_to_proto,
 )
 from .clock import Clock, MonotonicClock
 from .errors import ClosedError, HeartbeatError, HeartbeatRpcError, MalformedMessageError, ProtocolError
@@ -197,8 +198,17 @@ class ResourceManagerServer:
         handler = grpc.stream_stream_rpc_method_handler(
             self._connect, request_deserializer=None, response_serializer=pb.RmMessage.SerializeToString
         )
+        list_handler = grpc.unary_unary_rpc_method_handler(
+            self._list_executors,
+            request_deserializer=pb.ListExecutorsRequest.FromString,
+            response_serializer=pb.ListExecutorsResponse.SerializeToString,
+        )
         server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE_NAME, {"Connect": handler}),)
+            (
+                grpc.method_handlers_generic_handler(
+                    SERVICE_NAME, {"Connect": handler, "ListExecutors": list_handler}
+                ),
+            )
         )
         port = server.add_insecure_port(f"{self._host}:{self._port}")
         if port == 0:
@@ -215,6 +225,19 @@ class ResourceManagerServer:
         self._server = server
         self._core.start()
         return f"{self._host}:{port}"
+
+    # ---- admin ----------------------------------------------------------------------------
+
+    async def _list_executors(
+        self, _request: pb.ListExecutorsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListExecutorsResponse:
+        if not self._authorized(context):
+            self._auth_log.rejected(context.peer())
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"missing or wrong {SECRET_METADATA_KEY}")
+        core = self._require_core()
+        return pb.ListExecutorsResponse(
+            epoch=core.epoch, executors=[status_to_proto(e) for e in core.executors()]
+        )
 
     # ---- one agent stream -----------------------------------------------------------------
 
@@ -243,7 +266,7 @@ class ResourceManagerServer:
                 raise MalformedMessageError("the first message on a stream must be `register`")
             req = first.register
             registered = core.register(
-                req.executor_id, req.host, link, req.resume_epoch, req.resume_instance_id
+                req.executor_id, req.host, link, req.resume_epoch, req.resume_instance_id, pid=req.pid
             )
         except ProtocolError as exc:
             await context.abort(_code(exc), str(exc))

@@ -1,10 +1,44 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ListExecutorsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ExecutorStatus(_message.Message):
+    __slots__ = ("executor_id", "host", "pid", "instance_id", "state", "registered_at", "last_heartbeat", "last_rtt_ms", "payload")
+    EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    LAST_RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    executor_id: str
+    host: str
+    pid: int
+    instance_id: str
+    state: str
+    registered_at: float
+    last_heartbeat: float
+    last_rtt_ms: float
+    payload: Payload
+    def __init__(self, executor_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., state: _Optional[str] = ..., registered_at: _Optional[float] = ..., last_heartbeat: _Optional[float] = ..., last_rtt_ms: _Optional[float] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ...) -> None: ...
+
+class ListExecutorsResponse(_message.Message):
+    __slots__ = ("epoch", "executors")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EXECUTORS_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    executors: _containers.RepeatedCompositeFieldContainer[ExecutorStatus]
+    def __init__(self, epoch: _Optional[str] = ..., executors: _Optional[_Iterable[_Union[ExecutorStatus, _Mapping]]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("register", "heartbeat", "unregister")

@@ -39,6 +39,11 @@ class ResourceManagerStub(object):
                 request_serializer=heartbeat__pb2.AgentMessage.SerializeToString,
                 response_deserializer=heartbeat__pb2.RmMessage.FromString,
                 _registered_method=True)
+        self.ListExecutors = channel.unary_unary(
+                '/arrowbeat.heartbeat.ResourceManager/ListExecutors',
+                request_serializer=heartbeat__pb2.ListExecutorsRequest.SerializeToString,
+                response_deserializer=heartbeat__pb2.ListExecutorsResponse.FromString,
+                _registered_method=True)
 
 
 class ResourceManagerServicer(object):
@@ -54,6 +59,13 @@ class ResourceManagerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListExecutors(self, request, context):
+        """The RM's current view of its executors, for operators and driver-side code (same secret).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ResourceManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +73,11 @@ def add_ResourceManagerServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=heartbeat__pb2.AgentMessage.FromString,
                     response_serializer=heartbeat__pb2.RmMessage.SerializeToString,
+            ),
+            'ListExecutors': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListExecutors,
+                    request_deserializer=heartbeat__pb2.ListExecutorsRequest.FromString,
+                    response_serializer=heartbeat__pb2.ListExecutorsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +107,33 @@ class ResourceManager(object):
             '/arrowbeat.heartbeat.ResourceManager/Connect',
             heartbeat__pb2.AgentMessage.SerializeToString,
             heartbeat__pb2.RmMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListExecutors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arrowbeat.heartbeat.ResourceManager/ListExecutors',
+            heartbeat__pb2.ListExecutorsRequest.SerializeToString,
+            heartbeat__pb2.ListExecutorsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -200,3 +200,27 @@ def test_registration_deadline_without_an_rm() -> None:
         assert address in str(a.error)
     finally:
         a.stop()
+
+
+def test_list_executors_shows_the_rm_view_to_secret_holders_only(rm: Rm) -> None:
+    import os
+
+    from heartbeat import AuthenticationError
+    from heartbeat.admin import list_executors
+
+    _server, address, events = rm
+    a = agent(address, "7")
+    try:
+        a.start()
+        assert a.wait_registered(5.0)
+        assert events.wait_for(lambda: len(events.records) >= 1, 5.0)
+        (status,) = list_executors(address, SECRET)
+        assert status.executor_id == "7" and status.state == "RUNNING"
+        assert status.pid == os.getpid()  # the agent runs in this process here
+        assert a.registration is not None and status.instance_id == a.registration.instance_id
+        assert status.last_rtt_ms is not None and status.last_heartbeat is not None
+        with pytest.raises(AuthenticationError):
+            list_executors(address, "not-the-secret")
+    finally:
+        a.stop()
+    assert [s.state for s in list_executors(address, SECRET)] == ["UNREGISTERED"]
