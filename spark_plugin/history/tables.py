@@ -51,15 +51,20 @@ class TableSpec:
     schema: pa.Schema
 
 
+#: Leading columns of both monitoring tables: which executor instance, of which application, when.
+_WHO_AND_WHEN = [
+    ("app_id", pa.string()),
+    ("executor_id", pa.string()),
+    ("host", pa.string()),
+    ("instance_id", pa.string()),
+    ("ts", TS),
+]
+
 HEARTBEATS = TableSpec(
     "heartbeats",
     pa.schema(
         [
-            ("app_id", pa.string()),
-            ("executor_id", pa.string()),
-            ("host", pa.string()),
-            ("instance_id", pa.string()),
-            ("ts", TS),
+            *_WHO_AND_WHEN,
             ("rtt_ms", pa.float64()),
             ("gap_ms", pa.float64()),
             ("jvm_pulse_age_ms", pa.int64()),
@@ -75,11 +80,7 @@ EXECUTOR_EVENTS = TableSpec(
     "executor_events",
     pa.schema(
         [
-            ("app_id", pa.string()),
-            ("executor_id", pa.string()),
-            ("host", pa.string()),
-            ("instance_id", pa.string()),
-            ("ts", TS),
+            *_WHO_AND_WHEN,
             ("event", pa.string()),
             ("detail", pa.string()),
         ]

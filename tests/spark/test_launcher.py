@@ -18,15 +18,9 @@ APPS = Path(__file__).parent / "apps"
 pytestmark = pytest.mark.spark
 
 
-def agent_of(executor_jvm: psutil.Process) -> psutil.Process:
-    agents = [c for c in executor_jvm.children() if "spark_plugin.executor" in " ".join(c.cmdline())]
-    assert len(agents) == 1, f"executor pid {executor_jvm.pid} has agents {agents}"
-    return agents[0]
-
-
-def test_one_agent_per_executor_each_follows_its_jvm(scratch: Path) -> None:
-    tables = scratch / "launcher-tables"
-    go = scratch / "launcher-go"
+def fast_cluster_app(scratch: Path, name: str) -> tuple[SubmittedApp, Path, Path]:
+    """hold_app on local-cluster[2,1,1024], interval 500 ms / timeout 2 s; (app, tables, go file)."""
+    tables, go = scratch / f"{name}-tables", scratch / f"{name}-go"
     app = SubmittedApp(
         APPS / "hold_app.py",
         "local-cluster[2,1,1024]",
@@ -39,6 +33,17 @@ def test_one_agent_per_executor_each_follows_its_jvm(scratch: Path) -> None:
         },
         args=[str(go)],
     )
+    return app, tables, go
+
+
+def agent_of(executor_jvm: psutil.Process) -> psutil.Process:
+    agents = [c for c in executor_jvm.children() if "spark_plugin.executor" in " ".join(c.cmdline())]
+    assert len(agents) == 1, f"executor pid {executor_jvm.pid} has agents {agents}"
+    return agents[0]
+
+
+def test_one_agent_per_executor_each_follows_its_jvm(scratch: Path) -> None:
+    app, tables, go = fast_cluster_app(scratch, "launcher")
     try:
         ready = app.wait_for("APP-READY ", timeout_s=180)
         assert ready["sum"] == sum(range(100_000))
@@ -108,20 +113,7 @@ def test_start_failure_is_logged_and_the_job_runs_on(
 
 
 def test_a_dead_driver_side_process_is_restarted_and_recovers_its_executors(scratch: Path) -> None:
-    tables = scratch / "restart-tables"
-    go = scratch / "restart-go"
-    app = SubmittedApp(
-        APPS / "hold_app.py",
-        "local-cluster[2,1,1024]",
-        scratch,
-        conf={
-            "spark.arrowbeat.heartbeat.interval": "500ms",
-            "spark.arrowbeat.heartbeat.timeout": "2s",
-            "spark.arrowbeat.tables.path": str(tables),
-            "spark.arrowbeat.tables.flushInterval": "500ms",
-        },
-        args=[str(go)],
-    )
+    app, tables, go = fast_cluster_app(scratch, "restart")
     try:
         ready = app.wait_for("APP-READY ", timeout_s=180)
         assert wait_until(lambda: {e for e, k in events(tables) if k == "REGISTERED"} == {"0", "1"}, 30)
