@@ -63,8 +63,10 @@ def status_name_for(error: ProtocolError) -> str:
     """The gRPC status (by name, so this module needs no grpc import) that reports ``error``."""
     if isinstance(error, UnknownExecutorError):
         return "NOT_FOUND"
-    if isinstance(error, StaleEpochError | StaleInstanceError):
+    if isinstance(error, StaleEpochError):
         return "FAILED_PRECONDITION"
+    if isinstance(error, StaleInstanceError):
+        return "ALREADY_EXISTS"  # a newer registration won: final for the agent, unlike the above
     return "INVALID_ARGUMENT"
 
 

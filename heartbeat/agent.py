@@ -7,7 +7,10 @@ The agent is a heartbeat *receiver* (Flink's TaskExecutor side): it answers each
 its payload, and monitors the RM as a target (``agent_session``). It re-registers when the RM
 falls silent for the timeout, when a request carries a new epoch, or when the RM ends the stream
 with "unknown executor" / "stale". While ``is_healthy()`` is False it neither answers nor
-re-registers, so a frozen host process looks dead to the RM.
+re-registers, so a frozen host process looks dead to the RM. When the RM says a newer
+registration of the same executor id replaced ours, the agent stops for good
+(``RegistrationReplacedError``): registering again would replace the newer agent in turn, and
+two live agents given one id would replace each other forever.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ from ._proto import heartbeat_pb2 as pb
 from ._wire import CONNECT_METHOD, SECRET_METADATA_KEY, message_size_options
 from .agent_session import AgentSession, Registration, error_for_status
 from .clock import Clock, MonotonicClock
-from .errors import ClosedError, HeartbeatRpcError, MalformedMessageError, RegistrationError
+from .errors import (
+    ClosedError,
+    HeartbeatRpcError,
+    MalformedMessageError,
+    RegistrationError,
+    RegistrationReplacedError,
+)
 from .payload import PayloadProvider
 from .retry import RetryPolicy, retry_until_deadline
 from .scheduler import Scheduler
@@ -75,6 +84,7 @@ class AsyncAgent:
         self.registration: Registration | None = None
         self.error: BaseException | None = None
         self.registrations = 0
+        self._stop_reason = "agent stopped"
 
     def healthy(self) -> bool:
         try:
@@ -84,7 +94,8 @@ class AsyncAgent:
             return False
 
     async def run(self) -> None:
-        """Register, serve, re-register, until ``stop`` or a non-retryable registration error."""
+        """Register, serve, re-register, until ``stop``, a non-retryable registration error, or a
+        newer registration of our executor id (the error is kept in ``error``)."""
         self._task = asyncio.current_task()
         try:
             while not self._stopping:
@@ -93,7 +104,7 @@ class AsyncAgent:
                     self._open_session, self.retry_policy, self.clock, self.rm_address, self._sleep
                 )
                 if self._stopping:
-                    await self._session.close(unregister=True, timeout_s=1.0)
+                    await self._session.close(True, 1.0, self._stop_reason)
                     break
                 self.registration = self._session.registration
                 self.registrations += 1
@@ -102,13 +113,19 @@ class AsyncAgent:
                 reason = await self._session.serve()
                 self.registration = None
                 log.info("agent %s: %s", self.executor_id, reason)
-                await self._session.close(unregister=self._stopping, timeout_s=1.0)
+                rm_error = self._session.rm_error
+                await self._session.close(self._stopping, 1.0, self._stop_reason)
                 self._session = None
+                if isinstance(rm_error, RegistrationReplacedError) and not self._stopping:
+                    raise rm_error
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
         except ClosedError:
             pass
+        except RegistrationReplacedError as exc:
+            self.error = exc
+            log.error("agent %s stops: %s", self.executor_id, exc)
         except RegistrationError as exc:
             self.error = exc
             log.error("agent %s gives up: %s", self.executor_id, exc)
@@ -119,12 +136,16 @@ class AsyncAgent:
             self.registration = None
             self._done.set()
 
-    async def stop(self, timeout_s: float = 3.0) -> None:
+    async def stop(self, timeout_s: float = 3.0, reason: str = "agent stopped") -> None:
         """Unregister (best effort) and end ``run``; idempotent.
 
-        A registration attempt in flight is allowed to finish (so the RM gets an unregister,
-        not a timeout) unless that takes longer than ``timeout_s``; then it is cancelled.
+        ``reason`` becomes the UNREGISTERED event's detail: a host that died ("the JVM exited
+        unexpectedly") must read differently from an orderly stop. A registration attempt in
+        flight is allowed to finish (so the RM gets an unregister, not a timeout) unless that
+        takes longer than ``timeout_s``; then it is cancelled.
         """
+        if not self._stopping:
+            self._stop_reason = reason
         self._stopping = True
         self._stop_event.set()
         if self._session is not None:

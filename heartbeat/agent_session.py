@@ -2,7 +2,8 @@
 
 The session answers the RM's heartbeat requests through a receiver ``HeartbeatManager`` that
 monitors the RM as its target, and ends (returning why) when the RM falls silent for the
-timeout, a request carries a new epoch, or the RM ends the stream.
+timeout, a request carries a new epoch, or the RM ends the stream (its status is kept in
+``rm_error``: ``RegistrationReplacedError`` there means the agent must stop, not re-register).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .errors import (
     AuthenticationError,
     HeartbeatRpcError,
     MalformedMessageError,
+    RegistrationReplacedError,
     StaleEpochError,
     StaleInstanceError,
     UnknownExecutorError,
@@ -51,6 +53,11 @@ def error_for_status(code: grpc.StatusCode | None, details: str | None) -> Excep
         return AuthenticationError(f"the RM rejected our secret: {text}")
     if code == grpc.StatusCode.NOT_FOUND:
         return UnknownExecutorError(text)
+    if code == grpc.StatusCode.ALREADY_EXISTS:
+        return RegistrationReplacedError(
+            f"{text}: another live agent registered with the same executor id and the newer one wins; "
+            "this agent stops instead of replacing it back (give every agent its own executor id)"
+        )
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return StaleEpochError(text) if "epoch" in text else StaleInstanceError(text)
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
@@ -74,6 +81,7 @@ class AgentSession:
         self.channel = channel
         self.call = call
         self.registration = registration
+        self.rm_error: Exception | None = None  # the status the RM ended the stream with, if it did
         self._outbox: collections.deque[pb.AgentMessage] = collections.deque()
         self._seq = 0
         self._ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -95,8 +103,8 @@ class AgentSession:
         finally:
             self.manager.stop()
 
-    async def close(self, unregister: bool, timeout_s: float) -> None:
-        """Drop the stream and its channel; first tell the RM we leave if ``unregister``.
+    async def close(self, unregister: bool, timeout_s: float, reason: str = "agent stopped") -> None:
+        """Drop the stream and its channel; first tell the RM we leave, and why, if ``unregister``.
 
         The reader keeps running until the RM ends the stream: cancelling a pending grpc.aio
         read cancels the whole call, which would lose the unregister message.
@@ -104,7 +112,7 @@ class AgentSession:
         try:
             if unregister:
                 epoch, instance_id = self.registration
-                bye = pb.UnregisterRequest(epoch=epoch, instance_id=instance_id, reason="agent stopped")
+                bye = pb.UnregisterRequest(epoch=epoch, instance_id=instance_id, reason=reason)
                 await asyncio.wait_for(self._write(pb.AgentMessage(unregister=bye)), timeout_s)
                 await asyncio.wait_for(self.call.done_writing(), timeout_s)
                 await asyncio.wait_for(self.call.code(), timeout_s)
@@ -127,8 +135,8 @@ class AgentSession:
             while True:
                 message = await self.call.read()
                 if message is EOF:
-                    error = error_for_status(await self.call.code(), await self.call.details())
-                    self.end(f"the RM ended the stream: {error!r}")
+                    self.rm_error = error_for_status(await self.call.code(), await self.call.details())
+                    self.end(f"the RM ended the stream: {self.rm_error!r}")
                     return
                 if message.WhichOneof("body") != "heartbeat_request" or self._ended.done():
                     continue
@@ -144,6 +152,10 @@ class AgentSession:
                     await self._write(self._outbox.popleft())
         except asyncio.CancelledError:
             raise
+        except grpc.aio.AioRpcError as exc:  # the stream ended with a non-OK status
+            self.rm_error = error_for_status(exc.code(), exc.details())
+            self.manager.report_rpc_failure(RM_TARGET_ID)
+            self.end(f"the stream to the RM ended: {self.rm_error!r}")
         except Exception as exc:
             self.manager.report_rpc_failure(RM_TARGET_ID)
             self.end(f"the stream to the RM broke: {exc!r}")

@@ -6,14 +6,15 @@
     ├── HeartbeatConfigError (also ValueError)   invalid interval/timeout/threshold/retry settings
     ├── ClosedError                               we stopped it; the call came after stop()
     ├── HeartbeatRpcError                         the peer is gone or the transport failed
-    ├── RegistrationError                         an agent could not register
+    ├── RegistrationError                         an agent could not (or must no longer) register
     │   ├── RegistrationTimeoutError              retries ran past the policy's deadline
-    │   └── AuthenticationError                   the RM rejected the shared secret (not retried)
+    │   ├── AuthenticationError                   the RM rejected the shared secret (not retried)
+    │   └── RegistrationReplacedError             another agent registered our executor id (final)
     └── ProtocolError                             the RM refused a message; nothing was applied
         ├── MalformedMessageError                 -> gRPC INVALID_ARGUMENT
         ├── UnknownExecutorError                  -> gRPC NOT_FOUND: re-register
         ├── StaleEpochError                       -> gRPC FAILED_PRECONDITION: the RM restarted
-        └── StaleInstanceError                    -> gRPC FAILED_PRECONDITION: a newer registration won
+        └── StaleInstanceError                    -> gRPC ALREADY_EXISTS: a newer registration won
 
 "We closed it" (``ClosedError``) and "the peer is gone" (``HeartbeatRpcError``) are kept apart on
 purpose: the first is a caller bug, the second is the normal failure the protocol detects.
@@ -67,6 +68,14 @@ class RegistrationTimeoutError(RegistrationError):
 
 class AuthenticationError(RegistrationError):
     """The RM rejected our secret: every process of one application must share the same secret."""
+
+
+class RegistrationReplacedError(RegistrationError):
+    """A newer registration of the same executor id replaced ours; the agent stops for good.
+
+    Registering again would replace the newer agent in turn, and two live agents sharing one
+    executor id would then replace each other forever, so the newer registration wins.
+    """
 
 
 class ProtocolError(HeartbeatError):

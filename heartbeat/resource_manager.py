@@ -188,8 +188,14 @@ class ResourceManagerCore:
             kind = EventKind.REREGISTERED if executor_id in self._seen else EventKind.REGISTERED
             self._seen.add(executor_id)
         if current is not None and current.state == "RUNNING":
+            # Its own status: the replaced agent must stop, not register again and replace the
+            # newer one in turn (two live agents given one executor id would flap forever).
             current.state = "REPLACED"
-            current.target.link.close("FAILED_PRECONDITION", "stale registration: replaced by a newer one")
+            current.target.link.close(
+                "ALREADY_EXISTS",
+                f"registration {current.instance_id} of executor {executor_id!r} was replaced by a newer "
+                f"one (instance {instance_id}, host {host or '?'}, pid {pid or '?'})",
+            )
         detail = "" if current is None else f"replaces instance {current.instance_id}"
         self._emit(kind, executor_id, host, instance_id, detail)
         return Registered(self.epoch, instance_id, resumed=False)

@@ -82,15 +82,15 @@ class TaskExecutorAgent:
             self._cond.wait_for(self._registered_or_done, timeout_s)
             return self.registration is not None
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Unregister best effort and end the agent; idempotent."""
+    def stop(self, timeout_s: float = 5.0, reason: str = "agent stopped") -> None:
+        """Unregister best effort, telling the RM ``reason``, and end the agent; idempotent."""
         if self._stopped:
             return
         self._stopped = True
         if self._agent is None or self._running is None:
             return
         try:
-            submit(self._agent.stop(timeout_s)).result(timeout_s + 1.0)
+            submit(self._agent.stop(timeout_s, reason)).result(timeout_s + 1.0)
             self._running.result(timeout_s)
         except Exception as exc:
             log.debug("agent stop: %r", exc)

@@ -53,7 +53,8 @@ class ResourceManagerServicer(object):
         """First agent message must be `register`; the RM answers `registered`, then sends
         `heartbeat_request`s every interval. Refusals end the stream with a status:
         UNAUTHENTICATED (secret), INVALID_ARGUMENT (malformed), NOT_FOUND (unknown executor:
-        re-register), FAILED_PRECONDITION (stale epoch or instance id: re-register).
+        re-register), FAILED_PRECONDITION (stale epoch: re-register), ALREADY_EXISTS (a newer
+        registration of this executor id replaced this one: stop, do not re-register).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

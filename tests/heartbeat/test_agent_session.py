@@ -7,8 +7,19 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import grpc.aio
+import pytest
 
-from heartbeat import AsyncAgent, HeartbeatServices, ManualScheduler, Registration, static_provider
+from heartbeat import (
+    AsyncAgent,
+    HeartbeatRpcError,
+    HeartbeatServices,
+    ManualScheduler,
+    Registration,
+    RegistrationReplacedError,
+    UnknownExecutorError,
+    static_provider,
+)
 from heartbeat._grpc_compat import EOF
 from heartbeat._proto import heartbeat_pb2 as pb
 from heartbeat.agent_session import AgentSession
@@ -26,7 +37,10 @@ class FakeCall:
         self.status: tuple[grpc.StatusCode, str] = (grpc.StatusCode.OK, "")
 
     async def read(self) -> object:
-        return await self.inbox.get()
+        item = await self.inbox.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     async def write(self, message: pb.AgentMessage) -> None:
         self.written.append(message)
@@ -45,6 +59,12 @@ class FakeCall:
         self.status = (code, details)
         self.inbox.put_nowait(EOF)
 
+    def fail(self, code: grpc.StatusCode, details: str) -> None:
+        """End with a non-OK status the way grpc.aio reports it: ``read`` raises."""
+        self.status = (code, details)
+        empty = grpc.aio.Metadata()
+        self.inbox.put_nowait(grpc.aio.AioRpcError(code, empty, empty, details, None))
+
 
 async def until(condition: Callable[[], bool]) -> None:
     """Yield to the loop (no real waiting) until ``condition`` holds."""
@@ -58,6 +78,7 @@ async def until(condition: Callable[[], bool]) -> None:
 def run_session(
     scenario: Callable[[FakeCall, ManualScheduler, AgentSession, Any], Any],
     healthy: Callable[[], bool] = lambda: True,
+    sessions: list[AgentSession] | None = None,
 ) -> str:
     async def main() -> str:
         scheduler = ManualScheduler()
@@ -73,6 +94,8 @@ def run_session(
         )
         call = FakeCall()
         session = AgentSession(agent, None, call, REG)  # type: ignore[arg-type]
+        if sessions is not None:
+            sessions.append(session)
         task = asyncio.create_task(session.serve())
         await scenario(call, scheduler, session, task)
         return await asyncio.wait_for(task, 5.0)
@@ -140,3 +163,28 @@ def test_unhealthy_host_process_means_no_answers_and_stale_requests_are_ignored(
         session.end("done")
 
     assert run_session(scenario, healthy=lambda: healthy[0]) == "done"
+
+
+@pytest.mark.parametrize("how", ["read raises", "read returns EOF"])
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (grpc.StatusCode.ALREADY_EXISTS, RegistrationReplacedError),
+        (grpc.StatusCode.NOT_FOUND, UnknownExecutorError),
+        (grpc.StatusCode.UNAVAILABLE, HeartbeatRpcError),
+    ],
+)
+def test_the_status_that_ended_the_stream_is_kept_typed(
+    how: str, code: grpc.StatusCode, error: type[Exception]
+) -> None:
+    sessions: list[AgentSession] = []
+
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: AgentSession, task: Any) -> None:
+        (call.fail if how == "read raises" else call.end)(
+            code, "registration i-1 was replaced by a newer one"
+        )
+
+    reason = run_session(scenario, sessions=sessions)
+    [session] = sessions
+    assert type(session.rm_error) is error and error.__name__ in reason
+    assert error is not RegistrationReplacedError or "own executor id" in str(session.rm_error)

@@ -11,6 +11,7 @@ import pytest
 
 from heartbeat import (
     EventKind,
+    RegistrationReplacedError,
     RegistrationTimeoutError,
     ResourceManagerServer,
     RetryPolicy,
@@ -19,6 +20,8 @@ from heartbeat import (
 from heartbeat._io_loop import submit
 from heartbeat._proto import heartbeat_pb2 as pb
 from heartbeat._wire import CONNECT_METHOD, SECRET_METADATA_KEY
+from heartbeat.admin import list_executors
+from tests.procs import wait_until
 
 from .conftest import FAST, SECRET, Collector
 
@@ -87,17 +90,23 @@ def test_registered_agent_reports_heartbeats_with_rtt_despite_a_raising_subscrib
 
 @pytest.mark.parametrize("secret", [None, "wrong", ""])
 def test_wrong_or_missing_secret_is_unauthenticated_and_logged_once(
-    rm: Rm, secret: str | None, caplog: pytest.LogCaptureFixture
+    rm: Rm, secret: str | None, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     server, address, events = rm
-    with caplog.at_level(logging.WARNING, logger="heartbeat"):
+    with caplog.at_level(logging.WARNING):  # the root logger: grpc's and asyncio's records too
         code, details, replies = raw_call(address, [register_bytes("x")], secret=secret)
         code2, _, _ = raw_call(address, [register_bytes("y")], secret=secret)
+        # An authorised call served after both refusals on the same loop: whatever handling
+        # them logged is in by the time it is answered.
+        assert list_executors(address, SECRET) == []
     assert code == code2 == grpc.StatusCode.UNAUTHENTICATED
     assert "secret" in details and replies == 0
     assert server.executors() == [] and events.events == []
-    lines = [r for r in caplog.records if r.name.startswith("heartbeat")]
-    assert len(lines) == 1 and lines[0].exc_info is None
+    [line] = caplog.records  # every WARNING+ record of any logger: one line for both refusals
+    assert line.name.startswith("heartbeat") and "rejected" in line.getMessage()
+    assert line.exc_info is None and line.exc_text is None and line.stack_info is None
+    assert "\n" not in line.getMessage()
+    assert "Traceback" not in capfd.readouterr().err, "no stack trace on stderr either (gRPC core)"
 
 
 def test_agent_with_wrong_secret_gives_up_with_an_authentication_error(rm: Rm) -> None:
@@ -144,15 +153,27 @@ def test_stale_epoch_on_the_wire_is_failed_precondition(rm: Rm) -> None:
 
 
 def test_unhealthy_host_times_out_then_reregisters_when_healthy(rm: Rm) -> None:
-    _, address, events = rm
+    server, address, events = rm
     healthy = [True]
-    a = agent(address, "2", is_healthy=lambda: healthy[0])
+    polls = [0]
+
+    def is_healthy() -> bool:
+        polls[0] += 1
+        return healthy[0]
+
+    a = agent(address, "2", is_healthy=is_healthy)
     try:
         a.start()
         assert a.wait_registered(5.0)
         healthy[0] = False
         events.wait_event(EventKind.HEARTBEAT_TIMEOUT, "2", 3.0)
-        assert events.find(EventKind.REREGISTERED, "2") == []
+        # Out of its session, the agent asks is_healthy() once per interval before it may register
+        # again. Four more asks (one may still come from the closing session) span >= 2 intervals.
+        assert wait_until(lambda: a.registration is None, 5.0)
+        seen = polls[0]
+        assert wait_until(lambda: polls[0] >= seen + 4, 5.0)
+        assert events.find(EventKind.REREGISTERED, "2") == [] and a.registrations == 1
+        assert [i.state for i in server.executors()] == ["TIMEOUT"]
         healthy[0] = True
         events.wait_event(EventKind.REREGISTERED, "2", 5.0)
         assert a.wait_registered(5.0)
@@ -206,7 +227,6 @@ def test_list_executors_shows_the_rm_view_to_secret_holders_only(rm: Rm) -> None
     import os
 
     from heartbeat import AuthenticationError
-    from heartbeat.admin import list_executors
 
     _server, address, events = rm
     a = agent(address, "7")
@@ -223,4 +243,48 @@ def test_list_executors_shows_the_rm_view_to_secret_holders_only(rm: Rm) -> None
             list_executors(address, "not-the-secret")
     finally:
         a.stop()
+    assert [s.state for s in list_executors(address, SECRET)] == ["UNREGISTERED"]
+
+
+def test_a_newer_registration_of_the_same_id_stops_the_older_agent_for_good(
+    rm: Rm, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, address, events = rm
+    older, newer = agent(address, "dup"), agent(address, "dup")
+    try:
+        with caplog.at_level(logging.WARNING):
+            older.start()
+            assert older.wait_registered(5.0)
+            events.wait_event(EventKind.REGISTERED, "dup", 5.0)
+            newer.start()
+            assert newer.wait_registered(5.0)
+            assert wait_until(lambda: older.error is not None, 5.0), "the replaced agent did not stop"
+            assert not older.wait_registered(5.0), "it gave up instead of registering again"
+            assert newer.registration is not None
+            instance = newer.registration.instance_id
+            replaced = events.wait_event(EventKind.REREGISTERED, "dup", 5.0)
+            assert replaced.instance_id == instance
+
+            # Several intervals later, counted by the new registration's answered heartbeats:
+            # 4 more answers span >= 3 intervals, and nothing changed hands meanwhile.
+            def answered() -> int:
+                return sum(1 for r in events.records if r.instance_id == instance)
+
+            seen = answered()
+            assert events.wait_for(lambda: answered() >= seen + 4, 5.0)
+            assert [e.kind for e in events.events] == [EventKind.REGISTERED, EventKind.REREGISTERED]
+            assert older.registrations == newer.registrations == 1
+            [info] = server.executors()
+            assert info.state == "RUNNING" and info.instance_id == instance
+            assert newer.registration is not None and newer.registration.instance_id == instance
+        assert isinstance(older.error, RegistrationReplacedError)
+        [line] = caplog.records  # every WARNING+ record of any logger
+        message = line.getMessage()
+        assert line.levelno == logging.ERROR and line.name == "heartbeat.agent"
+        assert "agent dup stops" in message and "replaced by a newer one" in message and instance in message
+        assert "same executor id" in message and "\n" not in message and line.exc_info is None
+    finally:
+        older.stop()
+        newer.stop()
+    events.wait_event(EventKind.UNREGISTERED, "dup", 5.0)
     assert [s.state for s in list_executors(address, SECRET)] == ["UNREGISTERED"]

@@ -107,9 +107,10 @@ def test_second_registration_makes_the_first_stale() -> None:
     rm = Rm()
     old_link, new_link = FakeLink(), FakeLink()
     old = rm.core.register("1", "h", old_link)
-    new = rm.core.register("1", "h", new_link)
+    new = rm.core.register("1", "h2", new_link, pid=4242)
     assert new.instance_id != old.instance_id
-    assert old_link.closed is not None and old_link.closed[0] == "FAILED_PRECONDITION"
+    assert old_link.closed is not None and old_link.closed[0] == "ALREADY_EXISTS", "final: no re-register"
+    assert all(part in old_link.closed[1] for part in (old.instance_id, new.instance_id, "h2", "4242"))
     with pytest.raises(StaleInstanceError):
         rm.core.receive_heartbeat("1", rm.core.epoch, old.instance_id, 1, Payload(slots_total=9))
     with pytest.raises(StaleInstanceError):
