@@ -1,8 +1,10 @@
-"""Credit accounting, pure (no I/O): the sender's credit and the receiver's unannounced credit.
+"""Credit accounting, pure (no I/O): the sender's credit, the receiver's unannounced credit, and
+the receiver's ledger of what it announced, received and consumed.
 
 Flink's rules: the receiver announces credit only when its unannounced count leaves zero (later
 increments ride along with that announcement); the sender sends a data buffer only while it has
-credit. Counters let tests assert the invariants directly.
+credit. The receiver's ledger checks the second rule from the other end of the wire, so tests
+need not trust the sender's own counters.
 """
 
 from __future__ import annotations
@@ -54,3 +56,43 @@ class UnannouncedCredit:
             n, self._count = self._count, 0
             self.announced_total += n
             return n
+
+
+class ReceiverLedger:
+    """The receiver's witness of the credit contract: announced vs received vs consumed.
+
+    Not thread-safe: the channel calls it under its own lock. ``announce`` is called when
+    credit is taken for an ADD_CREDIT message, *before* it is sent, so a sender that keeps the
+    contract can never make ``received`` overtake ``announced``; the witness has no false alarms.
+    """
+
+    def __init__(self, initial_credit: int) -> None:
+        self.announced = initial_credit
+        self.received = 0
+        self.consumed = 0
+        self.without_credit = 0
+        """Buffers that arrived with no announced-and-unused credit, or no free buffer, for them."""
+        self.max_in_flight = 0
+        """Most buffers received and not yet consumed, sampled on every receive."""
+        self.max_in_flight_over_credit = 0
+        """Largest excess, on any receive, of in-flight buffers over the credit announced for
+        buffers not yet consumed (``announced - consumed``); 0 while the contract holds."""
+
+    def announce(self, credit: int) -> None:
+        self.announced += credit
+
+    def receive(self, has_free_buffer: bool) -> bool:
+        """Account one arriving buffer; ``False`` if it came without credit (also counted)."""
+        within = has_free_buffer and self.received < self.announced
+        self.received += 1
+        if not within:
+            self.without_credit += 1
+        in_flight = self.received - self.consumed
+        self.max_in_flight = max(self.max_in_flight, in_flight)
+        window = self.announced - self.consumed
+        self.max_in_flight_over_credit = max(self.max_in_flight_over_credit, in_flight - window)
+        return within
+
+    def consume(self) -> None:
+        """One received buffer was handed to the consumer."""
+        self.consumed += 1

@@ -19,6 +19,7 @@ Callers catch the branch they can act on; transport-level exceptions (``OSError`
     ├── ChannelClosedError           *we* closed it (close(), cancel); using it afterwards
     └── PeerLostError                *the peer* is gone: EOF, reset or keepalive timeout
         └── RemoteFailureError       the peer reported an error on the stream
+            └── ProducerFailedError  the producer aborted the partition; it will never end
 
 Every error about a stream names the partition and the peer (``describe``).
 """
@@ -88,6 +89,12 @@ class PeerLostError(ShuffleError):
 
 class RemoteFailureError(PeerLostError):
     """The peer reported a failure on the stream and closed it."""
+
+
+class ProducerFailedError(RemoteFailureError):
+    """The producer failed or aborted its partition (writer abort); no end-of-partition will come.
+
+    Raised to local and remote readers alike; what was read before it is not a complete output."""
 
 
 def describe(partition: object, peer: object) -> str:

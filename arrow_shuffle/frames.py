@@ -38,6 +38,7 @@ class ErrorCode(enum.IntEnum):
     PARTITION_NOT_FOUND = 1
     AUTHENTICATION = 2
     PROTOCOL = 3
+    PRODUCER_FAILED = 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,9 +121,11 @@ class InputGate:
 
     def stats(self) -> GateStats:
         snapshot: GateStats = self._stats.snapshot()
-        snapshot.credits_announced = sum(
-            c.credits_announced for c in self._channels if isinstance(c, RemoteInputChannel)
-        )
+        remote = [c.stats() for c in self._channels if isinstance(c, RemoteInputChannel)]
+        snapshot.credits_announced = sum(r.credits_announced for r in remote)
+        snapshot.buffers_without_credit = sum(r.buffers_without_credit for r in remote)
+        snapshot.max_in_flight = max((r.max_in_flight for r in remote), default=0)
+        snapshot.max_in_flight_over_credit = max((r.max_in_flight_over_credit for r in remote), default=0)
         return snapshot
 
     def _notify(self, index: int) -> None:

@@ -1,7 +1,8 @@
 """``LocalInputChannel``: reads a subpartition of a partition in the same process, no network.
 
 No credit is involved (as in Flink): the consumer takes finished buffers straight from the
-subpartition queue and recycles them into the producer's pool once decoded.
+subpartition queue and recycles them into the producer's pool once decoded. Closing it before
+end-of-partition releases the subpartition, as the server does when a remote reader goes away.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from arrow_shuffle.buffer_pool import Buffer
-from arrow_shuffle.errors import ChannelClosedError, describe
+from arrow_shuffle.errors import ChannelClosedError, ProducerFailedError, describe
 from arrow_shuffle.partition import ResultPartition
 
 
@@ -27,16 +28,29 @@ class LocalInputChannel:
 
     def start(self, on_data: Callable[[int], None]) -> None:
         self._on_data = on_data
-        self.subpartition.attach_reader(lambda: on_data(self.index))
+        try:
+            self.subpartition.attach_reader(lambda: on_data(self.index))
+        except ProducerFailedError as exc:
+            raise ProducerFailedError(f"{exc} {self.where}") from exc
 
     def poll(self) -> tuple[Buffer | None, bool]:
         """Next buffer (``None`` if none yet) and whether the partition ended."""
         if self._closed:
             raise ChannelClosedError(f"channel closed {self.where}")
-        buffer, _backlog, end = self.subpartition.poll()
+        try:
+            buffer, _backlog, end = self.subpartition.poll()
+        except ProducerFailedError as exc:
+            raise ProducerFailedError(f"{exc} {self.where}") from exc
         self._ended = end
         return buffer, end
 
     def close(self) -> None:
+        """Cancel. A reader that leaves before end-of-partition releases the subpartition (as the
+        server does for a remote one), so a producer blocked on the pool fails fast, not after
+        ``buffer_request_timeout_s``."""
+        if self._closed:
+            return
         self._closed = True
         self.subpartition.detach_reader()
+        if self._on_data is not None and not self._ended:
+            self.subpartition.release()

@@ -120,12 +120,20 @@ class ResultPartition:
             sub.finish()
 
     def release(self) -> None:
-        """Drop all data and return every buffer (after consumption, or on cancel/failure)."""
+        """Drop all data and return every buffer (after consumption, or on cancel)."""
+        self._release(None)
+
+    def fail(self, reason: str) -> None:
+        """The producer failed or gave up: readers get ``ProducerFailedError`` naming ``reason``
+        (never end-of-partition), and every buffer is returned as by ``release``."""
+        self._release(reason)
+
+    def _release(self, failure: str | None) -> None:
         if self._released:
             return
         self._released = True
         for sub in self.subpartitions:
-            sub.release()
+            sub.release(failure)
         self.pool.close()
         with self._spill_lock:
             if self._spill is not None:

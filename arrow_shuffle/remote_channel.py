@@ -1,11 +1,12 @@
 """``RemoteInputChannel``: the receiving end of one stream, with credit-based flow control.
 
 Flink's rules, in order of appearance: the partition request carries the initial credit (the
-exclusive buffers); every BUFFER frame must find a free buffer here (else the sender broke the
-credit contract) and carry the next sequence number (else ``SequenceGapError``); its backlog
-makes us request floating buffers up to ``backlog + initial_credit``; every buffer gained is one
-unannounced credit, announced when that count leaves zero. The receiver thread's failure is
-sticky: stored and raised by the next ``poll``.
+exclusive buffers); every BUFFER frame must carry the next sequence number (else
+``SequenceGapError``) and find announced, unused credit and a free buffer here (else the sender
+broke the credit contract: counted in ``stats().buffers_without_credit``, then
+``CreditViolationError``); its backlog makes us request floating buffers up to
+``backlog + initial_credit``; every buffer gained is one unannounced credit, announced when that
+count leaves zero. The receiver thread's failure is sticky: stored and raised by the next ``poll``.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from collections.abc import Callable
 from arrow_shuffle.auth import client_handshake
 from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool, Segment
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.credit import UnannouncedCredit
+from arrow_shuffle.credit import ReceiverLedger, UnannouncedCredit
 from arrow_shuffle.errors import (
     AuthenticationError,
     ChannelClosedError,
     CreditViolationError,
     OversizedFrameError,
     PartitionNotFoundError,
+    ProducerFailedError,
     ProtocolError,
     RemoteFailureError,
     SequenceGapError,
@@ -34,6 +36,7 @@ from arrow_shuffle.errors import (
 )
 from arrow_shuffle.frames import MAX_CONTROL_PAYLOAD, ErrorCode, FrameHeader, Kind
 from arrow_shuffle.ids import PartitionId
+from arrow_shuffle.stats import ChannelStats
 from arrow_shuffle.transport import Connection, Transport
 
 
@@ -77,12 +80,10 @@ class RemoteInputChannel:
         self._conn: Connection | None = None
         self._thread: threading.Thread | None = None
         self._on_data: Callable[[int], None] = lambda _i: None
-        # Counters the property tests assert on.
-        self.buffers_received = 0
-        self.bytes_received = 0
+        self._ledger = ReceiverLedger(self.initial_credit)  # guarded by _lock
+        self._bytes_received = 0
         self.terminated = threading.Event()
         """Set when the receiver thread ends (end-of-partition or failure)."""
-        self.max_in_flight = 0  # max(credit announced - buffers received): the sender's window
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, on_data: Callable[[int], None]) -> None:
@@ -148,8 +149,14 @@ class RemoteInputChannel:
                     )
                 self._check_seq(header)
                 with self._lock:
-                    if not self._free:
-                        raise CreditViolationError(f"buffer {header.seq} arrived without credit {self.where}")
+                    if self._closed:  # cancelled: close() took our buffers back; nothing to account
+                        return
+                    unused = self._ledger.announced - self._ledger.received
+                    if not self._ledger.receive(has_free_buffer=bool(self._free)):
+                        raise CreditViolationError(
+                            f"buffer {header.seq} arrived without credit ({unused} announced and unused, "
+                            f"{len(self._free)} free buffers) {self.where}"
+                        )
                     buffer = self._free.pop()
                 try:
                     conn.recv_into(buffer.segment.view[: header.length])
@@ -161,8 +168,7 @@ class RemoteInputChannel:
                     closed = self._closed
                     if not closed:
                         self._received.append(buffer)
-                        self.buffers_received += 1
-                        self.bytes_received += header.length
+                        self._bytes_received += header.length
                 if closed:
                     buffer.recycle()
                     return
@@ -200,6 +206,8 @@ class RemoteInputChannel:
             return PartitionNotFoundError(f"{message} (server side) {self.where}")
         if header.value == ErrorCode.AUTHENTICATION:
             return AuthenticationError(f"{message} {self.where}")
+        if header.value == ErrorCode.PRODUCER_FAILED:
+            return ProducerFailedError(f"producer reported: {message} {self.where}")
         return RemoteFailureError(f"producer reported: {message} {self.where}")
 
     # -- credit ---------------------------------------------------------------------------------
@@ -250,12 +258,11 @@ class RemoteInputChannel:
     def _add_credit(self, n: int) -> None:
         if n <= 0 or not self._credit.add(n):
             return
-        credit = self._credit.take()  # outside our lock: this is I/O
-        with self._lock:
+        credit = self._credit.take()
+        with self._lock:  # in the ledger before it is sent: a buffer spending it cannot come earlier
+            self._ledger.announce(credit)
             conn = self._conn
-            outstanding = self.credits_announced - self.buffers_received
-            self.max_in_flight = max(self.max_in_flight, outstanding)
-        if conn is None or credit == 0:
+        if conn is None or credit == 0:  # the send is I/O: outside our lock
             return
         try:
             conn.send(Kind.ADD_CREDIT, value=credit)
@@ -267,7 +274,22 @@ class RemoteInputChannel:
 
     @property
     def credits_announced(self) -> int:
-        return self.initial_credit + self._credit.announced_total
+        with self._lock:
+            return self._ledger.announced
+
+    def stats(self) -> ChannelStats:
+        """This channel's counters, including its witness of the credit contract."""
+        with self._lock:
+            ledger = self._ledger
+            return ChannelStats(
+                buffers_received=ledger.received,
+                bytes_received=self._bytes_received,
+                buffers_consumed=ledger.consumed,
+                credits_announced=ledger.announced,
+                buffers_without_credit=ledger.without_credit,
+                max_in_flight=ledger.max_in_flight,
+                max_in_flight_over_credit=ledger.max_in_flight_over_credit,
+            )
 
     # -- consumer side ----------------------------------------------------------------------------
     def poll(self) -> tuple[Buffer | None, bool]:
@@ -276,6 +298,7 @@ class RemoteInputChannel:
             if self._closed:
                 raise ChannelClosedError(f"channel closed {self.where}")
             if self._received:
+                self._ledger.consume()
                 return self._received.popleft(), False
             if self._error is not None:
                 raise self._error

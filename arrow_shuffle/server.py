@@ -4,6 +4,9 @@ Each accepted connection is one stream: authenticate (HMAC), read the partition 
 the channel's initial credit, then a sender thread pushes buffers while this connection's
 thread reads credit announcements from the same socket. A consumer that disappears before
 end-of-partition releases its subpartition, so a blocked producer fails fast instead of hanging.
+A peer that breaks the protocol (garbage, an oversized control frame, non-positive credit) gets
+an ERROR frame; the error names the partition and the peer, is logged and kept in
+``stream_errors()``, and only that stream ends.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import contextlib
 import json
 import logging
 import threading
+from collections import deque
 from typing import Any
 
 from arrow_shuffle.auth import as_bytes, server_handshake
@@ -20,7 +24,9 @@ from arrow_shuffle.errors import (
     AuthenticationError,
     ChannelClosedError,
     ConfigError,
+    OversizedFrameError,
     PartitionNotFoundError,
+    ProducerFailedError,
     ProtocolError,
     ShuffleError,
     describe,
@@ -56,6 +62,7 @@ class ShuffleServer:
         self._lock = threading.Lock()
         self._connections: set[Connection] = set()
         self._senders: list[StreamSender] = []
+        self._stream_errors: deque[ShuffleError] = deque(maxlen=100)
         self._closed = False
         self._threads: list[threading.Thread] = []
         self._accept_thread = threading.Thread(target=self._accept_loop, name="shuffle-accept", daemon=True)
@@ -87,6 +94,12 @@ class ShuffleServer:
         """The streams served so far (tests assert their credit counters)."""
         with self._lock:
             return list(self._senders)
+
+    def stream_errors(self) -> list[ShuffleError]:
+        """Errors that ended streams by the peer's fault (wrong secret, unknown partition, broken
+        protocol), newest last; the last 100 are kept. Each names the partition and the peer."""
+        with self._lock:
+            return list(self._stream_errors)
 
     def close(self) -> None:
         """Stop accepting, close every stream and release every registered partition."""
@@ -135,17 +148,28 @@ class ShuffleServer:
     def _serve(self, conn: Connection) -> None:
         sender: StreamSender | None = None
         sender_thread: threading.Thread | None = None
+        where = describe("(not requested yet)", conn.peer)
         try:
             app_id = server_handshake(conn, self._secret)
-            sender = self._open_stream(conn, app_id)
+            partition_id, subpartition, credit = self._read_request(conn)
+            where = describe(f"{partition_id}#{subpartition}", conn.peer)
+            sender = self._open_stream(conn, app_id, partition_id, subpartition, credit, where)
             sender_thread = threading.Thread(target=sender.run, name="shuffle-sender", daemon=True)
             sender_thread.start()
-            self._read_control(conn, sender, sender_thread)
-        except (AuthenticationError, PartitionNotFoundError, ProtocolError) as exc:
-            log.warning("refused shuffle stream from %s: %s", conn.peer, exc)
-            self._send_error(conn, exc)
+            self._read_control(conn, sender)
+        except (AuthenticationError, PartitionNotFoundError, ProtocolError) as exc:  # the peer's fault
+            error = _located(exc, where)
+            with self._lock:
+                self._stream_errors.append(error)
+            log.warning("%s shuffle stream: %s", "refused" if sender is None else "failed", error)
+            if sender is not None:
+                sender.stop()  # no more buffers after the error frame
+            self._send_error(conn, error)
+        except ProducerFailedError as exc:  # the partition failed before this reader attached
+            log.info("shuffle stream refused: %s", exc)
+            self._send_error(conn, _located(exc, where))
         except ShuffleError as exc:
-            log.info("shuffle stream from %s ended: %s", conn.peer, exc)
+            log.info("shuffle stream ended: %s", _located(exc, where))
         finally:
             if sender is not None:
                 sender.stop()
@@ -157,11 +181,17 @@ class ShuffleServer:
             with self._lock:
                 self._connections.discard(conn)
 
-    def _open_stream(self, conn: Connection, app_id: str) -> StreamSender:
+    @staticmethod
+    def _read_request(conn: Connection) -> tuple[PartitionId, int, int]:
+        """The partition request: ``(partition, subpartition, initial credit)``."""
         header = conn.recv_header()
         assert header is not None
-        if header.kind is not Kind.PARTITION_REQUEST or header.length > MAX_CONTROL_PAYLOAD:
-            raise ProtocolError(f"expected a PARTITION_REQUEST, got {header.kind.name} from {conn.peer}")
+        if header.kind is not Kind.PARTITION_REQUEST:
+            raise ProtocolError(f"expected a PARTITION_REQUEST, got {header.kind.name}")
+        if header.length > MAX_CONTROL_PAYLOAD:
+            raise OversizedFrameError(
+                f"partition request of {header.length} bytes exceeds max {MAX_CONTROL_PAYLOAD}"
+            )
         raw = bytearray(header.length)
         conn.recv_into(memoryview(raw))
         try:
@@ -169,8 +199,18 @@ class ShuffleServer:
             partition_id = PartitionId.from_wire(request["partition"])
             subpartition = int(request["subpartition"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise ProtocolError(f"malformed partition request from {conn.peer}: {exc}") from exc
-        where = describe(f"{partition_id}#{subpartition}", conn.peer)
+            raise ProtocolError(f"malformed partition request: {exc}") from exc
+        return partition_id, subpartition, header.value
+
+    def _open_stream(
+        self,
+        conn: Connection,
+        app_id: str,
+        partition_id: PartitionId,
+        subpartition: int,
+        credit: int,
+        where: str,
+    ) -> StreamSender:
         if partition_id.app_id != self.app_id or app_id != self.app_id:
             raise PartitionNotFoundError(
                 f"partition of application {partition_id.app_id!r} requested by {app_id!r} from a server of "
@@ -184,15 +224,15 @@ class ShuffleServer:
             raise PartitionNotFoundError(
                 f"no subpartition {subpartition} (has {partition.num_subpartitions}) {where}"
             )
-        if header.value < 1:
-            raise ProtocolError(f"initial credit must be >= 1, got {header.value} {where}")
-        sender = StreamSender(conn, partition, subpartition, header.value)
+        if credit < 1:
+            raise ProtocolError(f"initial credit must be >= 1, got {credit} {where}")
+        sender = StreamSender(conn, partition, subpartition, credit)
         sender.subpartition.attach_reader(sender.notify)
         with self._lock:
             self._senders.append(sender)
         return sender
 
-    def _read_control(self, conn: Connection, sender: StreamSender, sender_thread: threading.Thread) -> None:
+    def _read_control(self, conn: Connection, sender: StreamSender) -> None:
         while True:
             header = conn.recv_header(idle_ok=True)
             if header is None:
@@ -200,7 +240,10 @@ class ShuffleServer:
                     return
                 continue
             if header.length > MAX_CONTROL_PAYLOAD:
-                raise ProtocolError(f"control frame of {header.length} bytes {sender.where}")
+                raise OversizedFrameError(
+                    f"{header.kind.name} frame of {header.length} bytes exceeds the control frame max "
+                    f"{MAX_CONTROL_PAYLOAD} {sender.where}"
+                )
             if header.length:
                 conn.recv_into(memoryview(bytearray(header.length)))
             if header.kind is Kind.ADD_CREDIT:
@@ -221,5 +264,16 @@ class ShuffleServer:
             code = ErrorCode.AUTHENTICATION
         elif isinstance(exc, ProtocolError):
             code = ErrorCode.PROTOCOL
+        elif isinstance(exc, ProducerFailedError):
+            code = ErrorCode.PRODUCER_FAILED
         with contextlib.suppress(ShuffleError):
             conn.send(Kind.ERROR, str(exc).encode(), value=code)
+
+
+def _located(exc: ShuffleError, where: str) -> ShuffleError:
+    """``exc`` naming the stream's partition and peer: the same type, chained to the original."""
+    if where in str(exc):
+        return exc
+    located = type(exc)(f"{exc} {where}")
+    located.__cause__ = exc
+    return located

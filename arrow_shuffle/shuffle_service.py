@@ -180,7 +180,7 @@ class ShuffleService:
             with self._lock:
                 self._counters["bytes_staged"] += partition.stats().bytes_written
         except BaseException as exc:  # the reader went away, a file was released, ...: end the stream
-            writer.abort()
+            writer.abort(f"staging the map outputs failed: {exc}")  # the reader is told why
             with self._lock:
                 staged = self._staged.get(pid)
                 if staged is not None:

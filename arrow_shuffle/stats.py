@@ -32,8 +32,27 @@ class PartitionStats:
 
 
 @dataclass
+class ChannelStats:
+    """Consumer side, one remote channel: what it received, and its witness of the credit rules."""
+
+    buffers_received: int = 0
+    bytes_received: int = 0
+    buffers_consumed: int = 0
+    credits_announced: int = 0
+    buffers_without_credit: int = 0
+    """Buffers that arrived with no announced-and-unused credit or no free buffer (must be 0)."""
+    max_in_flight: int = 0
+    """Most buffers received and not yet consumed, sampled on every receive."""
+    max_in_flight_over_credit: int = 0
+    """Largest excess of in-flight buffers over credit announced for unconsumed ones (must be 0)."""
+
+    def as_dict(self, prefix: str = "channel.") -> dict[str, float]:
+        return {prefix + k: float(v) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass
 class GateStats:
-    """Consumer side, one input gate."""
+    """Consumer side, one input gate (the credit fields summarise its remote channels)."""
 
     batches_received: int = 0
     rows_received: int = 0
@@ -42,6 +61,12 @@ class GateStats:
     credits_announced: int = 0
     blocked_on_data_s: float = 0.0
     channels_finished: int = 0
+    buffers_without_credit: int = 0
+    """Summed over the remote channels; anything but 0 means a sender broke the credit contract."""
+    max_in_flight: int = 0
+    """The largest ``ChannelStats.max_in_flight`` of the remote channels."""
+    max_in_flight_over_credit: int = 0
+    """The largest ``ChannelStats.max_in_flight_over_credit`` of the remote channels."""
 
     def as_dict(self, prefix: str = "gate.") -> dict[str, float]:
         return {prefix + k: float(v) for k, v in dataclasses.asdict(self).items()}

@@ -12,7 +12,7 @@ import threading
 import time
 
 from arrow_shuffle.credit import SenderCredit
-from arrow_shuffle.errors import ChannelClosedError, ShuffleError, describe
+from arrow_shuffle.errors import ChannelClosedError, ProducerFailedError, ShuffleError, describe
 from arrow_shuffle.frames import ErrorCode, Kind
 from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.transport import Connection
@@ -94,6 +94,8 @@ class StreamSender:
                         self._cond.wait(self.keepalive_s - idle_for)
                 if not has_credit and backlog > 0:
                     self.partition.record(blocked_on_credit_s=time.monotonic() - started)
+        except ProducerFailedError as exc:
+            self._report(str(exc), ErrorCode.PRODUCER_FAILED)
         except ChannelClosedError as exc:
             self._report(f"partition released or stream closed: {exc}")
         except ShuffleError as exc:
@@ -102,7 +104,7 @@ class StreamSender:
             self._report(f"internal error in the sender: {exc!r}")
             raise
 
-    def _report(self, message: str) -> None:
+    def _report(self, message: str, code: ErrorCode = ErrorCode.OTHER) -> None:
         """Best effort: tell the consumer why its stream ends (it may already be gone)."""
         with contextlib.suppress(ShuffleError):
-            self.conn.send(Kind.ERROR, f"{message} {self.where}".encode(), value=ErrorCode.OTHER)
+            self.conn.send(Kind.ERROR, f"{message} {self.where}".encode(), value=code)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool
-from arrow_shuffle.errors import ChannelClosedError, PartitionNotFoundError
+from arrow_shuffle.errors import ChannelClosedError, PartitionNotFoundError, ProducerFailedError, ShuffleError
 from arrow_shuffle.spill import SpilledRegion, SpillFile
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ class Subpartition:
         self._lock = threading.Lock()
         self._finished = False
         self._released = False
+        self._failure: str | None = None  # why the producer failed, if it did (vs. a plain release)
         self._reader: Callable[[], None] | None = None
         self._has_reader = False
         self._spill: SpillFile | None = None
@@ -92,6 +93,8 @@ class Subpartition:
         """Register the one reader; ``on_available`` is called (outside locks) on new data/finish."""
         with self._lock:
             if self._released:
+                if self._failure is not None:
+                    raise self._closed_error()
                 raise PartitionNotFoundError(f"subpartition {self.index} of {self.partition_id} was released")
             if self._has_reader:
                 raise PartitionNotFoundError(
@@ -112,7 +115,7 @@ class Subpartition:
         """
         with self._lock:
             if self._released:
-                raise ChannelClosedError(f"subpartition {self.index} of {self.partition_id} was released")
+                raise self._closed_error()
             if not self._readable_before_finish and not self._finished:
                 return None, 0, False
             if not self._queue:
@@ -125,11 +128,16 @@ class Subpartition:
         if isinstance(entry, Buffer):
             return entry, backlog, False
         assert spill is not None
-        buffer = self._pool.request(self._request_timeout_s)
+        try:
+            buffer = self._pool.request(self._request_timeout_s)
+        except ShuffleError as exc:  # released meanwhile: say so, not "pool closed"
+            self._raise_if_released(exc)
+            raise
         try:
             spill.read_into(entry, buffer.segment.view)
-        except BaseException:
+        except BaseException as exc:
             buffer.recycle()
+            self._raise_if_released(exc)
             raise
         buffer.size = entry.length
         return buffer, backlog, False
@@ -139,9 +147,15 @@ class Subpartition:
         with self._lock:
             return len(self._queue)
 
-    def release(self) -> None:
-        """Drop queued data and return every buffer (cancel / release path)."""
+    def release(self, failure: str | None = None) -> None:
+        """Drop queued data and return every buffer (cancel / release path).
+
+        With ``failure`` (the producer failed or aborted) the reader gets ``ProducerFailedError``
+        carrying it instead of ``ChannelClosedError``; the first reason given is kept.
+        """
         with self._lock:
+            if failure is not None and not self._released:
+                self._failure = failure
             self._released = True
             entries, self._queue = list(self._queue), deque()
             notify = self._reader
@@ -150,3 +164,17 @@ class Subpartition:
                 entry.recycle()
         if notify is not None:
             notify()
+
+    def _closed_error(self) -> ShuffleError:
+        """The error a reader of a released subpartition gets (call with ``_lock`` held or after)."""
+        what = f"subpartition {self.index} of {self.partition_id}"
+        if self._failure is not None:
+            return ProducerFailedError(f"the producer of {what} failed: {self._failure}")
+        return ChannelClosedError(f"{what} was released")
+
+    def _raise_if_released(self, cause: BaseException) -> None:
+        """A read that failed because the partition was released meanwhile reports the release."""
+        with self._lock:
+            released = self._released
+        if released:
+            raise self._closed_error() from cause

@@ -87,8 +87,12 @@ class RecordWriter:
         self._closed = True
         self.partition.finish()
 
-    def abort(self) -> None:
-        """Cancel: return the open buffers without publishing them. Idempotent."""
+    def abort(self, reason: str = "its writer was aborted") -> None:
+        """Cancel: return the open buffers without publishing them. Idempotent.
+
+        Unless the partition was already finished, it is failed (``ResultPartition.fail``): its
+        readers get ``ProducerFailedError`` at once instead of waiting for an end that never comes.
+        """
         self._closed = True
         self._stop_flusher()
         with self._lock:
@@ -96,6 +100,8 @@ class RecordWriter:
         for builder in builders:
             if builder is not None:
                 builder.abandon()
+        if not self.partition.finished:
+            self.partition.fail(reason)
 
     # -- internals ------------------------------------------------------------------------------
     def _check(self) -> None:

@@ -91,13 +91,13 @@ def test_killed_producer_gives_every_consumer_a_typed_error_quickly(procs: Procs
         assert c.stdout.readline().strip() == "DATA"
     killed_at = time.monotonic()
     os.kill(producers[0].pid, signal.SIGKILL)
-    for c in consumers:
+    for r, c in enumerate(consumers):
         out, _ = c.communicate(timeout=10)
         elapsed = time.monotonic() - killed_at
         assert out.startswith("ERROR PeerLostError"), out
         assert "mp-app/s0/m0a0" in out  # names the lost partition
         assert elapsed < 5.0
-        assert not (tmp_path / "r0.arrow").exists()  # nothing reported complete
+        assert not (tmp_path / f"r{r}.arrow").exists()  # nothing reported complete
 
 
 def test_killed_consumer_fails_the_producer_instead_of_hanging(procs: Procs, tmp_path: Path) -> None:

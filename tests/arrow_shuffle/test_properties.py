@@ -1,8 +1,10 @@
 """Property-based: credits bound what is in flight, every row arrives once and in order.
 
-Random batch sizes, buffer sizes, credit settings, consumer slowness and cancellation, over
-the real TCP transport. The sender and the receiver count what they do; the invariants are
-asserted on those counters.
+Random batch sizes, buffer sizes, credit settings, consumer slowness, consumer cancellation
+and producer aborts, over the real TCP transport. The credit invariants are witnessed by the
+*receiver* (``RemoteInputChannel.stats()``): it counts every buffer that arrives without
+announced, unused credit, and on every receive compares what it holds unconsumed with the
+credit it announced; the sender's own counters are only cross-checked against it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from arrow_shuffle import (
@@ -23,6 +25,7 @@ from arrow_shuffle import (
     NetworkBufferPool,
     PartitionId,
     PartitionKind,
+    ProducerFailedError,
     RecordWriter,
     RemoteChannelSpec,
     ResultPartition,
@@ -33,7 +36,7 @@ from arrow_shuffle import (
 from arrow_shuffle.partitioner import hash_rows
 from arrow_shuffle.remote_channel import RemoteInputChannel
 
-from .conftest import APP, SCHEMA, SECRET, make_batch
+from .conftest import APP, SCHEMA, SECRET, make_batch, wait_until
 
 scenario = st.fixed_dictionaries(
     {
@@ -43,7 +46,9 @@ scenario = st.fixed_dictionaries(
         "subpartitions": st.integers(1, 3),
         "batch_rows": st.lists(st.integers(1, 700), min_size=1, max_size=25),
         "slow_every": st.sampled_from([0, 3, 7]),
-        "cancel_after": st.one_of(st.none(), st.integers(0, 10)),
+        # who stops the exchange early, after how many batches read (consumer) or written (producer)
+        "stop": st.sampled_from([None, "consumer", "producer"]),
+        "stop_at": st.integers(0, 12),
         "flush_timeout_s": st.sampled_from([0.0, 0.005, 0.05]),
         "blocking": st.booleans(),
         "local_first": st.booleans(),
@@ -51,7 +56,7 @@ scenario = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario)
 def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[str, Any]) -> None:
     config = ShuffleConfig(
@@ -66,6 +71,9 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
         blocking_memory_bytes=6 * s["buffer_size"],  # BLOCKING: spill almost everything
         spill_dir=str(tmp_path_factory.mktemp("spill")),
     )
+    cancel_at = s["stop_at"] if s["stop"] == "consumer" else None
+    abort_at = s["stop_at"] if s["stop"] == "producer" else None
+    event(f"stopped by {s['stop'] or 'nobody'}")
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
     server = ShuffleServer(SECRET, APP, config=config)
     try:
@@ -79,13 +87,18 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
         def produce() -> None:
             start = 0
             try:
-                for rows in s["batch_rows"]:
+                for n, rows in enumerate(s["batch_rows"]):
+                    if n == abort_at:
+                        break
                     batch = make_batch(start, rows, payload_len=int(rows) % 40)
                     writer.write(batch)
                     written.append(batch)
                     start += rows
-                writer.finish()
-            except ShuffleError as exc:  # only legitimate when the consumer cancelled
+                if abort_at is not None:  # mid-stream: the partition is never finished
+                    writer.abort("aborted by the test")
+                else:
+                    writer.finish()
+            except ShuffleError as exc:  # only legitimate when the consumer cancelled: its reader left
                 producer_error.append(exc)
                 writer.abort()
 
@@ -98,10 +111,11 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
             specs[0] = LocalChannelSpec(partition, 0)
         received: dict[int, list[int]] = defaultdict(list)
         cancelled = False
+        consumer_error: ShuffleError | None = None
         gate = InputGate(specs, SCHEMA, pool, config, secret=SECRET)
         try:
             for n, batch in enumerate(gate):
-                if s["cancel_after"] is not None and n >= s["cancel_after"]:
+                if cancel_at is not None and n >= cancel_at:
                     cancelled = True
                     gate.close()
                     break
@@ -109,31 +123,52 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
                     time.sleep(0.002)  # a slow consumer, not synchronisation
                 sub = _sub_of(batch.column("key").to_numpy(), s["subpartitions"])
                 received[sub].extend(batch.column("seq").to_pylist())
+        except ShuffleError as exc:
+            consumer_error = exc
         finally:
             gate.close()
         producer.join(15)
         assert not producer.is_alive()
-        channels = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
-        for channel in channels:  # in flight never exceeded what the receiver announced
+
+        remote = [c for c in gate.channels if isinstance(c, RemoteInputChannel)]
+        for channel in remote:  # the receiver is the witness: no buffer came without credit
+            stats = channel.stats()
+            assert stats.buffers_without_credit == 0, stats
+            assert stats.max_in_flight_over_credit == 0, stats
             assert (
-                channel.max_in_flight
-                <= config.exclusive_buffers_per_channel + config.floating_buffers_per_gate
+                stats.max_in_flight <= config.exclusive_buffers_per_channel + config.floating_buffers_per_gate
             )
-            assert channel.buffers_received <= channel.credits_announced
-        for sender in server.senders():  # no buffer left without credit
-            assert sender.max_overdraft <= 0
-            assert sender.buffers_sent <= sender.credit.granted_total
-        if not cancelled:
+            assert stats.buffers_received <= stats.credits_announced
+        gate_stats = gate.stats()
+        assert gate_stats.buffers_without_credit == 0 and gate_stats.max_in_flight_over_credit == 0
+
+        for seqs in received.values():  # whatever arrived came once and in order per subpartition
+            assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        all_seqs = sorted(x for v in received.values() for x in v)
+        if abort_at is not None:
             assert not producer_error
-            expected = pa.Table.from_batches(written, schema=SCHEMA) if written else None
-            total = sum(len(v) for v in received.values())
-            assert total == (expected.num_rows if expected is not None else 0)
-            for seqs in received.values():  # exactly once, in order per subpartition
-                assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
-            all_seqs = sorted(x for v in received.values() for x in v)
-            assert all_seqs == list(range(len(all_seqs)))
+            assert isinstance(consumer_error, ProducerFailedError), repr(consumer_error)
+            assert "aborted by the test" in str(consumer_error)  # the producer's reason, and where
+            assert str(partition.partition_id) in str(consumer_error)
+            assert gate_stats.channels_finished == 0  # nothing reported complete that was not
+            sent_rows = sum(b.num_rows for b in written)
+            assert set(all_seqs) <= set(range(sent_rows))
+        elif not cancelled:
+            assert consumer_error is None, repr(consumer_error)
+            assert not producer_error
+            assert all_seqs == list(range(sum(b.num_rows for b in written)))
+            assert gate_stats.channels_finished == len(specs)
+            senders = {sender.subpartition.index: sender for sender in server.senders()}
+            # A sender marks itself completed just after sending end-of-partition.
+            wait_until(lambda: all(senders[c.subpartition].completed for c in remote), 5, "senders completed")
+            for channel in remote:  # the sender's count agrees with the receiver's
+                assert senders[channel.subpartition].buffers_sent == channel.stats().buffers_received
+        else:
+            assert consumer_error is None, repr(consumer_error)
     finally:
         server.close()  # idempotent; also on a failing example, so nothing leaks
+    assert partition.pool.in_use == 0
+    assert gate.floating.in_use == 0
     assert pool.num_available == pool.num_segments, "every buffer must be back in the pool"
 
 

@@ -21,6 +21,7 @@ from arrow_shuffle import (
     PartitionId,
     PartitionNotFoundError,
     PeerLostError,
+    ProducerFailedError,
     RecordWriter,
     RemoteChannelSpec,
     RemoteFailureError,
@@ -36,7 +37,7 @@ from arrow_shuffle.frames import Kind
 from arrow_shuffle.remote_channel import RemoteInputChannel
 from arrow_shuffle.transport import TcpConnection
 
-from .conftest import APP, SCHEMA, SECRET, make_batch
+from .conftest import APP, SCHEMA, SECRET, make_batch, wait_until
 from .fake_peer import FakeServer
 
 
@@ -163,6 +164,91 @@ def test_cancelling_the_gate_returns_buffers_and_unblocks_the_producer(
     assert pool.num_available == pool.num_segments
 
 
+def test_producer_abort_mid_stream_fails_every_reader_with_a_typed_error(
+    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+) -> None:
+    part = ResultPartition(PartitionId(APP, 17, 0), 3, SCHEMA, pool, config=config)
+    server.register(part)
+    writer = RecordWriter(part, key_columns=["key"])
+    writer.write(make_batch(0, 3000))
+    writer.flush()  # every subpartition has data queued; the partition is not finished
+    specs: list[LocalChannelSpec | RemoteChannelSpec] = [
+        RemoteChannelSpec(server.address, part.partition_id, 0),
+        LocalChannelSpec(part, 1),
+    ]
+    gate = InputGate(specs, SCHEMA, pool, config, SECRET)
+    batches = iter(gate)
+    next(batches)  # mid-stream
+    writer.abort("map task 17 was cancelled")
+    with pytest.raises(ProducerFailedError, match="map task 17 was cancelled") as info:
+        for _ in batches:
+            pass
+    assert f"{part.partition_id}#" in str(info.value)
+    assert gate.stats().channels_finished == 0  # nothing reported complete
+    late = RemoteChannelSpec(server.address, part.partition_id, 2)  # a reader arriving after the abort
+    error = _expect_failure(config, pool, late, SECRET)
+    assert isinstance(error, ProducerFailedError) and f"{part.partition_id}#2" in str(error)
+    wait_until(lambda: part.pool.in_use == 0, 5, "the aborted partition's buffers returned")
+    server.release(part.partition_id)
+    assert pool.num_available == pool.num_segments
+
+
+def test_slow_remote_consumer_makes_the_producer_wait_for_credit(
+    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+) -> None:
+    """The consumer blocks on an event after its first batch. The receiver then ends up holding
+    every buffer it announced credit for, with every floating buffer lent: the sender has no
+    credit and data queued, and the writer blocks on its pool. Resuming the consumer lets credit,
+    then data, flow again; the producer's wait for credit is in its statistics."""
+    part = ResultPartition(PartitionId(APP, 16, 0), 1, SCHEMA, pool, config=config)
+    server.register(part)
+    rows = 50_000  # ~ 1.5 MB through 16 KiB buffers: many times what the pools hold
+    producer = produce(part, rows)
+    gate = InputGate([RemoteChannelSpec(server.address, part.partition_id, 0)], SCHEMA, pool, config, SECRET)
+    channel = gate.channels[0]
+    assert isinstance(channel, RemoteInputChannel)
+    first, resume = threading.Event(), threading.Event()
+    seen: list[int] = []
+
+    def consume() -> None:
+        for batch in gate:
+            seen.extend(batch.column("seq").to_pylist())
+            if not first.is_set():
+                first.set()
+                assert resume.wait(30), "the test never resumed the consumer"
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    try:
+        assert first.wait(10)
+
+        def starved() -> bool:
+            stats = channel.stats()
+            return (
+                stats.buffers_received == stats.credits_announced  # all announced credit spent
+                and gate.floating.in_use == config.floating_buffers_per_gate  # no credit left to gain
+                and part.subpartitions[0].backlog > 0  # and data waiting for it
+                and part.pool.exhausted.is_set()  # so the writer blocked on its pool
+            )
+
+        wait_until(starved, 10, "the sender out of credit with data queued")
+        assert producer.is_alive()
+        assert part.pool.owned <= part.pool.max_segments  # memory stays within the partition's share
+    finally:
+        resume.set()
+    consumer.join(30)
+    assert not consumer.is_alive()
+    assert seen == list(range(rows))
+    producer.join(10)
+    assert part.stats().blocked_on_credit_s > 0
+    assert part.pool.peak_in_use <= part.pool.max_segments
+    stats = channel.stats()
+    assert stats.buffers_without_credit == 0 and stats.max_in_flight_over_credit == 0
+    assert stats.max_in_flight == config.exclusive_buffers_per_channel + config.floating_buffers_per_gate
+    server.release(part.partition_id)
+    assert pool.num_available == pool.num_segments
+
+
 def _payload(config: ShuffleConfig, pool: NetworkBufferPool) -> bytes:
     network = NetworkBufferPool(1, config.buffer_size)
     from arrow_shuffle.buffer_pool import LocalBufferPool
@@ -219,11 +305,24 @@ def _corrupt_header(conn: TcpConnection, credit: int, payload: bytes) -> None:
     ],
 )
 def test_protocol_violations_fail_the_stream_with_typed_errors(
-    config: ShuffleConfig, pool: NetworkBufferPool, script, error, match
+    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer, script, error, match
 ) -> None:
+    """Only the broken stream fails: a good stream from a real server, open at the same time
+    in another gate on the same buffer pool, is read to the end afterwards."""
+    good_part = ResultPartition(PartitionId(APP, 15, 0), 1, SCHEMA, pool, config=config)
+    server.register(good_part)
+    rows = 50_000  # ~ 1.5 MB: far more than the partition's and the gate's buffers hold
+    producer = produce(good_part, rows)
+    good = InputGate(
+        [RemoteChannelSpec(server.address, good_part.partition_id, 0)], SCHEMA, pool, config, SECRET
+    )
+    good_batches = iter(good)
+    seen = next(good_batches).column("seq").to_pylist()  # the good stream is now mid-flight
+
     payload = _payload(config, pool)
     fake = FakeServer(SECRET.encode(), lambda conn, credit: script(conn, credit, payload))
-    spec = RemoteChannelSpec(fake.address, PartitionId(APP, 5, 0), 0)
+    bad_id = PartitionId(APP, 5, 0)
+    spec = RemoteChannelSpec(fake.address, bad_id, 0)
     try:
         with (
             pytest.raises(error, match=match) as info,
@@ -234,9 +333,21 @@ def test_protocol_violations_fail_the_stream_with_typed_errors(
             assert isinstance(channel, RemoteInputChannel)
             assert channel.terminated.wait(5)
             list(gate)
-        assert f"{fake.address[0]}:{fake.address[1]}" in str(info.value)
+        assert f"{fake.address[0]}:{fake.address[1]}" in str(info.value)  # the peer
+        assert f"{bad_id}#0" in str(info.value)  # and the partition
+        assert isinstance(channel, RemoteInputChannel)
+        witnessed = channel.stats().buffers_without_credit
+        assert witnessed == (1 if script is _no_credit else 0)
     finally:
         fake.close()
+
+    for batch in good_batches:  # the other stream was not disturbed
+        seen += batch.column("seq").to_pylist()
+    assert seen == list(range(rows))
+    assert good.stats().channels_finished == 1
+    producer.join(10)
+    assert not producer.is_alive()
+    server.release(good_part.partition_id)
     assert pool.num_available == pool.num_segments
 
 
