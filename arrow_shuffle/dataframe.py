@@ -29,7 +29,6 @@ import random
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -40,8 +39,8 @@ from pyspark.sql.types import StructType
 
 from arrow_shuffle.errors import ConfigError, ShuffleError
 from arrow_shuffle.map_output import check_keys
-from arrow_shuffle.service_client import ControlClient
-from arrow_shuffle.shuffle_service import app_dir, default_root
+from arrow_shuffle.service_client import ControlClient, announced_agents
+from arrow_shuffle.shuffle_service import default_root
 from arrow_shuffle.tasks import (
     STATUS_DDL,
     ShufflePlan,
@@ -163,17 +162,7 @@ def _flush_at_exit() -> None:
 def _local_agents(plan: ShufflePlan) -> set[tuple[str, int]]:
     """Agents announced on this host (executors that ran no task of this shuffle hold nothing,
     but a task that failed before reporting may have left a file)."""
-    import json
-
-    found = set()
-    folder = Path(app_dir(plan.root, plan.app_id)) / "agents"
-    for path in folder.glob("*.json") if folder.is_dir() else []:
-        try:
-            data = json.loads(path.read_text())
-            found.add((str(data["host"]), int(data["control_port"])))
-        except (OSError, ValueError, KeyError):
-            continue
-    return found
+    return {agent.control_address for agent in announced_agents(plan.root, plan.app_id)}
 
 
 def shuffle_of(df: DataFrame) -> ShuffleHandle:
@@ -247,6 +236,7 @@ def _plan(
         schema_ipc=schema.serialize().to_pybytes(),
         route_keys=_route_keys(spark, num_partitions),
         memory_bytes=_bytes_setting(spark, "spark.arrowbeat.shuffle.mapMemory", "32m"),
+        read_host_local=_bool_setting(spark, "spark.arrowbeat.shuffle.readHostLocalDisk", "true"),
     )
     return spark, plan
 
@@ -255,6 +245,17 @@ def _bytes_setting(spark: SparkSession, key: str, default: str) -> int:
     from spark_plugin.config import parse_bytes
 
     return parse_bytes(_setting(spark, key, default))
+
+
+def _bool_setting(spark: SparkSession, key: str, default: str) -> bool:
+    """A boolean key, from the session's runtime conf (settable per query) or the app's conf."""
+    from spark_plugin.config import parse_bool
+
+    text = str(spark.conf.get(key, None) or _setting(spark, key, default))
+    try:
+        return parse_bool(text)
+    except ValueError:
+        raise ConfigError(f"{key}={text!r}: expected true or false") from None
 
 
 _rendezvous_lock = threading.Lock()

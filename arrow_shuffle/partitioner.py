@@ -52,8 +52,12 @@ def hash_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     elif pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_temporal(kind):
         if pa.types.is_temporal(kind):
             column = column.view(pa.int64()) if kind.bit_width == 64 else column.cast(pa.int64())
-        ints = pc.fill_null(column.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
-        hashed = _splitmix64(ints.astype(np.int64).view(np.uint64))
+        if column.type != pa.int64():
+            column = column.cast(pa.int64())
+        if column.null_count:
+            column = pc.fill_null(column, 0)
+        ints = column.to_numpy(zero_copy_only=False)  # a view when int64 without nulls
+        hashed = _splitmix64(ints.view(np.uint64))
     elif (
         pa.types.is_string(kind)
         or pa.types.is_large_string(kind)

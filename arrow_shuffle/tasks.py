@@ -84,6 +84,8 @@ class ShufflePlan:
     route_keys: tuple[int, ...]
     memory_bytes: int = 32 << 20
     buffer_size: int = 1 << 20
+    read_host_local: bool = True
+    """Read map outputs of other executors on the same host from disk (``reads_from_disk``)."""
 
     @property
     def schema(self) -> pa.Schema:
@@ -226,11 +228,14 @@ def read_reducer(
     stats.recomputed = [
         (s["map"], s["attempt"]) for s in statuses if int(s["attempt"].split(".")[0]) > first_stage
     ]
-    with_data = [s for s in statuses if s["bytes"] > 0]
-    local = [s for s in with_data if s["executor"] == me.executor_id]
+    local: list[dict[str, Any]] = []
     remote: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for s in with_data:
-        if s["executor"] != me.executor_id:
+    for s in statuses:
+        if s["bytes"] == 0:
+            continue
+        if reads_from_disk(s, me, plan.read_host_local):
+            local.append(s)
+        else:
             remote[s["executor"]].append(s)
     for s in local:
         try:
@@ -286,6 +291,20 @@ def read_reducer(
             client.close()
 
 
+def reads_from_disk(status: dict[str, Any], me: AgentInfo, host_local: bool) -> bool:
+    """Is this map output read straight from its file rather than streamed by its agent?
+
+    Always for this executor's own outputs. With ``host_local`` also for those of other executors
+    on this host whose file this process can read, as Spark does with
+    ``spark.shuffle.readHostLocalDisk``: the disk is shared, and a memory-mapped file costs no
+    copy, where the stream costs the serving agent's CPU and two copies. A file that vanishes
+    (its executor died and its agent cleaned up) fails the read like a lost remote output.
+    """
+    if status["executor"] == me.executor_id:
+        return True
+    return host_local and status["host"] == me.host and os.access(status["path"], os.R_OK)
+
+
 def _where(plan: ShufflePlan, reducer: int, executor: str, items: Sequence[dict[str, Any]]) -> str:
     maps = sorted(s["map"] for s in items)
     return (
@@ -329,6 +348,8 @@ def reduce_function(
                     "executor": me.executor_id,
                     "control": [me.host, me.control_port],
                     "bytes": stats.bytes,
+                    "local_bytes": stats.local_bytes,
+                    "remote_bytes": stats.remote_bytes,
                     "batches": stats.batches,
                     "rows": stats.rows,
                     "spill_bytes": 0,

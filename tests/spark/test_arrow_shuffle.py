@@ -7,6 +7,7 @@ empty reduce partitions. Results are compared with Spark's own operators as mult
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -41,6 +42,10 @@ def cluster(scratch: Path) -> Iterator[tuple[SparkSession, Path]]:
             "spark.arrowbeat.shuffle.dir": str(root),
             "spark.arrowbeat.tables.path": str(scratch / "arrow-shuffle-tables"),
             "spark.sql.shuffle.partitions": "5",
+            # Both executors share this host; by default they would read each other's map outputs
+            # from disk. Off, every read of the other executor's outputs goes through its agent's
+            # credit-based stream, as between hosts. ``host_local`` turns it on per test.
+            "spark.arrowbeat.shuffle.readHostLocalDisk": "false",
         },
     )
     yield spark, root
@@ -86,18 +91,39 @@ def rows_and_placement(
     return rows, where
 
 
-@pytest.mark.parametrize("keys, n", [(["k"], 64), (["s", "k"], 7)])
+@contextlib.contextmanager
+def host_local(spark: SparkSession, on: bool) -> Iterator[None]:
+    """``spark.arrowbeat.shuffle.readHostLocalDisk`` for the shuffles planned inside."""
+    key = "spark.arrowbeat.shuffle.readHostLocalDisk"
+    spark.conf.set(key, str(on).lower())
+    try:
+        yield
+    finally:
+        spark.conf.set(key, "false")
+
+
+def read_paths(reports: list[dict[str, Any]]) -> tuple[int, int]:
+    """Bytes the reduce tasks read from files and through agents' streams."""
+    reads = [r for r in reports if r["side"] == "read"]
+    return sum(r["local_bytes"] for r in reads), sum(r["remote_bytes"] for r in reads)
+
+
+@pytest.mark.parametrize("keys, n, on_disk", [(["k"], 64, False), (["s", "k"], 7, False), (["k"], 9, True)])
 def test_repartition_keeps_every_row_once_and_each_key_in_one_partition(
-    cluster: tuple[SparkSession, Path], keys: list[str], n: int
+    cluster: tuple[SparkSession, Path], keys: list[str], n: int, on_disk: bool
 ) -> None:
     spark, _ = cluster
     df = source(spark)
-    out = repartition(df, n, *keys)
-    with shuffle_of(out):
+    with host_local(spark, on_disk):
+        out = repartition(df, n, *keys)
+    with shuffle_of(out) as handle:
         assert out.rdd.getNumPartitions() == n
         rows, where = rows_and_placement(out, keys)
         # Usable downstream: a Spark aggregation on top of the shuffled DataFrame.
         groups = out.groupBy(*keys).count().count()
+        from_files, streamed = read_paths(handle.reports())
+    # Host-local reads take every map output from disk; without, the other executor's stream.
+    assert from_files > 0 and (streamed == 0 if on_disk else streamed > 0)
     assert rows == multiset(df)
     assert where and all(len(parts) == 1 for parts in where.values())
     assert groups == len(where)
@@ -302,3 +328,26 @@ def test_pipelined_mode_streams_map_to_reduce_in_one_stage(
         r.k: (r.n, round(r.sx, 6), r.mx) for r in df.groupBy("k").applyInArrow(_summary, SUMMARY).collect()
     }
     assert got == want
+
+
+def _worker_facts(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import gc
+    import zipimport
+
+    for _ in batches:
+        pass
+    patched = getattr(zipimport.zipimporter.invalidate_caches, "_arrowbeat_skips_unchanged", False)
+    yield pa.record_batch({"frozen": [gc.get_freeze_count()], "patched": [bool(patched)]})
+
+
+def test_python_workers_come_from_arrowbeats_daemon(cluster: tuple[SparkSession, Path]) -> None:
+    """``configure`` set ``spark.python.daemon.module``: the executors' workers were forked with
+    pyspark/pyarrow/pandas frozen for the GC and zip directories read once."""
+    spark, _ = cluster
+    assert spark.sparkContext.getConf().get("spark.python.daemon.module") == "spark_plugin.python_daemon"
+    facts = (
+        spark.range(0, 4, numPartitions=4).mapInArrow(_worker_facts, "frozen long, patched boolean").collect()
+    )
+    assert len(facts) == 4
+    assert all(r.patched for r in facts)
+    assert all(r.frozen > 50_000 for r in facts)  # pyspark, pyarrow and pandas: far more than this

@@ -18,7 +18,14 @@ from arrow_shuffle.grouping import iter_groups
 from arrow_shuffle.map_output import MapOutputWriter, check_keys, read_segments, route
 from arrow_shuffle.service_client import AgentInfo, ControlClient
 from arrow_shuffle.shuffle_service import ShuffleService
-from arrow_shuffle.tasks import MapOutputLostError, ReadStats, ShufflePlan, group_consumer, read_reducer
+from arrow_shuffle.tasks import (
+    MapOutputLostError,
+    ReadStats,
+    ShufflePlan,
+    group_consumer,
+    read_reducer,
+    reads_from_disk,
+)
 
 SECRET = "unit-test-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string()), ("x", pa.float64())])
@@ -156,7 +163,15 @@ def test_remote_read_through_the_agent_and_local_read_agree(service: ShuffleServ
     data = batch([i % 11 for i in range(500)])
     path, outs, _ = write_map(service, 9, 0, data, 3)
     plan = ShufflePlan(
-        "app-u", 9, service.root, SECRET, ("k",), 3, SCHEMA.serialize().to_pybytes(), (0, 1, 2)
+        "app-u",
+        9,
+        service.root,
+        SECRET,
+        ("k",),
+        3,
+        SCHEMA.serialize().to_pybytes(),
+        (0, 1, 2),
+        read_host_local=False,
     )
     local = AgentInfo("7", "127.0.0.1", 0, 0, service.dir)
     remote_reader = AgentInfo("8", "127.0.0.1", 0, 0, "")
@@ -170,6 +185,26 @@ def test_remote_read_through_the_agent_and_local_read_agree(service: ShuffleServ
         total += got_remote
     assert total == rows([data])
     assert service.metrics()["shuffle_streams_open"] == 0  # every staged stream was unstaged
+
+
+def test_host_local_reads_take_other_executors_outputs_from_disk(service: ShuffleService) -> None:
+    data = batch([i % 13 for i in range(400)])
+    path, outs, _ = write_map(service, 5, 0, data, 2)
+    plan = ShufflePlan("app-u", 5, service.root, SECRET, ("k",), 2, SCHEMA.serialize().to_pybytes(), (0, 1))
+    neighbour = AgentInfo("8", "127.0.0.1", 0, 0, "")  # another executor on the same host
+    total: Counter[tuple[Any, ...]] = Counter()
+    for r in range(2):
+        stats = ReadStats()
+        total += rows(read_reducer(plan, r, statuses(service, path, outs, r), neighbour, stats))
+        assert stats.remote_bytes == 0 and stats.local_bytes > 0
+    assert total == rows([data])
+    assert service.metrics().get("shuffle_streams_staged", 0) == 0  # its agent streamed nothing
+    status = statuses(service, path, outs, 0)[0]
+    assert reads_from_disk(status, neighbour, host_local=True)
+    assert not reads_from_disk(status, neighbour, host_local=False)
+    assert not reads_from_disk(status, AgentInfo("8", "other-host", 0, 0, ""), host_local=True)
+    assert not reads_from_disk({**status, "path": path + ".gone"}, neighbour, host_local=True)
+    assert reads_from_disk(status, AgentInfo("7", "other-host", 0, 0, ""), host_local=False)  # our own
 
 
 def test_release_and_ttl_delete_map_outputs(service: ShuffleService) -> None:
