@@ -37,13 +37,32 @@ def jar_paths() -> list[str]:
     return jars
 
 
+PYTHON_DAEMON_MODULE = "spark_plugin.python_daemon"
+
+
+def workers_run_arrowbeat_python(python: str) -> bool:
+    """Do PySpark's workers run ``python`` (so they can import arrowbeat's daemon module)?
+
+    They run ``PYSPARK_PYTHON``; the paths are compared as given, not resolved (a venv's python
+    is a link to the system one, which lacks the venv's packages)."""
+    workers = os.environ.get("PYSPARK_PYTHON")
+    return bool(workers) and os.path.abspath(str(workers)) == os.path.abspath(python)
+
+
 def spark_settings(python: str | None = None, delta: bool = True) -> list[tuple[str, str]]:
-    """The Spark conf entries that turn arrowbeat (and Delta) on."""
+    """The Spark conf entries that turn arrowbeat (and Delta) on.
+
+    When the workers run arrowbeat's Python, also its worker daemon (``python_daemon``), which
+    saves every Python task of the application a re-read of ``pyspark.zip`` on Python < 3.12.
+    Otherwise the daemon stays PySpark's: a module the workers cannot import would fail them all."""
+    python = python or os.environ.get("PYSPARK_PYTHON") or sys.executable
     settings = [
         ("spark.jars", ",".join(jar_paths())),
         ("spark.plugins", PLUGIN_CLASS),
-        ("spark.arrowbeat.python", python or os.environ.get("PYSPARK_PYTHON") or sys.executable),
+        ("spark.arrowbeat.python", python),
     ]
+    if workers_run_arrowbeat_python(python):
+        settings.append(("spark.python.daemon.module", PYTHON_DAEMON_MODULE))
     if delta:
         settings += [
             ("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension"),
