@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Client
 from typing import Any
 
 from arrow_shuffle.auth import as_bytes
 from arrow_shuffle.errors import ConfigError, PeerLostError, ShuffleError
-from arrow_shuffle.shuffle_service import agent_file
+from arrow_shuffle.shuffle_service import agent_file, app_dir
 
 _MAX_DEPTH = 6
 
@@ -49,31 +50,58 @@ def _parent(pid: int) -> int:
         return 0
 
 
-def find_agent(root: str, app_id: str) -> AgentInfo:
-    """The agent of the executor JVM this process descends from."""
+def read_agent_file(path: str) -> AgentInfo:
+    """One agent's discovery file (written atomically by ``ShuffleService``)."""
+    with open(path) as f:
+        data = json.load(f)
+    return AgentInfo(
+        str(data["executor_id"]),
+        str(data["host"]),
+        int(data["data_port"]),
+        int(data["control_port"]),
+        str(data["dir"]),
+    )
+
+
+def announced_agents(root: str, app_id: str) -> list[AgentInfo]:
+    """Every agent of the application that announced itself on this host, by executor id."""
+    folder = os.path.join(app_dir(root, app_id), "agents")
+    found = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not name.endswith(".json"):
+            continue
+        try:
+            found.append(read_agent_file(os.path.join(folder, name)))
+        except (OSError, ValueError, KeyError):  # an agent that is just exiting
+            continue
+    return sorted(found, key=lambda a: a.executor_id)
+
+
+def find_agent(root: str, app_id: str, wait_s: float = 10.0) -> AgentInfo:
+    """The agent of the executor JVM this process descends from.
+
+    Waits up to ``wait_s`` for its discovery file: the agent of the driver's own executor (local
+    mode) starts its shuffle service only once the driver has an application id."""
+    ancestors = []
     pid = os.getpid()
-    tried = []
     for _ in range(_MAX_DEPTH):
         pid = _parent(pid)
         if pid <= 1:
             break
-        tried.append(pid)
-        path = agent_file(root, app_id, pid)
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            continue
-        return AgentInfo(
-            str(data["executor_id"]),
-            str(data["host"]),
-            int(data["data_port"]),
-            int(data["control_port"]),
-            str(data["dir"]),
-        )
+        ancestors.append(pid)
+    deadline = time.monotonic() + wait_s
+    while True:
+        for pid in ancestors:
+            try:
+                return read_agent_file(agent_file(root, app_id, pid))
+            except FileNotFoundError:
+                continue
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
     raise ConfigError(
         f"no arrowbeat agent found for this executor (looked for {agent_file(root, app_id, 0)[:-6]}"
-        f"<pid>.json for ancestors {tried}); run with spark.plugins=arrowbeat.ArrowBeatPlugin and the "
+        f"<pid>.json for ancestors {ancestors}); run with spark.plugins=arrowbeat.ArrowBeatPlugin and the "
         "same spark.arrowbeat.shuffle.dir on driver and executors"
     )
 

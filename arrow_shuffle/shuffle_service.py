@@ -262,6 +262,13 @@ class ShuffleService:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(agent_file(self.root, self.app_id, self.jvm_pid))
         _remove_tree(self.dir)
+        # The application's folders go with its last agent (rmdir fails while others remain).
+        for folder in (
+            os.path.dirname(agent_file(self.root, self.app_id, 0)),
+            app_dir(self.root, self.app_id),
+        ):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
     # -- control channel ------------------------------------------------------------------------
     def _accept_loop(self) -> None:

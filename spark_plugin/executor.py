@@ -73,11 +73,11 @@ def main() -> int:
         # agent stops answering so the RM's timeout reports it (after interval + timeout at most).
         is_healthy=lambda: link.pulse_age_s() < config.heartbeat_interval_s,
     )
-    shuffle = start_shuffle_service(config, settings, executor_id, host)
-    if shuffle is not None:
-        payload.append(shuffle.metrics)
+    shuffle = LazyShuffleService(config, settings, executor_id, host)
+    payload.append(shuffle.metrics)
     link.start()
     agent.start()
+    shuffle.start_when_app_known(link)
     announce_ready(
         pid=os.getpid(),
         executor_id=executor_id,
@@ -86,10 +86,56 @@ def main() -> int:
     )
     reason = wait_for_exit(link)
     log.info("agent for executor %s stopping (%s)", executor_id, reason)
-    agent.stop()
-    if shuffle is not None:
-        shuffle.close()
+    agent.stop(reason=reason)
+    shuffle.close()
     return 0
+
+
+class LazyShuffleService:
+    """The agent's ``ShuffleService``, started once the application id is known: at once on
+    cluster executors, after the driver assigned it for the driver's own executor (local mode)."""
+
+    def __init__(
+        self, config: ArrowBeatConfig, settings: dict[str, str], executor_id: str, host: str
+    ) -> None:
+        self._args = (config, settings, executor_id, host)
+        self._lock = threading.Lock()
+        self._service: ShuffleService | None = None
+        self._closed = False
+
+    def start_when_app_known(self, link: JvmLink) -> None:
+        known = self._args[1].get("spark.app.id", "")
+        if known:
+            self._start(known)
+            return
+
+        def wait_then_start() -> None:
+            if link.app_assigned.wait(timeout=600):
+                self._start(link.app_id())
+
+        threading.Thread(target=wait_then_start, name="shuffle-start", daemon=True).start()
+
+    def _start(self, app_id: str) -> None:
+        config, settings, executor_id, host = self._args
+        service = start_shuffle_service(config, {**settings, "spark.app.id": app_id}, executor_id, host)
+        with self._lock:
+            if self._closed:
+                if service is not None:
+                    service.close()
+                return
+            self._service = service
+
+    def metrics(self) -> dict[str, float]:
+        with self._lock:
+            service = self._service
+        return service.metrics() if service is not None else {}
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            service, self._service = self._service, None
+        if service is not None:
+            service.close()
 
 
 def start_shuffle_service(

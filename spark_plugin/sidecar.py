@@ -7,7 +7,8 @@ The hosting JVM (driver or executor) starts this process with a pipe on stdin an
 2. waits for one stdout line ``ARROWBEAT-READY k=v ...`` (:func:`announce_ready`);
 3. writes a pulse line ``p <running_tasks>`` every pulse interval. A pulse proves the JVM itself
    runs: a SIGSTOPped or GC-frozen JVM stops pulsing although this process still would answer;
-   the driver also sends ``app <application id>`` once Spark has assigned one;
+   the driver (and the driver's own executor in local mode, which starts before it) also sends
+   ``app <application id>`` once Spark has assigned one;
 4. writes ``stop`` and closes the pipe to stop us. The kernel closes it too when the JVM dies, even
    by SIGKILL, so EOF is our only exit signal and no orphan survives its JVM; EOF without ``stop``
    means the JVM died.
@@ -52,6 +53,8 @@ class JvmLink:
         self._app_id = ""
         self.stop_requested = threading.Event()
         self.gone = threading.Event()
+        self.app_assigned = threading.Event()
+        """Set once the JVM sent ``app <application id>``."""
         self._thread: threading.Thread | None = None
 
     def read_settings(self) -> dict[str, str]:
@@ -93,6 +96,7 @@ class JvmLink:
         if len(parts) == 2 and parts[0] == "app":
             with self._lock:
                 self._app_id = parts[1]
+            self.app_assigned.set()
         running = None
         if len(parts) == 2 and parts[0] == "p" and parts[1].isdigit():
             running = int(parts[1])

@@ -31,10 +31,10 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
       }
       SparkConf conf = ctx.conf();
       Map<String, String> settings = new LinkedHashMap<>(extraConf);
-      settings.put("spark.app.id", conf.get("spark.app.id", ""));
+      String appId = conf.get("spark.app.id", "");
+      settings.put("spark.app.id", appId);
       settings.put("arrowbeat.executor.id", ctx.executorID());
-      // PluginContext.hostname() throws on non-local executors; the block manager knows the host.
-      settings.put("arrowbeat.executor.host", SparkEnv.get().blockManager().blockManagerId().host());
+      settings.put("arrowbeat.executor.host", executorHost(ctx));
       settings.put("arrowbeat.executor.cores", conf.get("spark.executor.cores", "1"));
       settings.put("arrowbeat.executor.jvm.pid", String.valueOf(ProcessHandle.current().pid()));
       sidecar =
@@ -44,6 +44,9 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
               settings,
               Launch.startupTimeoutMs(conf));
       sidecar.startPulses(Launch.pulseMs(sidecar.info()), runningTasks::get);
+      if (appId.isEmpty()) {
+        sendAppIdWhenAssigned(sidecar);
+      }
     } catch (Throwable t) {
       LOG.error("arrowbeat agent did not start on executor {}; the executor runs on without it: {}",
           ctx.executorID(), t.getMessage());
@@ -52,6 +55,47 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
         sidecar = null;
       }
     }
+  }
+
+  /**
+   * PluginContext.hostname() throws on non-local executors, where the block manager knows the
+   * host; on the driver's own executor (local mode) the block manager has no id yet at plugin init,
+   * and hostname() works.
+   */
+  private static String executorHost(PluginContext ctx) {
+    SparkEnv env = SparkEnv.get();
+    if (env != null && env.blockManager() != null && env.blockManager().blockManagerId() != null) {
+      return env.blockManager().blockManagerId().host();
+    }
+    return ctx.hostname();
+  }
+
+  /**
+   * The driver's own executor (local mode) starts before the driver has an application id; tell
+   * the agent as soon as the shared conf has one (before any task can run).
+   */
+  private static void sendAppIdWhenAssigned(Sidecar agent) {
+    Thread waiter =
+        new Thread(
+            () -> {
+              long deadline = System.currentTimeMillis() + 600_000;
+              while (System.currentTimeMillis() < deadline) {
+                SparkEnv env = SparkEnv.get();
+                String id = env == null ? "" : env.conf().get("spark.app.id", "");
+                if (!id.isEmpty()) {
+                  agent.send("app " + id);
+                  return;
+                }
+                try {
+                  Thread.sleep(20);
+                } catch (InterruptedException e) {
+                  return;
+                }
+              }
+            },
+            "arrowbeat-app-id");
+    waiter.setDaemon(true);
+    waiter.start();
   }
 
   @Override
