@@ -57,6 +57,14 @@ def _parse_str(text: str) -> str:
     return text
 
 
+def parse_bool(text: str) -> bool:
+    """``true`` or ``false``, any case, as Spark's boolean keys take them."""
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(text)
+    return value == "true"
+
+
 def _parse_host(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]*", text):
         raise ValueError(text)
@@ -186,8 +194,16 @@ OPTIONS: tuple[Option, ...] = (
         "tables_compact_interval_s",
         "1min",
         "a duration like 1min",
-        "How often small files are compacted, the log checkpointed and removed files vacuumed "
-        "(files stay 1 hour for lagging streaming readers).",
+        "How often small files are compacted, the log checkpointed and removed files vacuumed.",
+        parse_duration,
+    ),
+    Option(
+        "spark.arrowbeat.tables.retention",
+        "tables_retention_s",
+        "1h",
+        "a duration like 1h, at least 1min",
+        "How long compacted-away files and old log entries stay before vacuum removes them: bounds "
+        "each table to about this long's commits; a streaming reader may lag at most this long.",
         parse_duration,
     ),
     Option(
@@ -242,6 +258,16 @@ OPTIONS: tuple[Option, ...] = (
         parse_bytes,
     ),
     Option(
+        "spark.arrowbeat.shuffle.readHostLocalDisk",
+        "shuffle_read_host_local",
+        "true",
+        "true or false",
+        "Reduce tasks read map outputs of other executors on the same host straight from disk (like "
+        "`spark.shuffle.readHostLocalDisk`) instead of streaming them through their agent. Settable "
+        "per query with `spark.conf.set`.",
+        parse_bool,
+    ),
+    Option(
         "spark.arrowbeat.rm.address",
         "rm_address",
         "",
@@ -279,12 +305,14 @@ class ArrowBeatConfig:
     tables_path: str
     tables_flush_interval_s: float
     tables_compact_interval_s: float
+    tables_retention_s: float
     on_heartbeat_timeout: str
     log_level: str
     shuffle_dir: str
     shuffle_ttl_s: float
     shuffle_map_memory_bytes: int
     shuffle_agent_memory_bytes: int
+    shuffle_read_host_local: bool
     rm_address: str
     driver_pid: int
 
@@ -308,6 +336,8 @@ def _check_ranges(c: ArrowBeatConfig) -> list[str]:
         problems.append("spark.arrowbeat.tables.flushInterval must be > 0")
     if c.tables_compact_interval_s < c.tables_flush_interval_s:
         problems.append("spark.arrowbeat.tables.compactInterval must not be below tables.flushInterval")
+    if c.tables_retention_s < 60:
+        problems.append(f"spark.arrowbeat.tables.retention ({c.tables_retention_s:g}s) must be at least 1min")
     if c.shuffle_ttl_s <= 0:
         problems.append("spark.arrowbeat.shuffle.ttl must be > 0")
     if not 1 << 20 <= c.shuffle_map_memory_bytes <= 1 << 40:

@@ -82,7 +82,9 @@ def open_history(config: ArrowBeatConfig, settings: dict[str, str]) -> tuple[Any
     from spark_plugin.history import HistoryTableError, HistoryWriter, known_executors
 
     root = tables_root(config, settings)
-    writer = HistoryWriter(root, config.tables_flush_interval_s, config.tables_compact_interval_s)
+    writer = HistoryWriter(
+        root, config.tables_flush_interval_s, config.tables_compact_interval_s, config.tables_retention_s
+    )
     try:
         writer.open()
         known = [e.executor_id for e in known_executors(root, settings.get("spark.app.id", ""))]

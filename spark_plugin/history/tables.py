@@ -24,13 +24,19 @@ import pyarrow as pa
 
 TS = pa.timestamp("us", tz="UTC")
 
-#: Table properties: keep the log and removed files for an hour, so compaction and vacuum bound the
-#: file count of a day-long application; a streaming reader may lag at most that long.
-TABLE_PROPERTIES = {
-    "delta.logRetentionDuration": "interval 1 hours",
-    "delta.deletedFileRetentionDuration": "interval 1 hours",
-    "delta.checkpointInterval": "20",
-}
+DEFAULT_RETENTION_S = 3600.0
+
+
+def table_properties(retention_s: float = DEFAULT_RETENTION_S) -> dict[str, str]:
+    """Keep the log and removed files for ``retention_s``: compaction and vacuum then bound the
+    file count of a long application to about that long's commits; a streaming reader may lag
+    at most that long."""
+    interval = f"interval {max(1, round(retention_s))} seconds"
+    return {
+        "delta.logRetentionDuration": interval,
+        "delta.deletedFileRetentionDuration": interval,
+        "delta.checkpointInterval": "20",
+    }
 
 
 class HistoryTableError(RuntimeError):
@@ -127,8 +133,9 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
     return a == b or (a in strings and b in strings)
 
 
-def open_table(root: Path, spec: TableSpec) -> str:
-    """Creates ``root/<name>`` as a Delta table, or checks an existing one; returns its path."""
+def open_table(root: Path, spec: TableSpec, retention_s: float = DEFAULT_RETENTION_S) -> str:
+    """Creates ``root/<name>`` as a Delta table, or checks an existing one (and sets its retention);
+    returns its path."""
     from deltalake import DeltaTable
 
     path = root / spec.name
@@ -144,10 +151,13 @@ def open_table(root: Path, spec: TableSpec) -> str:
             raise TablePathError(
                 f"{path} is not empty and is not a Delta table: choose another spark.arrowbeat.tables.path"
             )
-        DeltaTable.create(str(path), schema=spec.schema, mode="ignore", configuration=TABLE_PROPERTIES)
+        DeltaTable.create(
+            str(path), schema=spec.schema, mode="ignore", configuration=table_properties(retention_s)
+        )
         return str(path)
     try:
-        existing = DeltaTable(str(path)).schema().to_arrow()
+        table = DeltaTable(str(path))
+        existing = table.schema().to_arrow()
     except Exception as exc:  # delta-rs raises several unrelated types for a damaged log
         raise TablePathError(f"{path} holds a corrupt Delta table ({exc}): repair or move it") from exc
     have = _fields(pa.schema(existing))
@@ -160,4 +170,7 @@ def open_table(root: Path, spec: TableSpec) -> str:
             f"(missing or different: {wrong or 'none'}; unexpected: {extra or 'none'}); arrowbeat will "
             "not write into it: point spark.arrowbeat.tables.path elsewhere"
         )
+    wanted = table_properties(retention_s)
+    if any(table.metadata().configuration.get(k) != v for k, v in wanted.items()):
+        table.alter.set_table_properties(wanted)  # a restart with another retention setting
     return str(path)

@@ -4,7 +4,10 @@ Subscribers hand rows to :meth:`HistoryWriter.record` from RM threads; it only b
 thread commits each table at most once per flush interval, so readers see rows within about one
 interval and the log grows by one commit per interval, not per heartbeat. A failed commit is
 retried and its rows stay buffered (bounded: past ``max_buffered_rows`` the oldest are dropped and
-counted), so a table that is briefly unavailable loses nothing. Periodic maintenance compacts small
+counted), so a table that is briefly unavailable loses nothing. Each commit carries a Delta
+application transaction (this writer's id, a per-table batch number): a retry first asks the
+table whether the failed attempt landed after all, so a retried batch is never written twice.
+Periodic maintenance compacts small
 files, checkpoints the log and vacuums what retention allows, which bounds the file count of a
 day-long application.
 """
@@ -15,6 +18,7 @@ import datetime as dt
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +27,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_plugin.history.tables import EXECUTOR_EVENTS, HEARTBEATS, TABLES, TableSpec, open_table
+from spark_plugin.history.tables import (
+    DEFAULT_RETENTION_S,
+    EXECUTOR_EVENTS,
+    HEARTBEATS,
+    TABLES,
+    TableSpec,
+    open_table,
+)
 
 log = logging.getLogger("arrowbeat.history")
 
@@ -38,6 +49,8 @@ class _Pending:
     dropped: int = 0
     rejected: int = 0
     commits: int = 0
+    batch: int = 0
+    """Number of the next batch; committed batch numbers are in the table's transaction log."""
 
 
 class HistoryWriter:
@@ -48,6 +61,7 @@ class HistoryWriter:
         root: Path,
         flush_interval_s: float,
         compact_interval_s: float = 60.0,
+        retention_s: float = DEFAULT_RETENTION_S,
         max_buffered_rows: int = 200_000,
         commit_attempts: int = 5,
         clock: Callable[[], float] = time.monotonic,
@@ -55,6 +69,7 @@ class HistoryWriter:
         self.root = root
         self._flush_interval_s = flush_interval_s
         self._compact_interval_s = compact_interval_s
+        self._retention_s = retention_s
         self._max_rows = max_buffered_rows
         self._attempts = commit_attempts
         self._clock = clock
@@ -64,11 +79,13 @@ class HistoryWriter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_maintenance = clock()
+        self.writer_id = f"arrowbeat-history-{uuid.uuid4().hex}"
+        """Delta application-transaction id of this writer's commits (new per process)."""
 
     def open(self) -> None:
         """Creates or checks every table; raises :class:`HistoryTableError` naming the path."""
         for spec in TABLES:
-            path = open_table(self.root, spec)
+            path = open_table(self.root, spec, self._retention_s)
             self._tables[spec.name] = _Pending(spec, path, deque())
 
     def start(self) -> None:
@@ -105,7 +122,7 @@ class HistoryWriter:
                 self._flush_table(pending)
 
     def _flush_table(self, pending: _Pending) -> None:
-        from deltalake import write_deltalake
+        from deltalake import CommitProperties, Transaction, write_deltalake
 
         with self._lock:
             rows = list(pending.rows)
@@ -116,12 +133,23 @@ class HistoryWriter:
         if batch.num_rows == 0:
             return
         delay = 0.05
+        pending.batch += 1
+        marker = CommitProperties(app_transactions=[Transaction(self.writer_id, pending.batch)])
         for attempt in range(1, self._attempts + 1):
             try:
-                write_deltalake(pending.path, batch, mode="append")
+                write_deltalake(pending.path, batch, mode="append", commit_properties=marker)
                 pending.commits += 1
                 return
             except Exception as exc:  # commit conflicts, I/O errors: retry, then keep the rows
+                if self._landed(pending):
+                    log.info(
+                        "batch %d of %s landed although its commit raised (%s)",
+                        pending.batch,
+                        pending.path,
+                        exc,
+                    )
+                    pending.commits += 1
+                    return
                 if attempt == self._attempts:
                     log.warning(
                         "could not append %d rows to %s after %d attempts (%s); keeping them buffered",
@@ -133,11 +161,22 @@ class HistoryWriter:
                     break
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
-        with self._lock:
+        with self._lock:  # a later flush retries these rows as a new batch
             pending.rows.extendleft(reversed(rows))
             while len(pending.rows) > self._max_rows:
                 pending.rows.popleft()
                 pending.dropped += 1
+
+    def _landed(self, pending: _Pending) -> bool:
+        """Did this writer's current batch of ``pending`` commit although the call raised?
+        False when the table cannot tell (then the batch is retried)."""
+        from deltalake import DeltaTable
+
+        try:
+            version = DeltaTable(pending.path).transaction_version(self.writer_id)
+        except Exception:
+            return False
+        return version is not None and version >= pending.batch
 
     def _to_table(self, pending: _Pending, rows: list[Row]) -> pa.Table:
         """The rows as an Arrow table; rows that do not fit the schema are rejected and counted."""

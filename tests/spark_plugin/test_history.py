@@ -32,6 +32,13 @@ def event(executor_id: str, kind: str, second: int, app_id: str = "app-1") -> di
     }
 
 
+def heartbeat_row(i: int) -> dict[str, object]:
+    row = dict(event(str(i % 2), "", i % 60), rtt_ms=1.5, gap_ms=None, jvm_pulse_age_ms=100)
+    row.update(slots_total=1, slots_busy=0, running_tasks=0, rss_bytes=1 << 20)
+    del row["event"], row["detail"]
+    return row
+
+
 def count(root: Path, table: str) -> int:
     return int(DeltaTable(str(root / table)).to_pyarrow_table().num_rows)
 
@@ -118,6 +125,43 @@ def test_maintenance_compacts_small_files_without_changing_rows(tmp_path: Path) 
     assert count(tmp_path, EXECUTOR_EVENTS.name) == 12
 
 
+def files_on_disk(table: Path) -> int:
+    return sum(1 for p in table.rglob("*") if p.is_file())
+
+
+def test_retention_bounds_the_files_on_disk_of_a_long_application(tmp_path: Path) -> None:
+    """Rounds of many small commits, each followed by maintenance once the retention has passed:
+    the files on disk stay at about one round's worth however many rounds run, rows all kept.
+    (The wait is for wall-clock retention, which Delta's vacuum measures from file times.)"""
+    import time
+
+    retention_s = 1.0
+    writer = HistoryWriter(tmp_path, flush_interval_s=60, retention_s=retention_s)
+    writer.open()
+    table = tmp_path / EXECUTOR_EVENTS.name
+    props = DeltaTable(str(table)).metadata().configuration
+    assert props["delta.deletedFileRetentionDuration"] == "interval 1 seconds"
+    counts = []
+    for round_ in range(4):
+        for second in range(25):
+            writer.append(EXECUTOR_EVENTS.name, event(str(round_), "REGISTERED", second))
+            writer.flush()
+        writer.maintain()  # compacts this round's files into one, tombstoning them
+        time.sleep(retention_s + 0.2)
+        writer.maintain()  # now they are past retention: vacuumed, old log entries cleaned up
+        counts.append(files_on_disk(table))
+    assert count(tmp_path, EXECUTOR_EVENTS.name) == 100
+    assert max(counts) <= 20, counts  # 100 commits wrote 100 data files and 100 log entries
+    assert counts[-1] <= counts[0] + 2, counts  # flat, not growing with the rounds
+
+
+def test_a_restart_with_another_retention_updates_the_tables(tmp_path: Path) -> None:
+    HistoryWriter(tmp_path, flush_interval_s=60).open()
+    HistoryWriter(tmp_path, flush_interval_s=60, retention_s=120).open()
+    props = DeltaTable(str(tmp_path / HEARTBEATS.name)).metadata().configuration
+    assert props["delta.logRetentionDuration"] == "interval 120 seconds"
+
+
 def test_the_buffer_is_bounded_and_counts_what_it_drops(tmp_path: Path) -> None:
     writer = HistoryWriter(tmp_path, flush_interval_s=60, max_buffered_rows=5)
     writer.open()
@@ -158,6 +202,74 @@ def test_a_failed_commit_keeps_the_rows_for_the_next_flush(tmp_path: Path) -> No
     writer.flush()
     assert writer.buffered(EXECUTOR_EVENTS.name) == 0
     assert count(tmp_path, EXECUTOR_EVENTS.name) == 1
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["commit-landed-then-raised", "commit-failed"])
+def test_a_retried_commit_writes_its_rows_exactly_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lands: bool
+) -> None:
+    """A commit call that raises may or may not have committed (a lost reply, a conflict after
+    the write): the retry asks the table for the writer's transaction before writing again."""
+    import deltalake
+
+    real = deltalake.write_deltalake
+    calls: list[int] = []
+
+    def first_call_raises(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            if lands:
+                real(*args, **kwargs)  # type: ignore[call-overload]
+            raise OSError("connection reset after the commit request")
+        real(*args, **kwargs)  # type: ignore[call-overload]
+
+    writer = HistoryWriter(tmp_path, flush_interval_s=60, commit_attempts=3)
+    writer.open()
+    monkeypatch.setattr(deltalake, "write_deltalake", first_call_raises)
+    for i in range(4):
+        writer.append(EXECUTOR_EVENTS.name, event(str(i), "REGISTERED", i))
+    writer.flush()
+    monkeypatch.setattr(deltalake, "write_deltalake", real)
+    assert len(calls) == (1 if lands else 2)
+    assert writer.buffered(EXECUTOR_EVENTS.name) == 0
+    assert count(tmp_path, EXECUTOR_EVENTS.name) == 4
+    table = DeltaTable(str(tmp_path / EXECUTOR_EVENTS.name))
+    assert table.transaction_version(writer.writer_id) == 1
+    writer.append(EXECUTOR_EVENTS.name, event("9", "REGISTERED", 9))
+    writer.flush()
+    assert count(tmp_path, EXECUTOR_EVENTS.name) == 5
+    assert DeltaTable(str(tmp_path / EXECUTOR_EVENTS.name)).transaction_version(writer.writer_id) == 2
+
+
+def test_the_flusher_commits_on_its_own_within_the_interval(tmp_path: Path) -> None:
+    """No explicit flush: rows become readable within about one interval, one commit per table
+    per interval (here: three intervals of appends, at most one commit each plus a spare)."""
+    import time
+
+    interval = 0.3
+    writer = HistoryWriter(tmp_path, flush_interval_s=interval, compact_interval_s=3600)
+    writer.open()
+    before = DeltaTable(str(tmp_path / HEARTBEATS.name)).version()
+    writer.start()
+    try:
+        started = time.monotonic()
+        writer.append(EXECUTOR_EVENTS.name, event("1", "REGISTERED", 1))
+        deadline = started + interval + 1.0
+        while count(tmp_path, EXECUTOR_EVENTS.name) == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert count(tmp_path, EXECUTOR_EVENTS.name) == 1, "not visible within interval + 1 s"
+        for i in range(30):  # a steady stream of heartbeat rows for ~3 intervals
+            writer.append(HEARTBEATS.name, heartbeat_row(i))
+            time.sleep(interval / 10)
+        elapsed = time.monotonic() - started
+        deadline = time.monotonic() + interval + 1.0
+        while writer.buffered(HEARTBEATS.name) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        writer.stop()
+    commits = DeltaTable(str(tmp_path / HEARTBEATS.name)).version() - before
+    assert count(tmp_path, HEARTBEATS.name) == 30
+    assert 1 <= commits <= elapsed / interval + 2
 
 
 def test_a_restarted_rm_recovers_the_executors_it_knew(tmp_path: Path) -> None:
