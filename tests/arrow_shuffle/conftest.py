@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -21,15 +20,6 @@ def make_batch(start: int, rows: int, key_mod: int = 97, payload_len: int = 8) -
     keys = (seq * 7919) % key_mod
     payload = pa.array(["x" * payload_len] * rows)
     return pa.record_batch([pa.array(keys), pa.array(seq), payload], schema=SCHEMA)
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    """Poll ``condition`` until it holds; fail the test if it does not within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not hold within {timeout_s}s")
-        time.sleep(0.005)
 
 
 @pytest.fixture

@@ -35,8 +35,9 @@ from arrow_shuffle import (
 )
 from arrow_shuffle.partitioner import hash_rows
 from arrow_shuffle.remote_channel import RemoteInputChannel
+from tests.procs import wait_until
 
-from .conftest import APP, SCHEMA, SECRET, make_batch, wait_until
+from .conftest import APP, SCHEMA, SECRET, make_batch
 
 scenario = st.fixed_dictionaries(
     {
@@ -160,7 +161,7 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
             assert gate_stats.channels_finished == len(specs)
             senders = {sender.subpartition.index: sender for sender in server.senders()}
             # A sender marks itself completed just after sending end-of-partition.
-            wait_until(lambda: all(senders[c.subpartition].completed for c in remote), 5, "senders completed")
+            assert wait_until(lambda: all(senders[c.subpartition].completed for c in remote), 5, 0.005)
             for channel in remote:  # the sender's count agrees with the receiver's
                 assert senders[channel.subpartition].buffers_sent == channel.stats().buffers_received
         else:

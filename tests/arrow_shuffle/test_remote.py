@@ -36,8 +36,9 @@ from arrow_shuffle.codec import BufferBuilder
 from arrow_shuffle.frames import Kind
 from arrow_shuffle.remote_channel import RemoteInputChannel
 from arrow_shuffle.transport import TcpConnection
+from tests.procs import wait_until
 
-from .conftest import APP, SCHEMA, SECRET, make_batch, wait_until
+from .conftest import APP, SCHEMA, SECRET, make_batch
 from .fake_peer import FakeServer
 
 
@@ -188,7 +189,7 @@ def test_producer_abort_mid_stream_fails_every_reader_with_a_typed_error(
     late = RemoteChannelSpec(server.address, part.partition_id, 2)  # a reader arriving after the abort
     error = _expect_failure(config, pool, late, SECRET)
     assert isinstance(error, ProducerFailedError) and f"{part.partition_id}#2" in str(error)
-    wait_until(lambda: part.pool.in_use == 0, 5, "the aborted partition's buffers returned")
+    assert wait_until(lambda: part.pool.in_use == 0, 5, 0.005), "the aborted partition's buffers returned"
     server.release(part.partition_id)
     assert pool.num_available == pool.num_segments
 
@@ -231,7 +232,7 @@ def test_slow_remote_consumer_makes_the_producer_wait_for_credit(
                 and part.pool.exhausted.is_set()  # so the writer blocked on its pool
             )
 
-        wait_until(starved, 10, "the sender out of credit with data queued")
+        assert wait_until(starved, 10, 0.005), "the sender out of credit with data queued"
         assert producer.is_alive()
         assert part.pool.owned <= part.pool.max_segments  # memory stays within the partition's share
     finally:
