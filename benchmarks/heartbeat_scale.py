@@ -184,6 +184,7 @@ def coordinate(args: argparse.Namespace) -> int:
     rm = Child.start("rm", *common)
     clients: list[Child] = []
     best: dict[str, Any] | None = None
+    capped = False  # True: the time budget ended the climb, so max_executors is a lower bound
     started = time.monotonic()
     try:
         address = rm.read().split()[1]
@@ -193,6 +194,7 @@ def coordinate(args: argparse.Namespace) -> int:
         for count in [int(s) for s in args.steps.split(",")]:
             if time.monotonic() - started > args.budget_s:
                 print(f"step {count}: skipped, time budget of {args.budget_s:.0f} s used up", flush=True)
+                capped = True
                 break
             result = run_step(rm, clients, count, args)
             for _ in range(args.repeat_failed):
@@ -216,6 +218,7 @@ def coordinate(args: argparse.Namespace) -> int:
     print(f"RESULT max_executors={best['executors'] if best else 0}")
     print(f"RESULT p99_rtt_ms={best['p99'] if best else float('nan'):.2f}")
     print(f"RESULT rm_cpu_us_per_heartbeat={best['rm_cpu_us'] if best else float('nan'):.1f}")
+    print(f"RESULT capped_by_time_budget={int(capped)}")
     return 0
 
 

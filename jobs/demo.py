@@ -26,6 +26,8 @@ from typing import Any
 import psutil
 from pyspark.sql import SparkSession
 
+from arrow_shuffle.service_client import announced_agents
+from arrow_shuffle.shuffle_service import default_root
 from heartbeat.admin import list_executors
 from jobs import executor_health
 from spark_plugin.config import parse_duration
@@ -56,6 +58,31 @@ def spark_detection_bounds(conf: Any) -> tuple[float, float]:
     return timeout, timeout + check
 
 
+def expected_executors(conf: Any) -> int:
+    """How many executors the application asked for: ``local-cluster[N,..]`` or executor instances."""
+    master = str(conf.get("spark.master", ""))
+    if master.startswith("local-cluster["):
+        return int(master[len("local-cluster[") :].split(",")[0])
+    return int(conf.get("spark.executor.instances", "1") or 1)
+
+
+def committed_event(tables: str, executor_id: str, event: str, after: float) -> bool:
+    """Has ``executor_events`` a committed row of ``event`` for the executor at or after ``after``?"""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        rows = DeltaTable(f"{tables}/executor_events").to_pyarrow_table(
+            columns=["executor_id", "event", "ts"]
+        )
+    except TableNotFoundError:
+        return False
+    return any(
+        r["executor_id"] == executor_id and r["event"] == event and r["ts"].timestamp() >= after
+        for r in rows.to_pylist()
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -74,26 +101,30 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     secret = conf.get("spark.arrowbeat.authenticate.secret", "")
     timeout_s = parse_duration(conf.get("spark.arrowbeat.heartbeat.timeout", "5s"))
-    expected = max(1, sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
+    expected = expected_executors(conf)
+    problems: list[str] = []
 
     print(f"\n== arrowbeat ResourceManager: pid {conf.get('spark.arrowbeat.driver.pid')} at {address}")
-    agents = (
-        wait_for(
-            lambda: (
-                [e for e in list_executors(address, secret) if e.state == "RUNNING"]
-                if len(list_executors(address, secret)) >= expected
-                else None
-            ),
-            60,
-        )
-        or []
-    )
-    for e in agents:
-        print(
-            f"   executor {e.executor_id}: agent pid {e.pid} on {e.host}, instance {e.instance_id[:8]}, "
-            f"state {e.state}"
-        )
 
+    def running_agents() -> list[Any]:
+        return [e for e in list_executors(address, secret) if e.state == "RUNNING"]
+
+    wait_for(lambda: len(running_agents()) >= expected, 60)
+    agents = running_agents()
+    shuffle_root = conf.get("spark.arrowbeat.shuffle.dir", "") or default_root()
+    served = {a.executor_id: a for a in announced_agents(shuffle_root, sc.applicationId)}
+    for e in agents:
+        where = served.get(e.executor_id)
+        serves = (
+            f", shuffle data {where.host}:{where.data_port}, control {where.host}:{where.control_port}"
+            if where
+            else ""
+        )
+        print(f"   executor {e.executor_id}: agent pid {e.pid} on {e.host}{serves}, state {e.state}")
+    if len(agents) < expected:
+        problems.append(f"only {len(agents)} of {expected} executor agents registered")
+
+    resumed: tuple[str, float] | None = None  # (executor id, when it was frozen)
     job_result: list[int] = []
     job = threading.Thread(
         target=lambda: job_result.append(
@@ -111,7 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         if jvm is None or "CoarseGrainedExecutorBackend" not in " ".join(jvm.cmdline()):
             print("   (executor JVM not on this machine: skipping the freeze)")
         else:
-            time.sleep(2.0)  # let tasks start on both executors
+            # Freeze it mid-task: wait until its heartbeat says a task is running there.
+            wait_for(
+                lambda: any(
+                    e.executor_id == victim.executor_id and e.payload is not None and e.payload.running_tasks
+                    for e in list_executors(address, secret)
+                ),
+                60,
+            )
             stopped = time.time()
             jvm.send_signal(signal.SIGSTOP)
             print(f"\n== froze executor {victim.executor_id} (JVM pid {jvm.pid}) with SIGSTOP")
@@ -135,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             else:
                 print("   arrowbeat did NOT report it in time")
+                problems.append(f"the frozen executor {victim.executor_id} was not reported")
             print(
                 f"   Spark's own heartbeat would notice after {low:.0f}-{high:.0f} s "
                 f"(spark.network.timeout + up to spark.network.timeoutInterval)"
@@ -155,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"   resumed: executor {victim.executor_id} "
                 + (f"re-registered as instance {back.instance_id[:8]}" if back else "did NOT re-register")
             )
+            if back is None:
+                problems.append(f"the resumed executor {victim.executor_id} did not re-register")
+            else:
+                resumed = (victim.executor_id, stopped)
     job.join()
     print(f"\n== job finished: {job_result[0] if job_result else 'failed'} rows")
 
@@ -166,7 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n== Delta table {table}: wrote {args.rows} rows, read back {count}")
 
     tables = conf.get("spark.arrowbeat.tables.path", "") or str(Path(warehouse) / "arrowbeat")
-    time.sleep(parse_duration(conf.get("spark.arrowbeat.tables.flushInterval", "2s")) + 1.0)
+    if resumed is not None:  # the health query below must see the freeze: wait for its commit
+        flush_s = parse_duration(conf.get("spark.arrowbeat.tables.flushInterval", "2s"))
+        if not wait_for(
+            lambda: committed_event(tables, resumed[0], "REREGISTERED", resumed[1]), flush_s + 30
+        ):
+            problems.append(f"no REREGISTERED row for executor {resumed[0]} in {tables}/executor_events")
     with tempfile.TemporaryDirectory() as scratch:
         output = f"{scratch}/executor_health"
         query = executor_health.start(
@@ -178,8 +226,13 @@ def main(argv: list[str] | None = None) -> int:
             "window_start", "executor_id"
         ).drop("app_id").show(truncate=False)
     spark.stop()
-    ok = count == args.rows and bool(job_result) and job_result[0] == args.rows
-    return 0 if ok else 1
+    if not (job_result and job_result[0] == args.rows):
+        problems.append(f"the job counted {job_result[0] if job_result else 'nothing'}, not {args.rows}")
+    if count != args.rows:
+        problems.append(f"the Delta table read back {count} rows, not {args.rows}")
+    for problem in problems:
+        print(f"DEMO FAILED: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

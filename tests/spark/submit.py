@@ -77,6 +77,13 @@ class SubmittedApp:
         except queue.Empty:
             raise AssertionError(f"no {prefix!r} within {timeout_s}s:\n{self.log_tail()}") from None
 
+    def stdout_lines(self) -> list[str]:
+        """Every stdout line not consumed by ``wait_for``; call after the application exited."""
+        lines = []
+        while (line := self._lines.get(timeout=30)) is not None:
+            lines.append(line)
+        return lines
+
     def send(self, line: str) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(line + "\n")

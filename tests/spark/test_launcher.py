@@ -3,6 +3,7 @@ the application down."""
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -136,6 +137,51 @@ def test_a_dead_driver_side_process_is_restarted_and_recovers_its_executors(scra
         )
         go.touch()
         assert app.wait_for("APP-RESULT ", timeout_s=180)["sum"] == sum(range(1000))
+        assert app.wait(timeout_s=120) == 0
+    finally:
+        app.close()
+
+
+def test_the_driver_side_process_follows_a_killed_driver_jvm(scratch: Path) -> None:
+    """The driver JVM SIGKILLed (spark-submit execs the JVM, so that is its pid): the kernel
+    closes the driver-side process's stdin and it exits, within 2 s, leaving no orphan."""
+    go = scratch / "driver-kill-go"
+    app = SubmittedApp(APPS / "hold_app.py", "local[1]", scratch, args=[str(go)])
+    try:
+        assert app.wait_for("APP-READY ", timeout_s=120)["rm_address"]
+        (driver_side,) = ours("spark_plugin.driver", app.marker)
+        jvm = psutil.Process(app.proc.pid)
+        assert "SparkSubmit" in " ".join(jvm.cmdline()) and driver_side.ppid() == jvm.pid
+        jvm.send_signal(signal.SIGKILL)
+        assert wait_until(lambda: not driver_side.is_running() or driver_side.status() == "zombie", 2.0), (
+            "the driver-side process outlived its driver JVM by more than 2 s"
+        )
+    finally:
+        app.close()
+
+
+def test_an_unwritable_tables_path_is_named_and_monitoring_runs_on(scratch: Path) -> None:
+    """History off (one error naming the path), the RM on: the agent registers and heartbeats in
+    memory, and the application finishes normally."""
+    blocker = scratch / "tables-is-a-file"
+    blocker.write_text("not a directory")
+    go = scratch / "unwritable-go"
+    app = SubmittedApp(
+        APPS / "hold_app.py",
+        "local[1]",
+        scratch,
+        conf={"spark.arrowbeat.tables.path": str(blocker / "tables")},
+        args=[str(go)],
+    )
+    try:
+        ready = app.wait_for("APP-READY ", timeout_s=120)
+        assert ready["rm_address"], "the RM must run without its history tables"
+        named = [line for line in app.log_text().splitlines() if "history tables off" in line]
+        assert len(named) == 1 and str(blocker) in named[0], app.log_tail()
+        registered = re.compile(r"executor driver \(.*\): REGISTERED")
+        assert wait_until(lambda: registered.search(app.log_text()), 30), app.log_tail()
+        go.touch()
+        assert app.wait_for("APP-RESULT ", timeout_s=120)["sum"] == sum(range(1000))
         assert app.wait(timeout_s=120) == 0
     finally:
         app.close()

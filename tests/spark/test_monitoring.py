@@ -22,6 +22,7 @@ from tests.spark.submit import SubmittedApp
 
 pytestmark = pytest.mark.spark
 APPS = Path(__file__).parent / "apps"
+JOBS = Path(__file__).parents[2] / "jobs"
 INTERVAL_S, TIMEOUT_S = 0.5, 2.0
 LOSS_EVENTS = {"HEARTBEAT_TIMEOUT", "UNREACHABLE", "UNREGISTERED"}
 
@@ -36,6 +37,16 @@ class Scenario:
     executors_at_start: set[str] = field(default_factory=set)
     stream_counts: list[int] = field(default_factory=list)
     exit_code: int | None = None
+
+
+def fast_heartbeats(tables: Path) -> dict[str, str]:
+    """Interval, timeout and a short flush interval for the tests' applications."""
+    return {
+        "spark.arrowbeat.heartbeat.interval": f"{int(INTERVAL_S * 1000)}ms",
+        "spark.arrowbeat.heartbeat.timeout": f"{int(TIMEOUT_S)}s",
+        "spark.arrowbeat.tables.path": str(tables),
+        "spark.arrowbeat.tables.flushInterval": "500ms",
+    }
 
 
 def event_ts(tables: Path, executor_id: str, kinds: set[str], after: float) -> float | None:
@@ -74,12 +85,7 @@ def scenario(scratch: Path, spark_local: SparkSession) -> Iterator[Scenario]:
         APPS / "hold_app.py",
         "local-cluster[2,1,1024]",
         scratch,
-        conf={
-            "spark.arrowbeat.heartbeat.interval": f"{int(INTERVAL_S * 1000)}ms",
-            "spark.arrowbeat.heartbeat.timeout": f"{int(TIMEOUT_S)}s",
-            "spark.arrowbeat.tables.path": str(result.tables),
-            "spark.arrowbeat.tables.flushInterval": "500ms",
-        },
+        conf=fast_heartbeats(result.tables),
         args=[str(go)],
     )
     query = None
@@ -133,12 +139,21 @@ def test_both_executors_register_and_heartbeat(scenario: Scenario) -> None:
     assert all(r["rtt_ms"] >= 0 and r["slots_total"] == 1 for r in beats)
 
 
+def first_loss(tables: Path, executor_id: str, after: float) -> dict[str, Any] | None:
+    """The executor's first loss event at or after ``after`` (a row of ``executor_events``)."""
+    for r in rows(tables, "executor_events"):
+        if r["executor_id"] == executor_id and r["event"] in LOSS_EVENTS and r["ts"].timestamp() >= after:
+            return r
+    return None
+
+
 def test_a_frozen_executor_is_reported_within_timeout_plus_interval(scenario: Scenario) -> None:
-    reported = event_ts(
-        scenario.tables, scenario.frozen, {"HEARTBEAT_TIMEOUT", "UNREACHABLE"}, scenario.stop_time
-    )
-    assert reported is not None, events(scenario.tables, scenario.frozen)
-    assert reported - scenario.stop_time <= TIMEOUT_S + INTERVAL_S + 0.5
+    """Its agent process runs on, but with no JVM pulse it stops answering: a missed heartbeat,
+    not a broken RPC, so HEARTBEAT_TIMEOUT and nothing else."""
+    loss = first_loss(scenario.tables, scenario.frozen, scenario.stop_time)
+    assert loss is not None, events(scenario.tables, scenario.frozen)
+    assert loss["event"] == "HEARTBEAT_TIMEOUT", loss
+    assert loss["ts"].timestamp() - scenario.stop_time <= TIMEOUT_S + INTERVAL_S + 0.5
 
 
 def test_a_resumed_executor_reregisters(scenario: Scenario) -> None:
@@ -146,8 +161,11 @@ def test_a_resumed_executor_reregisters(scenario: Scenario) -> None:
 
 
 def test_a_killed_executor_is_reported_and_replaced(scenario: Scenario) -> None:
-    reported = event_ts(scenario.tables, scenario.killed, LOSS_EVENTS, scenario.kill_time)
-    assert reported is not None and reported - scenario.kill_time <= TIMEOUT_S + INTERVAL_S + 0.5
+    """Its agent sees stdin close without the JVM's ``stop`` and unregisters saying so, at once."""
+    loss = first_loss(scenario.tables, scenario.killed, scenario.kill_time)
+    assert loss is not None, events(scenario.tables, scenario.killed)
+    assert (loss["event"], loss["detail"]) == ("UNREGISTERED", "the JVM exited unexpectedly"), loss
+    assert loss["ts"].timestamp() - scenario.kill_time <= TIMEOUT_S + INTERVAL_S + 0.5
     registered = {e for e, k in events(scenario.tables) if k == "REGISTERED"}
     assert registered - scenario.executors_at_start, "no replacement executor registered"
     assert scenario.exit_code == 0
@@ -196,3 +214,80 @@ def test_lifecycle_feed_prints_every_event(
     assert len(lines) == len(events(scenario.tables))
     assert any(f"executor {scenario.frozen} " in line and "HEARTBEAT_TIMEOUT" in line for line in lines)
     assert any(f"executor {scenario.frozen} " in line and "REREGISTERED" in line for line in lines)
+
+
+def test_the_jobs_run_through_spark_submit(scenario: Scenario, scratch: Path) -> None:
+    """Both jobs as users start them: ``spark-submit <plugin flags> jobs/X.py ... --available-now``."""
+    health_out = scratch / "submitted-health"
+    health = SubmittedApp(
+        JOBS / "executor_health.py",
+        "local[1]",
+        scratch,
+        args=[
+            *("--tables", str(scenario.tables), "--checkpoint", str(scratch / "submitted-health-ckpt")),
+            *("--output", str(health_out), "--timeout", f"{TIMEOUT_S}s", "--available-now"),
+        ],
+    )
+    feed = None
+    try:
+        assert health.wait(timeout_s=300) == 0, health.log_tail()
+        from deltalake import DeltaTable
+
+        flagged = DeltaTable(str(health_out)).to_pyarrow_table().to_pylist()
+        assert scenario.frozen in {r["executor_id"] for r in flagged if r["gap_exceeds_timeout"]}
+        feed = SubmittedApp(
+            JOBS / "lifecycle_feed.py",
+            "local[1]",
+            scratch,
+            args=[
+                *("--tables", str(scenario.tables), "--checkpoint", str(scratch / "submitted-feed-ckpt")),
+                "--available-now",
+            ],
+        )
+        assert feed.wait(timeout_s=300) == 0, feed.log_tail()
+        printed = [line for line in feed.stdout_lines() if " executor " in line]
+        assert len(printed) == len(events(scenario.tables))
+        assert any(
+            f"executor {scenario.killed} " in line and "JVM exited unexpectedly" in line for line in printed
+        )
+    finally:
+        health.close()
+        if feed is not None:
+            feed.close()
+
+
+def test_on_heartbeat_timeout_kill_has_spark_replace_a_frozen_executor(scratch: Path) -> None:
+    """``spark.arrowbeat.onHeartbeatTimeout=kill``: the frozen executor is reported, Spark is asked
+    to kill it (its Worker SIGKILLs what SIGTERM cannot reach) and starts a replacement, long
+    before Spark's own heartbeat timeout (120 s) would have noticed anything."""
+    tables, go = scratch / "kill-mode-tables", scratch / "kill-mode-go"
+    app = SubmittedApp(
+        APPS / "hold_app.py",
+        "local-cluster[2,1,1024]",
+        scratch,
+        conf={**fast_heartbeats(tables), "spark.arrowbeat.onHeartbeatTimeout": "kill"},
+        args=[str(go)],
+    )
+    victim: psutil.Process | None = None
+    try:
+        app.wait_for("APP-READY ", timeout_s=180)
+        assert wait_until(lambda: len({e for e, k in events(tables) if k == "REGISTERED"}) >= 2, 30)
+        jvms = executor_jvms(app)
+        victim_id = sorted(jvms)[0]
+        victim = jvms[victim_id]
+        frozen_at = time.time()
+        victim.suspend()
+        removed = app.wait_for("SPARK-EXECUTOR-REMOVED ", timeout_s=90)
+        assert removed["executor_id"] == victim_id
+        assert removed["ts"] - frozen_at <= TIMEOUT_S + INTERVAL_S + 20, removed
+        loss = first_loss(tables, victim_id, frozen_at)
+        assert loss is not None and loss["event"] == "HEARTBEAT_TIMEOUT", events(tables, victim_id)
+        assert not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE
+        assert wait_until(lambda: len({e for e, k in events(tables) if k == "REGISTERED"}) >= 3, 90)
+        go.touch()
+        app.wait_for("APP-RESULT ", timeout_s=180)
+        assert app.wait(timeout_s=120) == 0
+    finally:
+        if victim is not None and victim.is_running():
+            victim.resume()
+        app.close()
