@@ -45,12 +45,12 @@ demo: setup
 	@mkdir -p $(DEMO_WORK)
 	SPARK_WORKER_DIR=$(DEMO_WORK)/work $(VENV)/bin/spark-submit $$($(PY) -m spark_plugin conf) \
 	  --master 'local-cluster[2,1,1024]' --conf spark.executor.memory=512m --conf spark.driver.memory=1g \
-	  --conf spark.ui.enabled=false --conf spark.sql.warehouse.dir=$(DEMO_WORK)/warehouse \
+	  --conf spark.ui.enabled=false --conf spark.log.level=WARN --conf spark.sql.warehouse.dir=$(DEMO_WORK)/warehouse \
 	  --conf spark.driver.extraJavaOptions=-Dderby.system.home=$(DEMO_WORK) \
 	  jobs/demo.py
 	SPARK_WORKER_DIR=$(DEMO_WORK)/work $(VENV)/bin/spark-submit $$($(PY) -m spark_plugin conf) \
 	  --master 'local-cluster[2,1,1024]' --conf spark.executor.memory=512m --conf spark.driver.memory=1g \
-	  --conf spark.ui.enabled=false --conf spark.sql.warehouse.dir=$(DEMO_WORK)/warehouse \
+	  --conf spark.ui.enabled=false --conf spark.log.level=WARN --conf spark.sql.warehouse.dir=$(DEMO_WORK)/warehouse \
 	  --conf spark.driver.extraJavaOptions=-Dderby.system.home=$(DEMO_WORK) \
 	  jobs/arrow_pipeline.py --rows 2000000
 

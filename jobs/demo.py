@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     wait_for(lambda: len(running_agents()) >= expected, 60)
     agents = running_agents()
     shuffle_root = conf.get("spark.arrowbeat.shuffle.dir", "") or default_root()
+    wait_for(lambda: len(announced_agents(shuffle_root, sc.applicationId)) >= len(agents), 10)
     served = {a.executor_id: a for a in announced_agents(shuffle_root, sc.applicationId)}
     for e in agents:
         where = served.get(e.executor_id)

@@ -76,8 +76,8 @@ def main() -> int:
     shuffle = LazyShuffleService(config, settings, executor_id, host)
     payload.append(shuffle.metrics)
     link.start()
+    shuffle.start_when_app_known(link)  # before registering: a registered agent serves shuffles
     agent.start()
-    shuffle.start_when_app_known(link)
     announce_ready(
         pid=os.getpid(),
         executor_id=executor_id,
