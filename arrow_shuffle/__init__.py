@@ -1,9 +1,13 @@
-"""Arrow shuffle engine: result partitions, input gates and credit-based flow control.
+"""Arrow shuffle: a credit-based engine, and (in ``arrow_shuffle.spark``) its PySpark DataFrame API.
 
-Knows nothing of Spark. A producer writes record batches into a ``ResultPartition`` through a
-``RecordWriter``; a ``ShuffleServer`` serves the partition's subpartitions; a consumer reads
-them through an ``InputGate`` of local and remote channels. See ``errors`` for the exception
-tree and ``config.ShuffleConfig`` for every setting.
+The engine (every module directly in this package) knows nothing of Spark. A producer writes
+record batches into a ``ResultPartition`` through a ``RecordWriter``; a ``PartitionServer`` serves
+the partition's subpartitions; a consumer reads them through an ``InputGate`` of local and remote
+channels. See ``errors`` for the exception tree and ``config.ShuffleConfig`` for every setting.
+
+``arrow_shuffle.spark`` holds everything Spark-specific (DataFrame API, task bodies, map-output
+files, the agent's map-output service and its client, the pipelined rendezvous). Its public
+DataFrame API is re-exported here lazily, so ``import arrow_shuffle`` needs no pyspark.
 """
 
 from typing import TYPE_CHECKING
@@ -11,10 +15,8 @@ from typing import TYPE_CHECKING
 from arrow_shuffle.buffer_pool import NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import (
-    AuthenticationError,
     BufferAccountingError,
     ChannelClosedError,
-    ConfigError,
     CorruptFrameError,
     CreditViolationError,
     InsufficientBuffersError,
@@ -22,26 +24,26 @@ from arrow_shuffle.errors import (
     PartitionNotFoundError,
     PeerLostError,
     ProducerFailedError,
-    ProtocolError,
     RecordTooLargeError,
     RemoteFailureError,
     SchemaMismatchError,
     SequenceGapError,
+    ShuffleAuthenticationError,
+    ShuffleConfigError,
     ShuffleError,
+    ShuffleProtocolError,
 )
 from arrow_shuffle.gate import InputGate, LocalChannelSpec, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.partition import PartitionKind, ResultPartition
+from arrow_shuffle.partition_server import PartitionServer
 from arrow_shuffle.partitioner import Partitioner, column_partitioner, hash_partitioner
-from arrow_shuffle.server import ShuffleServer
 from arrow_shuffle.stats import GateStats, PartitionStats
 from arrow_shuffle.writer import RecordWriter
 
 __all__ = [
-    "AuthenticationError",
     "BufferAccountingError",
     "ChannelClosedError",
-    "ConfigError",
     "CorruptFrameError",
     "CreditViolationError",
     "GateStats",
@@ -53,11 +55,11 @@ __all__ = [
     "PartitionId",
     "PartitionKind",
     "PartitionNotFoundError",
+    "PartitionServer",
     "PartitionStats",
     "Partitioner",
     "PeerLostError",
     "ProducerFailedError",
-    "ProtocolError",
     "RecordTooLargeError",
     "RecordWriter",
     "RemoteChannelSpec",
@@ -65,10 +67,12 @@ __all__ = [
     "ResultPartition",
     "SchemaMismatchError",
     "SequenceGapError",
+    "ShuffleAuthenticationError",
     "ShuffleConfig",
+    "ShuffleConfigError",
     "ShuffleError",
     "ShuffleHandle",
-    "ShuffleServer",
+    "ShuffleProtocolError",
     "column_partitioner",
     "group_apply",
     "hash_partitioner",
@@ -80,7 +84,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # the real import is lazy (``__getattr__``): no pyspark for engine users
-    from arrow_shuffle.dataframe import (
+    from arrow_shuffle.spark import (
         ShuffleHandle,
         group_apply,
         map_in_arrow,
@@ -104,7 +108,7 @@ _DATAFRAME_API = (
 def __getattr__(name: str) -> object:
     """The PySpark DataFrame API, imported on first use so ``import arrow_shuffle`` needs no pyspark."""
     if name in _DATAFRAME_API:
-        from arrow_shuffle import dataframe
+        from arrow_shuffle import spark
 
-        return getattr(dataframe, name)
+        return getattr(spark, name)
     raise AttributeError(f"module 'arrow_shuffle' has no attribute {name!r}")

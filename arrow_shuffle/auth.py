@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import os
 
-from arrow_shuffle.errors import AuthenticationError, ProtocolError
+from arrow_shuffle.errors import ShuffleAuthenticationError, ShuffleProtocolError
 from arrow_shuffle.frames import MAX_CONTROL_PAYLOAD, ErrorCode, Kind
 from arrow_shuffle.transport import Connection
 
@@ -28,16 +28,18 @@ def _expect(conn: Connection, kind: Kind, limit: int = MAX_CONTROL_PAYLOAD) -> b
     header = conn.recv_header()
     assert header is not None
     if header.length > limit:
-        raise ProtocolError(f"handshake frame of {header.length} bytes from {conn.peer} exceeds {limit}")
+        raise ShuffleProtocolError(
+            f"handshake frame of {header.length} bytes from {conn.peer} exceeds {limit}"
+        )
     payload = bytearray(header.length)
     conn.recv_into(memoryview(payload))
     if header.kind is Kind.ERROR:
         message = payload.decode("utf-8", "replace")
         if header.value == ErrorCode.AUTHENTICATION:
-            raise AuthenticationError(f"peer {conn.peer} refused the handshake: {message}")
-        raise ProtocolError(f"peer {conn.peer} failed the handshake: {message}")
+            raise ShuffleAuthenticationError(f"peer {conn.peer} refused the handshake: {message}")
+        raise ShuffleProtocolError(f"peer {conn.peer} failed the handshake: {message}")
     if header.kind is not kind:
-        raise ProtocolError(
+        raise ShuffleProtocolError(
             f"expected {kind.name} during the handshake, got {header.kind.name} from {conn.peer}"
         )
     return bytes(payload)
@@ -49,14 +51,14 @@ def server_handshake(conn: Connection, secret: bytes) -> str:
     conn.send(Kind.HELLO, server_nonce)
     answer = _expect(conn, Kind.AUTH)
     if len(answer) < _NONCE + _DIGEST:
-        raise ProtocolError(f"short AUTH frame from {conn.peer}")
+        raise ShuffleProtocolError(f"short AUTH frame from {conn.peer}")
     client_nonce, digest, app_id = (
         answer[:_NONCE],
         answer[_NONCE : _NONCE + _DIGEST],
         answer[_NONCE + _DIGEST :],
     )
     if not hmac.compare_digest(digest, _mac(secret, b"client", server_nonce, client_nonce, app_id)):
-        raise AuthenticationError(f"client {conn.peer} failed authentication (wrong secret)")
+        raise ShuffleAuthenticationError(f"client {conn.peer} failed authentication (wrong secret)")
     conn.send(Kind.AUTH_OK, _mac(secret, b"server", client_nonce, server_nonce))
     return app_id.decode("utf-8", "replace")
 
@@ -69,7 +71,7 @@ def client_handshake(conn: Connection, secret: bytes, app_id: str) -> None:
     conn.send(Kind.AUTH, client_nonce + _mac(secret, b"client", server_nonce, client_nonce, app) + app)
     proof = _expect(conn, Kind.AUTH_OK)
     if not hmac.compare_digest(proof, _mac(secret, b"server", client_nonce, server_nonce)):
-        raise AuthenticationError(f"shuffle server {conn.peer} does not hold the application secret")
+        raise ShuffleAuthenticationError(f"shuffle server {conn.peer} does not hold the application secret")
 
 
 def as_bytes(secret: str | bytes) -> bytes:

@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from arrow_shuffle.errors import ConfigError
+from arrow_shuffle.errors import ShuffleConfigError
 
 _MIB = 1 << 20
 
@@ -62,7 +62,7 @@ class ShuffleConfig:
         _check_range("peer_timeout_s", self.peer_timeout_s, self.keepalive_interval_s * 2, 3600.0)
         _check_range("buffer_request_timeout_s", self.buffer_request_timeout_s, 0.001, 86400.0)
         if not self.spill_dir:
-            raise ConfigError("spill_dir must be a non-empty directory path")
+            raise ShuffleConfigError("spill_dir must be a non-empty directory path")
 
     @property
     def frame_limit(self) -> int:
@@ -76,4 +76,4 @@ class ShuffleConfig:
 
 def _check_range(name: str, value: float, low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise ConfigError(f"{name}={value!r} is out of range: allowed {low} <= {name} <= {high}")
+        raise ShuffleConfigError(f"{name}={value!r} is out of range: allowed {low} <= {name} <= {high}")

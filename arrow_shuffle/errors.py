@@ -4,14 +4,14 @@ Callers catch the branch they can act on; transport-level exceptions (``OSError`
 ``pyarrow.ArrowInvalid``) are always mapped into this tree with ``raise ... from exc``::
 
     ShuffleError
-    ├── ConfigError                  invalid setting; names the field and its allowed range
+    ├── ShuffleConfigError                  invalid setting; names the field and its allowed range
     ├── InsufficientBuffersError     a pool cannot reserve what a partition/gate needs
     ├── BufferAccountingError        a buffer recycled twice (over-release) or to the wrong pool
     ├── SchemaMismatchError          a batch's schema differs from the partition's
     ├── RecordTooLargeError          one row does not fit in a network buffer
-    ├── AuthenticationError          wrong secret (either side), or no handshake
+    ├── ShuffleAuthenticationError          wrong secret (either side), or no handshake
     ├── PartitionNotFoundError       unknown partition, released one, or another application's
-    ├── ProtocolError                the peer broke the wire protocol
+    ├── ShuffleProtocolError                the peer broke the wire protocol
     │   ├── SequenceGapError         a buffer arrived out of order (gap or duplicate)
     │   ├── CorruptFrameError        bad magic/type, or a payload that is not valid Arrow IPC
     │   ├── OversizedFrameError      a frame larger than ``max_frame_bytes``
@@ -31,7 +31,7 @@ class ShuffleError(Exception):
     """Root of every error raised by ``arrow_shuffle``."""
 
 
-class ConfigError(ShuffleError, ValueError):
+class ShuffleConfigError(ShuffleError, ValueError):
     """A configuration value is outside its allowed range."""
 
 
@@ -51,7 +51,7 @@ class RecordTooLargeError(ShuffleError):
     """A single row is larger than one network buffer; raise ``buffer_size``."""
 
 
-class AuthenticationError(ShuffleError):
+class ShuffleAuthenticationError(ShuffleError):
     """The peer could not prove it holds the application's secret."""
 
 
@@ -59,23 +59,23 @@ class PartitionNotFoundError(ShuffleError):
     """The requested partition is not hosted here (never was, released, or another app's)."""
 
 
-class ProtocolError(ShuffleError):
+class ShuffleProtocolError(ShuffleError):
     """The peer broke the wire protocol; the stream is failed."""
 
 
-class SequenceGapError(ProtocolError):
+class SequenceGapError(ShuffleProtocolError):
     """A buffer's sequence number is not the expected one (a gap or a duplicate)."""
 
 
-class CorruptFrameError(ProtocolError):
+class CorruptFrameError(ShuffleProtocolError):
     """A frame header or payload could not be decoded."""
 
 
-class OversizedFrameError(ProtocolError):
+class OversizedFrameError(ShuffleProtocolError):
     """A frame announced a length above the configured maximum."""
 
 
-class CreditViolationError(ProtocolError):
+class CreditViolationError(ShuffleProtocolError):
     """A data buffer arrived although the receiver had announced no credit for it."""
 
 

@@ -20,7 +20,7 @@ from arrow_shuffle.auth import as_bytes
 from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool
 from arrow_shuffle.codec import decode_buffer
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.errors import ChannelClosedError, ConfigError, ShuffleError
+from arrow_shuffle.errors import ChannelClosedError, ShuffleConfigError, ShuffleError
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.local_channel import LocalInputChannel
 from arrow_shuffle.partition import ResultPartition
@@ -81,7 +81,7 @@ class InputGate:
         self.config = config or ShuffleConfig(buffer_size=pool.segment_size)
         remote = [c for c in channels if isinstance(c, RemoteChannelSpec)]
         if remote and not secret:
-            raise ConfigError("remote channels need the application secret")
+            raise ShuffleConfigError("remote channels need the application secret")
         self._cond = threading.Condition()
         self._with_data: deque[int] = deque()
         self._queued: set[int] = set()

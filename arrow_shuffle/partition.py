@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.errors import ChannelClosedError, ConfigError
+from arrow_shuffle.errors import ChannelClosedError, ShuffleConfigError
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.spill import SpillFile
 from arrow_shuffle.stats import PartitionStats, StatsCell
@@ -40,10 +40,10 @@ class ResultPartition:
         config: ShuffleConfig | None = None,
     ) -> None:
         if num_subpartitions < 1:
-            raise ConfigError(f"num_subpartitions={num_subpartitions} is out of range: allowed >= 1")
+            raise ShuffleConfigError(f"num_subpartitions={num_subpartitions} is out of range: allowed >= 1")
         self.config = config or ShuffleConfig(buffer_size=pool.segment_size)
         if self.config.buffer_size != pool.segment_size:
-            raise ConfigError(
+            raise ShuffleConfigError(
                 f"buffer_size={self.config.buffer_size} must equal the pool's segment size "
                 f"{pool.segment_size}"
             )

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrow_shuffle.errors import ConfigError
+from arrow_shuffle.errors import ShuffleConfigError
 
 Partitioner = Callable[[pa.RecordBatch, int], np.ndarray]
 """Maps a batch and the subpartition count to one subpartition index per row."""
@@ -70,7 +70,9 @@ def hash_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         indices = pc.fill_null(encoded.indices, 0).to_numpy(zero_copy_only=False)
         hashed = per_value[indices] if len(per_value) else np.zeros(len(column), dtype=np.uint64)
     else:
-        raise ConfigError(f"cannot hash-partition on a column of type {kind}; use an explicit partitioner")
+        raise ShuffleConfigError(
+            f"cannot hash-partition on a column of type {kind}; use an explicit partitioner"
+        )
     result: np.ndarray = np.where(valid, hashed, _NULL_HASH)
     return result
 
@@ -87,12 +89,14 @@ def hash_partitioner(key_columns: Sequence[str]) -> Partitioner:
     """A partitioner routing each row by the hash of ``key_columns``."""
     keys = list(key_columns)
     if not keys:
-        raise ConfigError("key_columns must name at least one column")
+        raise ShuffleConfigError("key_columns must name at least one column")
 
     def route(batch: pa.RecordBatch, num_subpartitions: int) -> np.ndarray:
         for name in keys:
             if batch.schema.get_field_index(name) < 0:
-                raise ConfigError(f"key column {name!r} is not in the batch schema {batch.schema.names}")
+                raise ShuffleConfigError(
+                    f"key column {name!r} is not in the batch schema {batch.schema.names}"
+                )
         return (hash_rows(batch, keys) % np.uint64(num_subpartitions)).astype(np.int64)
 
     return route
@@ -104,7 +108,9 @@ def column_partitioner(column: str) -> Partitioner:
     def route(batch: pa.RecordBatch, num_subpartitions: int) -> np.ndarray:
         ids: np.ndarray = batch.column(column).to_numpy(zero_copy_only=False).astype(np.int64)
         if len(ids) and (ids.min() < 0 or ids.max() >= num_subpartitions):
-            raise ConfigError(f"partition id column {column!r} has values outside [0, {num_subpartitions})")
+            raise ShuffleConfigError(
+                f"partition id column {column!r} has values outside [0, {num_subpartitions})"
+            )
         return ids
 
     return route

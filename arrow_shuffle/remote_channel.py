@@ -22,16 +22,16 @@ from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.credit import ReceiverLedger, UnannouncedCredit
 from arrow_shuffle.errors import (
-    AuthenticationError,
     ChannelClosedError,
     CreditViolationError,
     OversizedFrameError,
     PartitionNotFoundError,
     ProducerFailedError,
-    ProtocolError,
     RemoteFailureError,
     SequenceGapError,
+    ShuffleAuthenticationError,
     ShuffleError,
+    ShuffleProtocolError,
     describe,
 )
 from arrow_shuffle.frames import MAX_CONTROL_PAYLOAD, ErrorCode, FrameHeader, Kind
@@ -182,11 +182,11 @@ class RemoteInputChannel:
                 return
             elif header.kind is Kind.KEEPALIVE:
                 if header.length:
-                    raise ProtocolError(f"keepalive with a payload {self.where}")
+                    raise ShuffleProtocolError(f"keepalive with a payload {self.where}")
             elif header.kind is Kind.ERROR:
                 raise self._remote_error(conn, header)
             else:
-                raise ProtocolError(f"unexpected {header.kind.name} frame {self.where}")
+                raise ShuffleProtocolError(f"unexpected {header.kind.name} frame {self.where}")
 
     def _check_seq(self, header: FrameHeader) -> None:
         if header.seq != self._expected_seq:
@@ -205,7 +205,7 @@ class RemoteInputChannel:
         if header.value == ErrorCode.PARTITION_NOT_FOUND:
             return PartitionNotFoundError(f"{message} (server side) {self.where}")
         if header.value == ErrorCode.AUTHENTICATION:
-            return AuthenticationError(f"{message} {self.where}")
+            return ShuffleAuthenticationError(f"{message} {self.where}")
         if header.value == ErrorCode.PRODUCER_FAILED:
             return ProducerFailedError(f"producer reported: {message} {self.where}")
         return RemoteFailureError(f"producer reported: {message} {self.where}")

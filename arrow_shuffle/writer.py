@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrow_shuffle.codec import BufferBuilder, batch_size, schema_size, split_to_fit
-from arrow_shuffle.errors import ChannelClosedError, ConfigError, SchemaMismatchError, ShuffleError
+from arrow_shuffle.errors import ChannelClosedError, SchemaMismatchError, ShuffleConfigError, ShuffleError
 from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partitioner import Partitioner, hash_partitioner
 
@@ -30,12 +30,14 @@ class RecordWriter:
         partitioner: Partitioner | None = None,
     ) -> None:
         if key_columns is not None and partitioner is not None:
-            raise ConfigError("give key_columns or partitioner, not both")
+            raise ShuffleConfigError("give key_columns or partitioner, not both")
         self.partition = partition
         self._route = hash_partitioner(key_columns) if key_columns is not None else partitioner
         self._usable = partition.config.buffer_size - schema_size(partition.schema)
         if self._usable <= 0:
-            raise ConfigError(f"buffer_size={partition.config.buffer_size} cannot even hold the schema")
+            raise ShuffleConfigError(
+                f"buffer_size={partition.config.buffer_size} cannot even hold the schema"
+            )
         self._builders: list[BufferBuilder | None] = [None] * partition.num_subpartitions
         self._lock = threading.Lock()
         self._closed = False
@@ -64,12 +66,12 @@ class RecordWriter:
         n = self.partition.num_subpartitions
         if subpartition is not None:
             if not 0 <= subpartition < n:
-                raise ConfigError(f"subpartition={subpartition} is out of range: allowed 0 <= x < {n}")
+                raise ShuffleConfigError(f"subpartition={subpartition} is out of range: allowed 0 <= x < {n}")
             self._emit(subpartition, batch)
         elif n == 1:
             self._emit(0, batch)
         elif self._route is None:
-            raise ConfigError("this writer has no key_columns/partitioner: pass subpartition=")
+            raise ShuffleConfigError("this writer has no key_columns/partitioner: pass subpartition=")
         else:
             self._emit_routed(batch, self._route(batch, n))
         self.partition.record(batches_written=1, rows_written=batch.num_rows)

@@ -6,7 +6,7 @@ loopback, moving the same number of bytes in 1 MiB buffers:
 * ``raw_tcp``: plain sockets, ``sendall`` from one reused buffer, ``recv_into`` one reused buffer:
   the ceiling for any framed protocol on this machine.
 * ``channel``: the engine end to end with credits on: ``RecordWriter`` -> ``ResultPartition`` ->
-  ``ShuffleServer`` -> ``RemoteInputChannel`` -> ``InputGate`` yielding decoded record batches.
+  ``PartitionServer`` -> ``RemoteInputChannel`` -> ``InputGate`` yielding decoded record batches.
 * ``flight``: pyarrow Flight ``do_exchange`` with credits flowing back on the same stream
   (window 2K buffers, announced every K): the alternative transport, measured for the choice.
 * ``agg_MxN``: M producer x N consumer processes, aggregate bytes over wall time.
@@ -119,10 +119,10 @@ def _engine_producer(
     from arrow_shuffle import (
         NetworkBufferPool,
         PartitionId,
+        PartitionServer,
         RecordWriter,
         ResultPartition,
         ShuffleConfig,
-        ShuffleServer,
     )
 
     config = ShuffleConfig(
@@ -131,7 +131,7 @@ def _engine_producer(
         floating_buffers_per_gate=FLOATING,
     )
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
-    server = ShuffleServer(SECRET, APP, config=config)
+    server = PartitionServer(SECRET, APP, config=config)
     batch = _batch_for(BUFFER)
     partition = ResultPartition(PartitionId(APP, 0, map_index), reducers, batch.schema, pool, config=config)
     server.register(partition)

@@ -7,15 +7,16 @@ Knows nothing of Spark: the Spark wiring lives in ``spark_plugin``. Roles, one m
 
 from ._io_loop import io_loop
 from .agent import AsyncAgent, Registration
-from .clock import Clock, ManualClock, MonotonicClock
+from .agent_thread import AgentThread
+from .clock import Clock, ManualClock, SystemClock
 from .errors import (
-    AuthenticationError,
     ClosedError,
+    HeartbeatAuthenticationError,
     HeartbeatConfigError,
     HeartbeatError,
+    HeartbeatProtocolError,
     HeartbeatRpcError,
     MalformedMessageError,
-    ProtocolError,
     RegistrationError,
     RegistrationReplacedError,
     RegistrationTimeoutError,
@@ -42,24 +43,25 @@ from .scheduler import Cancellable, LoopScheduler, ManualScheduler, Scheduler, T
 from .sender import HeartbeatManagerSender
 from .services import CONFIG_KEYS, HeartbeatServices
 from .target import HeartbeatTarget
-from .task_executor import TaskExecutorAgent
 
 __all__ = [
     "CONFIG_KEYS",
+    "AgentThread",
     "AsyncAgent",
-    "AuthenticationError",
     "Cancellable",
     "Clock",
     "ClosedError",
     "EventKind",
     "ExecutorEvent",
     "ExecutorInfo",
+    "HeartbeatAuthenticationError",
     "HeartbeatConfigError",
     "HeartbeatError",
     "HeartbeatListener",
     "HeartbeatManager",
     "HeartbeatManagerSender",
     "HeartbeatMonitor",
+    "HeartbeatProtocolError",
     "HeartbeatRecord",
     "HeartbeatRpcError",
     "HeartbeatServices",
@@ -69,10 +71,8 @@ __all__ = [
     "ManualClock",
     "ManualScheduler",
     "MonitorState",
-    "MonotonicClock",
     "Payload",
     "PayloadProvider",
-    "ProtocolError",
     "Registration",
     "RegistrationError",
     "RegistrationReplacedError",
@@ -82,7 +82,7 @@ __all__ = [
     "Scheduler",
     "StaleEpochError",
     "StaleInstanceError",
-    "TaskExecutorAgent",
+    "SystemClock",
     "ThreadScheduler",
     "UnknownExecutorError",
     "io_loop",

@@ -2,7 +2,7 @@
 
 grpc.aio drives its completion queue from a single event loop per process: a second loop in
 another thread makes it log ``BlockingIOError`` from its poller and can lose wake-ups. So the RM
-server and every ``TaskExecutorAgent`` in a process share this loop, started lazily on a daemon
+server and every ``AgentThread`` in a process share this loop, started lazily on a daemon
 thread. Nothing needs to initialise it; other grpc.aio users in the process should use it too.
 """
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ._proto import heartbeat_pb2 as pb
 from .errors import (
+    HeartbeatProtocolError,
     MalformedMessageError,
-    ProtocolError,
     StaleEpochError,
     StaleInstanceError,
     UnknownExecutorError,
@@ -59,7 +59,7 @@ def payload_from_proto(message: pb.Payload) -> Payload:
     )
 
 
-def status_name_for(error: ProtocolError) -> str:
+def status_name_for(error: HeartbeatProtocolError) -> str:
     """The gRPC status (by name, so this module needs no grpc import) that reports ``error``."""
     if isinstance(error, UnknownExecutorError):
         return "NOT_FOUND"

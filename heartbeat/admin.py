@@ -7,7 +7,7 @@ import grpc
 
 from ._proto import heartbeat_pb2 as pb
 from ._wire import SECRET_METADATA_KEY, SERVICE_NAME, message_size_options, status_from_proto
-from .errors import AuthenticationError, HeartbeatRpcError
+from .errors import HeartbeatAuthenticationError, HeartbeatRpcError
 from .resource_manager import ExecutorInfo
 
 LIST_EXECUTORS_METHOD = f"/{SERVICE_NAME}/ListExecutors"
@@ -28,6 +28,6 @@ def list_executors(address: str, secret: str, timeout_s: float = 5.0) -> list[Ex
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise AuthenticationError(f"the RM at {address} refused the secret") from exc
+                raise HeartbeatAuthenticationError(f"the RM at {address} refused the secret") from exc
             raise HeartbeatRpcError(f"ListExecutors on {address} failed: {code}") from exc
     return [status_from_proto(s) for s in reply.executors]

@@ -1,7 +1,7 @@
 """The TaskExecutor agent: registers with the RM, answers its heartbeat requests, watches it.
 
 ``AsyncAgent`` runs on an asyncio loop (many can share one loop, as the benchmark does);
-``TaskExecutorAgent`` (``task_executor``) runs one on the shared heartbeat loop for sync callers.
+``AgentThread`` (``agent_thread``) runs one on the shared heartbeat loop for sync callers.
 
 The agent is a heartbeat *receiver* (Flink's TaskExecutor side): it answers each request with
 its payload, and monitors the RM as a target (``agent_session``). It re-registers when the RM
@@ -29,7 +29,7 @@ from ._grpc_compat import EOF
 from ._proto import heartbeat_pb2 as pb
 from ._wire import CONNECT_METHOD, SECRET_METADATA_KEY, message_size_options
 from .agent_session import AgentSession, Registration, error_for_status
-from .clock import Clock, MonotonicClock
+from .clock import Clock, SystemClock
 from .errors import (
     ClosedError,
     HeartbeatRpcError,
@@ -72,7 +72,7 @@ class AsyncAgent:
         self.payload_providers = list(payload_providers)
         self.failed_providers: set[int] = set()
         self.retry_policy = retry_policy or RetryPolicy()
-        self.clock = clock or MonotonicClock()
+        self.clock = clock or SystemClock()
         self._secret = secret
         self._is_healthy = is_healthy
         self._on_registered = on_registered

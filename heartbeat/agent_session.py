@@ -20,7 +20,7 @@ from ._grpc_compat import EOF
 from ._proto import heartbeat_pb2 as pb
 from ._wire import payload_to_proto
 from .errors import (
-    AuthenticationError,
+    HeartbeatAuthenticationError,
     HeartbeatRpcError,
     MalformedMessageError,
     RegistrationReplacedError,
@@ -50,7 +50,7 @@ def error_for_status(code: grpc.StatusCode | None, details: str | None) -> Excep
     """Map a gRPC status that ended a stream onto the package's exception tree."""
     text = details or (code.name if code is not None else "stream ended")
     if code == grpc.StatusCode.UNAUTHENTICATED:
-        return AuthenticationError(f"the RM rejected our secret: {text}")
+        return HeartbeatAuthenticationError(f"the RM rejected our secret: {text}")
     if code == grpc.StatusCode.NOT_FOUND:
         return UnknownExecutorError(text)
     if code == grpc.StatusCode.ALREADY_EXISTS:

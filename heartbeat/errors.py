@@ -8,9 +8,9 @@
     ├── HeartbeatRpcError                         the peer is gone or the transport failed
     ├── RegistrationError                         an agent could not (or must no longer) register
     │   ├── RegistrationTimeoutError              retries ran past the policy's deadline
-    │   ├── AuthenticationError                   the RM rejected the shared secret (not retried)
+    │   ├── HeartbeatAuthenticationError                   the RM rejected the shared secret (not retried)
     │   └── RegistrationReplacedError             another agent registered our executor id (final)
-    └── ProtocolError                             the RM refused a message; nothing was applied
+    └── HeartbeatProtocolError                             the RM refused a message; nothing was applied
         ├── MalformedMessageError                 -> gRPC INVALID_ARGUMENT
         ├── UnknownExecutorError                  -> gRPC NOT_FOUND: re-register
         ├── StaleEpochError                       -> gRPC FAILED_PRECONDITION: the RM restarted
@@ -66,7 +66,7 @@ class RegistrationTimeoutError(RegistrationError):
         self.last_error = last_error
 
 
-class AuthenticationError(RegistrationError):
+class HeartbeatAuthenticationError(RegistrationError):
     """The RM rejected our secret: every process of one application must share the same secret."""
 
 
@@ -78,21 +78,21 @@ class RegistrationReplacedError(RegistrationError):
     """
 
 
-class ProtocolError(HeartbeatError):
+class HeartbeatProtocolError(HeartbeatError):
     """The RM refused a message (it was not applied); the sender should re-register or fix it."""
 
 
-class MalformedMessageError(ProtocolError):
+class MalformedMessageError(HeartbeatProtocolError):
     """The message could not be parsed or violates a field constraint."""
 
 
-class UnknownExecutorError(ProtocolError):
+class UnknownExecutorError(HeartbeatProtocolError):
     """The RM has no live registration for this executor id (timed out, unregistered or restarted)."""
 
 
-class StaleEpochError(ProtocolError):
+class StaleEpochError(HeartbeatProtocolError):
     """The message carries an epoch of an earlier RM incarnation."""
 
 
-class StaleInstanceError(ProtocolError):
+class StaleInstanceError(HeartbeatProtocolError):
     """The message carries a registration (instance) id that a newer registration replaced."""

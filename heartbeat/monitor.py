@@ -57,7 +57,7 @@ class HeartbeatMonitor(Generic[O]):
         self._state = MonitorState.RUNNING
         self._failures = 0
         self._last_heartbeat: float | None = None
-        self._deadline = clock.now() + timeout_s
+        self._deadline = clock.monotonic() + timeout_s
         self._timer: Cancellable | None = scheduler.schedule(timeout_s, self._on_timer)
 
     @property
@@ -78,7 +78,7 @@ class HeartbeatMonitor(Generic[O]):
 
     def report_heartbeat(self) -> None:
         """A heartbeat arrived: push the deadline back and forget earlier RPC failures."""
-        now = self._clock.now()
+        now = self._clock.monotonic()
         with self._lock:
             if self._state is not MonitorState.RUNNING:
                 return
@@ -122,7 +122,7 @@ class HeartbeatMonitor(Generic[O]):
         with self._lock:
             if self._state is not MonitorState.RUNNING:
                 return
-            remaining = self._deadline - self._clock.now()
+            remaining = self._deadline - self._clock.monotonic()
             if remaining > 0:
                 self._timer = self._scheduler.schedule(remaining, self._on_timer)
                 return

@@ -2,7 +2,7 @@
 
 It owns the epoch (fencing token, fresh per RM start) and one registration per executor id with
 its own instance id. Messages with another epoch or a replaced instance id raise a
-``ProtocolError`` and change nothing. The RM is the heartbeat sender: it asks each agent for a
+``HeartbeatProtocolError`` and change nothing. The RM is the heartbeat sender: it asks each agent for a
 heartbeat every interval through that agent's ``AgentLink``, and measures RTT on its own clock.
 
 All methods are meant to run on one thread (the server's loop); a lock still guards the table
@@ -81,7 +81,7 @@ class _AgentTarget:
 
     def request_heartbeat(self, request_origin: str, payload: None) -> None:
         self._seq += 1
-        self.sent[self._seq] = self._clock.now()
+        self.sent[self._seq] = self._clock.monotonic()
         if len(self.sent) > _MAX_OUTSTANDING:
             del self.sent[next(iter(self.sent))]
         self.link.send_heartbeat_request(self._epoch, self._instance_id, self._seq)
@@ -203,10 +203,10 @@ class ResourceManagerCore:
     def receive_heartbeat(
         self, executor_id: str, epoch: str, instance_id: str, seq: int, payload: Payload
     ) -> None:
-        """An agent answered a request; raises ``ProtocolError`` (and applies nothing) if stale."""
+        """An agent answered a request; raises ``HeartbeatProtocolError`` (and applies nothing) if stale."""
         registration = self._live(executor_id, epoch, instance_id)
         sent = registration.target.sent.pop(seq, None)
-        rtt_ms = None if sent is None else (self._clock.now() - sent) * 1000.0
+        rtt_ms = None if sent is None else (self._clock.monotonic() - sent) * 1000.0
         if not self._sender.receive_heartbeat(executor_id, payload):
             raise UnknownExecutorError(f"executor {executor_id!r} is not monitored; register again")
         now_wall = self._wall()

@@ -79,10 +79,10 @@ async def retry_until_deadline(
 
     ``clock`` and ``sleep`` are injected so tests run the whole schedule without real waiting.
     """
-    start = clock.now()
+    start = clock.monotonic()
     last_error: BaseException | None = None
     for number in range(1, 1_000_000):
-        remaining = policy.deadline_s - (clock.now() - start)
+        remaining = policy.deadline_s - (clock.monotonic() - start)
         if remaining <= 0:
             raise RegistrationTimeoutError(address, policy.deadline_s, number - 1, last_error)
         try:
@@ -92,7 +92,7 @@ async def retry_until_deadline(
                 raise
             last_error = exc
             log.debug("registration attempt %d with %s failed: %r", number, address, exc)
-        remaining = policy.deadline_s - (clock.now() - start)
+        remaining = policy.deadline_s - (clock.monotonic() - start)
         if remaining <= 0:
             raise RegistrationTimeoutError(address, policy.deadline_s, number, last_error)
         await sleep(min(policy.delay(number, rng), remaining))

@@ -31,8 +31,14 @@ from ._wire import (
     status_name_for,
     status_to_proto,
 )
-from .clock import Clock, MonotonicClock
-from .errors import ClosedError, HeartbeatError, HeartbeatRpcError, MalformedMessageError, ProtocolError
+from .clock import Clock, SystemClock
+from .errors import (
+    ClosedError,
+    HeartbeatError,
+    HeartbeatProtocolError,
+    HeartbeatRpcError,
+    MalformedMessageError,
+)
 from .events import EventBus, Subscriber
 from .resource_manager import ExecutorInfo, ResourceManagerCore
 from .scheduler import LoopScheduler
@@ -129,7 +135,7 @@ class ResourceManagerServer:
         self._secret = secret.encode()
         self._host = host
         self._port = port
-        self._clock = clock or MonotonicClock()
+        self._clock = clock or SystemClock()
         self._known = tuple(known_executors)
         self._max_message_bytes = max_message_bytes
         self._register_timeout_s = register_timeout_s
@@ -268,7 +274,7 @@ class ResourceManagerServer:
             registered = core.register(
                 req.executor_id, req.host, link, req.resume_epoch, req.resume_instance_id, pid=req.pid
             )
-        except ProtocolError as exc:
+        except HeartbeatProtocolError as exc:
             await context.abort(_code(exc), str(exc))
         executor_id = req.executor_id
         link.on_send_failure = lambda: core.report_rpc_failure(executor_id, link)
@@ -322,7 +328,7 @@ class ResourceManagerServer:
                     return
                 else:
                     raise MalformedMessageError(f"unexpected message {kind!r} after registration")
-        except ProtocolError as exc:
+        except HeartbeatProtocolError as exc:
             link.finish((_code(exc).name, str(exc)))
         except asyncio.CancelledError:
             raise
@@ -339,6 +345,6 @@ def _parse(raw: bytes) -> pb.AgentMessage:
         raise MalformedMessageError(f"malformed AgentMessage ({len(raw)} bytes): {exc}") from None
 
 
-def _code(error: ProtocolError) -> grpc.StatusCode:
+def _code(error: HeartbeatProtocolError) -> grpc.StatusCode:
     code: grpc.StatusCode = getattr(grpc.StatusCode, status_name_for(error))
     return code

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from .clock import ManualClock, MonotonicClock
+from .clock import ManualClock, SystemClock
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +62,18 @@ class ManualScheduler:
         self._seq = itertools.count()
 
     def schedule(self, delay_s: float, fn: Callable[[], None]) -> Cancellable:
-        task = _Task(self.clock.now() + max(0.0, delay_s), fn)
+        task = _Task(self.clock.monotonic() + max(0.0, delay_s), fn)
         heapq.heappush(self._heap, (task.due, next(self._seq), task))
         return task
 
     def advance(self, seconds: float) -> None:
         """Move time forward, running every task due on the way at its own due time, in order."""
-        end = self.clock.now() + seconds
+        end = self.clock.monotonic() + seconds
         while self._heap and self._heap[0][0] <= end:
             due, _, task = heapq.heappop(self._heap)
             if task.cancelled:
                 continue
-            self.clock.set(max(due, self.clock.now()))
+            self.clock.set(max(due, self.clock.monotonic()))
             _run(task.fn)
         self.clock.set(end)
 
@@ -85,7 +85,7 @@ class ThreadScheduler:
     """A single timer thread; ``shutdown`` drops pending tasks."""
 
     def __init__(self, name: str = "heartbeat-scheduler") -> None:
-        self._clock = MonotonicClock()
+        self._clock = SystemClock()
         self._heap: list[tuple[float, int, _Task]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
@@ -94,7 +94,7 @@ class ThreadScheduler:
         self._thread.start()
 
     def schedule(self, delay_s: float, fn: Callable[[], None]) -> Cancellable:
-        task = _Task(self._clock.now() + max(0.0, delay_s), fn)
+        task = _Task(self._clock.monotonic() + max(0.0, delay_s), fn)
         with self._cond:
             if not self._closed:
                 heapq.heappush(self._heap, (task.due, next(self._seq), task))
@@ -104,8 +104,8 @@ class ThreadScheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._heap or self._heap[0][0] > self._clock.now()):
-                    timeout = self._heap[0][0] - self._clock.now() if self._heap else None
+                while not self._closed and (not self._heap or self._heap[0][0] > self._clock.monotonic()):
+                    timeout = self._heap[0][0] - self._clock.monotonic() if self._heap else None
                     self._cond.wait(timeout)
                 if self._closed:
                     return

@@ -52,7 +52,7 @@ class HeartbeatManagerSender(HeartbeatManager[I, O]):
     def start(self) -> None:
         """Begin the periodic requests (the first slice is swept right away)."""
         if self._started_at is None:
-            self._started_at = self._clock.now()
+            self._started_at = self._clock.monotonic()
             self._timer = self._scheduler.schedule(0.0, self._run)
 
     def stop(self) -> None:
@@ -85,7 +85,7 @@ class HeartbeatManagerSender(HeartbeatManager[I, O]):
         # Schedule against the planned start so the period does not drift with callback cost.
         next_at = self._started_at + self._tick * self._step_s
         if not self._stopped:
-            self._timer = self._scheduler.schedule(max(0.0, next_at - self._clock.now()), self._run)
+            self._timer = self._scheduler.schedule(max(0.0, next_at - self._clock.monotonic()), self._run)
 
     def _request(self, monitor: HeartbeatMonitor[O]) -> None:
         if not monitor.is_running():

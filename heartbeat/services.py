@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .clock import Clock, MonotonicClock
+from .clock import Clock, SystemClock
 from .errors import HeartbeatConfigError
 from .listener import HeartbeatListener
 from .manager import HeartbeatManager
@@ -102,7 +102,7 @@ class HeartbeatServices:
     ) -> HeartbeatManager[I, O]:
         """A receiver: answers requests and notices when its senders fall silent."""
         return HeartbeatManager(
-            own_id, listener, clock or MonotonicClock(), scheduler, self.timeout_s, self.rpc_failure_threshold
+            own_id, listener, clock or SystemClock(), scheduler, self.timeout_s, self.rpc_failure_threshold
         )
 
     def create_heartbeat_manager_sender(
@@ -117,7 +117,7 @@ class HeartbeatServices:
         return HeartbeatManagerSender(
             own_id,
             listener,
-            clock or MonotonicClock(),
+            clock or SystemClock(),
             scheduler,
             self.interval_s,
             self.timeout_s,

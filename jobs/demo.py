@@ -26,8 +26,8 @@ from typing import Any
 import psutil
 from pyspark.sql import SparkSession
 
-from arrow_shuffle.service_client import announced_agents
-from arrow_shuffle.shuffle_service import default_root
+from arrow_shuffle.spark.agent_client import announced_agents
+from arrow_shuffle.spark.agent_service import default_root
 from heartbeat.admin import list_executors
 from jobs import executor_health
 from spark_plugin.config import parse_duration

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 PREFIX = "spark.arrowbeat."
@@ -372,6 +373,14 @@ def load(settings: Mapping[str, str]) -> ArrowBeatConfig:
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def tables_root(config: ArrowBeatConfig, settings: Mapping[str, str]) -> Path:
+    """``spark.arrowbeat.tables.path``, else ``<spark.sql.warehouse.dir>/arrowbeat``."""
+    if config.tables_path:
+        return Path(config.tables_path.removeprefix("file:"))
+    warehouse = settings.get("spark.sql.warehouse.dir") or "spark-warehouse"
+    return Path(warehouse.removeprefix("file:")).absolute() / "arrowbeat"
 
 
 def docs_table() -> str:

@@ -12,10 +12,9 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from spark_plugin.config import ArrowBeatConfig, ConfigError, load
+from spark_plugin.config import ArrowBeatConfig, ConfigError, load, tables_root
 from spark_plugin.sidecar import JvmLink, announce_ready, exit_process, setup_logging, wait_for_exit
 
 log = logging.getLogger("arrowbeat.driver")
@@ -24,14 +23,6 @@ _stdout_lock = threading.Lock()
 
 def rm_host(config: ArrowBeatConfig, settings: dict[str, str]) -> str:
     return config.rm_host or settings.get("spark.driver.host") or "127.0.0.1"
-
-
-def tables_root(config: ArrowBeatConfig, settings: dict[str, str]) -> Path:
-    """``spark.arrowbeat.tables.path``, else ``<spark.sql.warehouse.dir>/arrowbeat``."""
-    if config.tables_path:
-        return Path(config.tables_path.removeprefix("file:"))
-    warehouse = settings.get("spark.sql.warehouse.dir") or "spark-warehouse"
-    return Path(warehouse.removeprefix("file:")).absolute() / "arrowbeat"
 
 
 def ask_jvm(command: str) -> None:

@@ -16,8 +16,8 @@ import psutil
 
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ShuffleError
-from arrow_shuffle.shuffle_service import ShuffleService, default_root
-from heartbeat import HeartbeatServices, PayloadProvider, TaskExecutorAgent, rss_provider, slots_provider
+from arrow_shuffle.spark.agent_service import MapOutputService, default_root
+from heartbeat import AgentThread, HeartbeatServices, PayloadProvider, rss_provider, slots_provider
 from spark_plugin.config import ArrowBeatConfig, ConfigError, load
 from spark_plugin.sidecar import JvmLink, announce_ready, exit_process, setup_logging, wait_for_exit
 
@@ -62,7 +62,7 @@ def main() -> int:
         slots_total=int(settings.get("arrowbeat.executor.cores", "1") or 1),
         jvm_pid=int(settings.get("arrowbeat.executor.jvm.pid", "0") or 0),
     )
-    agent = TaskExecutorAgent(
+    agent = AgentThread(
         config.rm_address,
         config.secret,
         executor_id=executor_id,
@@ -92,7 +92,7 @@ def main() -> int:
 
 
 class LazyShuffleService:
-    """The agent's ``ShuffleService``, started once the application id is known: at once on
+    """The agent's ``MapOutputService``, started once the application id is known: at once on
     cluster executors, after the driver assigned it for the driver's own executor (local mode)."""
 
     def __init__(
@@ -100,7 +100,7 @@ class LazyShuffleService:
     ) -> None:
         self._args = (config, settings, executor_id, host)
         self._lock = threading.Lock()
-        self._service: ShuffleService | None = None
+        self._service: MapOutputService | None = None
         self._closed = False
 
     def start_when_app_known(self, link: JvmLink) -> None:
@@ -140,10 +140,10 @@ class LazyShuffleService:
 
 def start_shuffle_service(
     config: ArrowBeatConfig, settings: dict[str, str], executor_id: str, host: str
-) -> ShuffleService | None:
+) -> MapOutputService | None:
     """The Arrow shuffle's map-output directory and server; the agent runs on without it on failure."""
     try:
-        service = ShuffleService(
+        service = MapOutputService(
             app_id=settings.get("spark.app.id", "") or "app",
             executor_id=executor_id,
             secret=config.secret,
@@ -166,7 +166,7 @@ def start_shuffle_service(
     return service
 
 
-def _sweep_loop(service: ShuffleService, every_s: float) -> None:
+def _sweep_loop(service: MapOutputService, every_s: float) -> None:
     while not service.closed.wait(every_s):
         try:
             service.sweep()

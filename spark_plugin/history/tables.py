@@ -115,7 +115,7 @@ SHUFFLE_METRICS = TableSpec(
         ]
     ),
 )
-"""Written by the application's driver process (``spark_plugin.shuffle_metrics``), not the RM, so it
+"""Written by the application's driver process (``spark_plugin.history.shuffle_metrics``), not the RM, so it
 is not in :data:`TABLES`: one row per map task (side ``write``: partition = map partition) and per
 reduce partition read (side ``read``), successful task attempts only. ``recomputed`` marks a map
 partition written again by a retried stage (executor loss) and a read that used such outputs."""

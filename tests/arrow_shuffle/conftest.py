@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from arrow_shuffle import NetworkBufferPool, ShuffleConfig, ShuffleServer
+from arrow_shuffle import NetworkBufferPool, PartitionServer, ShuffleConfig
 
 SCHEMA = pa.schema([("key", pa.int64()), ("seq", pa.int64()), ("payload", pa.string())])
 SECRET = "test-secret"
@@ -42,7 +42,7 @@ def pool(config: ShuffleConfig) -> Iterator[NetworkBufferPool]:
 
 
 @pytest.fixture
-def server(config: ShuffleConfig) -> Iterator[ShuffleServer]:
-    srv = ShuffleServer(SECRET, APP, config=config)
+def server(config: ShuffleConfig) -> Iterator[PartitionServer]:
+    srv = PartitionServer(SECRET, APP, config=config)
     yield srv
     srv.close()

@@ -19,12 +19,12 @@ from arrow_shuffle import (
     InputGate,
     NetworkBufferPool,
     PartitionId,
+    PartitionServer,
     RecordWriter,
     RemoteChannelSpec,
     ResultPartition,
     ShuffleConfig,
     ShuffleError,
-    ShuffleServer,
 )
 
 SECRET = "mp-secret"
@@ -52,7 +52,7 @@ def rows_of(map_index: int, start: int, rows: int) -> pa.RecordBatch:
 def produce(map_index: int, reducers: int, rows: int, buffer_size: int, endless: bool) -> None:
     cfg = config(buffer_size)
     pool = NetworkBufferPool.from_config(cfg.network_memory_bytes, cfg.buffer_size)
-    server = ShuffleServer(SECRET, APP, config=cfg)
+    server = PartitionServer(SECRET, APP, config=cfg)
     pid = PartitionId(APP, 0, map_index)
     partition = ResultPartition(pid, reducers, SCHEMA, pool, config=cfg)
     server.register(partition)

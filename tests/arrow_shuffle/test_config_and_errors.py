@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 
 from arrow_shuffle import (
-    ConfigError,
     PeerLostError,
     RemoteFailureError,
     SequenceGapError,
     ShuffleConfig,
+    ShuffleConfigError,
     errors,
 )
 
@@ -24,7 +24,7 @@ from arrow_shuffle import (
     ],
 )
 def test_invalid_values_name_the_field_and_range(field: str, value: float) -> None:
-    with pytest.raises(ConfigError, match=rf"{field}=.*allowed"):
+    with pytest.raises(ShuffleConfigError, match=rf"{field}=.*allowed"):
         ShuffleConfig(**{field: value})  # type: ignore[arg-type]
 
 
@@ -36,7 +36,7 @@ def test_defaults_follow_flink() -> None:
 
 
 def test_exception_tree_matches_the_docstring() -> None:
-    assert issubclass(SequenceGapError, errors.ProtocolError)
+    assert issubclass(SequenceGapError, errors.ShuffleProtocolError)
     assert issubclass(RemoteFailureError, PeerLostError)
     assert not issubclass(errors.ChannelClosedError, PeerLostError)
     doc = errors.__doc__ or ""

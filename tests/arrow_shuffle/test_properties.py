@@ -25,13 +25,13 @@ from arrow_shuffle import (
     NetworkBufferPool,
     PartitionId,
     PartitionKind,
+    PartitionServer,
     ProducerFailedError,
     RecordWriter,
     RemoteChannelSpec,
     ResultPartition,
     ShuffleConfig,
     ShuffleError,
-    ShuffleServer,
 )
 from arrow_shuffle.partitioner import hash_rows
 from arrow_shuffle.remote_channel import RemoteInputChannel
@@ -76,7 +76,7 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
     abort_at = s["stop_at"] if s["stop"] == "producer" else None
     event(f"stopped by {s['stop'] or 'nobody'}")
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
-    server = ShuffleServer(SECRET, APP, config=config)
+    server = PartitionServer(SECRET, APP, config=config)
     try:
         kind = PartitionKind.BLOCKING if s["blocking"] else PartitionKind.PIPELINED
         partition = ResultPartition(PartitionId(APP, 7, 0), s["subpartitions"], SCHEMA, pool, kind, config)

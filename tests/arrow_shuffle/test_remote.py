@@ -9,9 +9,7 @@ import pyarrow as pa
 import pytest
 
 from arrow_shuffle import (
-    AuthenticationError,
     ChannelClosedError,
-    ConfigError,
     CorruptFrameError,
     CreditViolationError,
     InputGate,
@@ -20,6 +18,7 @@ from arrow_shuffle import (
     OversizedFrameError,
     PartitionId,
     PartitionNotFoundError,
+    PartitionServer,
     PeerLostError,
     ProducerFailedError,
     RecordWriter,
@@ -28,9 +27,10 @@ from arrow_shuffle import (
     ResultPartition,
     SchemaMismatchError,
     SequenceGapError,
+    ShuffleAuthenticationError,
     ShuffleConfig,
+    ShuffleConfigError,
     ShuffleError,
-    ShuffleServer,
 )
 from arrow_shuffle.codec import BufferBuilder
 from arrow_shuffle.frames import Kind
@@ -59,7 +59,7 @@ def produce(partition: ResultPartition, rows: int, batch_rows: int = 300) -> thr
 
 
 def test_remote_and_local_channels_deliver_every_row(
-    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+    config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
 ) -> None:
     parts = [ResultPartition(PartitionId(APP, 1, m), 2, SCHEMA, pool, config=config) for m in range(3)]
     for p in parts:
@@ -101,14 +101,14 @@ def _expect_failure(
 
 
 def test_wrong_secret_fails_only_that_stream(
-    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+    config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
 ) -> None:
     part = ResultPartition(PartitionId(APP, 2, 0), 1, SCHEMA, pool, config=config)
     server.register(part)
     producer = produce(part, 2000)
     spec = RemoteChannelSpec(server.address, part.partition_id, 0)
     error = _expect_failure(config, pool, spec, "wrong-secret")
-    assert isinstance(error, AuthenticationError)
+    assert isinstance(error, ShuffleAuthenticationError)
     assert str(part.partition_id) in str(error) and str(server.address[1]) in str(error)
     with InputGate([spec], SCHEMA, pool, config, secret=SECRET) as gate:  # the right secret still works
         assert gate.read_all().num_rows == 2000
@@ -118,7 +118,7 @@ def test_wrong_secret_fails_only_that_stream(
 
 
 def test_unknown_and_foreign_partitions_are_refused(
-    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+    config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
 ) -> None:
     missing = RemoteChannelSpec(server.address, PartitionId(APP, 9, 9), 0)
     error = _expect_failure(config, pool, missing, SECRET)
@@ -130,7 +130,7 @@ def test_unknown_and_foreign_partitions_are_refused(
 
 
 def test_consumer_schema_mismatch_is_typed(
-    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+    config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
 ) -> None:
     part = ResultPartition(PartitionId(APP, 3, 0), 1, SCHEMA, pool, config=config)
     server.register(part)
@@ -148,7 +148,7 @@ def test_consumer_schema_mismatch_is_typed(
 
 
 def test_cancelling_the_gate_returns_buffers_and_unblocks_the_producer(
-    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+    config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
 ) -> None:
     part = ResultPartition(PartitionId(APP, 4, 0), 1, SCHEMA, pool, config=config)
     server.register(part)
@@ -166,7 +166,7 @@ def test_cancelling_the_gate_returns_buffers_and_unblocks_the_producer(
 
 
 def test_producer_abort_mid_stream_fails_every_reader_with_a_typed_error(
-    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+    config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
 ) -> None:
     part = ResultPartition(PartitionId(APP, 17, 0), 3, SCHEMA, pool, config=config)
     server.register(part)
@@ -195,7 +195,7 @@ def test_producer_abort_mid_stream_fails_every_reader_with_a_typed_error(
 
 
 def test_slow_remote_consumer_makes_the_producer_wait_for_credit(
-    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+    config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
 ) -> None:
     """The consumer blocks on an event after its first batch. The receiver then ends up holding
     every buffer it announced credit for, with every floating buffer lent: the sender has no
@@ -306,7 +306,7 @@ def _corrupt_header(conn: TcpConnection, credit: int, payload: bytes) -> None:
     ],
 )
 def test_protocol_violations_fail_the_stream_with_typed_errors(
-    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer, script, error, match
+    config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer, script, error, match
 ) -> None:
     """Only the broken stream fails: a good stream from a real server, open at the same time
     in another gate on the same buffer pool, is read to the end afterwards."""
@@ -353,7 +353,7 @@ def test_protocol_violations_fail_the_stream_with_typed_errors(
 
 
 def test_releasing_a_partition_mid_stream_fails_its_readers_clearly(
-    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+    config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
 ) -> None:
     part = ResultPartition(PartitionId(APP, 6, 0), 1, SCHEMA, pool, config=config)
     server.register(part)
@@ -381,10 +381,10 @@ def test_unreachable_server_is_a_lost_peer(config: ShuffleConfig, pool: NetworkB
 
 
 def test_server_refuses_partitions_of_other_applications(
-    config: ShuffleConfig, pool: NetworkBufferPool, server: ShuffleServer
+    config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
 ) -> None:
     part = ResultPartition(PartitionId("other-app", 1, 0), 1, SCHEMA, pool, config=config)
-    with pytest.raises(ConfigError, match="other-app"):
+    with pytest.raises(ShuffleConfigError, match="other-app"):
         server.register(part)
     part.release()
     assert pool.num_available == pool.num_segments

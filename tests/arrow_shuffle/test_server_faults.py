@@ -1,4 +1,4 @@
-"""A hostile or broken client against the real ``ShuffleServer``: garbage, oversized control
+"""A hostile or broken client against the real ``PartitionServer``: garbage, oversized control
 frames, non-positive credit. The server must fail only that stream with a typed error naming the
 partition and the peer (sent back, logged, kept in ``stream_errors()``), return the stream's
 buffers, and keep serving a good stream that is in flight at the same time.
@@ -21,14 +21,14 @@ from arrow_shuffle import (
     OversizedFrameError,
     PartitionId,
     PartitionKind,
+    PartitionServer,
     PeerLostError,
-    ProtocolError,
     RecordWriter,
     RemoteChannelSpec,
     ResultPartition,
     ShuffleConfig,
     ShuffleError,
-    ShuffleServer,
+    ShuffleProtocolError,
 )
 from arrow_shuffle.auth import client_handshake
 from arrow_shuffle.frames import HEADER, MAGIC, MAX_CONTROL_PAYLOAD, ErrorCode, Kind
@@ -142,12 +142,12 @@ def _negative_credit(c: RawClient) -> None:
 FAULTS = {
     "garbage-instead-of-auth": Fault(_garbage_instead_of_auth, CorruptFrameError, "magic", False, False),
     "oversized-request": Fault(_oversized_request, OversizedFrameError, "exceeds", False, False),
-    "malformed-request": Fault(_malformed_request, ProtocolError, "malformed", False, False),
-    "zero-initial-credit": Fault(_zero_initial_credit, ProtocolError, "initial credit", True, False),
+    "malformed-request": Fault(_malformed_request, ShuffleProtocolError, "malformed", False, False),
+    "zero-initial-credit": Fault(_zero_initial_credit, ShuffleProtocolError, "initial credit", True, False),
     "garbage-after-request": Fault(_garbage_after_request, CorruptFrameError, "magic", True, True),
     "oversized-control-frame": Fault(_oversized_control_frame, OversizedFrameError, "exceeds", True, True),
-    "zero-credit": Fault(_zero_credit, ProtocolError, "non-positive credit 0", True, True),
-    "negative-credit": Fault(_negative_credit, ProtocolError, "non-positive credit -5", True, True),
+    "zero-credit": Fault(_zero_credit, ShuffleProtocolError, "non-positive credit 0", True, True),
+    "negative-credit": Fault(_negative_credit, ShuffleProtocolError, "non-positive credit -5", True, True),
 }
 
 
@@ -156,7 +156,7 @@ def test_broken_client_fails_only_its_stream(
     name: str,
     config: ShuffleConfig,
     pool: NetworkBufferPool,
-    server: ShuffleServer,
+    server: PartitionServer,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     fault = FAULTS[name]
@@ -179,7 +179,7 @@ def test_broken_client_fails_only_its_stream(
 
         client = RawClient(server.address)
         try:
-            with caplog.at_level(logging.WARNING, logger="arrow_shuffle.server"):
+            with caplog.at_level(logging.WARNING, logger="arrow_shuffle.partition_server"):
                 fault.run(client)
                 code, message = client.error_frame()
                 client.expect_closed()
@@ -198,7 +198,7 @@ def test_broken_client_fails_only_its_stream(
     [error] = server.stream_errors()
     assert type(error) is fault.error, repr(error)
     assert fault.match in str(error) and client.peer in str(error)
-    logged = [r.getMessage() for r in caplog.records if r.name == "arrow_shuffle.server"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "arrow_shuffle.partition_server"]
     assert any(client.peer in line and fault.match in line for line in logged), logged
     if fault.names_partition:
         for text in (message, str(error), *logged):

@@ -12,13 +12,13 @@ from arrow_shuffle import (
     NetworkBufferPool,
     PartitionId,
     PartitionKind,
+    PartitionServer,
     PeerLostError,
     RecordWriter,
     RemoteChannelSpec,
     ResultPartition,
     ShuffleConfig,
     ShuffleError,
-    ShuffleServer,
 )
 from arrow_shuffle.remote_channel import RemoteInputChannel
 
@@ -28,7 +28,7 @@ from .memory_transport import MemoryTransport
 
 def test_exchange_over_the_transport_seam(config: ShuffleConfig, pool: NetworkBufferPool) -> None:
     transport = MemoryTransport()
-    server = ShuffleServer(SECRET, APP, config=config, transport=transport)
+    server = PartitionServer(SECRET, APP, config=config, transport=transport)
     part = ResultPartition(
         PartitionId(APP, 1, 0), 2, SCHEMA, pool, kind=PartitionKind.BLOCKING, config=config
     )
@@ -48,7 +48,7 @@ def test_exchange_over_the_transport_seam(config: ShuffleConfig, pool: NetworkBu
 
 def test_severing_one_stream_fails_only_its_gate(config: ShuffleConfig, pool: NetworkBufferPool) -> None:
     transport = MemoryTransport()
-    server = ShuffleServer(SECRET, APP, config=config, transport=transport)
+    server = PartitionServer(SECRET, APP, config=config, transport=transport)
     parts = [ResultPartition(PartitionId(APP, 2, m), 1, SCHEMA, pool, config=config) for m in range(2)]
     writers = [RecordWriter(p) for p in parts]
     for p in parts:

@@ -10,12 +10,12 @@ import grpc.aio
 import pytest
 
 from heartbeat import (
+    AgentThread,
     EventKind,
     RegistrationReplacedError,
     RegistrationTimeoutError,
     ResourceManagerServer,
     RetryPolicy,
-    TaskExecutorAgent,
 )
 from heartbeat._io_loop import submit
 from heartbeat._proto import heartbeat_pb2 as pb
@@ -62,8 +62,8 @@ def raw_call(
     return submit(run()).result(10.0)
 
 
-def agent(address: str, executor_id: str, secret: str = SECRET, **kwargs: object) -> TaskExecutorAgent:
-    return TaskExecutorAgent(address, secret, executor_id, services=FAST, retry_policy=RETRY, **kwargs)  # type: ignore[arg-type]
+def agent(address: str, executor_id: str, secret: str = SECRET, **kwargs: object) -> AgentThread:
+    return AgentThread(address, secret, executor_id, services=FAST, retry_policy=RETRY, **kwargs)  # type: ignore[arg-type]
 
 
 def test_registered_agent_reports_heartbeats_with_rtt_despite_a_raising_subscriber(rm: Rm) -> None:
@@ -115,7 +115,7 @@ def test_agent_with_wrong_secret_gives_up_with_an_authentication_error(rm: Rm) -
     try:
         a.start()
         assert not a.wait_registered(5.0)
-        assert type(a.error).__name__ == "AuthenticationError"
+        assert type(a.error).__name__ == "HeartbeatAuthenticationError"
     finally:
         a.stop()
 
@@ -213,7 +213,7 @@ def test_registration_deadline_without_an_rm() -> None:
     address = probe.start()
     probe.stop(grace_s=0.0)
     policy = RetryPolicy(min_delay_s=0.02, max_delay_s=0.05, deadline_s=0.5, attempt_timeout_s=0.2)
-    a = TaskExecutorAgent(address, SECRET, "4", services=FAST, retry_policy=policy)
+    a = AgentThread(address, SECRET, "4", services=FAST, retry_policy=policy)
     try:
         a.start()
         assert not a.wait_registered(5.0)
@@ -226,7 +226,7 @@ def test_registration_deadline_without_an_rm() -> None:
 def test_list_executors_shows_the_rm_view_to_secret_holders_only(rm: Rm) -> None:
     import os
 
-    from heartbeat import AuthenticationError
+    from heartbeat import HeartbeatAuthenticationError
 
     _server, address, events = rm
     a = agent(address, "7")
@@ -239,7 +239,7 @@ def test_list_executors_shows_the_rm_view_to_secret_holders_only(rm: Rm) -> None
         assert status.pid == os.getpid()  # the agent runs in this process here
         assert a.registration is not None and status.instance_id == a.registration.instance_id
         assert status.last_rtt_ms is not None and status.last_heartbeat is not None
-        with pytest.raises(AuthenticationError):
+        with pytest.raises(HeartbeatAuthenticationError):
             list_executors(address, "not-the-secret")
     finally:
         a.stop()

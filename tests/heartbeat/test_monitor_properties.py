@@ -39,7 +39,7 @@ def test_monitor_notifies_at_most_once_and_states_are_one_way(ops: list[tuple[st
         elif op == "heartbeat":
             monitor.report_heartbeat()
             if was_running:
-                last_heartbeat, failures = scheduler.clock.now(), 0
+                last_heartbeat, failures = scheduler.clock.monotonic(), 0
         elif op == "failure":
             monitor.report_rpc_failure()
             failures += 1 if was_running else 0
@@ -53,7 +53,7 @@ def test_monitor_notifies_at_most_once_and_states_are_one_way(ops: list[tuple[st
             assert state is seen[-1], "a final state never changes"
         seen.append(state)
         if state is MonitorState.RUNNING:
-            assert scheduler.clock.now() < last_heartbeat + TIMEOUT, "running past the deadline"
+            assert scheduler.clock.monotonic() < last_heartbeat + TIMEOUT, "running past the deadline"
             assert failures < THRESHOLD
     assert len(listener.timeouts) + len(listener.unreachable) <= 1
     assert (monitor.state is MonitorState.TIMEOUT) == (listener.timeouts == ["t"])

@@ -31,7 +31,7 @@ class Rm:
             self.scheduler,
             self.events,
             known_executors=known,
-            wall=self.scheduler.clock.now,
+            wall=self.scheduler.clock.time,
             spread=1,
             max_ended=max_ended,
         )

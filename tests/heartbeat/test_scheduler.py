@@ -10,15 +10,15 @@ from heartbeat import ManualScheduler, ThreadScheduler
 def test_manual_scheduler_runs_due_tasks_in_order_at_their_time() -> None:
     scheduler = ManualScheduler()
     seen: list[tuple[str, float]] = []
-    scheduler.schedule(2.0, lambda: seen.append(("b", scheduler.clock.now())))
-    scheduler.schedule(1.0, lambda: seen.append(("a", scheduler.clock.now())))
+    scheduler.schedule(2.0, lambda: seen.append(("b", scheduler.clock.monotonic())))
+    scheduler.schedule(1.0, lambda: seen.append(("a", scheduler.clock.monotonic())))
     cancelled = scheduler.schedule(1.5, lambda: seen.append(("x", 0.0)))
     cancelled.cancel()
     scheduler.advance(1.9)
     assert seen == [("a", 1.0)]
     scheduler.advance(0.1)
     assert seen == [("a", 1.0), ("b", 2.0)]
-    assert scheduler.clock.now() == 2.0
+    assert scheduler.clock.monotonic() == 2.0
 
 
 def test_manual_scheduler_runs_tasks_scheduled_by_tasks_within_the_window() -> None:
@@ -26,7 +26,7 @@ def test_manual_scheduler_runs_tasks_scheduled_by_tasks_within_the_window() -> N
     seen: list[float] = []
 
     def tick() -> None:
-        seen.append(scheduler.clock.now())
+        seen.append(scheduler.clock.monotonic())
         if len(seen) < 5:
             scheduler.schedule(1.0, tick)
 

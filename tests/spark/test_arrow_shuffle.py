@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from arrow_shuffle import ConfigError, group_apply, partition_apply, repartition, shuffle_of
-from arrow_shuffle.service_client import ControlClient
+from arrow_shuffle import ShuffleConfigError, group_apply, partition_apply, repartition, shuffle_of
+from arrow_shuffle.spark.agent_client import MapOutputClient
 from tests.procs import ours, wait_until
 from tests.spark.session import build_session, stop_session
 
@@ -179,15 +179,15 @@ def test_partition_apply_equals_repartition_map_in_arrow(cluster: tuple[SparkSes
 def test_bad_input_fails_early_naming_the_column_or_partition(cluster: tuple[SparkSession, Path]) -> None:
     spark, _ = cluster
     df = source(spark, 1000)
-    with pytest.raises(ConfigError, match="'nope'"):
+    with pytest.raises(ShuffleConfigError, match="'nope'"):
         repartition(df, 4, "nope")
-    with pytest.raises(ConfigError, match="'arr'"):
+    with pytest.raises(ShuffleConfigError, match="'arr'"):
         repartition(df.selectExpr("id", "array(id) AS arr"), 4, "arr")
-    with pytest.raises(ConfigError, match="num_partitions=0"):
+    with pytest.raises(ShuffleConfigError, match="num_partitions=0"):
         repartition(df, 0, "k")
-    with pytest.raises(ConfigError, match="mode"):
+    with pytest.raises(ShuffleConfigError, match="mode"):
         repartition(df, 2, "k", mode="eager")
-    with pytest.raises(ConfigError, match="task slots"):
+    with pytest.raises(ShuffleConfigError, match="task slots"):
         repartition(df, 8, "k", mode="pipelined")
 
     def wrong(table: pa.Table) -> pa.Table:
@@ -206,7 +206,7 @@ def _agent_metrics(spark: SparkSession, root: Path) -> list[dict[str, float]]:
     figures = []
     for path in (root / spark.sparkContext.applicationId / "agents").glob("*.json"):
         info = json.loads(path.read_text())
-        with ControlClient((info["host"], info["control_port"]), secret, "test") as client:
+        with MapOutputClient((info["host"], info["control_port"]), secret, "test") as client:
             figures.append(client.call("metrics"))
     return figures
 

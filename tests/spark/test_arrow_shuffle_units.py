@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrow_shuffle import ConfigError, SchemaMismatchError
-from arrow_shuffle.grouping import iter_groups
-from arrow_shuffle.map_output import MapOutputWriter, check_keys, read_segments, route
-from arrow_shuffle.service_client import AgentInfo, ControlClient
-from arrow_shuffle.shuffle_service import ShuffleService
-from arrow_shuffle.tasks import (
+from arrow_shuffle import SchemaMismatchError, ShuffleConfigError
+from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient
+from arrow_shuffle.spark.agent_service import MapOutputService
+from arrow_shuffle.spark.grouping import iter_groups
+from arrow_shuffle.spark.map_output import MapOutputWriter, check_keys, read_segments, route
+from arrow_shuffle.spark.tasks import (
     MapOutputLostError,
     ReadStats,
     ShufflePlan,
@@ -61,13 +61,15 @@ class FakeClock:
 
 @pytest.fixture
 def service(tmp_path: Path) -> Any:
-    svc = ShuffleService("app-u", "7", SECRET, str(tmp_path / "root"), jvm_pid=4242, clock=FakeClock(1000.0))
+    svc = MapOutputService(
+        "app-u", "7", SECRET, str(tmp_path / "root"), jvm_pid=4242, clock=FakeClock(1000.0)
+    )
     yield svc
     svc.close()
 
 
 def write_map(
-    svc: ShuffleService, shuffle: int, m: int, b: pa.RecordBatch, n: int, memory: int = 1 << 30
+    svc: MapOutputService, shuffle: int, m: int, b: pa.RecordBatch, n: int, memory: int = 1 << 30
 ) -> Any:
     path = str(Path(svc.dir) / f"s{shuffle}" / f"m{m}.arrows")
     writer = MapOutputWriter(path, SCHEMA, ["k"], n, memory)
@@ -77,7 +79,7 @@ def write_map(
 
 
 def statuses(
-    svc: ShuffleService, path: str, outs: Any, reducer: int, executor: str = "7"
+    svc: MapOutputService, path: str, outs: Any, reducer: int, executor: str = "7"
 ) -> list[dict[str, Any]]:
     host, data = svc.data_address
     return [
@@ -133,9 +135,9 @@ def test_route_is_process_independent_and_check_keys_names_the_column() -> None:
     b = batch([1, 2, None, 1])
     ids = route(b, ["k"], 4)
     assert ids[0] == ids[3] and ((ids >= 0) & (ids < 4)).all()
-    with pytest.raises(ConfigError, match="'missing'"):
+    with pytest.raises(ShuffleConfigError, match="'missing'"):
         check_keys(SCHEMA, ["missing"])
-    with pytest.raises(ConfigError, match="'l'"):
+    with pytest.raises(ShuffleConfigError, match="'l'"):
         check_keys(pa.schema([("l", pa.list_(pa.int64()))]), ["l"])
 
 
@@ -159,7 +161,7 @@ def test_group_consumer_rejects_a_wrong_schema_naming_group_and_partition() -> N
         list(consume(5, iter([batch([1, 1])])))
 
 
-def test_remote_read_through_the_agent_and_local_read_agree(service: ShuffleService) -> None:
+def test_remote_read_through_the_agent_and_local_read_agree(service: MapOutputService) -> None:
     data = batch([i % 11 for i in range(500)])
     path, outs, _ = write_map(service, 9, 0, data, 3)
     plan = ShufflePlan(
@@ -187,7 +189,7 @@ def test_remote_read_through_the_agent_and_local_read_agree(service: ShuffleServ
     assert service.metrics()["shuffle_streams_open"] == 0  # every staged stream was unstaged
 
 
-def test_host_local_reads_take_other_executors_outputs_from_disk(service: ShuffleService) -> None:
+def test_host_local_reads_take_other_executors_outputs_from_disk(service: MapOutputService) -> None:
     data = batch([i % 13 for i in range(400)])
     path, outs, _ = write_map(service, 5, 0, data, 2)
     plan = ShufflePlan("app-u", 5, service.root, SECRET, ("k",), 2, SCHEMA.serialize().to_pybytes(), (0, 1))
@@ -207,11 +209,11 @@ def test_host_local_reads_take_other_executors_outputs_from_disk(service: Shuffl
     assert reads_from_disk(status, AgentInfo("7", "other-host", 0, 0, ""), host_local=False)  # our own
 
 
-def test_release_and_ttl_delete_map_outputs(service: ShuffleService) -> None:
+def test_release_and_ttl_delete_map_outputs(service: MapOutputService) -> None:
     write_map(service, 1, 0, batch(list(range(50))), 2)
     write_map(service, 2, 0, batch(list(range(50))), 2)
     assert service.disk_bytes() > 0
-    with ControlClient(service.control_address, SECRET, "test") as client:
+    with MapOutputClient(service.control_address, SECRET, "test") as client:
         assert client.call("release", 1) > 0
     assert not (Path(service.dir) / "s1").exists() and (Path(service.dir) / "s2").exists()
     clock = service._clock
@@ -221,12 +223,12 @@ def test_release_and_ttl_delete_map_outputs(service: ShuffleService) -> None:
     assert service.disk_bytes() == 0
 
 
-def test_control_channel_refuses_a_wrong_secret(service: ShuffleService) -> None:
-    with pytest.raises(Exception):  # noqa: B017 - multiprocessing's AuthenticationError or EOF
-        ControlClient(service.control_address, "not-the-secret-at-all", "test").call("metrics")
+def test_control_channel_refuses_a_wrong_secret(service: MapOutputService) -> None:
+    with pytest.raises(Exception):  # noqa: B017 - multiprocessing's ShuffleAuthenticationError or EOF
+        MapOutputClient(service.control_address, "not-the-secret-at-all", "test").call("metrics")
 
 
-def test_lost_agent_fails_the_read_naming_executor_and_maps(service: ShuffleService) -> None:
+def test_lost_agent_fails_the_read_naming_executor_and_maps(service: MapOutputService) -> None:
     path, outs, _ = write_map(service, 4, 0, batch(list(range(100))), 1)
     plan = ShufflePlan("app-u", 4, service.root, SECRET, ("k",), 1, SCHEMA.serialize().to_pybytes(), (0,))
     status = statuses(service, path, outs, 0)
@@ -235,7 +237,7 @@ def test_lost_agent_fails_the_read_naming_executor_and_maps(service: ShuffleServ
         list(read_reducer(plan, 0, status, AgentInfo("8", "127.0.0.1", 0, 0, ""), ReadStats()))
 
 
-def test_agent_discovery_file_points_at_the_service(service: ShuffleService) -> None:
+def test_agent_discovery_file_points_at_the_service(service: MapOutputService) -> None:
     info = json.loads((Path(service.root) / "app-u" / "agents" / "4242.json").read_text())
     assert info["control_port"] == service.control_address[1] and info["dir"] == service.dir
     service.close()
@@ -243,7 +245,7 @@ def test_agent_discovery_file_points_at_the_service(service: ShuffleService) -> 
     assert not Path(service.dir).exists()
 
 
-def test_heartbeat_payload_carries_the_agents_buffer_pool_figures(service: ShuffleService) -> None:
+def test_heartbeat_payload_carries_the_agents_buffer_pool_figures(service: MapOutputService) -> None:
     from heartbeat.payload import collect_payload
 
     payload = collect_payload([service.metrics])

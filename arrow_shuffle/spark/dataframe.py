@@ -37,11 +37,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from arrow_shuffle.errors import ConfigError, ShuffleError
-from arrow_shuffle.map_output import check_keys
-from arrow_shuffle.service_client import ControlClient, announced_agents
-from arrow_shuffle.shuffle_service import default_root
-from arrow_shuffle.tasks import (
+from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
+from arrow_shuffle.spark.agent_client import MapOutputClient, announced_agents
+from arrow_shuffle.spark.agent_service import default_root
+from arrow_shuffle.spark.map_output import check_keys
+from arrow_shuffle.spark.tasks import (
     STATUS_DDL,
     ShufflePlan,
     group_consumer,
@@ -101,7 +101,7 @@ class ShuffleHandle:
 
     def flush_metrics(self) -> int:
         """Append the reports not yet written to the ``shuffle_metrics`` table; returns rows written."""
-        from spark_plugin.shuffle_metrics import append_rows, tables_root_of
+        from spark_plugin.history.shuffle_metrics import append_rows, tables_root_of
 
         with self._lock:
             reports = self.reports()[self._written :]
@@ -131,7 +131,7 @@ class ShuffleHandle:
         freed = 0
         for address in sorted(self.agents() | _local_agents(self.plan)):
             try:
-                with ControlClient(address, self.plan.secret, f"agent {address[0]}:{address[1]}") as client:
+                with MapOutputClient(address, self.plan.secret, f"agent {address[0]}:{address[1]}") as client:
                     freed += int(client.call("release", self.shuffle_id))
             except ShuffleError as exc:  # an agent that is gone took its data with it
                 log.info("release of shuffle %s: %s", self.shuffle_id, exc)
@@ -169,7 +169,7 @@ def shuffle_of(df: DataFrame) -> ShuffleHandle:
     """The shuffle behind a DataFrame returned by this module."""
     handle = getattr(df, "_arrowbeat_shuffle", None)
     if not isinstance(handle, ShuffleHandle):
-        raise ConfigError(
+        raise ShuffleConfigError(
             "this DataFrame was not produced by arrow_shuffle.repartition/group_apply/partition_apply"
         )
     return handle
@@ -214,15 +214,17 @@ def _plan(
     df: DataFrame, num_partitions: int, key_columns: Sequence[str], mode: str
 ) -> tuple[SparkSession, ShufflePlan]:
     if isinstance(num_partitions, bool) or not isinstance(num_partitions, int) or num_partitions < 1:
-        raise ConfigError(f"num_partitions={num_partitions!r} is out of range: expected an integer >= 1")
+        raise ShuffleConfigError(
+            f"num_partitions={num_partitions!r} is out of range: expected an integer >= 1"
+        )
     if mode not in MODES:
-        raise ConfigError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
+        raise ShuffleConfigError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
     spark = df.sparkSession
     schema = to_arrow_schema(df.schema)
     check_keys(schema, list(key_columns))
     secret = _setting(spark, "spark.arrowbeat.authenticate.secret")
     if not secret:
-        raise ConfigError(
+        raise ShuffleConfigError(
             "arrowbeat is not on in this application (no spark.arrowbeat.authenticate.secret): "
             "set spark.plugins=arrowbeat.ArrowBeatPlugin (see spark_plugin.configure)"
         )
@@ -255,7 +257,7 @@ def _bool_setting(spark: SparkSession, key: str, default: str) -> bool:
     try:
         return parse_bool(text)
     except ValueError:
-        raise ConfigError(f"{key}={text!r}: expected true or false") from None
+        raise ShuffleConfigError(f"{key}={text!r}: expected true or false") from None
 
 
 _rendezvous_lock = threading.Lock()
@@ -264,7 +266,7 @@ _rendezvous_of: dict[str, Any] = {}
 
 def _rendezvous(spark: SparkSession, secret: str) -> Any:
     """The driver's rendezvous for pipelined map tasks, one per application, started on first use."""
-    from arrow_shuffle.rendezvous import Rendezvous
+    from arrow_shuffle.spark.rendezvous import Rendezvous
 
     app = spark.sparkContext.applicationId
     with _rendezvous_lock:
@@ -282,7 +284,7 @@ def _check_pipelined(spark: SparkSession, source: DataFrame, num_partitions: int
     slots = spark.sparkContext.defaultParallelism
     maps = source.rdd.getNumPartitions()
     if maps + num_partitions > slots:
-        raise ConfigError(
+        raise ShuffleConfigError(
             f"mode='pipelined' needs {maps} map + {num_partitions} reduce tasks running at once, but the "
             f"application has {slots} task slots: use mode='blocking', fewer partitions or more executors"
         )
@@ -302,7 +304,7 @@ def _build(
     statuses: DataFrame
     chained = getattr(df, "_arrowbeat_chain", None)
     if mode == "pipelined":
-        from arrow_shuffle.pipelined import pipelined_function
+        from arrow_shuffle.spark.pipelined import pipelined_function
 
         source, pre = chained if chained is not None else (df, None)
         maps = _check_pipelined(spark, source, plan.num_partitions)

@@ -37,10 +37,10 @@ from arrow_shuffle.buffer_pool import NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import SchemaMismatchError, ShuffleError
 from arrow_shuffle.gate import InputGate, RemoteChannelSpec
-from arrow_shuffle.grouping import iter_groups
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.map_output import MapOutputWriter, read_segments
-from arrow_shuffle.service_client import AgentInfo, ControlClient, find_agent
+from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, find_agent
+from arrow_shuffle.spark.grouping import iter_groups
+from arrow_shuffle.spark.map_output import MapOutputWriter, read_segments
 
 STATUS_SCHEMA = pa.schema(
     [
@@ -249,13 +249,13 @@ def read_reducer(
             ) from exc
     if not remote:
         return
-    clients: list[tuple[ControlClient, PartitionId]] = []
+    clients: list[tuple[MapOutputClient, PartitionId]] = []
     specs = []
     try:
         for executor, items in remote.items():
             where = _where(plan, reducer, executor, items)
             try:
-                client = ControlClient(
+                client = MapOutputClient(
                     (items[0]["host"], items[0]["control_port"]), plan.secret, f"executor {executor}"
                 )
                 files = [(s["path"], [tuple(x) for x in json.loads(s["segments"])]) for s in items]

@@ -5,7 +5,7 @@ of narrow dependencies), so with M + R free slots all of them run at once and a 
 on credits has its readers running. The driver refuses up front when M + R exceeds the
 application's slots (Spark's barrier mode, which would guarantee co-scheduling, rejects unions).
 
-Data path: each map task hosts an engine ``ShuffleServer`` with a PIPELINED ``ResultPartition``
+Data path: each map task hosts an engine ``PartitionServer`` with a PIPELINED ``ResultPartition``
 (R subpartitions, bounded buffers: the writer blocks until reducers grant credit) in its own
 Python worker; pipelined data never outlives its producer, so unlike blocking outputs it needs no
 agent. The driver's ``rendezvous`` maps each map task to its address. The map task exits once
@@ -31,10 +31,10 @@ from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.partition import PartitionKind, ResultPartition
-from arrow_shuffle.rendezvous import call as announce
-from arrow_shuffle.rendezvous import locate
-from arrow_shuffle.server import ShuffleServer
-from arrow_shuffle.tasks import ReadStats, Report, ShufflePlan
+from arrow_shuffle.partition_server import PartitionServer
+from arrow_shuffle.spark.rendezvous import call as announce
+from arrow_shuffle.spark.rendezvous import locate
+from arrow_shuffle.spark.tasks import ReadStats, Report, ShufflePlan
 from arrow_shuffle.writer import RecordWriter
 
 CONSUME_TIMEOUT_S = 120.0
@@ -91,7 +91,7 @@ def _map(
 ) -> Iterator[pa.RecordBatch]:
     started = time.monotonic()
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
-    server = ShuffleServer(plan.secret, plan.app_id, _host(), 0, config)
+    server = PartitionServer(plan.secret, plan.app_id, _host(), 0, config)
     token = int(time.time() * 1000) % (1 << 30)
     pid = PartitionId(plan.app_id, plan.shuffle_id, index, token)
     partition = ResultPartition(pid, plan.num_partitions, plan.schema, pool, PartitionKind.PIPELINED, config)

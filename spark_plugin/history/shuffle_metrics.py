@@ -16,8 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_plugin.config import load
-from spark_plugin.driver import tables_root
+from spark_plugin.config import load, tables_root
 from spark_plugin.history.tables import SHUFFLE_METRICS, open_table
 
 

@@ -4,7 +4,7 @@ Why files and not a BLOCKING ``ResultPartition`` in the agent: a map task runs i
 worker, which may exit after the task; its output must outlive it and be readable *more than
 once* (a reduce task that fails half-way is retried and reads again, and an engine subpartition
 is consumed by its single reader). Spark's external-shuffle-service model gives both: the worker
-writes its output to the executor agent's directory, the agent serves it (``shuffle_service``)
+writes its output to the executor agent's directory, the agent serves it (``agent_service``)
 and deletes it on release, TTL or exit.
 
 Layout: the file is a sequence of *runs*. A run holds, for each reduce partition with data, one
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from arrow_shuffle.errors import ConfigError, ShuffleError
+from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
 from arrow_shuffle.partitioner import hash_rows
 
 BATCH_ROWS = 16384
@@ -46,11 +46,11 @@ class ReducerOutput:
 def check_keys(schema: pa.Schema, key_columns: Sequence[str]) -> None:
     """Fail before any data moves when a key column is missing or cannot be hashed."""
     if not key_columns:
-        raise ConfigError("key_columns must name at least one column")
+        raise ShuffleConfigError("key_columns must name at least one column")
     for name in key_columns:
         index = schema.get_field_index(name)
         if index < 0:
-            raise ConfigError(f"key column {name!r} is not a column of the DataFrame ({schema.names})")
+            raise ShuffleConfigError(f"key column {name!r} is not a column of the DataFrame ({schema.names})")
         kind = schema.field(index).type
         hashable = (
             pa.types.is_integer(kind)
@@ -63,7 +63,7 @@ def check_keys(schema: pa.Schema, key_columns: Sequence[str]) -> None:
             or pa.types.is_large_binary(kind)
         )
         if not hashable or pa.types.is_decimal(kind):
-            raise ConfigError(
+            raise ShuffleConfigError(
                 f"key column {name!r} has type {kind}, which arrowbeat cannot hash-partition; "
                 "use integer, floating, boolean, date/timestamp, string or binary keys"
             )

@@ -1,4 +1,4 @@
-"""``TaskExecutorAgent``: an ``AsyncAgent`` on the shared heartbeat loop, for synchronous callers."""
+"""``AgentThread``: an ``AsyncAgent`` on the shared heartbeat loop, for synchronous callers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .services import HeartbeatServices
 log = logging.getLogger(__name__)
 
 
-class TaskExecutorAgent:
+class AgentThread:
     """``AsyncAgent`` on the shared heartbeat I/O loop, for the Spark wiring and other sync callers."""
 
     def __init__(

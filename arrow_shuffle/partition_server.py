@@ -1,4 +1,4 @@
-"""``ShuffleServer``: one per process, serving its result partitions to remote channels.
+"""``PartitionServer``: one per process, serving its result partitions to remote channels.
 
 Each accepted connection is one stream: authenticate (HMAC), read the partition request with
 the channel's initial credit, then a sender thread pushes buffers while this connection's
@@ -21,14 +21,14 @@ from typing import Any
 from arrow_shuffle.auth import as_bytes, server_handshake
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import (
-    AuthenticationError,
     ChannelClosedError,
-    ConfigError,
     OversizedFrameError,
     PartitionNotFoundError,
     ProducerFailedError,
-    ProtocolError,
+    ShuffleAuthenticationError,
+    ShuffleConfigError,
     ShuffleError,
+    ShuffleProtocolError,
     describe,
 )
 from arrow_shuffle.frames import MAX_CONTROL_PAYLOAD, ErrorCode, Kind
@@ -40,7 +40,7 @@ from arrow_shuffle.transport import Connection, TcpTransport, Transport
 log = logging.getLogger(__name__)
 
 
-class ShuffleServer:
+class PartitionServer:
     """Hosts ``ResultPartition``s of one application behind an authenticated listener."""
 
     def __init__(
@@ -56,7 +56,7 @@ class ShuffleServer:
         self.config = config or ShuffleConfig()
         self._secret = as_bytes(secret)
         if not self._secret:
-            raise ConfigError("secret must be non-empty")
+            raise ShuffleConfigError("secret must be non-empty")
         self._listener = (transport or TcpTransport()).listen(host, port, self.config.peer_timeout_s)
         self._partitions: dict[PartitionId, ResultPartition] = {}
         self._lock = threading.Lock()
@@ -74,7 +74,7 @@ class ShuffleServer:
 
     def register(self, partition: ResultPartition) -> None:
         if partition.partition_id.app_id != self.app_id:
-            raise ConfigError(
+            raise ShuffleConfigError(
                 f"partition {partition.partition_id} belongs to application "
                 f"{partition.partition_id.app_id!r}, this server to {self.app_id!r}"
             )
@@ -157,7 +157,11 @@ class ShuffleServer:
             sender_thread = threading.Thread(target=sender.run, name="shuffle-sender", daemon=True)
             sender_thread.start()
             self._read_control(conn, sender)
-        except (AuthenticationError, PartitionNotFoundError, ProtocolError) as exc:  # the peer's fault
+        except (
+            ShuffleAuthenticationError,
+            PartitionNotFoundError,
+            ShuffleProtocolError,
+        ) as exc:  # the peer's fault
             error = _located(exc, where)
             with self._lock:
                 self._stream_errors.append(error)
@@ -187,7 +191,7 @@ class ShuffleServer:
         header = conn.recv_header()
         assert header is not None
         if header.kind is not Kind.PARTITION_REQUEST:
-            raise ProtocolError(f"expected a PARTITION_REQUEST, got {header.kind.name}")
+            raise ShuffleProtocolError(f"expected a PARTITION_REQUEST, got {header.kind.name}")
         if header.length > MAX_CONTROL_PAYLOAD:
             raise OversizedFrameError(
                 f"partition request of {header.length} bytes exceeds max {MAX_CONTROL_PAYLOAD}"
@@ -199,7 +203,7 @@ class ShuffleServer:
             partition_id = PartitionId.from_wire(request["partition"])
             subpartition = int(request["subpartition"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise ProtocolError(f"malformed partition request: {exc}") from exc
+            raise ShuffleProtocolError(f"malformed partition request: {exc}") from exc
         return partition_id, subpartition, header.value
 
     def _open_stream(
@@ -225,7 +229,7 @@ class ShuffleServer:
                 f"no subpartition {subpartition} (has {partition.num_subpartitions}) {where}"
             )
         if credit < 1:
-            raise ProtocolError(f"initial credit must be >= 1, got {credit} {where}")
+            raise ShuffleProtocolError(f"initial credit must be >= 1, got {credit} {where}")
         sender = StreamSender(conn, partition, subpartition, credit)
         sender.subpartition.attach_reader(sender.notify)
         with self._lock:
@@ -248,21 +252,21 @@ class ShuffleServer:
                 conn.recv_into(memoryview(bytearray(header.length)))
             if header.kind is Kind.ADD_CREDIT:
                 if header.value < 1:
-                    raise ProtocolError(f"non-positive credit {header.value} {sender.where}")
+                    raise ShuffleProtocolError(f"non-positive credit {header.value} {sender.where}")
                 sender.grant(header.value)
             elif header.kind is Kind.CANCEL:
                 return
             elif header.kind is not Kind.KEEPALIVE:
-                raise ProtocolError(f"unexpected {header.kind.name} frame {sender.where}")
+                raise ShuffleProtocolError(f"unexpected {header.kind.name} frame {sender.where}")
 
     @staticmethod
     def _send_error(conn: Connection, exc: ShuffleError) -> None:
         code = ErrorCode.OTHER
         if isinstance(exc, PartitionNotFoundError):
             code = ErrorCode.PARTITION_NOT_FOUND
-        elif isinstance(exc, AuthenticationError):
+        elif isinstance(exc, ShuffleAuthenticationError):
             code = ErrorCode.AUTHENTICATION
-        elif isinstance(exc, ProtocolError):
+        elif isinstance(exc, ShuffleProtocolError):
             code = ErrorCode.PROTOCOL
         elif isinstance(exc, ProducerFailedError):
             code = ErrorCode.PRODUCER_FAILED

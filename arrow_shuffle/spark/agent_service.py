@@ -1,11 +1,11 @@
-"""``ShuffleService``: the executor agent's side of the DataFrame shuffle.
+"""``MapOutputService``: the executor agent's side of the DataFrame shuffle.
 
 One per executor agent, living exactly as long as the agent (and so the executor JVM). It owns
 
 - the directory map tasks of this executor write their outputs into (``map_output``), deleted on
   ``release_shuffle``, on TTL expiry and on ``close`` (the agent exits on its JVM's death, so an
   application's shuffle data dies with its executors);
-- an engine ``ShuffleServer`` (credit-based, HMAC-authenticated) serving *staged* streams: a
+- an engine ``PartitionServer`` (credit-based, HMAC-authenticated) serving *staged* streams: a
   reduce task on another executor asks, over the control channel, for "reduce partition r of
   these map outputs"; the service opens a PIPELINED one-subpartition ``ResultPartition`` and a
   thread fills it from the files, so the file -> network path is bounded by the partition's
@@ -13,7 +13,7 @@ One per executor agent, living exactly as long as the agent (and so the executor
 - the control channel (``multiprocessing.connection`` with the application secret as authkey:
   an HMAC challenge both ways before any message is read) for stage / unstage / release / stats;
 - a discovery file ``<root>/<app>/agents/<jvm pid>.json`` so Python workers, children of the
-  same executor JVM, find it by walking their parent chain (``service_client.find_agent``).
+  same executor JVM, find it by walking their parent chain (``agent_client.find_agent``).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ import pyarrow as pa
 from arrow_shuffle.auth import as_bytes
 from arrow_shuffle.buffer_pool import NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.errors import ConfigError, ShuffleError
+from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.map_output import Segment, read_segments
 from arrow_shuffle.partition import PartitionKind, ResultPartition
-from arrow_shuffle.server import ShuffleServer
+from arrow_shuffle.partition_server import PartitionServer
+from arrow_shuffle.spark.map_output import Segment, read_segments
 from arrow_shuffle.writer import RecordWriter
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class _Staged:
     error: BaseException | None = None
 
 
-class ShuffleService:
+class MapOutputService:
     """Map-output directory, staged streams and control channel of one executor agent."""
 
     def __init__(
@@ -89,7 +89,7 @@ class ShuffleService:
         clock: Any = time.time,
     ) -> None:
         if not as_bytes(secret):
-            raise ConfigError("the shuffle service needs the application secret")
+            raise ShuffleConfigError("the shuffle service needs the application secret")
         self.app_id = app_id
         self.executor_id = executor_id
         self.root = root
@@ -104,7 +104,7 @@ class ShuffleService:
             spill_dir=self.dir, buffer_request_timeout_s=900.0
         )
         self.pool = NetworkBufferPool.from_config(self.config.network_memory_bytes, self.config.buffer_size)
-        self.server = ShuffleServer(secret, app_id, host, 0, self.config)
+        self.server = PartitionServer(secret, app_id, host, 0, self.config)
         self._listener = Listener((host, 0), authkey=as_bytes(secret))
         self._lock = threading.Lock()
         self._staged: dict[PartitionId, _Staged] = {}
@@ -279,7 +279,7 @@ class ShuffleService:
                 if self._closed:
                     return
                 continue
-            except Exception as exc:  # multiprocessing.AuthenticationError and friends
+            except Exception as exc:  # multiprocessing.ShuffleAuthenticationError and friends
                 log.warning("refused a shuffle control connection: %s", exc)
                 continue
             thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)

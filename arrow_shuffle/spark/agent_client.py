@@ -16,8 +16,8 @@ from multiprocessing.connection import Client
 from typing import Any
 
 from arrow_shuffle.auth import as_bytes
-from arrow_shuffle.errors import ConfigError, PeerLostError, ShuffleError
-from arrow_shuffle.shuffle_service import agent_file, app_dir
+from arrow_shuffle.errors import PeerLostError, ShuffleConfigError, ShuffleError
+from arrow_shuffle.spark.agent_service import agent_file, app_dir
 
 _MAX_DEPTH = 6
 
@@ -51,7 +51,7 @@ def _parent(pid: int) -> int:
 
 
 def read_agent_file(path: str) -> AgentInfo:
-    """One agent's discovery file (written atomically by ``ShuffleService``)."""
+    """One agent's discovery file (written atomically by ``MapOutputService``)."""
     with open(path) as f:
         data = json.load(f)
     return AgentInfo(
@@ -99,14 +99,14 @@ def find_agent(root: str, app_id: str, wait_s: float = 10.0) -> AgentInfo:
         if time.monotonic() >= deadline:
             break
         time.sleep(0.05)
-    raise ConfigError(
+    raise ShuffleConfigError(
         f"no arrowbeat agent found for this executor (looked for {agent_file(root, app_id, 0)[:-6]}"
         f"<pid>.json for ancestors {ancestors}); run with spark.plugins=arrowbeat.ArrowBeatPlugin and the "
         "same spark.arrowbeat.shuffle.dir on driver and executors"
     )
 
 
-class ControlClient:
+class MapOutputClient:
     """One authenticated control connection to an agent; failures name the agent."""
 
     def __init__(self, address: tuple[str, int], secret: str | bytes, who: str) -> None:
@@ -129,7 +129,7 @@ class ControlClient:
     def close(self) -> None:
         self._conn.close()
 
-    def __enter__(self) -> ControlClient:
+    def __enter__(self) -> MapOutputClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
