@@ -16,11 +16,19 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test lint typecheck unit proto bench clean prereqs
-setup: prereqs $(VENV)/.installed $(DELTA_JARS) $(LAUNCHER_JAR)
+.PHONY: setup setup-python setup-jvm prereqs prereqs-python prereqs-jvm demo test lint typecheck unit \
+	proto bench bench-readme clean
+# Set-up in two parts: Python (venv + pip: all `unit`, `lint` and `typecheck` need) and the JVM
+# side on top (the Delta jars via Maven, the launcher via javac) for Spark, `test`, `demo`, `bench`.
+setup: setup-python setup-jvm
+setup-python: prereqs-python $(VENV)/.installed
+setup-jvm: prereqs-jvm $(DELTA_JARS) $(LAUNCHER_JAR)
 
-prereqs:
-	@PYTHON=$(PYTHON) bash scripts/check_prereqs.sh
+prereqs: prereqs-python prereqs-jvm
+prereqs-python:
+	@PYTHON=$(PYTHON) bash scripts/check_prereqs.sh python
+prereqs-jvm:
+	@bash scripts/check_prereqs.sh jvm
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,19 +62,44 @@ demo: setup
 	  --conf spark.driver.extraJavaOptions=-Dderby.system.home=$(DEMO_WORK) \
 	  jobs/arrow_pipeline.py --rows 2000000
 
-lint: setup
+lint: setup-python
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-unit: setup
+typecheck: setup-python
+	$(VENV)/bin/mypy
+
+unit: setup-python
 	$(PY) -m pytest -q -m 'not spark' tests
 
-test: lint
+test: setup lint
 	$(PY) -m pytest -q -rs tests
 
 proto: $(VENV)/.installed
 	$(PY) -m scripts.gen_protos
+
+# `make bench` runs every benchmark (`make bench BENCH="shuffle_transport heartbeat_scale"` some),
+# saves each one's output as .cache/bench/<name>.txt (only when it succeeds) and rewrites the
+# README's benchmark table from the RESULT lines saved there. They take long: minutes each, the
+# soak SOAK_MINUTES (default 10).
+BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark
+BENCH ?= $(BENCHES)
+SOAK_MINUTES ?= 10
+BENCH_DIR := $(CACHE)/bench
+bench: setup
+	@mkdir -p $(BENCH_DIR)
+	@set -o pipefail; for name in $(BENCH); do \
+	  args=; case $$name in soak_monitoring) args="--minutes $(SOAK_MINUTES)";; esac; \
+	  echo "== python -m benchmarks.$$name $$args"; \
+	  $(PY) -m benchmarks.$$name $$args | tee $(BENCH_DIR)/$$name.txt.part \
+	    && mv $(BENCH_DIR)/$$name.txt.part $(BENCH_DIR)/$$name.txt \
+	    || { echo "benchmarks/$$name.py failed; its last saved figures stay" >&2; exit 1; }; \
+	done
+	@$(MAKE) --no-print-directory bench-readme
+
+bench-readme: $(VENV)/.installed
+	$(PY) -m scripts.bench_results --write README.md
 
 clean:
 	rm -rf $(CACHE)/launcher build *.egg-info

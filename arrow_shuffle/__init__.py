@@ -1,9 +1,21 @@
 """Arrow shuffle: a credit-based engine, and (in ``arrow_shuffle.spark``) its PySpark DataFrame API.
 
-The engine (every module directly in this package) knows nothing of Spark. A producer writes
-record batches into a ``ResultPartition`` through a ``RecordWriter``; a ``PartitionServer`` serves
-the partition's subpartitions; a consumer reads them through an ``InputGate`` of local and remote
-channels. See ``errors`` for the exception tree and ``config.ShuffleConfig`` for every setting.
+The engine (every module directly in this package) knows nothing of Spark and imports neither
+pyspark nor ``spark_plugin``. A producer writes record batches into a ``ResultPartition``
+through a ``RecordWriter``; a ``PartitionServer`` serves the partition's subpartitions over TCP
+to readers in other processes; a consumer reads through an ``InputGate`` whose channels are
+*local* (``LocalChannelSpec``: a partition object in the same process, read from memory) or
+*remote* (``RemoteChannelSpec``: a ``PartitionServer``'s address, read with credits). See
+``errors`` for the exception tree (the Spark side's included) and ``config.ShuffleConfig`` for
+every setting.
+
+Time: every object that measures it (``PartitionServer``, ``InputGate``, ``ResultPartition``,
+``LocalBufferPool``) takes ``clock: heartbeat.clock.Clock = SYSTEM_CLOCK`` as a keyword argument
+and hands it to what it creates: the server to its connections and stream senders (keepalives,
+peer timeout, time blocked on credit), the gate to its remote channels and their connections
+(peer timeout) and its floating pool, the partition to its buffer pool (buffer-request timeout)
+and its ``RecordWriter`` (flush timeout). Real waits (condition variables, socket ticks) only
+pace how often a decision is re-read from the clock, so tests drive a ``ManualClock``.
 
 ``arrow_shuffle.spark`` holds everything Spark-specific (DataFrame API, task bodies, map-output
 files, the agent's map-output service and its client, the pipelined rendezvous). Its public
@@ -20,6 +32,7 @@ from arrow_shuffle.errors import (
     CorruptFrameError,
     CreditViolationError,
     InsufficientBuffersError,
+    MapOutputLostError,
     OversizedFrameError,
     PartitionNotFoundError,
     PeerLostError,
@@ -32,6 +45,7 @@ from arrow_shuffle.errors import (
     ShuffleConfigError,
     ShuffleError,
     ShuffleProtocolError,
+    SpillError,
 )
 from arrow_shuffle.gate import InputGate, LocalChannelSpec, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
@@ -50,6 +64,7 @@ __all__ = [
     "InputGate",
     "InsufficientBuffersError",
     "LocalChannelSpec",
+    "MapOutputLostError",
     "NetworkBufferPool",
     "OversizedFrameError",
     "PartitionId",
@@ -73,6 +88,7 @@ __all__ = [
     "ShuffleError",
     "ShuffleHandle",
     "ShuffleProtocolError",
+    "SpillError",
     "column_partitioner",
     "group_apply",
     "hash_partitioner",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,6 +20,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from arrow_shuffle.errors import BufferAccountingError, ChannelClosedError, InsufficientBuffersError
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 
 @dataclass(eq=False)
@@ -138,14 +138,23 @@ class NetworkBufferPool:
 class LocalBufferPool:
     """A bounded share of the network pool for one partition or one gate's floating buffers.
 
-    ``request()`` blocks (backpressure) until a segment is free or the deadline passes; time
-    spent blocked is accumulated in ``blocked_s``. Buffer listeners registered with
+    ``request()`` blocks (backpressure) until a segment is free or its deadline on ``clock``
+    passes; time spent blocked is accumulated in ``blocked_s``. Buffer listeners registered with
     ``request_or_listen`` are handed recycled segments directly (Flink's floating-buffer
     hand-off); they are called outside the lock.
     """
 
-    def __init__(self, network: NetworkBufferPool, min_segments: int, max_segments: int, name: str) -> None:
+    def __init__(
+        self,
+        network: NetworkBufferPool,
+        min_segments: int,
+        max_segments: int,
+        name: str,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.name = name
+        self.clock = clock
         self.network = network
         self.min_segments = min_segments
         self.max_segments = max(max_segments, min_segments)
@@ -191,8 +200,10 @@ class LocalBufferPool:
         return None if segment is None else Buffer(segment, self)
 
     def request(self, timeout_s: float, cancelled: Callable[[], bool] | None = None) -> Buffer:
-        """Block until a segment is free (backpressure); raise after ``timeout_s``."""
-        start = time.monotonic()
+        """Block until a segment is free (backpressure); raise after ``timeout_s`` on the clock.
+
+        The wait itself is real and re-checks the clock at least every 0.5 s."""
+        start = self.clock.monotonic()
         deadline = start + timeout_s
         with self._cond:
             self._waiters += 1
@@ -205,7 +216,7 @@ class LocalBufferPool:
                     if segment is not None:
                         return Buffer(segment, self)
                     self.exhausted.set()
-                    remaining = deadline - time.monotonic()
+                    remaining = deadline - self.clock.monotonic()
                     if remaining <= 0:
                         raise InsufficientBuffersError(
                             f"{self.name}: no network buffer free after {timeout_s:.1f}s "
@@ -214,7 +225,7 @@ class LocalBufferPool:
                     self._cond.wait(min(remaining, 0.5))
             finally:
                 self._waiters -= 1
-                self.blocked_s += time.monotonic() - start
+                self.blocked_s += self.clock.monotonic() - start
 
     def request_or_listen(self, listener: Callable[[Buffer], bool]) -> Buffer | None:
         """A buffer now, or ``None`` and ``listener`` is offered the next recycled one.

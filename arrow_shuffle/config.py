@@ -1,7 +1,8 @@
 """``ShuffleConfig``: every engine setting declared once, with unit, default and range.
 
 Validation happens in ``__post_init__`` so a bad value fails at start-up, not mid-shuffle,
-with an error naming the field and its allowed range.
+with an error naming the field and its allowed range. Durations are measured on the ``Clock``
+the engine's objects are given (``heartbeat.clock``), except ``connect_timeout_s``, a socket's.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ class ShuffleConfig:
     max_frame_bytes: int = 0
     """Largest data frame payload accepted from a peer; 0 means ``buffer_size``."""
     connect_timeout_s: float = 5.0
-    """Bound on TCP connect plus the authentication handshake."""
+    """Bound on the TCP connect (a real socket timeout); the authentication handshake after it is
+    bounded by ``peer_timeout_s`` like every read."""
     keepalive_interval_s: float = 1.0
     """An idle sender sends a keepalive frame this often."""
     peer_timeout_s: float = 4.0
-    """Silence from the peer for this long means it is lost (``PeerLostError``)."""
+    """Silence from the peer for this long means it is lost (``PeerLostError``); also bounds a
+    stalled send."""
     buffer_request_timeout_s: float = 60.0
     """Longest a writer blocks waiting for a buffer before failing (backpressure bound)."""
 

@@ -1,27 +1,35 @@
-"""The one exception tree of the Arrow shuffle engine.
+"""The one exception tree of the ``arrow_shuffle`` package: the engine and its Spark side.
 
-Callers catch the branch they can act on; transport-level exceptions (``OSError``,
-``pyarrow.ArrowInvalid``) are always mapped into this tree with ``raise ... from exc``::
+Callers catch the branch they can act on. Transport-level exceptions (``OSError``,
+``pyarrow.ArrowInvalid``) are always mapped into this tree with ``raise ... from exc``, so the
+original stays in ``__cause__``::
 
     ShuffleError
-    ├── ShuffleConfigError                  invalid setting; names the field and its allowed range
-    ├── InsufficientBuffersError     a pool cannot reserve what a partition/gate needs
-    ├── BufferAccountingError        a buffer recycled twice (over-release) or to the wrong pool
-    ├── SchemaMismatchError          a batch's schema differs from the partition's
-    ├── RecordTooLargeError          one row does not fit in a network buffer
-    ├── ShuffleAuthenticationError          wrong secret (either side), or no handshake
-    ├── PartitionNotFoundError       unknown partition, released one, or another application's
-    ├── ShuffleProtocolError                the peer broke the wire protocol
-    │   ├── SequenceGapError         a buffer arrived out of order (gap or duplicate)
-    │   ├── CorruptFrameError        bad magic/type, or a payload that is not valid Arrow IPC
-    │   ├── OversizedFrameError      a frame larger than ``max_frame_bytes``
-    │   └── CreditViolationError     the sender sent a buffer without credit
-    ├── ChannelClosedError           *we* closed it (close(), cancel); using it afterwards
-    └── PeerLostError                *the peer* is gone: EOF, reset or keepalive timeout
-        └── RemoteFailureError       the peer reported an error on the stream
-            └── ProducerFailedError  the producer aborted the partition; it will never end
+    ├── ShuffleConfigError (also ValueError)  invalid setting; names the field and its allowed range
+    ├── InsufficientBuffersError              a pool cannot reserve what a partition/gate needs
+    ├── BufferAccountingError                 a buffer recycled twice (over-release) or to the wrong pool
+    ├── SchemaMismatchError                   a batch's schema differs from the partition's
+    ├── RecordTooLargeError                   one row does not fit in a network buffer
+    ├── SpillError                            a spill file cannot be created, written or read back
+    ├── ShuffleAuthenticationError            wrong secret (either side), or no handshake
+    ├── PartitionNotFoundError                unknown partition, released one, or another application's
+    ├── ShuffleProtocolError                  the peer broke the wire protocol
+    │   ├── SequenceGapError                  a buffer arrived out of order (gap or duplicate)
+    │   ├── CorruptFrameError                 bad magic/type, or a payload that is not valid Arrow IPC
+    │   ├── OversizedFrameError               a frame larger than ``max_frame_bytes``
+    │   └── CreditViolationError              the sender sent a buffer without credit
+    ├── ChannelClosedError                    *we* closed it (close(), cancel); using it afterwards
+    ├── PeerLostError                         *the peer* is gone: EOF, reset or peer timeout
+    │   └── RemoteFailureError                the peer reported an error on the stream
+    │       └── ProducerFailedError           the producer aborted the partition; it will never end
+    └── MapOutputLostError                    (Spark side) map outputs a reduce task needs are gone
 
-Every error about a stream names the partition and the peer (``describe``).
+Every error about a stream names the partition and the peer (``describe``). The Spark side
+(``arrow_shuffle.spark``) raises classes of this same tree (its control connections map
+``OSError`` to ``PeerLostError`` too); ``MapOutputLostError`` is the one only it raises, chained
+to the engine error or ``OSError`` that revealed the loss. The heartbeat library
+(``heartbeat.errors``) and the plugin (``spark_plugin.errors``, e.g. a wrong
+``spark.arrowbeat.*`` setting) have trees of their own; no class name repeats across them.
 """
 
 from __future__ import annotations
@@ -49,6 +57,11 @@ class SchemaMismatchError(ShuffleError):
 
 class RecordTooLargeError(ShuffleError):
     """A single row is larger than one network buffer; raise ``buffer_size``."""
+
+
+class SpillError(ShuffleError):
+    """A BLOCKING partition's spill file could not be created, written or read back (disk full,
+    ``spill_dir`` unwritable or removed); the message names the file."""
 
 
 class ShuffleAuthenticationError(ShuffleError):
@@ -84,7 +97,8 @@ class ChannelClosedError(ShuffleError):
 
 
 class PeerLostError(ShuffleError):
-    """The peer disappeared mid-stream (EOF, connection reset or keepalive timeout)."""
+    """The peer disappeared mid-stream: EOF, connection reset, or silence past ``peer_timeout_s``
+    on the engine's clock (a hung peer keeps its socket open but stops sending keepalives)."""
 
 
 class RemoteFailureError(PeerLostError):
@@ -95,6 +109,13 @@ class ProducerFailedError(RemoteFailureError):
     """The producer failed or aborted its partition (writer abort); no end-of-partition will come.
 
     Raised to local and remote readers alike; what was read before it is not a complete output."""
+
+
+class MapOutputLostError(ShuffleError):
+    """Map outputs a reduce task needs are gone (their executor or agent died).
+
+    Raised by ``arrow_shuffle.spark.tasks``, naming the executor and the map partitions; Spark's
+    task retry then recomputes them."""
 
 
 def describe(partition: object, peer: object) -> str:

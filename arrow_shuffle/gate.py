@@ -1,5 +1,8 @@
 """``InputGate``: one reduce task's input, a set of local and remote channels.
 
+A *local* channel (``LocalChannelSpec`` -> ``LocalInputChannel``) reads a ``ResultPartition``
+object of this very process from its in-memory queue; a *remote* one (``RemoteChannelSpec`` ->
+``RemoteInputChannel``) reads from a ``PartitionServer`` in another process over a connection.
 Channels report "I have data" into one queue, so batches are handed out in arrival order
 across channels; the first channel failure is raised to the reader (and every channel is then
 closed, returning its buffers). Remote channels share the gate's floating buffers.
@@ -8,7 +11,6 @@ closed, returning its buffers). Remote channels share the gate's floating buffer
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -27,11 +29,13 @@ from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.remote_channel import RemoteInputChannel
 from arrow_shuffle.stats import GateStats, StatsCell
 from arrow_shuffle.transport import TcpTransport, Transport
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 
 @dataclass(frozen=True)
 class LocalChannelSpec:
-    """Read ``partition.subpartitions[subpartition]`` in this process."""
+    """Read ``partition.subpartitions[subpartition]`` of a partition object in this process
+    (no network, no credit)."""
 
     partition: ResultPartition
     subpartition: int
@@ -39,7 +43,8 @@ class LocalChannelSpec:
 
 @dataclass(frozen=True)
 class RemoteChannelSpec:
-    """Read ``subpartition`` of ``partition_id`` from the shuffle server at ``address``."""
+    """Read ``subpartition`` of ``partition_id`` from the ``PartitionServer`` at ``address``
+    (another process, usually another host)."""
 
     address: tuple[str, int]
     partition_id: PartitionId
@@ -66,7 +71,8 @@ class InputGate:
     """Iterate ``pyarrow.RecordBatch``es from all channels until every one has ended.
 
     Batches are copied out of the network buffers (one memcpy, GIL released), so each buffer's
-    credit goes back to its sender at once and callers may keep batches as long as they like."""
+    credit goes back to its sender at once and callers may keep batches as long as they like.
+    ``clock`` measures the remote channels' peer timeout and the gate's time blocked on data."""
 
     def __init__(
         self,
@@ -76,8 +82,11 @@ class InputGate:
         config: ShuffleConfig | None = None,
         secret: str | bytes | None = None,
         transport: Transport | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.schema = schema
+        self.clock = clock
         self.config = config or ShuffleConfig(buffer_size=pool.segment_size)
         remote = [c for c in channels if isinstance(c, RemoteChannelSpec)]
         if remote and not secret:
@@ -89,7 +98,7 @@ class InputGate:
         self._ended: set[int] = set()
         self._stats = StatsCell(GateStats())
         self.floating = LocalBufferPool(
-            pool, 0, self.config.floating_buffers_per_gate, "gate floating buffers"
+            pool, 0, self.config.floating_buffers_per_gate, "gate floating buffers", clock=clock
         )
         exclusive = pool.reserve(len(remote) * self.config.exclusive_buffers_per_channel, "input gate")
         per = self.config.exclusive_buffers_per_channel
@@ -111,6 +120,7 @@ class InputGate:
                         self.config,
                         as_bytes(secret or b""),
                         transport or TcpTransport(),
+                        clock,
                     )
                 )
         self._started = False
@@ -169,7 +179,7 @@ class InputGate:
         return pa.Table.from_batches(list(self), schema=self.schema)
 
     def _next_channel(self) -> int:
-        started = time.monotonic()
+        started = self.clock.monotonic()
         with self._cond:
             while not self._with_data:
                 if self._closed:
@@ -177,7 +187,7 @@ class InputGate:
                 self._cond.wait(0.5)
             index = self._with_data.popleft()
             self._queued.discard(index)
-        self._stats.add(blocked_on_data_s=time.monotonic() - started)
+        self._stats.add(blocked_on_data_s=self.clock.monotonic() - started)
         return index
 
     def _decode(self, where: str, buffer: Buffer) -> list[pa.RecordBatch]:

@@ -1,8 +1,13 @@
-"""``LocalInputChannel``: reads a subpartition of a partition in the same process, no network.
+"""``LocalInputChannel``: reads a subpartition of a ``ResultPartition`` object that lives in the
+same Python process, from its in-memory queue: no socket, no file, no credit.
 
-No credit is involved (as in Flink): the consumer takes finished buffers straight from the
-subpartition queue and recycles them into the producer's pool once decoded. Closing it before
-end-of-partition releases the subpartition, as the server does when a remote reader goes away.
+As in Flink, the consumer takes finished buffers straight from the subpartition queue and
+recycles them into the producer's pool once decoded. Closing it before end-of-partition releases
+the subpartition, as the server does when a remote reader goes away.
+
+"Local" means same process, not same host: a reader in another process on the same host uses a
+``RemoteInputChannel`` over loopback (the Spark path's host-local reads of map-output files from
+disk are a different thing again, in ``arrow_shuffle.spark.tasks``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from arrow_shuffle.partition import ResultPartition
 
 
 class LocalInputChannel:
-    """In-process channel over ``partition.subpartitions[subpartition]``."""
+    """In-process channel over ``partition.subpartitions[subpartition]`` (the partition object
+    itself, written by a ``RecordWriter`` in this process)."""
 
     def __init__(self, index: int, partition: ResultPartition, subpartition: int) -> None:
         self.index = index

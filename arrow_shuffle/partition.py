@@ -4,6 +4,10 @@ PIPELINED partitions are bounded: when the partition's buffer share is exhausted
 blocks (backpressure) until consumers free buffers. BLOCKING partitions are materialised:
 buffers stay in memory up to ``blocking_memory_bytes`` and are spilled to disk beyond that, so
 they hold however much is written; they become readable once finished.
+
+These are the engine's two kinds (Flink's). The Spark DataFrame API does not use BLOCKING: its
+materialised mode writes map-output files (``arrow_shuffle.spark.map_output``) that the agent
+streams through PIPELINED partitions, and its streaming mode uses PIPELINED partitions directly.
 """
 
 from __future__ import annotations
@@ -20,15 +24,24 @@ from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.spill import SpillFile
 from arrow_shuffle.stats import PartitionStats, StatsCell
 from arrow_shuffle.subpartition import Subpartition
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 
 class PartitionKind(enum.Enum):
+    """How a partition holds its data until it is read."""
+
     PIPELINED = "pipelined"
+    """Bounded, readable while written: the writer blocks when readers fall behind."""
     BLOCKING = "blocking"
+    """Materialised, readable once finished: memory up to ``blocking_memory_bytes``, then spilled
+    to ``spill_dir``; the writer never waits for readers."""
 
 
 class ResultPartition:
-    """Buffers of one map output, split into ``num_subpartitions`` queues."""
+    """Buffers of one map output, split into ``num_subpartitions`` queues.
+
+    ``clock`` measures the writer's flush timeout and waits for buffers (``buffer_request_timeout_s``,
+    ``blocked_on_pool_s``); a ``PartitionServer`` streams it on the server's clock."""
 
     def __init__(
         self,
@@ -38,6 +51,8 @@ class ResultPartition:
         pool: NetworkBufferPool,
         kind: PartitionKind = PartitionKind.PIPELINED,
         config: ShuffleConfig | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if num_subpartitions < 1:
             raise ShuffleConfigError(f"num_subpartitions={num_subpartitions} is out of range: allowed >= 1")
@@ -48,6 +63,7 @@ class ResultPartition:
                 f"{pool.segment_size}"
             )
         self.partition_id = partition_id
+        self.clock = clock
         self.schema = schema
         self.kind = kind
         self.num_subpartitions = num_subpartitions
@@ -57,7 +73,9 @@ class ResultPartition:
             maximum += self.config.floating_buffers_per_gate
         else:
             maximum = self.config.blocking_memory_bytes // self.config.buffer_size
-        self.pool = LocalBufferPool(pool, minimum, max(minimum, maximum), f"partition {partition_id}")
+        self.pool = LocalBufferPool(
+            pool, minimum, max(minimum, maximum), f"partition {partition_id}", clock=clock
+        )
         readable = kind is PartitionKind.PIPELINED
         self.subpartitions = [
             Subpartition(partition_id, i, self.pool, readable, self.config.buffer_request_timeout_s)

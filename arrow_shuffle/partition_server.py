@@ -1,6 +1,9 @@
-"""``PartitionServer``: one per process, serving its result partitions to remote channels.
+"""``PartitionServer``: serves the subpartitions of this process's ``ResultPartition``s over TCP.
 
-Each accepted connection is one stream: authenticate (HMAC), read the partition request with
+One per process (Flink's netty server of a TaskExecutor): a ``RemoteInputChannel`` in another
+process connects, names a partition and a subpartition, and receives that subpartition's buffers
+as its credit allows. Readers in the same process use a ``LocalInputChannel`` and never come
+here. Each accepted connection is one stream: authenticate (HMAC), read the partition request with
 the channel's initial credit, then a sender thread pushes buffers while this connection's
 thread reads credit announcements from the same socket. A consumer that disappears before
 end-of-partition releases its subpartition, so a blocked producer fails fast instead of hanging.
@@ -36,12 +39,17 @@ from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.stream_sender import StreamSender
 from arrow_shuffle.transport import Connection, TcpTransport, Transport
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
 
 class PartitionServer:
-    """Hosts ``ResultPartition``s of one application behind an authenticated listener."""
+    """Serves the subpartitions of registered ``ResultPartition``s of one application to remote
+    readers, behind an authenticated listener (TCP unless another ``Transport`` is given).
+
+    ``clock`` measures every stream's keepalive interval, peer timeout and time blocked on credit.
+    """
 
     def __init__(
         self,
@@ -51,13 +59,16 @@ class PartitionServer:
         port: int = 0,
         config: ShuffleConfig | None = None,
         transport: Transport | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.app_id = app_id
         self.config = config or ShuffleConfig()
+        self.clock = clock
         self._secret = as_bytes(secret)
         if not self._secret:
             raise ShuffleConfigError("secret must be non-empty")
-        self._listener = (transport or TcpTransport()).listen(host, port, self.config.peer_timeout_s)
+        self._listener = (transport or TcpTransport()).listen(host, port, self.config.peer_timeout_s, clock)
         self._partitions: dict[PartitionId, ResultPartition] = {}
         self._lock = threading.Lock()
         self._connections: set[Connection] = set()
@@ -230,7 +241,7 @@ class PartitionServer:
             )
         if credit < 1:
             raise ShuffleProtocolError(f"initial credit must be >= 1, got {credit} {where}")
-        sender = StreamSender(conn, partition, subpartition, credit)
+        sender = StreamSender(conn, partition, subpartition, credit, self.clock)
         sender.subpartition.attach_reader(sender.notify)
         with self._lock:
             self._senders.append(sender)

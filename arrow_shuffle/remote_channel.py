@@ -1,4 +1,5 @@
-"""``RemoteInputChannel``: the receiving end of one stream, with credit-based flow control.
+"""``RemoteInputChannel``: reads one subpartition from a ``PartitionServer`` in another process
+(usually on another host) over one connection, with credit-based flow control.
 
 Flink's rules, in order of appearance: the partition request carries the initial credit (the
 exclusive buffers); every BUFFER frame must carry the next sequence number (else
@@ -7,6 +8,8 @@ broke the credit contract: counted in ``stats().buffers_without_credit``, then
 ``CreditViolationError``); its backlog makes us request floating buffers up to
 ``backlog + initial_credit``; every buffer gained is one unannounced credit, announced when that
 count leaves zero. The receiver thread's failure is sticky: stored and raised by the next ``poll``.
+A producer that stops sending, keepalives included, for ``peer_timeout_s`` on the gate's clock
+is lost (``PeerLostError``, decided by the connection, see ``transport``).
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from arrow_shuffle.frames import MAX_CONTROL_PAYLOAD, ErrorCode, FrameHeader, Ki
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.stats import ChannelStats
 from arrow_shuffle.transport import Connection, Transport
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 
 class RemoteInputChannel:
-    """One subpartition of a remote ``ResultPartition``, received over one connection."""
+    """One subpartition of a ``ResultPartition`` in another process, received over one connection
+    (the counterpart of ``LocalInputChannel``, which reads a partition of this process)."""
 
     def __init__(
         self,
@@ -55,6 +60,7 @@ class RemoteInputChannel:
         config: ShuffleConfig,
         secret: bytes,
         transport: Transport,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.index = index
         self.address = address
@@ -67,6 +73,7 @@ class RemoteInputChannel:
         self._floating = floating
         self._secret = secret
         self._transport = transport
+        self._clock = clock
         self._exclusive_total = len(exclusive)
         self._lock = threading.Lock()
         self._free: list[Buffer] = [Buffer(s, self) for s in exclusive]
@@ -93,7 +100,7 @@ class RemoteInputChannel:
 
     def _connect(self) -> Connection:
         conn = self._transport.connect(
-            self.address, self.config.connect_timeout_s, self.config.peer_timeout_s
+            self.address, self.config.connect_timeout_s, self.config.peer_timeout_s, self._clock
         )
         try:
             client_handshake(conn, self._secret, self.partition_id.app_id)

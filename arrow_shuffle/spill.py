@@ -12,7 +12,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from arrow_shuffle.errors import ShuffleError
+from arrow_shuffle.errors import SpillError
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,13 @@ class SpillFile:
     """An append-only file of buffer payloads, deleted on ``close()``."""
 
     def __init__(self, directory: str, name: str) -> None:
-        os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, f"arrow-shuffle-{os.getpid()}-{name}.arrows")
         self._lock = threading.Lock()
         try:
+            os.makedirs(directory, exist_ok=True)
             self._file = open(self.path, "w+b", buffering=0)  # noqa: SIM115 - lives as long as the partition
         except OSError as exc:
-            raise ShuffleError(f"cannot create spill file {self.path}: {exc}; check spill_dir") from exc
+            raise SpillError(f"cannot create spill file {self.path}: {exc}; check spill_dir") from exc
         self._end = 0
         self.bytes_written = 0
 
@@ -45,7 +45,7 @@ class SpillFile:
                 while written < len(data):
                     written += self._file.write(data[written:])
             except OSError as exc:
-                raise ShuffleError(
+                raise SpillError(
                     f"spilling to {self.path} failed: {exc}; free disk space or point spill_dir elsewhere"
                 ) from exc
             region = SpilledRegion(self._end, len(data))
@@ -55,13 +55,16 @@ class SpillFile:
 
     def read_into(self, region: SpilledRegion, target: memoryview) -> None:
         with self._lock:
-            self._file.seek(region.offset)
             got = 0
-            while got < region.length:
-                n = self._file.readinto(target[got : region.length])
-                if not n:
-                    raise ShuffleError(f"spill file {self.path} truncated at {region.offset + got}")
-                got += n
+            try:
+                self._file.seek(region.offset)
+                while got < region.length:
+                    n = self._file.readinto(target[got : region.length])
+                    if not n:
+                        raise SpillError(f"spill file {self.path} truncated at {region.offset + got}")
+                    got += n
+            except (OSError, ValueError) as exc:  # ValueError: the file was closed (released) meanwhile
+                raise SpillError(f"reading spill file {self.path} back failed: {exc}") from exc
 
     def close(self) -> None:
         with self._lock:

@@ -3,38 +3,52 @@
 Flink's ``CreditBasedSequenceNumberingViewReader``: every BUFFER frame spends one credit and
 carries its sequence number and the backlog left behind it; END_OF_PARTITION needs no credit.
 An idle stream sends keepalives so the receiver can tell "slow" from "gone".
+
+Both time decisions, "is a keepalive due?" and "how long were we blocked on credit?", are read
+from the ``Clock`` the server hands in; the condition wait between them is real, and only bounds
+how late a jump of a ``ManualClock`` is noticed (one keepalive interval at most).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 
 from arrow_shuffle.credit import SenderCredit
 from arrow_shuffle.errors import ChannelClosedError, ProducerFailedError, ShuffleError, describe
 from arrow_shuffle.frames import ErrorCode, Kind
 from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.transport import Connection
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 
 class StreamSender:
     """Pushes one subpartition to one connection; ``run()`` is the sender thread's body."""
 
     def __init__(
-        self, conn: Connection, partition: ResultPartition, subpartition: int, initial_credit: int
+        self,
+        conn: Connection,
+        partition: ResultPartition,
+        subpartition: int,
+        initial_credit: int,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.conn = conn
         self.partition = partition
         self.subpartition = partition.subpartitions[subpartition]
         self.credit = SenderCredit(initial_credit)
         self.keepalive_s = partition.config.keepalive_interval_s
+        self._clock = clock
         self._cond = threading.Condition()
         self._signalled = False
         self._stopped = False
         self.completed = False
         self.buffers_sent = 0
+        self.keepalives_sent = 0
         self.max_overdraft = 0  # max(sent - granted); > 0 would mean a buffer went out without credit
+        self.blocked_on_credit_since: float | None = None
+        """``clock.monotonic()`` since when data has been queued with no credit to send it, or
+        ``None``; the interval goes into ``blocked_on_credit_s`` when the next buffer is sent."""
         self.where = describe(f"{partition.partition_id}#{subpartition}", conn.peer)
 
     def notify(self) -> None:
@@ -52,8 +66,9 @@ class StreamSender:
             self._cond.notify()
 
     def run(self) -> None:
+        clock = self._clock
         seq = 0
-        last_send = time.monotonic()
+        last_send = clock.monotonic()
         try:
             while True:
                 with self._cond:
@@ -77,23 +92,26 @@ class StreamSender:
                     self.buffers_sent += 1
                     self.partition.record(buffers_sent=1, bytes_sent=buffer.size)
                     seq += 1
-                    last_send = time.monotonic()
+                    last_send = clock.monotonic()
+                    if self.blocked_on_credit_since is not None:
+                        self._credit_wait_ended(last_send)
                     continue
                 if end:
                     self.conn.send(Kind.END_OF_PARTITION, seq=seq)
                     self.completed = True
                     return
-                idle_for = time.monotonic() - last_send
+                now = clock.monotonic()
+                if not has_credit and backlog > 0 and self.blocked_on_credit_since is None:
+                    self.blocked_on_credit_since = now
+                idle_for = now - last_send
                 if idle_for >= self.keepalive_s:
                     self.conn.send(Kind.KEEPALIVE)
-                    last_send = time.monotonic()
+                    self.keepalives_sent += 1
+                    last_send = clock.monotonic()
                     continue
-                started = time.monotonic()
                 with self._cond:
                     if not self._signalled and not self._stopped:
                         self._cond.wait(self.keepalive_s - idle_for)
-                if not has_credit and backlog > 0:
-                    self.partition.record(blocked_on_credit_s=time.monotonic() - started)
         except ProducerFailedError as exc:
             self._report(str(exc), ErrorCode.PRODUCER_FAILED)
         except ChannelClosedError as exc:
@@ -103,6 +121,14 @@ class StreamSender:
         except Exception as exc:  # a bug must still end the stream visibly, not hang it
             self._report(f"internal error in the sender: {exc!r}")
             raise
+        finally:
+            if self.blocked_on_credit_since is not None:  # ended (stopped, released) while blocked
+                self._credit_wait_ended(clock.monotonic())
+
+    def _credit_wait_ended(self, now: float) -> None:
+        assert self.blocked_on_credit_since is not None
+        self.partition.record(blocked_on_credit_s=now - self.blocked_on_credit_since)
+        self.blocked_on_credit_since = None
 
     def _report(self, message: str, code: ErrorCode = ErrorCode.OTHER) -> None:
         """Best effort: tell the consumer why its stream ends (it may already be gone)."""

@@ -1,8 +1,9 @@
 """One subpartition's queue of finished buffers, its backlog, and its single reader.
 
-The writer appends finished buffers; one reader (a local channel or a network stream) polls
-them in order. For BLOCKING partitions buffers may be moved to a spill file while writing and
-are only readable once the partition is finished.
+The writer appends finished buffers; one reader (a ``LocalInputChannel`` in this process, or
+the ``StreamSender`` of a remote reader's stream) polls them in order. For BLOCKING partitions
+buffers may be moved to a spill file while writing and are only readable once the partition is
+finished.
 """
 
 from __future__ import annotations

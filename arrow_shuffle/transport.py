@@ -5,6 +5,13 @@ receive a payload into a given memory); ``Transport`` opens and accepts them. ``
 is the implementation chosen by measurement (see ``benchmarks/shuffle_transport.py``):
 length-prefixed frames on plain sockets, payloads received with ``recv_into`` straight into
 pooled segments. Socket errors are mapped to ``PeerLostError`` / ``ChannelClosedError``.
+
+"Is the peer lost?" is decided on the engine's ``Clock``, not by the socket: the socket's receive
+timeout is only a short tick (``silence_tick``) at which the receiving thread wakes up and asks
+the clock how long the peer has been silent; ``read_timeout_s`` of silence (the engine passes
+``peer_timeout_s``) means it is lost. With a ``ManualClock`` a test jumps past the timeout and the
+loss is seen at the next tick, no real waiting. Sending stays bounded by a real socket timeout of
+``read_timeout_s`` (a stalled ``sendall`` cannot be resumed).
 """
 
 from __future__ import annotations
@@ -17,12 +24,23 @@ from typing import Protocol
 
 from arrow_shuffle.errors import ChannelClosedError, PeerLostError
 from arrow_shuffle.frames import HEADER_SIZE, FrameHeader, Kind, unpack_header
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 _SOCKET_BUFFER = 4 << 20
+_MAX_TICK_S = 0.25
+
+
+def silence_tick(read_timeout_s: float) -> float:
+    """How often a silent receiver wakes to ask the clock whether the peer is lost: a quarter of
+    the timeout, at most 0.25 s (so a loss is reported at most that late)."""
+    return min(read_timeout_s / 4, _MAX_TICK_S)
 
 
 class Connection(Protocol):
-    """One framed stream. ``send`` is thread-safe; receiving is done by a single thread."""
+    """One framed stream. ``send`` is thread-safe; receiving is done by a single thread.
+
+    A receive that hears nothing from the peer for the connection's read timeout (measured on
+    the clock it was opened with) raises ``PeerLostError``."""
 
     peer: str
 
@@ -44,20 +62,29 @@ class Listener(Protocol):
 
 
 class Transport(Protocol):
-    def connect(self, address: tuple[str, int], timeout_s: float, read_timeout_s: float) -> Connection: ...
+    """Opens and accepts ``Connection``s; ``clock`` is the caller's, for their peer timeouts."""
 
-    def listen(self, host: str, port: int, read_timeout_s: float) -> Listener: ...
+    def connect(
+        self, address: tuple[str, int], timeout_s: float, read_timeout_s: float, clock: Clock
+    ) -> Connection: ...
+
+    def listen(self, host: str, port: int, read_timeout_s: float, clock: Clock) -> Listener: ...
 
 
 class TcpConnection:
-    """A ``Connection`` over a TCP socket with a read timeout (silence means the peer is lost)."""
+    """A ``Connection`` over a TCP socket: ``read_timeout_s`` of silence on ``clock`` means the
+    peer is lost."""
 
-    def __init__(self, sock: socket.socket, read_timeout_s: float) -> None:
+    def __init__(self, sock: socket.socket, read_timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
         self._sock = sock
         self._send_lock = threading.Lock()
         self._header = bytearray(HEADER_SIZE)
         self._closed = False
+        self._clock = clock
+        self._heard_at = clock.monotonic()
         self.read_timeout_s = read_timeout_s
+        self.silent_ticks = 0
+        """Receive ticks that passed with nothing from the peer (each one looked at the clock)."""
         self.peer = _peer_name(sock)
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -67,10 +94,13 @@ class TcpConnection:
         # Kernel-side timeouts on a blocking socket: Python's settimeout() would add a poll()
         # syscall before every recv/send, which costs throughput on 1 MiB frames.
         sock.settimeout(None)
-        seconds = int(read_timeout_s)
-        timeval = struct.pack("ll", seconds, int((read_timeout_s - seconds) * 1e6))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(silence_tick(read_timeout_s)))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(read_timeout_s))
+
+    @property
+    def heard_at(self) -> float:
+        """When a byte last arrived from the peer (``clock.monotonic()``; creation time before)."""
+        return self._heard_at
 
     def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None:
         header = FrameHeader(kind, len(payload), seq, value).pack()
@@ -96,7 +126,8 @@ class TcpConnection:
             self._sock.sendall(payload[sent - len(header) :])
 
     def recv_header(self, idle_ok: bool = False) -> FrameHeader | None:
-        """The next header; ``None`` on a read timeout before any byte if ``idle_ok``."""
+        """The next header. With ``idle_ok``, ``None`` when a silence tick passes before any byte
+        of it (the caller checks its own state and calls again); the peer is never lost then."""
         view = memoryview(self._header)
         if not self._recv_exact(view, idle_ok):
             return None
@@ -110,14 +141,18 @@ class TcpConnection:
         while got < len(view):
             try:
                 n = self._sock.recv_into(view[got:])
-            except (BlockingIOError, TimeoutError) as exc:  # SO_RCVTIMEO expired
+            except (BlockingIOError, TimeoutError) as exc:  # SO_RCVTIMEO: one silence tick
+                self.silent_ticks += 1
                 if idle_ok and got == 0:
                     return False
+                if self._clock.monotonic() - self._heard_at < self.read_timeout_s:
+                    continue
                 raise self._lost(f"no data for {self.read_timeout_s:.1f}s (peer hung or gone)", exc) from exc
             except OSError as exc:
                 raise self._lost("receive failed", exc) from exc
             if n == 0:
                 raise self._lost("connection closed by peer (EOF)", None)
+            self._heard_at = self._clock.monotonic()
             got += n
         return True
 
@@ -138,6 +173,12 @@ class TcpConnection:
         self._sock.close()
 
 
+def _timeval(seconds: float) -> bytes:
+    """A ``struct timeval`` for ``SO_RCVTIMEO`` / ``SO_SNDTIMEO``."""
+    whole = int(seconds)
+    return struct.pack("ll", whole, int((seconds - whole) * 1e6))
+
+
 def _peer_name(sock: socket.socket) -> str:
     try:
         name = sock.getpeername()
@@ -149,10 +190,13 @@ def _peer_name(sock: socket.socket) -> str:
 
 
 class TcpListener:
-    def __init__(self, host: str, port: int, read_timeout_s: float) -> None:
+    """Accepts ``TcpConnection``s that measure their peer timeout on ``clock``."""
+
+    def __init__(self, host: str, port: int, read_timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
         self._sock = socket.create_server((host, port), backlog=128)
         self._sock.settimeout(0.2)
         self._read_timeout_s = read_timeout_s
+        self._clock = clock
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         self._closed = False
 
@@ -166,7 +210,7 @@ class TcpListener:
             if self._closed:
                 raise ChannelClosedError("listener closed") from exc
             raise
-        return TcpConnection(sock, self._read_timeout_s)
+        return TcpConnection(sock, self._read_timeout_s, self._clock)
 
     def close(self) -> None:
         self._closed = True
@@ -176,12 +220,15 @@ class TcpListener:
 class TcpTransport:
     """Plain TCP sockets; the measured winner over Flight ``do_exchange`` on this machine."""
 
-    def connect(self, address: tuple[str, int], timeout_s: float, read_timeout_s: float) -> Connection:
+    def connect(
+        self, address: tuple[str, int], timeout_s: float, read_timeout_s: float, clock: Clock = SYSTEM_CLOCK
+    ) -> Connection:
+        """Connect within ``timeout_s`` (a real socket deadline: no clock can speed up a SYN)."""
         try:
             sock = socket.create_connection(address, timeout=timeout_s)
         except OSError as exc:
             raise PeerLostError(f"cannot connect to shuffle server {address[0]}:{address[1]}: {exc}") from exc
-        return TcpConnection(sock, read_timeout_s)
+        return TcpConnection(sock, read_timeout_s, clock)
 
-    def listen(self, host: str, port: int, read_timeout_s: float) -> Listener:
-        return TcpListener(host, port, read_timeout_s)
+    def listen(self, host: str, port: int, read_timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> Listener:
+        return TcpListener(host, port, read_timeout_s, clock)

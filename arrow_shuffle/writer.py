@@ -2,8 +2,9 @@
 
 Small batches are coalesced into the subpartition's open buffer; a buffer is handed to the
 subpartition when the next batch does not fit (trigger one: full) or when the flusher thread's
-``flush_timeout_s`` passes (trigger two: timeout). Requesting a buffer may block on the
-partition's pool: that is the backpressure a slow consumer exerts on a PIPELINED producer.
+``flush_timeout_s`` passes on the partition's clock (trigger two: timeout). Requesting a buffer
+may block on the partition's pool: that is the backpressure a slow consumer exerts on a
+PIPELINED producer.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from arrow_shuffle.codec import BufferBuilder, batch_size, schema_size, split_to
 from arrow_shuffle.errors import ChannelClosedError, SchemaMismatchError, ShuffleConfigError, ShuffleError
 from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partitioner import Partitioner, hash_partitioner
+
+_MAX_PACE_S = 0.5
+"""Longest the flusher sleeps between looks at the clock (so a jumped test clock is seen soon)."""
 
 
 class RecordWriter:
@@ -170,12 +174,18 @@ class RecordWriter:
                 self._publish_locked(sub)
 
     def _flush_loop(self, timeout: float) -> None:
-        while not self._stop.wait(timeout):
+        """Flush every ``timeout`` on the partition's clock; the real wait only paces the checks."""
+        clock = self.partition.clock
+        due = clock.monotonic() + timeout
+        while not self._stop.wait(min(max(due - clock.monotonic(), 0.0), timeout, _MAX_PACE_S)):
+            if clock.monotonic() < due:
+                continue
             try:
                 self._flush_all()
             except BaseException as exc:  # sticky: re-raised by the next public call
                 self._error = exc
                 return
+            due = clock.monotonic() + timeout
 
     def _stop_flusher(self) -> None:
         self._stop.set()

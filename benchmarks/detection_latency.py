@@ -6,18 +6,23 @@ spark.network.timeoutInterval 60 s), one with Spark's timeouts lowered (10 s, ch
 In each, one executor JVM is frozen with SIGSTOP; arrowbeat's time is its HEARTBEAT_TIMEOUT event,
 Spark's is when the executor leaves ``SparkContext.getExecutorIds`` (seen by the driver every 0.1 s).
 
-    .venv/bin/python benchmarks/detection_latency.py
+    .venv/bin/python -m benchmarks.detection_latency
 """
 
 from __future__ import annotations
 
 import argparse
+import secrets
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from heartbeat import EventKind, ExecutorEvent, HeartbeatServices
 from tests import conftest as _env  # noqa: F401  (loopback, venv python, test-run marker)
+from tests.heartbeat.fakes import Collector
+from tests.heartbeat.processes import AgentProcess, RmProcess, first_loss
 from tests.procs import ours, wait_until
 from tests.spark.history_read import rows
 from tests.spark.submit import SubmittedApp
@@ -28,6 +33,61 @@ SPARK_LOWERED = {
     "spark.network.timeoutInterval": "1s",
     "spark.executor.heartbeatInterval": "1s",
 }
+
+
+HEARTBEAT_SERVICES = HeartbeatServices(interval_s=0.2, timeout_s=1.0, rpc_failure_threshold=2)
+WAIT_S = 60.0  # the longest any step may take before the run is called failed
+
+
+def _lost(events: Collector, executor_id: str) -> ExecutorEvent:
+    event = first_loss(events, executor_id, WAIT_S)
+    if event is None:
+        raise SystemExit(f"heartbeat: {executor_id} was never reported lost")
+    return event
+
+
+def measure_heartbeat() -> tuple[float, float, float]:
+    """(kill, freeze) detection seconds and re-registration seconds after an RM restart."""
+    secret = secrets.token_hex(16)
+    services = HEARTBEAT_SERVICES
+    started: list[AgentProcess | RmProcess] = []
+    try:
+        rm = RmProcess(services, secret)
+        started.append(rm)
+        rm.wait_ready(WAIT_S)
+        agents = {
+            name: AgentProcess(rm.address, name, services, secret) for name in ("killed", "frozen", "steady")
+        }
+        started.extend(agents.values())
+        for agent in agents.values():
+            agent.wait_line("READY", WAIT_S)
+        if not rm.events.wait_for(lambda: {r.executor_id for r in rm.events.records} >= set(agents), WAIT_S):
+            raise SystemExit("heartbeat: not every agent answered a heartbeat")
+        killed_at = agents["killed"].signal(signal.SIGKILL)
+        frozen_at = agents["frozen"].signal(signal.SIGSTOP)
+        kill_s = _lost(rm.events, "killed").ts - killed_at
+        freeze_s = _lost(rm.events, "frozen").ts - frozen_at
+        agents["frozen"].signal(signal.SIGCONT)
+        rm.events.wait_event(EventKind.REREGISTERED, "frozen", WAIT_S)
+
+        rm.kill()
+        restarted = RmProcess(services, secret, int(rm.address.rsplit(":", 1)[1]))
+        started.append(restarted)
+        restarted.wait_ready(WAIT_S)
+        registered = [
+            restarted.events.wait_event(EventKind.REGISTERED, n, WAIT_S) for n in ("frozen", "steady")
+        ]
+        reregister_s = max(0.0, max(e.ts for e in registered) - restarted.started_at)
+        print(
+            f"heartbeat (interval {services.interval_s:g} s, timeout {services.timeout_s:g} s): "
+            f"killed agent lost after {kill_s:.2f}s, frozen after {freeze_s:.2f}s, "
+            f"all registered with a restarted RM after {reregister_s:.2f}s",
+            flush=True,
+        )
+        return kill_s, freeze_s, reregister_s
+    finally:
+        for child in started:
+            child.reap()
 
 
 def measure(
@@ -84,7 +144,15 @@ def main() -> int:
     parser.add_argument(
         "--spark-wait", type=float, default=400.0, help="longest wait for Spark's own detection"
     )
+    parser.add_argument("--part", choices=["heartbeat", "spark", "all"], default="all")
     args = parser.parse_args()
+    if args.part in ("heartbeat", "all"):
+        kill_s, freeze_s, reregister_s = measure_heartbeat()
+        print(f"RESULT heartbeat_kill_detect_s={kill_s:.2f}")
+        print(f"RESULT heartbeat_freeze_detect_s={freeze_s:.2f}")
+        print(f"RESULT heartbeat_reregister_s={reregister_s:.2f}")
+    if args.part == "heartbeat":
+        return 0
     scratch = Path(tempfile.mkdtemp(prefix="arrowbeat-detect-"))
     arrowbeat_s, spark_s = measure(scratch, "spark-defaults", {}, args.spark_wait)
     arrowbeat_low_s, spark_low_s = measure(scratch, "spark-lowered", SPARK_LOWERED, args.spark_wait)

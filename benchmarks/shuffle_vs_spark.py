@@ -13,7 +13,7 @@ Pipelines (defined in ``jobs/arrow_pipeline.py``, shared with the demo):
 Peak executor memory is the largest sum, sampled every 0.1 s while a pipeline runs, of the RSS
 of the executor JVMs and everything under them (pyspark daemon, Python workers, arrowbeat agent).
 
-    .venv/bin/python benchmarks/shuffle_vs_spark.py --rows 20000000
+    .venv/bin/python -m benchmarks.shuffle_vs_spark --rows 20000000
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated steps to run (for profiling)")
     args = parser.parse_args()
 
-    from jobs.arrow_pipeline import pipelines
+    from spark_plugin.jobs.arrow_pipeline import pipelines
 
     scratch = _env._SCRATCH
     spark = build_session(

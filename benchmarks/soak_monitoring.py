@@ -8,7 +8,7 @@ grows for one retention period (``--retention``, 2 minutes here so that a 10-min
 the default setting is 1 hour) and then stays flat, which the ``*_files_growth_last_half``
 figures show (files at the end minus files at half time).
 
-    .venv/bin/python benchmarks/soak_monitoring.py --minutes 10
+    .venv/bin/python -m benchmarks.soak_monitoring --minutes 10   (or: make bench BENCH=soak_monitoring)
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
-"""The TaskExecutor agent: registers with the RM, answers its heartbeat requests, watches it.
+"""``AsyncAgent``: an executor's agent over gRPC: registers with the RM, retrying, and serves.
+
+The agent is a heartbeat *receiver* (Flink's TaskExecutor side). Its state and every decision
+live in the transport-free ``AgentCore`` (``agent_core``); this module is the transport around
+it: it opens a ``Connect`` stream, registers with bounded exponential backoff (``retry``, Flink's
+``RetryingRegistration``), serves the registered stream as an ``AgentSession`` until that ends,
+then registers again, until ``stop``. While the host is unhealthy it neither answers nor
+registers again, so a frozen host process looks dead to the RM; when the RM says a newer
+registration of the same executor id replaced ours, the agent stops for good
+(``RegistrationReplacedError`` in ``error``).
 
 ``AsyncAgent`` runs on an asyncio loop (many can share one loop, as the benchmark does);
 ``AgentThread`` (``agent_thread``) runs one on the shared heartbeat loop for sync callers.
-
-The agent is a heartbeat *receiver* (Flink's TaskExecutor side): it answers each request with
-its payload, and monitors the RM as a target (``agent_session``). It re-registers when the RM
-falls silent for the timeout, when a request carries a new epoch, or when the RM ends the stream
-with "unknown executor" / "stale". While ``is_healthy()`` is False it neither answers nor
-re-registers, so a frozen host process looks dead to the RM. When the RM says a newer
-registration of the same executor id replaced ours, the agent stops for good
-(``RegistrationReplacedError``): registering again would replace the newer agent in turn, and
-two live agents given one id would replace each other forever.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Sequence
 from typing import cast
 
@@ -28,14 +27,15 @@ import grpc.aio
 from ._grpc_compat import EOF
 from ._proto import heartbeat_pb2 as pb
 from ._wire import CONNECT_METHOD, SECRET_METADATA_KEY, message_size_options
-from .agent_session import AgentSession, Registration, error_for_status
-from .clock import Clock, SystemClock
+from .agent_core import AgentCore, Registration, error_for_status
+from .agent_session import AgentSession, status_name
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
     ClosedError,
+    HeartbeatError,
     HeartbeatRpcError,
     MalformedMessageError,
     RegistrationError,
-    RegistrationReplacedError,
 )
 from .payload import PayloadProvider
 from .retry import RetryPolicy, retry_until_deadline
@@ -44,7 +44,7 @@ from .services import HeartbeatServices
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AsyncAgent", "Registration"]
+__all__ = ["AsyncAgent"]
 
 
 class AsyncAgent:
@@ -60,38 +60,48 @@ class AsyncAgent:
         payload_providers: Sequence[PayloadProvider] = (),
         is_healthy: Callable[[], bool] = lambda: True,
         retry_policy: RetryPolicy | None = None,
-        clock: Clock | None = None,
+        clock: Clock = SYSTEM_CLOCK,
         on_registered: Callable[[Registration], None] | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
+        self.core = AgentCore(
+            executor_id,
+            services=services,
+            clock=clock,
+            host=host,
+            payload_providers=payload_providers,
+            is_healthy=is_healthy,
+            on_registered=on_registered,
+        )
         self.rm_address = rm_address
-        self.scheduler = scheduler
-        self.executor_id = executor_id
-        self.host = host
-        self.services = services or HeartbeatServices()
-        self.payload_providers = list(payload_providers)
-        self.failed_providers: set[int] = set()
         self.retry_policy = retry_policy or RetryPolicy()
-        self.clock = clock or SystemClock()
+        self.scheduler = scheduler
         self._secret = secret
-        self._is_healthy = is_healthy
-        self._on_registered = on_registered
         self._session: AgentSession | None = None
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
         self._stop_event = asyncio.Event()
-        self.registration: Registration | None = None
-        self.error: BaseException | None = None
-        self.registrations = 0
         self._stop_reason = "agent stopped"
 
-    def healthy(self) -> bool:
-        try:
-            return bool(self._is_healthy())
-        except Exception:
-            log.warning("is_healthy() raised; treating the executor as unhealthy", exc_info=True)
-            return False
+    @property
+    def executor_id(self) -> str:
+        return self.core.executor_id
+
+    @property
+    def registration(self) -> Registration | None:
+        """``(epoch, instance_id)`` of the live registration, or None."""
+        return self.core.registration
+
+    @property
+    def registrations(self) -> int:
+        """How many times the agent registered (re-registrations included)."""
+        return self.core.registrations
+
+    @property
+    def error(self) -> HeartbeatError | None:
+        """The sticky error that ended ``run`` (e.g. ``RegistrationTimeoutError``), if any."""
+        return self.core.error
 
     async def run(self) -> None:
         """Register, serve, re-register, until ``stop``, a non-retryable registration error, or a
@@ -101,39 +111,27 @@ class AsyncAgent:
             while not self._stopping:
                 await self._wait_until_healthy()
                 self._session = await retry_until_deadline(
-                    self._open_session, self.retry_policy, self.clock, self.rm_address, self._sleep
+                    self._open_session, self.retry_policy, self.core.clock, self.rm_address, self._sleep
                 )
                 if self._stopping:
                     await self._session.close(True, 1.0, self._stop_reason)
                     break
-                self.registration = self._session.registration
-                self.registrations += 1
-                if self._on_registered is not None:
-                    self._on_registered(self.registration)
                 reason = await self._session.serve()
-                self.registration = None
                 log.info("agent %s: %s", self.executor_id, reason)
-                rm_error = self._session.rm_error
+                final = self.core.final_error
                 await self._session.close(self._stopping, 1.0, self._stop_reason)
                 self._session = None
-                if isinstance(rm_error, RegistrationReplacedError) and not self._stopping:
-                    raise rm_error
+                if final is not None and not self._stopping:
+                    raise final
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
         except ClosedError:
             pass
-        except RegistrationReplacedError as exc:
-            self.error = exc
-            log.error("agent %s stops: %s", self.executor_id, exc)
-        except RegistrationError as exc:
-            self.error = exc
-            log.error("agent %s gives up: %s", self.executor_id, exc)
-        except MalformedMessageError as exc:
-            self.error = exc
-            log.error("agent %s was refused by the RM: %s", self.executor_id, exc)
+        except (RegistrationError, MalformedMessageError) as exc:
+            self.core.give_up(exc)
         finally:
-            self.registration = None
+            self.core.end_session()
             self._done.set()
 
     async def stop(self, timeout_s: float = 3.0, reason: str = "agent stopped") -> None:
@@ -167,8 +165,8 @@ class AsyncAgent:
 
     async def _wait_until_healthy(self) -> None:
         """A frozen host process must not re-register; poll until it recovers (no event exists)."""
-        while not self.healthy():
-            await self._sleep(self.services.interval_s)
+        while not self.core.healthy():
+            await self._sleep(self.core.services.interval_s)
 
     async def _open_session(self, timeout_s: float) -> AgentSession:
         if self._stopping:
@@ -182,42 +180,32 @@ class AsyncAgent:
             response_deserializer=pb.RmMessage.FromString,
         )
         call = connect(None, metadata=((SECRET_METADATA_KEY, self._secret),))
-        previous = self._last_registration
+        request = self.core.register_request()
         register = pb.RegisterRequest(
-            executor_id=self.executor_id,
-            host=self.host,
-            pid=os.getpid(),
-            resume_epoch=previous.epoch if previous else "",
-            resume_instance_id=previous.instance_id if previous else "",
+            executor_id=request.executor_id,
+            host=request.host,
+            pid=request.pid,
+            resume_epoch=request.resume_epoch,
+            resume_instance_id=request.resume_instance_id,
         )
         try:
             await asyncio.wait_for(call.write(pb.AgentMessage(register=register)), timeout_s)
             first = await asyncio.wait_for(call.read(), timeout_s)
             if first is EOF:
-                raise error_for_status(await call.code(), await call.details())
+                raise error_for_status(status_name(await call.code()), await call.details())
             kind = cast(pb.RmMessage, first).WhichOneof("body")
             if kind != "registered":
                 raise HeartbeatRpcError(f"expected `registered`, got {kind!r}")
         except grpc.aio.AioRpcError as exc:
             call.cancel()
             await channel.close(None)
-            raise error_for_status(exc.code(), exc.details()) from exc
+            raise error_for_status(status_name(exc.code()), exc.details()) from exc
         except BaseException:
             call.cancel()
             await channel.close(None)
             raise
         reply = cast(pb.RmMessage, first).registered
-        registration = Registration(reply.epoch, reply.instance_id)
-        self._last_registration = registration
-        return AgentSession(self, channel, call, registration, self._rm_services(reply))
-
-    def _rm_services(self, reply: pb.RegisterResponse) -> HeartbeatServices:
-        """Watch the RM with the interval/timeout it announced: they are the RM's, not ours."""
-        try:
-            return HeartbeatServices(
-                reply.interval_ms / 1000.0, reply.timeout_ms / 1000.0, self.services.rpc_failure_threshold
-            )
-        except ValueError:
-            return self.services
-
-    _last_registration: Registration | None = None
+        registration = self.core.registered(
+            reply.epoch, reply.instance_id, reply.interval_ms, reply.timeout_ms
+        )
+        return AgentSession(self.core, channel, call, registration, self.scheduler)

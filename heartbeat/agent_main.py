@@ -3,7 +3,13 @@
 The secret comes from the ``ARROWBEAT_SECRET`` environment variable, never from argv (argv is
 visible in ``ps``). Prints ``READY <epoch> <instance_id>`` on the first registration and
 ``REGISTERED <epoch> <instance_id>`` on each later one; exits on SIGTERM/SIGINT after
-unregistering, or with status 2 if registration gives up.
+unregistering, or with status 2 if registration gives up or a setting is invalid.
+
+Settings come from the command line only, never from a table of configuration keys. The RM
+announces its interval and timeout when the agent registers, and the agent watches the RM with
+those; ``--interval`` and ``--timeout`` (default: ``HeartbeatServices``' own) only rule before
+the first registration (how often an unhealthy agent checks again, the registration attempt's
+timeout) and stand in if an RM announces none.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ import os
 import signal
 import sys
 
-from .agent import AsyncAgent, Registration
+from .agent import AsyncAgent
+from .agent_core import Registration
+from .errors import HeartbeatConfigError
 from .payload import rss_provider, slots_provider
 from .retry import RetryPolicy
 from .services import HeartbeatServices
@@ -28,9 +36,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rm", required=True, help="the ResourceManager's HOST:PORT")
     parser.add_argument("--executor-id", required=True)
     parser.add_argument("--host", default="127.0.0.1", help="this executor's host name as reported to the RM")
-    parser.add_argument("--interval", type=float, default=1.0, help="heartbeat interval, s")
-    parser.add_argument("--timeout", type=float, default=5.0, help="heartbeat timeout, s")
-    parser.add_argument("--rpc-failure-threshold", type=int, default=2)
+    parser.add_argument("--interval", type=float, help="heartbeat interval, s, until the RM announces one")
+    parser.add_argument("--timeout", type=float, help="heartbeat timeout, s, until the RM announces one")
+    parser.add_argument(
+        "--rpc-failure-threshold", type=int, help="failed answers in a row that end a session"
+    )
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--retry-min", type=float, default=0.05, help="min registration backoff, s")
     parser.add_argument("--retry-max", type=float, default=1.0, help="max registration backoff, s")
@@ -38,14 +48,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def _main(args: argparse.Namespace, secret: str) -> int:
-    services = HeartbeatServices(args.interval, args.timeout, args.rpc_failure_threshold)
+def settings(args: argparse.Namespace) -> tuple[HeartbeatServices, RetryPolicy]:
+    """The validated settings the flags give, unset ones at the library's defaults."""
+    given = {
+        "interval_s": args.interval,
+        "timeout_s": args.timeout,
+        "rpc_failure_threshold": args.rpc_failure_threshold,
+    }
+    services = HeartbeatServices(**{name: value for name, value in given.items() if value is not None})
     policy = RetryPolicy(
         min_delay_s=args.retry_min,
         max_delay_s=args.retry_max,
         deadline_s=args.retry_deadline,
-        attempt_timeout_s=min(5.0, args.timeout),
+        attempt_timeout_s=min(5.0, services.timeout_s),
     )
+    return services, policy
+
+
+async def _main(
+    services: HeartbeatServices, policy: RetryPolicy, args: argparse.Namespace, secret: str
+) -> int:
     first = True
 
     def announce(registration: Registration) -> None:
@@ -80,8 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     if not secret:
         print(f"set the shared secret in the {SECRET_ENV} environment variable", file=sys.stderr)
         return 2
+    try:
+        services, policy = settings(args)
+    except HeartbeatConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(_main(args, secret))
+    return asyncio.run(_main(services, policy, args, secret))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,11 @@
-"""``AgentThread``: an ``AsyncAgent`` on the shared heartbeat loop, for synchronous callers."""
+"""``AgentThread``: runs one ``AsyncAgent`` on the process's shared heartbeat loop, for sync callers.
+
+It is not Flink's TaskExecutor, only a thread-safe handle: ``start`` schedules the agent's
+``run`` on the shared grpc.aio loop (``_io_loop``: one loop per process, see there why) and
+returns at once; ``wait_registered`` blocks the caller until the first registration (or until
+the agent gave up); ``stop`` unregisters and waits for the agent to end. The Spark executor
+wiring and other code without an event loop use it; code on a loop uses ``AsyncAgent`` directly.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._io_loop import submit
-from .agent import AsyncAgent, Registration
-from .clock import Clock
+from .agent import AsyncAgent
+from .agent_core import Registration
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import ClosedError
 from .payload import PayloadProvider
 from .retry import RetryPolicy
@@ -20,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class AgentThread:
-    """``AsyncAgent`` on the shared heartbeat I/O loop, for the Spark wiring and other sync callers."""
+    """A synchronous handle on one ``AsyncAgent`` running on the shared heartbeat I/O loop."""
 
     def __init__(
         self,
@@ -32,7 +40,7 @@ class AgentThread:
         payload_providers: Sequence[PayloadProvider] = (),
         is_healthy: Callable[[], bool] = lambda: True,
         retry_policy: RetryPolicy | None = None,
-        clock: Clock | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._cond = threading.Condition()
         self._kwargs: dict[str, Any] = dict(

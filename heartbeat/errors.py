@@ -3,18 +3,24 @@
 ::
 
     HeartbeatError
-    ├── HeartbeatConfigError (also ValueError)   invalid interval/timeout/threshold/retry settings
-    ├── ClosedError                               we stopped it; the call came after stop()
-    ├── HeartbeatRpcError                         the peer is gone or the transport failed
-    ├── RegistrationError                         an agent could not (or must no longer) register
-    │   ├── RegistrationTimeoutError              retries ran past the policy's deadline
-    │   ├── HeartbeatAuthenticationError                   the RM rejected the shared secret (not retried)
-    │   └── RegistrationReplacedError             another agent registered our executor id (final)
-    └── HeartbeatProtocolError                             the RM refused a message; nothing was applied
-        ├── MalformedMessageError                 -> gRPC INVALID_ARGUMENT
-        ├── UnknownExecutorError                  -> gRPC NOT_FOUND: re-register
-        ├── StaleEpochError                       -> gRPC FAILED_PRECONDITION: the RM restarted
-        └── StaleInstanceError                    -> gRPC ALREADY_EXISTS: a newer registration won
+    ├── HeartbeatConfigError (also ValueError)  invalid interval/timeout/threshold/retry settings
+    ├── ClosedError                             we stopped it; the call came after stop()
+    ├── HeartbeatRpcError                       the peer is gone or the transport failed
+    ├── RegistrationError                       an agent could not (or must no longer) register
+    │   ├── RegistrationTimeoutError            retries ran past the policy's deadline
+    │   ├── HeartbeatAuthenticationError        the RM rejected the shared secret (not retried)
+    │   └── RegistrationReplacedError           another agent registered our executor id (final)
+    └── HeartbeatProtocolError                  the RM refused a message; nothing was applied
+        ├── MalformedMessageError               gRPC INVALID_ARGUMENT (RESOURCE_EXHAUSTED: too big)
+        ├── UnknownExecutorError                gRPC NOT_FOUND: register again
+        ├── StaleEpochError                     gRPC FAILED_PRECONDITION: the RM restarted
+        └── StaleInstanceError                  gRPC ALREADY_EXISTS: a newer registration won
+
+The RM reports a refused message with the gRPC status on its right (``_wire.status_name_for``).
+The agent reads a status back into the tree (``agent_core.error_for_status``): UNAUTHENTICATED
+as ``HeartbeatAuthenticationError``, ALREADY_EXISTS as ``RegistrationReplacedError`` (final for
+the agent: it stops instead of registering again), FAILED_PRECONDITION as ``StaleEpochError`` or
+``StaleInstanceError``, and any status not drawn here as ``HeartbeatRpcError``.
 
 "We closed it" (``ClosedError``) and "the peer is gone" (``HeartbeatRpcError``) are kept apart on
 purpose: the first is a caller bug, the second is the normal failure the protocol detects.

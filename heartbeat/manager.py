@@ -97,7 +97,7 @@ class HeartbeatManager(Generic[I, O]):
             monitor.cancel()
 
     def last_heartbeat_from(self, target_id: str) -> float | None:
-        """Clock time of the last heartbeat from ``target_id``; None if unknown or none yet."""
+        """``clock.monotonic()`` reading at the last heartbeat from ``target_id``; None if unknown or none."""
         monitor = self._monitors.get(target_id)
         return None if monitor is None else monitor.last_heartbeat
 

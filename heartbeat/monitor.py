@@ -5,7 +5,9 @@ so a timeout or an unreachable notification fires at most once and ``cancel`` is
 
 The timer is lazy: a heartbeat only moves the deadline, and the timer, when it fires early,
 re-arms itself for the remainder. That keeps the per-heartbeat cost to a store instead of a
-cancel-and-reschedule, which matters with thousands of targets per RM.
+cancel-and-reschedule, which matters with thousands of targets per RM. Deadlines are readings
+of the injected clock's ``monotonic()``, and the timer comes from the injected scheduler, so a
+``ManualScheduler`` drives every transition in tests.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class HeartbeatMonitor(Generic[O]):
 
     @property
     def last_heartbeat(self) -> float | None:
-        """Clock time of the last heartbeat, or None if none arrived yet."""
+        """``clock.monotonic()`` reading at the last heartbeat, or None if none arrived yet."""
         return self._last_heartbeat
 
     @property

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from .clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,12 @@ def rss_provider(pid: int | None = None) -> PayloadProvider:
     return provide
 
 
-def pulse_file_provider(path: str, now: Callable[[], float] = time.time) -> PayloadProvider:
+def pulse_file_provider(path: str, clock: Clock = SYSTEM_CLOCK) -> PayloadProvider:
     """Age of the last liveness pulse of the hosting process, as the mtime of a file it touches.
 
-    The Spark wiring has the executor JVM touch ``path``; a frozen JVM stops touching it, so the
-    age grows even while this agent keeps answering. A missing file reports unknown (None).
+    A host process touches ``path``; a frozen one stops touching it, so the age grows even while
+    this agent keeps answering. A missing file reports unknown (None). The age is a file age, so
+    it is measured on the wall clock (``clock.time()``, the reading an mtime compares with).
     """
 
     def provide() -> Mapping[str, float | int | None]:
@@ -90,7 +92,7 @@ def pulse_file_provider(path: str, now: Callable[[], float] = time.time) -> Payl
             mtime = os.stat(path).st_mtime
         except FileNotFoundError:
             return {"jvm_pulse_age_ms": None}
-        return {"jvm_pulse_age_ms": max(0, int((now() - mtime) * 1000))}
+        return {"jvm_pulse_age_ms": max(0, int((clock.time() - mtime) * 1000))}
 
     return provide
 

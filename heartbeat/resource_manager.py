@@ -2,8 +2,11 @@
 
 It owns the epoch (fencing token, fresh per RM start) and one registration per executor id with
 its own instance id. Messages with another epoch or a replaced instance id raise a
-``HeartbeatProtocolError`` and change nothing. The RM is the heartbeat sender: it asks each agent for a
-heartbeat every interval through that agent's ``AgentLink``, and measures RTT on its own clock.
+``HeartbeatProtocolError`` and change nothing. The RM is the heartbeat sender: it asks each agent
+for a heartbeat every interval through that agent's ``AgentLink``. Time comes from one injected
+``Clock``: ``monotonic()`` for RTTs and every timeout, ``time()`` only for the wall-clock
+timestamps it records (registration, last heartbeat, events); ``rm_server`` is its gRPC
+transport, and the agent side has the same split (``agent_core`` / ``agent_session``).
 
 All methods are meant to run on one thread (the server's loop); a lock still guards the table
 so ``executors()`` can be read from any thread.
@@ -14,9 +17,8 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -125,7 +127,6 @@ class ResourceManagerCore:
         *,
         epoch: str | None = None,
         known_executors: Iterable[str] = (),
-        wall: Callable[[], float] = time.time,
         spread: int = 10,
         max_ended: int = 10_000,
     ) -> None:
@@ -133,7 +134,6 @@ class ResourceManagerCore:
         self.epoch = epoch or uuid.uuid4().hex
         self._clock = clock
         self._bus = bus
-        self._wall = wall
         self._lock = threading.RLock()
         self._registrations: dict[str, _Registration] = {}
         self._seen: set[str] = set(known_executors)
@@ -165,7 +165,7 @@ class ResourceManagerCore:
         """Register (or re-register) ``executor_id``; a previous registration becomes stale."""
         _check_id("executor_id", executor_id)
         _check_id("host", host, allow_empty=True)
-        now_wall = self._wall()
+        now_wall = self._clock.time()
         with self._lock:
             current = self._registrations.get(executor_id)
             if (
@@ -209,7 +209,7 @@ class ResourceManagerCore:
         rtt_ms = None if sent is None else (self._clock.monotonic() - sent) * 1000.0
         if not self._sender.receive_heartbeat(executor_id, payload):
             raise UnknownExecutorError(f"executor {executor_id!r} is not monitored; register again")
-        now_wall = self._wall()
+        now_wall = self._clock.time()
         registration.last_heartbeat = now_wall
         registration.payload = payload
         if rtt_ms is not None:
@@ -282,7 +282,7 @@ class ResourceManagerCore:
             ]
 
     def last_heartbeat_from(self, executor_id: str) -> float | None:
-        """RM-clock time of the last heartbeat from a live registration."""
+        """``clock.monotonic()`` reading at the last heartbeat from a live registration."""
         return self._sender.last_heartbeat_from(executor_id)
 
     # ---- internals ------------------------------------------------------------------------
@@ -332,7 +332,7 @@ class ResourceManagerCore:
         if self._stopped:
             return
         log.info("executor %s (%s) %s %s", executor_id, instance_id, kind.value, detail)
-        self._bus.publish(ExecutorEvent(kind, executor_id, host, instance_id, self._wall(), detail))
+        self._bus.publish(ExecutorEvent(kind, executor_id, host, instance_id, self._clock.time(), detail))
 
 
 def _check_id(name: str, value: str, allow_empty: bool = False) -> None:

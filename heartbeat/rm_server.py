@@ -3,7 +3,9 @@
 Each agent opens one long-lived ``Connect`` stream; the RM sends heartbeat requests down it and
 reads answers from it. One connection per agent and no RM-to-agent dialling keeps a Python RM
 cheap at thousands of executors and works through NAT. A broken stream or a failed send counts
-as an RPC failure toward UNREACHABLE; silence counts toward HEARTBEAT_TIMEOUT.
+as an RPC failure toward UNREACHABLE; silence counts toward HEARTBEAT_TIMEOUT. The injected
+``Clock`` reaches the core (timeouts, RTTs, recorded timestamps) and the rejected-call log's rate
+limit; only the I/O deadlines (a register message in time, stopping) are real waits on the loop.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import asyncio
 import collections
 import hmac
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -31,7 +32,7 @@ from ._wire import (
     status_name_for,
     status_to_proto,
 )
-from .clock import Clock, SystemClock
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
     ClosedError,
     HeartbeatError,
@@ -52,13 +53,14 @@ _SEND_QUEUE_LIMIT = 32
 class _AuthLog:
     """At most one log line per rejected call, and at most one per ``every_s`` under a flood."""
 
-    def __init__(self, every_s: float = 10.0) -> None:
+    def __init__(self, clock: Clock, every_s: float = 10.0) -> None:
+        self._clock = clock
         self._every_s = every_s
         self._last = -float("inf")
         self._suppressed = 0
 
     def rejected(self, peer: str) -> None:
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if now - self._last < self._every_s:
             self._suppressed += 1
             return
@@ -123,7 +125,7 @@ class ResourceManagerServer:
         host: str = "127.0.0.1",
         port: int = 0,
         *,
-        clock: Clock | None = None,
+        clock: Clock = SYSTEM_CLOCK,
         known_executors: Iterable[str] = (),
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         register_timeout_s: float = 5.0,
@@ -135,13 +137,13 @@ class ResourceManagerServer:
         self._secret = secret.encode()
         self._host = host
         self._port = port
-        self._clock = clock or SystemClock()
+        self._clock = clock
         self._known = tuple(known_executors)
         self._max_message_bytes = max_message_bytes
         self._register_timeout_s = register_timeout_s
         self._spread = spread
         self._bus = EventBus()
-        self._auth_log = _AuthLog()
+        self._auth_log = _AuthLog(clock)
         self._core: ResourceManagerCore | None = None
         self._server: grpc.aio.Server | None = None
         self._address: str | None = None

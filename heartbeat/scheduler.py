@@ -4,8 +4,11 @@ Three implementations share the ``Scheduler`` protocol:
 
 * ``LoopScheduler`` runs callbacks on an asyncio loop: the RM and the agent keep all heartbeat
   state on their loop thread, like Flink's main-thread executor, so no callback races a handler.
-* ``ThreadScheduler`` runs callbacks on one daemon thread, for callers without a loop.
-* ``ManualScheduler`` runs due callbacks only inside ``advance()``: deterministic, sleep-free tests.
+  Its delays are relative, measured by the loop itself.
+* ``ThreadScheduler`` runs callbacks on one daemon thread, for callers without a loop. It waits
+  for real (a condition variable with a timeout) but computes due times from its ``Clock``.
+* ``ManualScheduler`` runs due callbacks only inside ``advance()``, which moves its
+  ``ManualClock``: deterministic, sleep-free tests.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from .clock import ManualClock, SystemClock
+from .clock import SYSTEM_CLOCK, Clock, ManualClock
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +87,8 @@ class ManualScheduler:
 class ThreadScheduler:
     """A single timer thread; ``shutdown`` drops pending tasks."""
 
-    def __init__(self, name: str = "heartbeat-scheduler") -> None:
-        self._clock = SystemClock()
+    def __init__(self, name: str = "heartbeat-scheduler", clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._heap: list[tuple[float, int, _Task]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
@@ -104,9 +107,11 @@ class ThreadScheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._heap or self._heap[0][0] > self._clock.monotonic()):
-                    timeout = self._heap[0][0] - self._clock.monotonic() if self._heap else None
-                    self._cond.wait(timeout)
+                while not self._closed:
+                    wait_s = self._heap[0][0] - self._clock.monotonic() if self._heap else None
+                    if wait_s is not None and wait_s <= 0:
+                        break
+                    self._cond.wait(wait_s)
                 if self._closed:
                     return
                 _, _, task = heapq.heappop(self._heap)

@@ -3,7 +3,8 @@
 Flink requests from every target in one sweep per interval. With thousands of targets a single
 sweep makes a burst whose tail waits behind the head, inflating RTT, so targets are spread over
 ``spread`` evenly filled slices and one slice is swept every ``interval / spread``: each target is
-still requested exactly once per interval.
+still requested exactly once per interval. Sweeps are planned on the injected clock's
+``monotonic()`` and run by the injected scheduler.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the jobs share: where the history tables are, and a session for spark-submit runs."""
+"""What the streaming jobs share: their command-line arguments (tables, checkpoint, trigger)."""
 
 from __future__ import annotations
 

@@ -29,8 +29,8 @@ from pyspark.sql import SparkSession
 from arrow_shuffle.spark.agent_client import announced_agents
 from arrow_shuffle.spark.agent_service import default_root
 from heartbeat.admin import list_executors
-from jobs import executor_health
-from spark_plugin.config import parse_duration
+from spark_plugin.config import ConfigError, from_spark_conf, parse_duration, tables_root
+from spark_plugin.jobs import executor_health
 
 
 def wait_for(what: Callable[[], Any], timeout_s: float, interval_s: float = 0.1) -> Any:
@@ -94,24 +94,30 @@ def main(argv: list[str] | None = None) -> int:
     spark = SparkSession.builder.appName("arrowbeat-demo").getOrCreate()
     sc = spark.sparkContext
     conf = sc.getConf()
-    address = conf.get("spark.arrowbeat.rm.address", None)
+    try:
+        config = from_spark_conf(conf.getAll())
+    except ConfigError as exc:
+        print(f"arrowbeat is off in this application: {exc}", file=sys.stderr)
+        spark.stop()
+        return 1
+    address = config.rm_address
     if not address:
         print("arrowbeat is not running in this application: see the driver log for why", file=sys.stderr)
         spark.stop()
         return 1
-    secret = conf.get("spark.arrowbeat.authenticate.secret", "")
-    timeout_s = parse_duration(conf.get("spark.arrowbeat.heartbeat.timeout", "5s"))
+    secret = config.secret
+    timeout_s = config.heartbeat_timeout_s
     expected = expected_executors(conf)
     problems: list[str] = []
 
-    print(f"\n== arrowbeat ResourceManager: pid {conf.get('spark.arrowbeat.driver.pid')} at {address}")
+    print(f"\n== arrowbeat ResourceManager: pid {config.driver_pid} at {address}")
 
     def running_agents() -> list[Any]:
         return [e for e in list_executors(address, secret) if e.state == "RUNNING"]
 
     wait_for(lambda: len(running_agents()) >= expected, 60)
     agents = running_agents()
-    shuffle_root = conf.get("spark.arrowbeat.shuffle.dir", "") or default_root()
+    shuffle_root = config.shuffle_dir or default_root()
     wait_for(lambda: len(announced_agents(shuffle_root, sc.applicationId)) >= len(agents), 10)
     served = {a.executor_id: a for a in announced_agents(shuffle_root, sc.applicationId)}
     for e in agents:
@@ -167,10 +173,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             low, high = spark_detection_bounds(conf)
             if reported:
-                interval = conf.get("spark.arrowbeat.heartbeat.interval", "1s")
                 print(
                     f"   arrowbeat reported it {reported.state} after {time.time() - stopped:.1f} s "
-                    f"(interval {interval}, timeout {timeout_s:g} s)"
+                    f"(interval {config.heartbeat_interval_s:g} s, timeout {timeout_s:g} s)"
                 )
             else:
                 print("   arrowbeat did NOT report it in time")
@@ -209,13 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     count = spark.read.format("delta").load(table).count()
     print(f"\n== Delta table {table}: wrote {args.rows} rows, read back {count}")
 
-    tables = conf.get("spark.arrowbeat.tables.path", "") or str(Path(warehouse) / "arrowbeat")
-    if resumed is not None:  # the health query below must see the freeze: wait for its commit
-        flush_s = parse_duration(conf.get("spark.arrowbeat.tables.flushInterval", "2s"))
-        if not wait_for(
-            lambda: committed_event(tables, resumed[0], "REREGISTERED", resumed[1]), flush_s + 30
-        ):
-            problems.append(f"no REREGISTERED row for executor {resumed[0]} in {tables}/executor_events")
+    tables = str(tables_root(config, dict(conf.getAll())))
+    # The health query below must see the freeze: wait for its commit.
+    if resumed is not None and not wait_for(
+        lambda: committed_event(tables, resumed[0], "REREGISTERED", resumed[1]),
+        config.tables_flush_interval_s + 30,
+    ):
+        problems.append(f"no REREGISTERED row for executor {resumed[0]} in {tables}/executor_events")
     with tempfile.TemporaryDirectory() as scratch:
         output = f"{scratch}/executor_health"
         query = executor_health.start(

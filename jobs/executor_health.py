@@ -15,8 +15,8 @@ import argparse
 import sys
 from typing import Any
 
-from jobs.common import add_table_args, trigger_of
-from spark_plugin.config import parse_duration
+from spark_plugin.config import OPTIONS_BY_KEY, parse_duration
+from spark_plugin.jobs.common import add_table_args, trigger_of
 
 HEALTH_KEYS = ("app_id", "executor_id", "window_start")
 
@@ -92,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--output", default="", help="executor_health table (default: <tables>/executor_health)"
     )
-    parser.add_argument("--timeout", default="5s", help="the application's spark.arrowbeat.heartbeat.timeout")
+    timeout = OPTIONS_BY_KEY["spark.arrowbeat.heartbeat.timeout"]
+    parser.add_argument(
+        "--timeout", default=timeout.default, help=f"the application's {timeout.key} ({timeout.expected})"
+    )
     args = parser.parse_args(argv)
     from pyspark.sql import SparkSession
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from jobs.common import add_table_args, trigger_of
+from spark_plugin.jobs.common import add_table_args, trigger_of
 
 
 def format_event(row: Any) -> str:

@@ -3,7 +3,8 @@
 ``configure(SparkSession.builder)`` or ``spark-submit $(python -m spark_plugin conf) ...``.
 """
 
-from spark_plugin.config import ArrowBeatConfig, ConfigError
+from spark_plugin.config import ArrowBeatConfig
+from spark_plugin.errors import ConfigError, PluginError
 from spark_plugin.launch import configure, spark_settings, submit_flags
 
-__all__ = ["ArrowBeatConfig", "ConfigError", "configure", "spark_settings", "submit_flags"]
+__all__ = ["ArrowBeatConfig", "ConfigError", "PluginError", "configure", "spark_settings", "submit_flags"]

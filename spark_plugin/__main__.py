@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from spark_plugin.config import docs_table
-from spark_plugin.launch import SetupError, submit_flags
+from spark_plugin.errors import SetupError
+from spark_plugin.launch import submit_flags
 
 TABLE_BEGIN, TABLE_END = "<!-- config-table -->", "<!-- /config-table -->"
 

@@ -1,29 +1,29 @@
 """Every ``spark.arrowbeat.*`` key, declared once: type, default, doc, and the form it expects.
 
-``load`` parses a settings mapping (Spark conf entries) into a typed :class:`ArrowBeatConfig`,
-reporting *all* problems at once, each naming the key and the expected form. The README's table
-of keys is generated from :data:`OPTIONS` (``python -m spark_plugin config-docs``) and a test
-checks the two agree.
+Nothing else in arrowbeat reads a ``spark.arrowbeat.*`` key by its string with a default of its
+own: the plugin's processes parse the settings the JVM hands them with :func:`load`, the user's
+driver (the DataFrame API, the shuffle metrics) parses its ``SparkConf`` with
+:func:`from_spark_conf`, and the heartbeat library gets its validated settings as a
+``HeartbeatServices`` from :meth:`ArrowBeatConfig.heartbeat_services`. Either way *all* problems
+are reported at once in one :class:`ConfigError`, each naming the key and the expected form.
+The README's table of keys is generated from :data:`OPTIONS` (``python -m spark_plugin
+config-docs``) and a test checks the two agree.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from spark_plugin.errors import ConfigError as ConfigError  # re-exported: its historical home
+
+if TYPE_CHECKING:
+    from heartbeat.services import HeartbeatServices
 
 PREFIX = "spark.arrowbeat."
-
-
-class ConfigError(ValueError):
-    """One or more ``spark.arrowbeat.*`` values are unknown or malformed."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("invalid arrowbeat configuration: " + "; ".join(problems))
-        self.problems = problems
-
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|min|h|d)?\s*$")
 _UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -317,6 +317,19 @@ class ArrowBeatConfig:
     rm_address: str
     driver_pid: int
 
+    def heartbeat_services(self) -> HeartbeatServices:
+        """The heartbeat library's settings object, built from the three ``heartbeat.*`` keys.
+
+        The library validates again on construction; :func:`load` has already checked the same
+        rules (``0 < interval < timeout``, threshold >= 1 or -1) and named the Spark keys."""
+        from heartbeat.services import HeartbeatServices
+
+        return HeartbeatServices(
+            interval_s=self.heartbeat_interval_s,
+            timeout_s=self.heartbeat_timeout_s,
+            rpc_failure_threshold=self.rpc_failure_threshold,
+        )
+
 
 def _check_ranges(c: ArrowBeatConfig) -> list[str]:
     problems: list[str] = []
@@ -373,6 +386,39 @@ def load(settings: Mapping[str, str]) -> ArrowBeatConfig:
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def declared_default(key: str) -> Any:
+    """A key's declared default, parsed: for library defaults that must agree with the config."""
+    option = OPTIONS_BY_KEY[key]
+    return option.parse(option.default)
+
+
+def early_value(settings: Mapping[str, str], key: str) -> Any:
+    """One declared key's parsed value, before :func:`load` has validated the whole config (the
+    log level, so that load's own problems get logged): a malformed value gives the declared
+    default here, and :func:`load` reports it."""
+    option = OPTIONS_BY_KEY[key]
+    try:
+        return option.parse(settings.get(key, option.default))
+    except ValueError:
+        return declared_default(key)
+
+
+def from_spark_conf(
+    entries: Iterable[tuple[str, str]], overrides: Mapping[str, str] | None = None
+) -> ArrowBeatConfig:
+    """The settings of a running application, as its driver sees them.
+
+    ``entries`` is ``SparkConf.getAll()`` (the application's conf); ``overrides`` the session's
+    runtime conf (``spark.conf``), whose ``spark.arrowbeat.*`` values win, so a key documented as
+    settable per query takes effect. Keys outside ``spark.arrowbeat.*`` are ignored; everything
+    is parsed and validated through :data:`OPTIONS` (raises :class:`ConfigError`)."""
+    settings = {key: value for key, value in entries if key.startswith(PREFIX)}
+    for key, value in (overrides or {}).items():
+        if key.startswith(PREFIX) and value is not None:
+            settings[key] = value
+    return load(settings)
 
 
 def tables_root(config: ArrowBeatConfig, settings: Mapping[str, str]) -> Path:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from spark_plugin.config import ArrowBeatConfig, ConfigError, load, tables_root
+from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load, tables_root
 from spark_plugin.sidecar import JvmLink, announce_ready, exit_process, setup_logging, wait_for_exit
 
 log = logging.getLogger("arrowbeat.driver")
@@ -90,7 +90,7 @@ def open_history(config: ArrowBeatConfig, settings: dict[str, str]) -> tuple[Any
 def main() -> int:
     link = JvmLink(sys.stdin.buffer)
     settings = link.read_settings()
-    setup_logging(settings.get("spark.arrowbeat.log.level", "info"))
+    setup_logging(early_value(settings, "spark.arrowbeat.log.level"))
     try:
         config = load(settings)
     except ConfigError as exc:
@@ -102,16 +102,11 @@ def main() -> int:
         log.error("no spark.arrowbeat.authenticate.secret was handed over by the JVM launcher")
         return 2
 
-    from heartbeat import HeartbeatServices, ResourceManagerServer
+    from heartbeat import ResourceManagerServer
 
-    services = HeartbeatServices(
-        interval_s=config.heartbeat_interval_s,
-        timeout_s=config.heartbeat_timeout_s,
-        rpc_failure_threshold=config.rpc_failure_threshold,
-    )
     history, known = open_history(config, settings)
     rm = ResourceManagerServer(
-        services,
+        config.heartbeat_services(),
         secret=config.secret,
         host=rm_host(config, settings),
         port=config.rm_port,

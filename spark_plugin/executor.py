@@ -17,8 +17,8 @@ import psutil
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.spark.agent_service import MapOutputService, default_root
-from heartbeat import AgentThread, HeartbeatServices, PayloadProvider, rss_provider, slots_provider
-from spark_plugin.config import ArrowBeatConfig, ConfigError, load
+from heartbeat import AgentThread, PayloadProvider, rss_provider, slots_provider
+from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load
 from spark_plugin.sidecar import JvmLink, announce_ready, exit_process, setup_logging, wait_for_exit
 
 log = logging.getLogger("arrowbeat.agent")
@@ -38,7 +38,7 @@ def executor_payload(link: JvmLink, slots_total: int, jvm_pid: int) -> list[Payl
 def main() -> int:
     link = JvmLink(sys.stdin.buffer)
     settings = link.read_settings()
-    setup_logging(settings.get("spark.arrowbeat.log.level", "info"))
+    setup_logging(early_value(settings, "spark.arrowbeat.log.level"))
     try:
         config = load(settings)
     except ConfigError as exc:
@@ -52,11 +52,6 @@ def main() -> int:
         )
         return 2
 
-    services = HeartbeatServices(
-        interval_s=config.heartbeat_interval_s,
-        timeout_s=config.heartbeat_timeout_s,
-        rpc_failure_threshold=config.rpc_failure_threshold,
-    )
     payload = executor_payload(
         link,
         slots_total=int(settings.get("arrowbeat.executor.cores", "1") or 1),
@@ -67,7 +62,7 @@ def main() -> int:
         config.secret,
         executor_id=executor_id,
         host=host,
-        services=services,
+        services=config.heartbeat_services(),
         payload_providers=payload,
         # Pulses come every interval/2: one interval without one means the JVM is frozen, and the
         # agent stops answering so the RM's timeout reports it (after interval + timeout at most).

@@ -10,13 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spark_plugin.errors import SetupError
+
 PLUGIN_CLASS = "arrowbeat.ArrowBeatPlugin"
 DELTA_VERSION = "4.0.1"
 _ROOT = Path(__file__).resolve().parent.parent
-
-
-class SetupError(RuntimeError):
-    """arrowbeat's jars are not where they should be; the message says how to build them."""
 
 
 def jar_paths() -> list[str]:

@@ -21,9 +21,10 @@ import os
 import signal
 import sys
 import threading
-import time
-from collections.abc import Callable
 from typing import BinaryIO
+
+from heartbeat.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.errors import MalformedSettingsError, SettingsTruncatedError
 
 READY = "ARROWBEAT-READY"
 log = logging.getLogger("arrowbeat.sidecar")
@@ -42,13 +43,15 @@ def _unescape(text: str) -> str:
 
 
 class JvmLink:
-    """Settings, pulses and end-of-life of the hosting JVM, read from our stdin."""
+    """Settings, pulses and end-of-life of the hosting JVM, read from our stdin.
 
-    def __init__(self, stream: BinaryIO, clock: Callable[[], float] = time.monotonic) -> None:
+    Pulse ages are measured on ``clock.monotonic()``, so tests move a ``ManualClock``."""
+
+    def __init__(self, stream: BinaryIO, clock: Clock = SYSTEM_CLOCK) -> None:
         self._stream = stream
         self._clock = clock
         self._lock = threading.Lock()
-        self._last_pulse = clock()
+        self._last_pulse = clock.monotonic()
         self._running_tasks = 0
         self._app_id = ""
         self.stop_requested = threading.Event()
@@ -58,24 +61,25 @@ class JvmLink:
         self._thread: threading.Thread | None = None
 
     def read_settings(self) -> dict[str, str]:
-        """Reads the settings block; raises EOFError if the JVM closed the pipe before its end."""
+        """Reads the settings block; raises :class:`SettingsTruncatedError` (an ``EOFError``) if the
+        JVM closed the pipe before its end, :class:`MalformedSettingsError` for a line without a tab."""
         settings: dict[str, str] = {}
         while True:
             raw = self._stream.readline()
             if not raw:
-                raise EOFError("the JVM closed stdin before sending all settings")
+                raise SettingsTruncatedError("the JVM closed stdin before sending all settings")
             line = raw.decode("utf-8").rstrip("\n")
             if not line:
                 return settings
             key, sep, value = line.partition("\t")
             if not sep:
-                raise ValueError(f"malformed settings line from the JVM: {line[:80]!r}")
+                raise MalformedSettingsError(f"malformed settings line from the JVM: {line[:80]!r}")
             settings[_unescape(key)] = _unescape(value)
 
     def start(self) -> None:
         """Follows pulses on a daemon thread until EOF, which sets :attr:`gone`."""
         with self._lock:
-            self._last_pulse = self._clock()
+            self._last_pulse = self._clock.monotonic()
         self._thread = threading.Thread(target=self._follow, name="jvm-link", daemon=True)
         self._thread.start()
 
@@ -101,14 +105,14 @@ class JvmLink:
         if len(parts) == 2 and parts[0] == "p" and parts[1].isdigit():
             running = int(parts[1])
         with self._lock:
-            self._last_pulse = self._clock()
+            self._last_pulse = self._clock.monotonic()
             if running is not None:
                 self._running_tasks = running
 
     def pulse_age_s(self) -> float:
         """Seconds since the JVM last proved it runs."""
         with self._lock:
-            return self._clock() - self._last_pulse
+            return self._clock.monotonic() - self._last_pulse
 
     def app_id(self, default: str = "") -> str:
         """The Spark application id, once the JVM has told us."""

@@ -1,5 +1,6 @@
-"""Environment for every test: loopback only, the venv's Python everywhere, Spark dirs in a temp
-folder, and a final check that the run left no process behind."""
+"""Environment for every test: loopback only, the venv's Python everywhere, the checkout on every
+Python process's path, Spark dirs in a temp folder, and a final check that the run left no
+process behind."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ import pytest
 from tests.procs import MARKER, end, ours, wait_until
 
 _SCRATCH = Path(tempfile.mkdtemp(prefix="arrowbeat-tests-"))
+ROOT = Path(__file__).resolve().parent.parent
+# ``tests`` (and ``benchmarks``) are not installed: they run from the checkout. Spark's Python
+# workers unpickle functions of test modules by reference and import them from here, so every
+# process the run starts gets the checkout on its path (Spark merges PYTHONPATH into theirs).
+if str(ROOT) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 os.environ.setdefault(MARKER, uuid.uuid4().hex)
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ["PYSPARK_PYTHON"] = sys.executable

@@ -3,17 +3,24 @@
 Modules, one role each:
 
 - ``dataframe``: the public API on the driver (``repartition``, ``group_apply``,
-  ``partition_apply``, ``map_in_arrow``, ``shuffle_of``, ``release``).
-- ``tasks``: the map and reduce task bodies Spark runs in its Python workers.
-- ``map_output``: map-output files (Arrow IPC, one segment run per reduce partition).
-- ``agent_service``: the executor agent's ``MapOutputService`` (serves map outputs to remote
-  reducers over the engine's ``PartitionServer``; staging, release, TTL) and its discovery file.
-- ``agent_client``: how a Python worker finds its executor's agent and talks to its control port.
-- ``pipelined`` and ``rendezvous``: the pipelined mode (map and reduce tasks in one stage).
+  ``partition_apply``, ``map_in_arrow``, ``shuffle_of``, ``release``); ``mode="materialized"``
+  (default) or ``mode="pipelined"``.
+- ``tasks``: the map and reduce task bodies of the materialized mode, run in Spark's Python
+  workers (host-local file reads, and streams from other agents through an engine ``InputGate``).
+- ``map_output``: materialized map-output files (Arrow IPC, one segment run per reduce partition).
+- ``agent_service``: the executor agent's ``MapOutputService`` (streams map outputs to reducers
+  over the engine's ``PartitionServer``; staging, release, TTL) and its discovery file.
+- ``agent_client``: how a Python worker finds its executor's agent (``find_agent``) and talks to
+  its control channel (``MapOutputClient``).
+- ``pipelined`` and ``rendezvous``: the pipelined mode (map and reduce tasks in one stage; the
+  driver's ``Rendezvous`` tells reducers where map tasks serve).
 - ``grouping``: Spark's grouping semantics over Arrow (nulls with nulls, NaN with NaN).
 
-Depends on the engine (``arrow_shuffle``), pyspark and the plugin's settings and tables
-(``spark_plugin.config``, ``spark_plugin.history``); the engine never imports this package back.
+Depends on the engine (``arrow_shuffle``), pyspark, ``heartbeat.clock`` and the plugin's
+settings, errors and tables (``spark_plugin.config``, ``spark_plugin.errors``,
+``spark_plugin.history``); the engine never imports this package back. Errors are the engine's
+(``arrow_shuffle.errors``), except a bad ``spark.arrowbeat.*`` setting: ``spark_plugin``'s
+``ConfigError``.
 """
 
 from arrow_shuffle.spark.dataframe import (

@@ -1,9 +1,16 @@
-"""The worker's side of the agent's control channel, and finding this executor's agent.
+"""A Python worker's way to its executor's agent: ``find_agent`` and ``MapOutputClient``.
 
 A Spark Python worker is a child of ``pyspark.daemon``, itself a child of the executor JVM; the
-agent is another child of that JVM and writes ``<root>/<app>/agents/<jvm pid>.json``. Walking
-the worker's parent chain (a few steps) finds the file with no configuration and no guessing:
-the parent chain is the one fact that ties a worker to its executor.
+agent is another child of that JVM and its ``agent_service.MapOutputService`` writes
+``<root>/<app>/agents/<jvm pid>.json``. Walking the worker's parent chain (a few steps) finds the
+file with no configuration and no guessing: the parent chain is the one fact that ties a worker
+to its executor. ``MapOutputClient`` then speaks the service's control channel (stage, unstage,
+release, metrics); the driver uses it too, to release a shuffle in every agent.
+
+Errors, all in the engine's tree (``arrow_shuffle.errors``): an agent that cannot be reached or
+goes away is ``PeerLostError``, a peer without the application's secret
+``ShuffleAuthenticationError``, a refused request ``ShuffleError``, no agent at all
+``ShuffleConfigError`` (the plugin is not on, or ``spark.arrowbeat.shuffle.dir`` differs).
 """
 
 from __future__ import annotations
@@ -12,12 +19,14 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client
 from typing import Any
 
 from arrow_shuffle.auth import as_bytes
-from arrow_shuffle.errors import PeerLostError, ShuffleConfigError, ShuffleError
+from arrow_shuffle.errors import PeerLostError, ShuffleAuthenticationError, ShuffleConfigError, ShuffleError
 from arrow_shuffle.spark.agent_service import agent_file, app_dir
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 _MAX_DEPTH = 6
 
@@ -77,11 +86,12 @@ def announced_agents(root: str, app_id: str) -> list[AgentInfo]:
     return sorted(found, key=lambda a: a.executor_id)
 
 
-def find_agent(root: str, app_id: str, wait_s: float = 10.0) -> AgentInfo:
+def find_agent(root: str, app_id: str, wait_s: float = 10.0, clock: Clock = SYSTEM_CLOCK) -> AgentInfo:
     """The agent of the executor JVM this process descends from.
 
-    Waits up to ``wait_s`` for its discovery file: the agent of the driver's own executor (local
-    mode) starts its shuffle service only once the driver has an application id."""
+    Waits up to ``wait_s`` (on ``clock.monotonic()``) for its discovery file: the agent of the
+    driver's own executor (local mode) starts its map-output service only once the driver has an
+    application id."""
     ancestors = []
     pid = os.getpid()
     for _ in range(_MAX_DEPTH):
@@ -89,14 +99,14 @@ def find_agent(root: str, app_id: str, wait_s: float = 10.0) -> AgentInfo:
         if pid <= 1:
             break
         ancestors.append(pid)
-    deadline = time.monotonic() + wait_s
+    deadline = clock.monotonic() + wait_s
     while True:
         for pid in ancestors:
             try:
                 return read_agent_file(agent_file(root, app_id, pid))
             except FileNotFoundError:
                 continue
-        if time.monotonic() >= deadline:
+        if clock.monotonic() >= deadline:
             break
         time.sleep(0.05)
     raise ShuffleConfigError(
@@ -107,12 +117,17 @@ def find_agent(root: str, app_id: str, wait_s: float = 10.0) -> AgentInfo:
 
 
 class MapOutputClient:
-    """One authenticated control connection to an agent; failures name the agent."""
+    """One authenticated control connection to an agent's ``MapOutputService``; failures name the agent."""
 
     def __init__(self, address: tuple[str, int], secret: str | bytes, who: str) -> None:
         self.who = who
         try:
             self._conn = Client(address, authkey=as_bytes(secret))
+        except AuthenticationError as exc:
+            raise ShuffleAuthenticationError(
+                f"the shuffle agent of {who} at {address} refused our secret, or could not prove it "
+                f"holds it: {exc}"
+            ) from exc
         except (OSError, EOFError) as exc:
             raise PeerLostError(f"cannot reach the shuffle agent of {who} at {address}: {exc}") from exc
 

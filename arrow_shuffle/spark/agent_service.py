@@ -1,19 +1,24 @@
-"""``MapOutputService``: the executor agent's side of the DataFrame shuffle.
+"""``MapOutputService``: the executor agent's side of the DataFrame shuffle (materialized mode).
 
 One per executor agent, living exactly as long as the agent (and so the executor JVM). It owns
 
-- the directory map tasks of this executor write their outputs into (``map_output``), deleted on
-  ``release_shuffle``, on TTL expiry and on ``close`` (the agent exits on its JVM's death, so an
-  application's shuffle data dies with its executors);
+- the directory map tasks of this executor write their map-output files into (``map_output``),
+  deleted on ``release_shuffle``, on TTL expiry (``sweep``) and on ``close`` (the agent exits on
+  its JVM's death, so an application's shuffle data dies with its executors);
 - an engine ``PartitionServer`` (credit-based, HMAC-authenticated) serving *staged* streams: a
   reduce task on another executor asks, over the control channel, for "reduce partition r of
   these map outputs"; the service opens a PIPELINED one-subpartition ``ResultPartition`` and a
   thread fills it from the files, so the file -> network path is bounded by the partition's
   buffers and paced by the reader's credits (a slow reducer stalls the filler, never memory);
 - the control channel (``multiprocessing.connection`` with the application secret as authkey:
-  an HMAC challenge both ways before any message is read) for stage / unstage / release / stats;
+  an HMAC challenge both ways before any message is read) for stage / unstage / release /
+  metrics, spoken by ``agent_client.MapOutputClient``;
 - a discovery file ``<root>/<app>/agents/<jvm pid>.json`` so Python workers, children of the
   same executor JVM, find it by walking their parent chain (``agent_client.find_agent``).
+
+Time comes from an injected ``heartbeat.clock.Clock``: ``monotonic()`` ages staged streams (both
+ends measured in this process), ``time()`` only ages files, whose modification times are wall
+clock; a test moves a ``ManualClock`` past the TTL instead of waiting an hour.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener
@@ -42,6 +46,7 @@ from arrow_shuffle.partition import PartitionKind, ResultPartition
 from arrow_shuffle.partition_server import PartitionServer
 from arrow_shuffle.spark.map_output import Segment, read_segments
 from arrow_shuffle.writer import RecordWriter
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,7 @@ class _Staged:
     partition: ResultPartition
     shuffle_id: int
     started: float
+    """``clock.monotonic()`` when the stream was staged."""
     thread: threading.Thread
     error: BaseException | None = None
 
@@ -86,10 +92,10 @@ class MapOutputService:
         host: str = "127.0.0.1",
         config: ShuffleConfig | None = None,
         ttl_s: float = 3600.0,
-        clock: Any = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not as_bytes(secret):
-            raise ShuffleConfigError("the shuffle service needs the application secret")
+            raise ShuffleConfigError("the map-output service needs the application secret")
         self.app_id = app_id
         self.executor_id = executor_id
         self.root = root
@@ -155,7 +161,7 @@ class MapOutputService:
                 raise ShuffleError(f"map output {path} is not in this agent's directory {self.dir}")
         with self._lock:
             if self._closed:
-                raise ShuffleError("the shuffle service is closed")
+                raise ShuffleError("the map-output service is closed")
             token = self._next_token
             self._next_token += 1
         pid = PartitionId(self.app_id, shuffle_id, reducer, token)
@@ -163,7 +169,7 @@ class MapOutputService:
         self.server.register(partition)
         thread = threading.Thread(target=self._fill, args=(pid, partition, list(files)), daemon=True)
         with self._lock:
-            self._staged[pid] = _Staged(partition, shuffle_id, self._clock(), thread)
+            self._staged[pid] = _Staged(partition, shuffle_id, self._clock.monotonic(), thread)
             self._counters["streams_staged"] += 1
         thread.start()
         return pid
@@ -205,8 +211,11 @@ class MapOutputService:
         return _remove_tree(os.path.join(self.dir, f"s{shuffle_id}"))
 
     def sweep(self) -> int:
-        """TTL: release shuffles whose directory and streams untouched for ``ttl_s``; returns bytes."""
-        now = self._clock()
+        """TTL: release shuffles whose directory and streams untouched for ``ttl_s``; returns bytes.
+
+        A staged stream's age is monotonic (staged by this process); a map-output file's age is
+        wall time against its modification time, the only clock the file system keeps."""
+        now = self._clock.monotonic()
         with self._lock:
             old = [p for p, s in self._staged.items() if now - s.started > self.ttl_s]
         for pid in old:
@@ -215,7 +224,7 @@ class MapOutputService:
         with contextlib.suppress(FileNotFoundError):
             for name in os.listdir(self.dir):
                 path = os.path.join(self.dir, name)
-                if name.startswith("s") and now - _newest_mtime(path) > self.ttl_s:
+                if name.startswith("s") and self._clock.time() - _newest_mtime(path) > self.ttl_s:
                     with self._lock:
                         busy = any(s.shuffle_id == _shuffle_of(name) for s in self._staged.values())
                     if not busy:
@@ -279,7 +288,7 @@ class MapOutputService:
                 if self._closed:
                     return
                 continue
-            except Exception as exc:  # multiprocessing.ShuffleAuthenticationError and friends
+            except Exception as exc:  # multiprocessing.AuthenticationError and friends
                 log.warning("refused a shuffle control connection: %s", exc)
                 continue
             thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)

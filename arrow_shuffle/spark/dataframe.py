@@ -10,9 +10,17 @@ so the data goes Python -> Arrow IPC -> Python with no JVM rows in between, whil
 scheduler tracks map outputs (one status per map partition), runs the stages and recomputes lost
 map partitions (see ``tasks``). ``rk`` takes, for reduce partition ``r``, a value Spark's hash
 partitioner sends to partition ``r``, so reduce task ``r`` reads exactly shuffle partition ``r``.
-That is ``mode="blocking"``; ``mode="pipelined"`` runs map and reduce tasks in one stage,
-streaming under credits (``pipelined``). A DataFrame made by ``map_in_arrow`` is *chained*: its
-function runs inside the map task, so generated batches never become JVM rows at all.
+That is ``mode="materialized"`` (the default: map outputs materialized as files, what Flink
+calls a BLOCKING result; ``"blocking"`` is a deprecated alias). ``mode="pipelined"`` runs map
+and reduce tasks in one stage, streaming under credits (``pipelined``). A DataFrame made by
+``map_in_arrow`` is *chained*: its function runs inside the map task, so generated batches never
+become JVM rows at all.
+
+Settings are read through ``spark_plugin.config`` (``from_spark_conf``), the one declaration of
+every ``spark.arrowbeat.*`` key: the application's ``SparkConf``, with the session's runtime conf
+winning for the keys settable per query (``readHostLocalDisk``). A bad setting raises that
+module's ``ConfigError`` naming the key and the expected form; a bad call argument (unknown
+column, ``num_partitions=0``, unknown mode) raises the engine's ``ShuffleConfigError``.
 
 Life cycle: ``shuffle_of(out)`` is the shuffle's handle: ``release()`` (or ``with``) deletes its
 map outputs in every agent that reported one and appends its rows to the ``shuffle_metrics``
@@ -27,6 +35,7 @@ import contextlib
 import logging
 import random
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -50,10 +59,20 @@ from arrow_shuffle.spark.tasks import (
     passthrough,
     reduce_function,
 )
+from spark_plugin.config import OPTIONS, ArrowBeatConfig, from_spark_conf
+from spark_plugin.errors import ConfigError
 
 log = logging.getLogger("arrowbeat.shuffle")
 
-MODES = ("blocking", "pipelined")
+MODES = ("materialized", "pipelined")
+"""``materialized``: map outputs written as files, read by reduce tasks in a later stage
+(recoverable); ``pipelined``: map and reduce tasks in one stage, streaming under credits."""
+
+DEPRECATED_MODES = {"blocking": "materialized"}
+"""Old mode names still accepted, with a ``DeprecationWarning``."""
+
+_PER_QUERY_FIELDS = ("shuffle_read_host_local",)
+"""``ArrowBeatConfig`` fields whose key the session's runtime conf may override per query."""
 
 
 class _ListParam(AccumulatorParam[list[dict[str, Any]]]):
@@ -206,58 +225,78 @@ def _route_keys(spark: SparkSession, n: int) -> tuple[int, ...]:
         span *= 4
 
 
-def _setting(spark: SparkSession, key: str, default: str = "") -> str:
-    return str(spark.sparkContext.getConf().get(key, default) or default)
+def _key(field: str) -> str:
+    """The declared ``spark.arrowbeat.*`` key of an ``ArrowBeatConfig`` field."""
+    return next(o.key for o in OPTIONS if o.field == field)
+
+
+def shuffle_settings(spark: SparkSession) -> ArrowBeatConfig:
+    """The application's arrowbeat settings as this session sees them, for planning a shuffle.
+
+    The application's ``SparkConf`` is what the plugin started with; the session's runtime conf
+    (``spark.conf.set``) wins only for keys declared settable per query. Raises ``ConfigError``
+    for a malformed setting, and when the plugin is not on (no secret: no agents to shuffle to)."""
+    overrides: dict[str, str] = {}
+    for field in _PER_QUERY_FIELDS:
+        key = _key(field)
+        value = spark.conf.get(key, None)
+        if value:
+            overrides[key] = str(value)
+    settings = from_spark_conf(spark.sparkContext.getConf().getAll(), overrides)
+    if not settings.secret:
+        raise ConfigError(
+            [
+                f"{_key('secret')} is unset: arrowbeat is not on in this application; "
+                "set spark.plugins=arrowbeat.ArrowBeatPlugin (see spark_plugin.configure)"
+            ]
+        )
+    return settings
+
+
+def check_mode(mode: str, stacklevel: int = 2) -> str:
+    """The mode's current name; ``ShuffleConfigError`` for an unknown one, a warning for an old one.
+
+    The warning points ``stacklevel`` frames up from the caller (1: the caller itself; 2, for
+    the public functions: their caller, the user's code)."""
+    current = DEPRECATED_MODES.get(mode)
+    if current is not None:
+        warnings.warn(
+            f"mode={mode!r} is deprecated: use mode={current!r} (same behaviour: map outputs "
+            "materialized as files)",
+            DeprecationWarning,
+            stacklevel=stacklevel + 1,
+        )
+        return current
+    if mode not in MODES:
+        raise ShuffleConfigError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
 
 
 def _plan(
     df: DataFrame, num_partitions: int, key_columns: Sequence[str], mode: str
 ) -> tuple[SparkSession, ShufflePlan]:
+    """The shuffle's plan; ``mode`` is already checked (``check_mode``)."""
     if isinstance(num_partitions, bool) or not isinstance(num_partitions, int) or num_partitions < 1:
         raise ShuffleConfigError(
             f"num_partitions={num_partitions!r} is out of range: expected an integer >= 1"
         )
-    if mode not in MODES:
-        raise ShuffleConfigError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
     spark = df.sparkSession
     schema = to_arrow_schema(df.schema)
     check_keys(schema, list(key_columns))
-    secret = _setting(spark, "spark.arrowbeat.authenticate.secret")
-    if not secret:
-        raise ShuffleConfigError(
-            "arrowbeat is not on in this application (no spark.arrowbeat.authenticate.secret): "
-            "set spark.plugins=arrowbeat.ArrowBeatPlugin (see spark_plugin.configure)"
-        )
+    settings = shuffle_settings(spark)
     plan = ShufflePlan(
         app_id=spark.sparkContext.applicationId,
         shuffle_id=random.randrange(1, 1 << 31),
-        root=_setting(spark, "spark.arrowbeat.shuffle.dir") or default_root(),
-        secret=secret,
+        root=settings.shuffle_dir or default_root(),
+        secret=settings.secret,
         key_columns=tuple(key_columns),
         num_partitions=num_partitions,
         schema_ipc=schema.serialize().to_pybytes(),
         route_keys=_route_keys(spark, num_partitions),
-        memory_bytes=_bytes_setting(spark, "spark.arrowbeat.shuffle.mapMemory", "32m"),
-        read_host_local=_bool_setting(spark, "spark.arrowbeat.shuffle.readHostLocalDisk", "true"),
+        memory_bytes=settings.shuffle_map_memory_bytes,
+        read_host_local=settings.shuffle_read_host_local,
     )
     return spark, plan
-
-
-def _bytes_setting(spark: SparkSession, key: str, default: str) -> int:
-    from spark_plugin.config import parse_bytes
-
-    return parse_bytes(_setting(spark, key, default))
-
-
-def _bool_setting(spark: SparkSession, key: str, default: str) -> bool:
-    """A boolean key, from the session's runtime conf (settable per query) or the app's conf."""
-    from spark_plugin.config import parse_bool
-
-    text = str(spark.conf.get(key, None) or _setting(spark, key, default))
-    try:
-        return parse_bool(text)
-    except ValueError:
-        raise ShuffleConfigError(f"{key}={text!r}: expected true or false") from None
 
 
 _rendezvous_lock = threading.Lock()
@@ -272,7 +311,7 @@ def _rendezvous(spark: SparkSession, secret: str) -> Any:
     with _rendezvous_lock:
         found = _rendezvous_of.get(app)
         if found is None:
-            host = _setting(spark, "spark.driver.host", "127.0.0.1")
+            host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1") or "127.0.0.1"
             found = _rendezvous_of[app] = Rendezvous(secret, host)
         return found
 
@@ -286,7 +325,7 @@ def _check_pipelined(spark: SparkSession, source: DataFrame, num_partitions: int
     if maps + num_partitions > slots:
         raise ShuffleConfigError(
             f"mode='pipelined' needs {maps} map + {num_partitions} reduce tasks running at once, but the "
-            f"application has {slots} task slots: use mode='blocking', fewer partitions or more executors"
+            f"application has {slots} task slots: use mode='materialized', fewer partitions or more executors"
         )
     return maps
 
@@ -347,8 +386,11 @@ def map_in_arrow(
     return out
 
 
-def repartition(df: DataFrame, num_partitions: int, *key_columns: str, mode: str = "blocking") -> DataFrame:
+def repartition(
+    df: DataFrame, num_partitions: int, *key_columns: str, mode: str = "materialized"
+) -> DataFrame:
     """Like ``df.repartition(num_partitions, *key_columns)``: same rows, each key in one partition."""
+    mode = check_mode(mode)
     spark, plan = _plan(df, num_partitions, key_columns, mode)
     return _build(df, spark, plan, mode, passthrough, df.schema)
 
@@ -359,9 +401,10 @@ def partition_apply(
     key_columns: Sequence[str],
     func: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     schema: StructType | str,
-    mode: str = "blocking",
+    mode: str = "materialized",
 ) -> DataFrame:
     """Like ``df.repartition(n, *keys).mapInArrow(func, schema)`` without Arrow -> JVM -> Arrow between."""
+    mode = check_mode(mode)
     spark, plan = _plan(df, num_partitions, list(key_columns), mode)
     out_schema = _struct(spark, schema)
     return _build(df, spark, plan, mode, partition_consumer(func, to_arrow_schema(out_schema)), out_schema)
@@ -373,11 +416,12 @@ def group_apply(
     func: Callable[[pa.Table], pa.Table],
     schema: StructType | str,
     num_partitions: int | None = None,
-    mode: str = "blocking",
+    mode: str = "materialized",
 ) -> DataFrame:
     """Like ``df.groupBy(*keys).applyInArrow(func, schema)``: ``func`` once per key group.
 
     Groups are found in Arrow in the reduce task (``grouping.iter_groups``), not by a JVM sort."""
+    mode = check_mode(mode)
     spark = df.sparkSession
     n = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
     spark, plan = _plan(df, n, list(key_columns), mode)

@@ -1,11 +1,13 @@
-"""Map outputs as files: one Arrow IPC file per map task attempt, one set of segments per reducer.
+"""Materialized map outputs: one Arrow IPC file per map task attempt, one set of segments per reducer.
 
-Why files and not a BLOCKING ``ResultPartition`` in the agent: a map task runs in a Spark Python
+Why files and not the engine's BLOCKING ``ResultPartition`` (memory, then spill) in the agent,
+although both are "materialized" results in Flink's sense: a map task runs in a Spark Python
 worker, which may exit after the task; its output must outlive it and be readable *more than
 once* (a reduce task that fails half-way is retried and reads again, and an engine subpartition
 is consumed by its single reader). Spark's external-shuffle-service model gives both: the worker
-writes its output to the executor agent's directory, the agent serves it (``agent_service``)
-and deletes it on release, TTL or exit.
+writes its output to the executor agent's directory, the agent's ``MapOutputService``
+(``agent_service``) streams it to reduce tasks that do not read the file themselves and deletes it
+on release, TTL or exit; reduce tasks on the same host memory-map it (``tasks``).
 
 Layout: the file is a sequence of *runs*. A run holds, for each reduce partition with data, one
 complete Arrow IPC stream (schema, batches, end-of-stream) of that partition's rows. Rows are

@@ -1,4 +1,4 @@
-"""``mode="pipelined"``: map tasks stream to running reduce tasks under credits, in one barrier stage.
+"""``mode="pipelined"``: map tasks stream to running reduce tasks under credits, in one stage.
 
 Plan: ``df.mapInArrow(fn).union(range(R).mapInArrow(fn))`` is *one* stage of M + R tasks (a union
 of narrow dependencies), so with M + R free slots all of them run at once and a map task blocked
@@ -7,18 +7,20 @@ application's slots (Spark's barrier mode, which would guarantee co-scheduling, 
 
 Data path: each map task hosts an engine ``PartitionServer`` with a PIPELINED ``ResultPartition``
 (R subpartitions, bounded buffers: the writer blocks until reducers grant credit) in its own
-Python worker; pipelined data never outlives its producer, so unlike blocking outputs it needs no
-agent. The driver's ``rendezvous`` maps each map task to its address. The map task exits once
-every subpartition was consumed.
+Python worker; pipelined data never outlives its producer, so unlike materialized map outputs it
+needs no agent. The driver's ``rendezvous.Rendezvous`` maps each map task to its address. The map
+task exits once every subpartition was consumed (or fails after ``CONSUME_TIMEOUT_S`` on an
+injected ``heartbeat.clock.Clock``).
 
 Failure: pipelined outputs are consumed as they stream and cannot be re-read, so a lost task
 fails its readers/producers and, after Spark's retries, the query, with an error naming the
-partition; it never yields a partial result. Use ``mode="blocking"`` for recoverable shuffles.
+partition; it never yields a partial result. Use ``mode="materialized"`` for recoverable shuffles.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -36,6 +38,7 @@ from arrow_shuffle.spark.rendezvous import call as announce
 from arrow_shuffle.spark.rendezvous import locate
 from arrow_shuffle.spark.tasks import ReadStats, Report, ShufflePlan
 from arrow_shuffle.writer import RecordWriter
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 CONSUME_TIMEOUT_S = 120.0
 """Longest a finished map task waits for its reducers to drain it."""
@@ -59,6 +62,7 @@ def pipelined_function(
     report: Report,
     consume: Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     pre: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """One function for both sides: union partitions ``< num_maps`` are map tasks."""
 
@@ -72,10 +76,12 @@ def pipelined_function(
         config = ShuffleConfig(buffer_size=plan.buffer_size, network_memory_bytes=32 * plan.buffer_size)
         if index < num_maps:
             yield from _map(
-                plan, rendezvous, index, attempt, config, report, pre(batches) if pre else batches
+                plan, rendezvous, index, attempt, config, report, pre(batches) if pre else batches, clock
             )
         else:
-            yield from _reduce(plan, rendezvous, index - num_maps, num_maps, config, report, consume, batches)
+            yield from _reduce(
+                plan, rendezvous, index - num_maps, num_maps, config, report, consume, batches, clock
+            )
 
     return run
 
@@ -88,11 +94,12 @@ def _map(
     config: ShuffleConfig,
     report: Report,
     batches: Iterable[pa.RecordBatch],
+    clock: Clock,
 ) -> Iterator[pa.RecordBatch]:
-    started = time.monotonic()
+    started = clock.monotonic()
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
     server = PartitionServer(plan.secret, plan.app_id, _host(), 0, config)
-    token = int(time.time() * 1000) % (1 << 30)
+    token = secrets.randbits(30)  # tells this attempt's partition from an earlier one's
     pid = PartitionId(plan.app_id, plan.shuffle_id, index, token)
     partition = ResultPartition(pid, plan.num_partitions, plan.schema, pool, PartitionKind.PIPELINED, config)
     server.register(partition)
@@ -115,9 +122,9 @@ def _map(
         except BaseException:
             writer.abort()
             raise
-        deadline = time.monotonic() + CONSUME_TIMEOUT_S
+        deadline = clock.monotonic() + CONSUME_TIMEOUT_S
         while sum(1 for s in server.senders() if s.completed) < plan.num_partitions:
-            if time.monotonic() > deadline:
+            if clock.monotonic() > deadline:
                 raise ShuffleError(f"pipelined map partition {index}: reducers did not drain it in time")
             time.sleep(0.01)
         stats = partition.stats()
@@ -134,7 +141,7 @@ def _map(
                 "rows": stats.rows_written,
                 "spill_bytes": 0,
                 "blocked_s": stats.blocked_on_pool_s + stats.blocked_on_credit_s,
-                "seconds": time.monotonic() - started,
+                "seconds": clock.monotonic() - started,
             }
         )
     finally:
@@ -152,8 +159,9 @@ def _reduce(
     report: Report,
     consume: Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     batches: Iterable[pa.RecordBatch],
+    clock: Clock,
 ) -> Iterator[pa.RecordBatch]:
-    started = time.monotonic()
+    started = clock.monotonic()
     for _ in batches:  # the range row that made this task; nothing to read from it
         pass
     maps = locate(rendezvous, plan.secret, plan.shuffle_id, num_maps)
@@ -195,6 +203,6 @@ def _reduce(
             "rows": stats.rows,
             "spill_bytes": 0,
             "blocked_s": gate.stats().blocked_on_data_s,
-            "seconds": time.monotonic() - started,
+            "seconds": clock.monotonic() - started,
         }
     )

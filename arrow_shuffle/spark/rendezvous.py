@@ -2,27 +2,31 @@
 
 A pipelined map task serves its output from its own Python worker, at an address known only once
 it runs; its reducers run at the same time on other executors. Each map task announces
-``(map index, attempt) -> address`` here and reducers look the addresses up (waiting, with a
-deadline, until all maps announced). The channel is ``multiprocessing.connection`` with the
-application secret as authkey (HMAC challenge both ways before any message is read).
+``map index -> address`` here and reducers look the addresses up (waiting, with a deadline on an
+injected ``heartbeat.clock.Clock``, until all maps announced). The channel is
+``multiprocessing.connection`` with the application secret as authkey (HMAC challenge both ways
+before any message is read). Used by ``pipelined`` only; materialized shuffles need no rendezvous,
+their map outputs are tracked by Spark (``tasks``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
 from arrow_shuffle.auth import as_bytes
-from arrow_shuffle.errors import PeerLostError, ShuffleError
+from arrow_shuffle.errors import PeerLostError, ShuffleAuthenticationError, ShuffleError
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 
 class Rendezvous:
     """The driver side: a listener thread and the table of announced map outputs."""
 
-    def __init__(self, secret: str, host: str = "127.0.0.1") -> None:
+    def __init__(self, secret: str, host: str = "127.0.0.1", clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._listener = Listener((host, 0), authkey=as_bytes(secret))
         self._lock = threading.Condition()
         self._maps: dict[int, dict[int, dict[str, Any]]] = {}
@@ -59,10 +63,11 @@ class Rendezvous:
                 return
 
     def locate(self, shuffle: int, count: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout_s
+        """The maps of ``shuffle`` announced so far, once ``count`` did or ``timeout_s`` passed."""
+        deadline = self._clock.monotonic() + timeout_s
         with self._lock:
             while len(self._maps.get(shuffle, {})) < count:
-                left = deadline - time.monotonic()
+                left = deadline - self._clock.monotonic()
                 if left <= 0:
                     break
                 self._lock.wait(min(left, 0.5))
@@ -84,6 +89,10 @@ def call(address: tuple[str, int], secret: str, *request: Any) -> Any:
         with Client(address, authkey=as_bytes(secret)) as conn:
             conn.send(request)
             return conn.recv()
+    except AuthenticationError as exc:
+        raise ShuffleAuthenticationError(
+            f"the pipelined-shuffle rendezvous on the driver {address} refused our secret: {exc}"
+        ) from exc
     except (OSError, EOFError) as exc:
         raise PeerLostError(
             f"cannot reach the pipelined-shuffle rendezvous on the driver {address}: {exc}"
@@ -91,6 +100,7 @@ def call(address: tuple[str, int], secret: str, *request: Any) -> Any:
 
 
 def locate(address: tuple[str, int], secret: str, shuffle: int, count: int) -> list[dict[str, Any]]:
+    """A reducer's look-up: every map task's address, or ``ShuffleError`` if some never announced."""
     found: list[dict[str, Any]] = call(address, secret, "locate", shuffle, count)
     if len(found) < count:
         raise ShuffleError(

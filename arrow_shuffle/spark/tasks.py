@@ -1,21 +1,28 @@
-"""The functions Spark runs in its Python workers: the map side and the reduce side of a shuffle.
+"""The task bodies Spark runs in its Python workers for a materialized shuffle: map and reduce side.
 
 Map task (``df.mapInArrow(map_fn)``): route the partition's batches by key into a map-output file
-in this executor's agent directory, then emit one tiny *status row per reduce partition*
-(where the file is, its segments, bytes/batches/rows).
+(``map_output``) in this executor's agent directory, then emit one tiny *status row per reduce
+partition* (where the file is, its segments, bytes/batches/rows).
 
 Reduce task (``statuses.repartition(R, rk).mapInArrow(reduce_fn)``): receive the status rows of
-its reduce partition, read the segments of map outputs on *this* executor straight from disk
-(memory-mapped: the "local channel" — a worker is a different process from the agent, and a
-direct file read is cheaper than loopback), and those on other executors through an engine
-``InputGate`` of ``RemoteChannelSpec``s, one credit-based stream per remote agent.
+its reduce partition and read each map output one of two ways:
+
+- a *host-local file read*: outputs of this executor, and with ``readHostLocalDisk`` those of
+  other executors on this host, are memory-mapped straight from their files. A worker is a
+  different process from the agent, and a direct file read is cheaper than a loopback stream.
+  (Not the engine's ``LocalInputChannel``, which is an in-process queue.)
+- a *stream*: the other outputs go through an engine ``InputGate`` of
+  ``RemoteChannelSpec``s, one credit-based stream per remote agent, staged by its
+  ``MapOutputService`` over ``MapOutputClient``.
 
 The status rows travel through Spark's own shuffle on purpose: they are a few bytes per
 (map, reduce) pair, and it makes Spark's DAGScheduler the map-output tracker of record. When an
 executor is lost, its status blocks are lost with its map-output files, the reduce stage hits
 a fetch failure, and Spark recomputes exactly the lost map partitions on live executors before
-the reads resume; a remote read that fails mid-stream fails the task with ``MapOutputLostError``
-(naming executor and map partitions), and its retry goes through the same path.
+the reads resume; a read that fails fails the task with ``MapOutputLostError`` (naming executor
+and map partitions), and its retry goes through the same path.
+
+Task timings come from an injected ``heartbeat.clock.Clock`` (monotonic).
 """
 
 from __future__ import annotations
@@ -24,7 +31,6 @@ import contextlib
 import json
 import os
 import threading
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -35,12 +41,13 @@ import pyarrow as pa
 
 from arrow_shuffle.buffer_pool import NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.errors import SchemaMismatchError, ShuffleError
+from arrow_shuffle.errors import MapOutputLostError, SchemaMismatchError, ShuffleError
 from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, find_agent
 from arrow_shuffle.spark.grouping import iter_groups
 from arrow_shuffle.spark.map_output import MapOutputWriter, read_segments
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 STATUS_SCHEMA = pa.schema(
     [
@@ -63,10 +70,6 @@ STATUS_DDL = (
     "rk bigint, reduce int, map int, attempt string, executor string, host string, data_port int, "
     "control_port int, path string, segments string, bytes bigint, batches bigint, rows bigint"
 )
-
-
-class MapOutputLostError(ShuffleError):
-    """Map outputs a reduce task needs are gone (their executor or agent died)."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +100,10 @@ class ReadStats:
     bytes: int = 0
     batches: int = 0
     rows: int = 0
-    local_bytes: int = 0
-    remote_bytes: int = 0
+    file_bytes: int = 0
+    """Bytes read by host-local file reads (memory-mapped map-output files)."""
+    streamed_bytes: int = 0
+    """Bytes streamed from other executors' agents through the credit-based gate."""
     blocked_s: float = 0.0
     recomputed: list[tuple[int, str]] = field(default_factory=list)
     """``(map partition, attempt)`` of the map outputs read that were written by a recomputation."""
@@ -125,15 +130,16 @@ def map_function(
     plan: ShufflePlan,
     report: Report,
     pre: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The map task; ``pre`` is a chained ``mapInArrow`` function run in the same worker first."""
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         if pre is not None:
             batches = _checked(pre(batches), plan.schema, "the chained mapInArrow function")
-        started = time.monotonic()
+        started = clock.monotonic()
         map_index, attempt, stage = _task()
-        agent = find_agent(plan.root, plan.app_id)
+        agent = find_agent(plan.root, plan.app_id, clock=clock)
         path = os.path.join(
             agent.dir, f"s{plan.shuffle_id}", f"m{map_index}-{attempt}-{uuid.uuid4().hex[:8]}.arrows"
         )
@@ -162,7 +168,7 @@ def map_function(
                 "rows": sum(o.rows for o in outputs),
                 "spill_bytes": writer.spill_bytes,
                 "blocked_s": 0.0,
-                "seconds": time.monotonic() - started,
+                "seconds": clock.monotonic() - started,
             }
         )
         r = plan.num_partitions
@@ -220,7 +226,7 @@ def statuses_by_reducer(batches: Iterable[pa.RecordBatch]) -> dict[int, list[dic
 def read_reducer(
     plan: ShufflePlan, reducer: int, statuses: Sequence[dict[str, Any]], me: AgentInfo, stats: ReadStats
 ) -> Iterator[pa.RecordBatch]:
-    """Every batch of reduce partition ``reducer``: local segments from disk, remote ones over the gate."""
+    """Every batch of reduce partition ``reducer``: host-local file reads first, then the streams."""
     schema = plan.schema
     # One query runs its map stage once; a map status from a later stage is a recomputation
     # (Spark resubmitted the lost partitions after a fetch failure).
@@ -228,31 +234,31 @@ def read_reducer(
     stats.recomputed = [
         (s["map"], s["attempt"]) for s in statuses if int(s["attempt"].split(".")[0]) > first_stage
     ]
-    local: list[dict[str, Any]] = []
-    remote: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    from_files: list[dict[str, Any]] = []
+    streamed: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for s in statuses:
         if s["bytes"] == 0:
             continue
         if reads_from_disk(s, me, plan.read_host_local):
-            local.append(s)
+            from_files.append(s)
         else:
-            remote[s["executor"]].append(s)
-    for s in local:
+            streamed[s["executor"]].append(s)
+    for s in from_files:
         try:
             for batch in read_segments(s["path"], json.loads(s["segments"])):
-                stats.local_bytes += batch.nbytes
+                stats.file_bytes += batch.nbytes
                 yield _count(stats, batch)
         except (OSError, ShuffleError) as exc:
             raise MapOutputLostError(
-                f"shuffle {plan.shuffle_id}, reduce partition {reducer}: the local output of map partition "
-                f"{s['map']} on executor {s['executor']} is unreadable ({exc})"
+                f"shuffle {plan.shuffle_id}, reduce partition {reducer}: the host-local output of map "
+                f"partition {s['map']} on executor {s['executor']} is unreadable ({exc})"
             ) from exc
-    if not remote:
+    if not streamed:
         return
     clients: list[tuple[MapOutputClient, PartitionId]] = []
     specs = []
     try:
-        for executor, items in remote.items():
+        for executor, items in streamed.items():
             where = _where(plan, reducer, executor, items)
             try:
                 client = MapOutputClient(
@@ -272,13 +278,13 @@ def read_reducer(
         gate = InputGate(specs, schema, pool, config, plan.secret)
         try:
             for batch in gate:
-                stats.remote_bytes += batch.nbytes
+                stats.streamed_bytes += batch.nbytes
                 yield _count(stats, batch)
         except ShuffleError as exc:
-            lost = [s for items in remote.values() for s in items]
+            lost = [s for items in streamed.values() for s in items]
             raise MapOutputLostError(
                 f"shuffle {plan.shuffle_id}, reduce partition {reducer}: reading map outputs "
-                f"{sorted({s['map'] for s in lost})} from executors {sorted(remote)} failed ({exc}); "
+                f"{sorted({s['map'] for s in lost})} from executors {sorted(streamed)} failed ({exc}); "
                 "Spark retries the task and recomputes lost map partitions"
             ) from exc
         finally:
@@ -292,7 +298,7 @@ def read_reducer(
 
 
 def reads_from_disk(status: dict[str, Any], me: AgentInfo, host_local: bool) -> bool:
-    """Is this map output read straight from its file rather than streamed by its agent?
+    """Is this map output a host-local file read rather than a stream from its agent?
 
     Always for this executor's own outputs. With ``host_local`` also for those of other executors
     on this host whose file this process can read, as Spark does with
@@ -324,6 +330,7 @@ def reduce_function(
     plan: ShufflePlan,
     report: Report,
     consume: Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The reduce task: for each reduce partition it was given, ``consume(reducer, batches)``."""
 
@@ -331,10 +338,10 @@ def reduce_function(
         by_reducer = statuses_by_reducer(status_batches)
         if not by_reducer:
             return
-        me = find_agent(plan.root, plan.app_id)
+        me = find_agent(plan.root, plan.app_id, clock=clock)
         _, attempt, _ = _task()
         for reducer, statuses in sorted(by_reducer.items()):
-            started = time.monotonic()
+            started = clock.monotonic()
             stats = ReadStats()
             yield from consume(reducer, read_reducer(plan, reducer, statuses, me, stats))
             pa.default_memory_pool().release_unused()
@@ -348,13 +355,13 @@ def reduce_function(
                     "executor": me.executor_id,
                     "control": [me.host, me.control_port],
                     "bytes": stats.bytes,
-                    "local_bytes": stats.local_bytes,
-                    "remote_bytes": stats.remote_bytes,
+                    "file_bytes": stats.file_bytes,
+                    "streamed_bytes": stats.streamed_bytes,
                     "batches": stats.batches,
                     "rows": stats.rows,
                     "spill_bytes": 0,
                     "blocked_s": stats.blocked_s,
-                    "seconds": time.monotonic() - started,
+                    "seconds": clock.monotonic() - started,
                 }
             )
 

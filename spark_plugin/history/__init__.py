@@ -1,14 +1,12 @@
-"""Heartbeat history and executor lifecycle events as Delta tables (see ``tables.py`` for schemas)."""
+"""Heartbeat history and executor lifecycle events as Delta tables (see ``tables.py`` for schemas).
 
+Layering: this package imports only ``spark_plugin.config``, ``spark_plugin.errors`` and
+``heartbeat.clock`` of arrowbeat, so the user's driver (the DataFrame API's shuffle metrics) can
+use it without loading the plugin's processes."""
+
+from spark_plugin.errors import HistoryTableError, IncompatibleTableError, TablePathError
 from spark_plugin.history.recovery import KnownExecutor, known_executors
-from spark_plugin.history.tables import (
-    EXECUTOR_EVENTS,
-    HEARTBEATS,
-    TABLES,
-    HistoryTableError,
-    IncompatibleTableError,
-    TablePathError,
-)
+from spark_plugin.history.tables import EXECUTOR_EVENTS, HEARTBEATS, TABLES
 from spark_plugin.history.writer import HistoryWriter, event_row, heartbeat_row
 
 __all__ = [

@@ -16,25 +16,23 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_plugin.config import load, tables_root
+from heartbeat.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.config import from_spark_conf, tables_root
 from spark_plugin.history.tables import SHUFFLE_METRICS, open_table
 
 
 def tables_root_of(spark: Any) -> Path:
-    """``spark.arrowbeat.tables.path`` of this application, as the RM resolves it."""
-    settings = {k: v for k, v in spark.sparkContext.getConf().getAll() if k.startswith("spark.")}
-    known = {k: v for k, v in settings.items() if not k.startswith("spark.arrowbeat.") or k in _known()}
-    return tables_root(load(known), settings)
+    """``spark.arrowbeat.tables.path`` of this application, as the RM resolves it (raises
+    ``ConfigError`` for a malformed or unknown ``spark.arrowbeat.*`` entry)."""
+    entries = [(str(k), str(v)) for k, v in spark.sparkContext.getConf().getAll()]
+    return tables_root(from_spark_conf(entries), dict(entries))
 
 
-def _known() -> set[str]:
-    from spark_plugin.config import OPTIONS_BY_KEY
-
-    return set(OPTIONS_BY_KEY)
-
-
-def rows_of(app_id: str, shuffle_id: int, reports: Sequence[dict[str, Any]]) -> pa.Table:
-    now = dt.datetime.now(dt.UTC)
+def rows_of(
+    app_id: str, shuffle_id: int, reports: Sequence[dict[str, Any]], clock: Clock = SYSTEM_CLOCK
+) -> pa.Table:
+    """The reports as ``shuffle_metrics`` rows, stamped with ``clock.time()`` (UTC)."""
+    now = dt.datetime.fromtimestamp(clock.time(), tz=dt.UTC)
     columns: dict[str, list[Any]] = {f.name: [] for f in SHUFFLE_METRICS.schema}
     for r in reports:
         detail = {"recomputed_maps": [m for m, _ in r["recomputed_maps"]]} if r.get("recomputed_maps") else {}
@@ -60,8 +58,15 @@ def rows_of(app_id: str, shuffle_id: int, reports: Sequence[dict[str, Any]]) -> 
     return pa.table(columns, schema=SHUFFLE_METRICS.schema)
 
 
-def append_rows(root: Path, app_id: str, shuffle_id: int, reports: Sequence[dict[str, Any]]) -> None:
+def append_rows(
+    root: Path,
+    app_id: str,
+    shuffle_id: int,
+    reports: Sequence[dict[str, Any]],
+    clock: Clock = SYSTEM_CLOCK,
+) -> None:
+    """Appends the reports as one commit to ``root/shuffle_metrics`` (created on first use)."""
     from deltalake import write_deltalake
 
     path = open_table(root, SHUFFLE_METRICS)
-    write_deltalake(path, rows_of(app_id, shuffle_id, reports), mode="append")
+    write_deltalake(path, rows_of(app_id, shuffle_id, reports, clock), mode="append")

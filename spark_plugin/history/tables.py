@@ -22,9 +22,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from spark_plugin.config import declared_default
+
+# Raised here; declared in the package's one exception tree (spark_plugin.errors).
+from spark_plugin.errors import HistoryTableError as HistoryTableError
+from spark_plugin.errors import IncompatibleTableError as IncompatibleTableError
+from spark_plugin.errors import TablePathError as TablePathError
+
 TS = pa.timestamp("us", tz="UTC")
 
-DEFAULT_RETENTION_S = 3600.0
+DEFAULT_RETENTION_S: float = declared_default("spark.arrowbeat.tables.retention")
 
 
 def table_properties(retention_s: float = DEFAULT_RETENTION_S) -> dict[str, str]:
@@ -37,18 +44,6 @@ def table_properties(retention_s: float = DEFAULT_RETENTION_S) -> dict[str, str]
         "delta.deletedFileRetentionDuration": interval,
         "delta.checkpointInterval": "20",
     }
-
-
-class HistoryTableError(RuntimeError):
-    """A history table cannot be used; the message names the path and what to do."""
-
-
-class TablePathError(HistoryTableError):
-    """The path cannot be created or written, or holds something that is not a Delta table."""
-
-
-class IncompatibleTableError(HistoryTableError):
-    """A Delta table at the path has a schema arrowbeat cannot append to."""
 
 
 @dataclass(frozen=True)

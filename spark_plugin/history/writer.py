@@ -1,15 +1,17 @@
 """Batched, durable appends of heartbeats and lifecycle events to the Delta history tables.
 
-Subscribers hand rows to :meth:`HistoryWriter.record` from RM threads; it only buffers. A flusher
+Subscribers hand rows to :meth:`HistoryWriter.append` from RM threads; it only buffers. A flusher
 thread commits each table at most once per flush interval, so readers see rows within about one
-interval and the log grows by one commit per interval, not per heartbeat. A failed commit is
-retried and its rows stay buffered (bounded: past ``max_buffered_rows`` the oldest are dropped and
-counted), so a table that is briefly unavailable loses nothing. Each commit carries a Delta
-application transaction (this writer's id, a per-table batch number): a retry first asks the
-table whether the failed attempt landed after all, so a retried batch is never written twice.
-Periodic maintenance compacts small
-files, checkpoints the log and vacuums what retention allows, which bounds the file count of a
-day-long application.
+interval and the log grows by one commit per interval, not per heartbeat. Whether a flush (and a
+maintenance round) is due is decided by :meth:`HistoryWriter.run_due` on the injected
+``heartbeat.clock.Clock``'s ``monotonic()``, so tests drive it with a ``ManualClock``.
+
+A failed commit is retried and its rows stay buffered (bounded: past ``max_buffered_rows`` the
+oldest are dropped and counted), so a table that is briefly unavailable loses nothing. Each
+commit carries a Delta application transaction (this writer's id, a per-table batch number): a
+retry first asks the table whether the failed attempt landed after all, so a retried batch is
+never written twice. Periodic maintenance compacts small files, checkpoints the log and vacuums
+what retention allows, which bounds the file count of a day-long application.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from heartbeat.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.config import declared_default
 from spark_plugin.history.tables import (
     DEFAULT_RETENTION_S,
     EXECUTOR_EVENTS,
@@ -37,6 +41,8 @@ from spark_plugin.history.tables import (
 )
 
 log = logging.getLogger("arrowbeat.history")
+
+DEFAULT_COMPACT_INTERVAL_S: float = declared_default("spark.arrowbeat.tables.compactInterval")
 
 Row = dict[str, Any]
 
@@ -60,11 +66,11 @@ class HistoryWriter:
         self,
         root: Path,
         flush_interval_s: float,
-        compact_interval_s: float = 60.0,
+        compact_interval_s: float = DEFAULT_COMPACT_INTERVAL_S,
         retention_s: float = DEFAULT_RETENTION_S,
         max_buffered_rows: int = 200_000,
         commit_attempts: int = 5,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.root = root
         self._flush_interval_s = flush_interval_s
@@ -78,7 +84,8 @@ class HistoryWriter:
         self._tables: dict[str, _Pending] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_maintenance = clock()
+        self._next_flush = clock.monotonic() + flush_interval_s
+        self._last_maintenance = clock.monotonic()
         self.writer_id = f"arrowbeat-history-{uuid.uuid4().hex}"
         """Delta application-transaction id of this writer's commits (new per process)."""
 
@@ -89,6 +96,8 @@ class HistoryWriter:
             self._tables[spec.name] = _Pending(spec, path, deque())
 
     def start(self) -> None:
+        """Starts the flusher thread: the first flush is due one interval from now."""
+        self._next_flush = self._clock.monotonic() + self._flush_interval_s
         self._thread = threading.Thread(target=self._run, name="history-flusher", daemon=True)
         self._thread.start()
 
@@ -106,14 +115,26 @@ class HistoryWriter:
             return len(self._tables[table].rows)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._flush_interval_s):
+        wait_s = self._flush_interval_s
+        while not self._stop.wait(wait_s):
             try:
-                self.flush()
-                if self._clock() - self._last_maintenance >= self._compact_interval_s:
-                    self._last_maintenance = self._clock()
-                    self.maintain()
+                wait_s = self.run_due()
             except Exception:  # keep flushing: one bad cycle must not end history
                 log.exception("history flush failed; rows stay buffered")
+                wait_s = self._flush_interval_s
+
+    def run_due(self) -> float:
+        """One turn of the flusher: flushes every table if a flush interval has passed since the
+        last flush (or :meth:`start`), then maintains them if a compaction interval has passed
+        since the last maintenance; returns the seconds until the next flush is due."""
+        if self._clock.monotonic() >= self._next_flush:
+            self.flush()
+            now = self._clock.monotonic()
+            self._next_flush = now + self._flush_interval_s
+            if now - self._last_maintenance >= self._compact_interval_s:
+                self._last_maintenance = now
+                self.maintain()
+        return max(0.0, self._next_flush - self._clock.monotonic())
 
     def flush(self) -> None:
         """Commits every table's buffered rows (one commit per table); failed rows stay buffered."""

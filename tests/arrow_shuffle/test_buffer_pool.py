@@ -8,6 +8,7 @@ from arrow_shuffle import BufferAccountingError, InsufficientBuffersError, Netwo
 from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool
 from arrow_shuffle.credit import SenderCredit, UnannouncedCredit
 from arrow_shuffle.errors import ChannelClosedError
+from heartbeat.clock import ManualClock
 
 
 def test_over_release_raises() -> None:
@@ -63,29 +64,53 @@ def test_blocked_request_wakes_on_recycle() -> None:
     assert network.num_available == 4
 
 
-def test_request_times_out_and_close_wakes_waiters() -> None:
+def test_request_deadline_and_blocked_time_are_on_the_pool_clock_and_close_wakes_waiters() -> None:
+    """The deadline and ``blocked_s`` come from the pool's clock: a waiter served after a jump
+    short of its timeout was blocked exactly that long, one still waiting fails at the jump that
+    reaches its timeout, and ``close()`` wakes a waiter whatever the clock says."""
+    clock = ManualClock()
     network = NetworkBufferPool(2, 4096)
-    local = LocalBufferPool(network, 1, 1, "t")
+    local = LocalBufferPool(network, 1, 1, "t", clock=clock)
     held = local.try_request()
-    with pytest.raises(InsufficientBuffersError, match="consumer"):
-        local.request(timeout_s=0.05)
+    assert held is not None
     errors: list[BaseException] = []
+    got: list[Buffer] = []
 
-    def wait() -> None:
+    def wait(timeout_s: float) -> None:
         try:
-            local.request(timeout_s=10)
+            got.append(local.request(timeout_s))
         except BaseException as exc:
             errors.append(exc)
 
-    waiter = threading.Thread(target=wait)
+    waiter = threading.Thread(target=wait, args=(10.0,))
+    waiter.start()
+    assert local.exhausted.wait(10)
+    clock.jump(9.0)  # short of the timeout: the buffer recycled now still reaches the waiter
+    held.recycle()
+    waiter.join(10)
+    assert not errors and len(got) == 1
+    assert local.blocked_s == pytest.approx(9.0)
+
+    waiter = threading.Thread(target=wait, args=(10.0,))
     local.exhausted.clear()
     waiter.start()
-    assert local.exhausted.wait(5)
+    assert local.exhausted.wait(10)
+    clock.jump(10.0)
+    waiter.join(10)
+    assert not waiter.is_alive()
+    [error] = errors
+    assert isinstance(error, InsufficientBuffersError) and "after 10.0s" in str(error)
+    assert "is the consumer reading?" in str(error)
+    assert local.blocked_s == pytest.approx(19.0)
+
+    waiter = threading.Thread(target=wait, args=(10.0,))
+    local.exhausted.clear()
+    waiter.start()
+    assert local.exhausted.wait(10)
     local.close()
-    waiter.join(5)
-    assert isinstance(errors[0], ChannelClosedError)
-    assert held is not None
-    held.recycle()
+    waiter.join(10)
+    assert isinstance(errors[1], ChannelClosedError)
+    got[0].recycle()
     assert network.num_available == 2
 
 

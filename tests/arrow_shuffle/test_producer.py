@@ -26,6 +26,7 @@ from arrow_shuffle import (
     column_partitioner,
 )
 from arrow_shuffle.partitioner import hash_rows
+from heartbeat.clock import ManualClock
 
 from .conftest import APP, SCHEMA, make_batch
 
@@ -76,7 +77,8 @@ def test_hash_is_stable_across_processes() -> None:
 
 
 def test_small_batches_are_coalesced_until_full(config: ShuffleConfig, pool: NetworkBufferPool) -> None:
-    partition = ResultPartition(PID, 1, SCHEMA, pool, config=config.replace(flush_timeout_s=3600.0))
+    # The flush timeout never passes on a clock that stands still: only full buffers are handed on.
+    partition = ResultPartition(PID, 1, SCHEMA, pool, config=config, clock=ManualClock())
     writer = RecordWriter(partition)
     for i in range(200):
         writer.write(make_batch(i * 10, 10))
@@ -89,15 +91,21 @@ def test_small_batches_are_coalesced_until_full(config: ShuffleConfig, pool: Net
 
 
 def test_flush_timeout_publishes_a_partial_buffer(config: ShuffleConfig, pool: NetworkBufferPool) -> None:
-    partition = ResultPartition(PID, 1, SCHEMA, pool, config=config.replace(flush_timeout_s=0.01))
+    """A minute's flush timeout on the partition's clock: the partial buffer is published once the
+    clock has passed it, far sooner than a real minute."""
+    clock = ManualClock()
+    cfg = config.replace(flush_timeout_s=60.0)
+    partition = ResultPartition(PID, 1, SCHEMA, pool, config=cfg, clock=clock)
     arrived = threading.Event()
     partition.subpartitions[0].attach_reader(
         lambda: arrived.set() if partition.subpartitions[0].backlog else None
     )
     writer = RecordWriter(partition)
     writer.write(make_batch(0, 3))
-    assert partition.subpartitions[0].backlog == 0 or arrived.is_set()
-    assert arrived.wait(5), "flusher never published the partial buffer"
+    clock.jump(59.75)
+    assert partition.subpartitions[0].backlog == 0
+    clock.jump(0.25)
+    assert arrived.wait(10), "flusher never published the partial buffer"
     buffer, _backlog, _end = partition.subpartitions[0].poll()
     assert buffer is not None
     buffer.recycle()

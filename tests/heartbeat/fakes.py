@@ -1,11 +1,16 @@
-"""Fakes over mocks: a recording listener, targets and links that keep what they were sent."""
+"""Fakes over mocks: a recording listener, targets and links that keep what they were sent, and a
+subscriber that collects the RM's events and lets a test wait for one."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from heartbeat.errors import HeartbeatRpcError
 from heartbeat.events import Event, EventKind, ExecutorEvent, HeartbeatRecord
+from heartbeat.payload import Payload
 
 
 @dataclass
@@ -80,3 +85,55 @@ class EventList:
 
     def records(self) -> list[HeartbeatRecord]:
         return [e for e in self.events if isinstance(e, HeartbeatRecord)]
+
+
+@dataclass
+class FakeRmLink:
+    """An ``RmLink``: keeps the agent's answers and why the session ended; ``broken`` fails sends."""
+
+    broken: bool = False
+    answers: list[tuple[str, str, int, Payload]] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)
+
+    def send_heartbeat(self, epoch: str, instance_id: str, seq: int, payload: Payload) -> None:
+        if self.broken:
+            raise HeartbeatRpcError("stream closed")
+        self.answers.append((epoch, instance_id, seq, payload))
+
+    def end(self, reason: str) -> None:
+        self.ended.append(reason)
+
+
+class Collector:
+    """Subscriber that keeps events and lets tests wait on a condition with a deadline."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.events: list[ExecutorEvent] = []
+        self.records: list[HeartbeatRecord] = []
+
+    def __call__(self, event: ExecutorEvent | HeartbeatRecord) -> None:
+        with self._cond:
+            if isinstance(event, HeartbeatRecord):
+                self.records.append(event)
+            else:
+                self.events.append(event)
+            self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout_s)
+
+    def find(self, kind: EventKind, executor_id: str) -> list[ExecutorEvent]:
+        with self._cond:
+            return [e for e in self.events if e.kind is kind and e.executor_id == executor_id]
+
+    def wait_event(
+        self, kind: EventKind, executor_id: str, timeout_s: float, count: int = 1
+    ) -> ExecutorEvent:
+        deadline = time.monotonic() + timeout_s
+        ok = self.wait_for(
+            lambda: len(self.find(kind, executor_id)) >= count, max(0.0, deadline - time.monotonic())
+        )
+        assert ok, f"no {kind.value} #{count} for {executor_id} within {timeout_s} s; saw {self.events}"
+        return self.find(kind, executor_id)[count - 1]

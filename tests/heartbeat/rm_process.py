@@ -4,7 +4,8 @@
 prints ``READY <host:port> <epoch> <started_at>`` once it serves, then one line per event:
 ``EVENT <kind> <executor_id> <instance_id> <ts> <host> <detail...>`` and
 ``HEARTBEAT <executor_id> <instance_id> <ts> <rtt_ms>``. Times are wall-clock epoch seconds, so
-a test on the same machine can compare them with its own ``time.time()``. Stops on SIGTERM.
+a test on the same machine can compare them with its own ``time.time()`` (the RM's ``SYSTEM_CLOCK``
+reads the same wall clock). Stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import os
 import signal
 import sys
 import threading
-import time
 
 from heartbeat import ExecutorEvent, HeartbeatRecord, HeartbeatServices, ResourceManagerServer
 from heartbeat.agent_main import SECRET_ENV
+from heartbeat.clock import SYSTEM_CLOCK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     rm.subscribe(report)
     address = rm.start()
-    say(f"READY {address} {rm.epoch} {time.time()!r}")
+    say(f"READY {address} {rm.epoch} {SYSTEM_CLOCK.time()!r}")
     stop.wait()
     rm.stop(grace_s=0.1)
     return 0

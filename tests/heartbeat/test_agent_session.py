@@ -1,4 +1,8 @@
-"""The agent's side of one registered stream, over a fake call and a manual clock."""
+"""The agent's transport for one registered stream, over a fake call and a manual clock.
+
+The decisions themselves are the core's (``test_agent_core.py``); these tests check that the
+session carries requests in, answers and unregisters out, and reports how the stream ended.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import grpc.aio
 import pytest
 
 from heartbeat import (
-    AsyncAgent,
+    AgentCore,
     HeartbeatRpcError,
     HeartbeatServices,
     ManualScheduler,
@@ -35,6 +39,14 @@ class FakeCall:
         self.inbox: asyncio.Queue[object] = asyncio.Queue()
         self.written: list[pb.AgentMessage] = []
         self.status: tuple[grpc.StatusCode, str] = (grpc.StatusCode.OK, "")
+        self.done_writing_called = False
+        self.cancelled = False
+
+    async def done_writing(self) -> None:
+        self.done_writing_called = True
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
     async def read(self) -> object:
         item = await self.inbox.get()
@@ -66,6 +78,14 @@ class FakeCall:
         self.inbox.put_nowait(grpc.aio.AioRpcError(code, empty, empty, details, None))
 
 
+class FakeChannel:
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def close(self, grace: float | None) -> None:
+        self.closed = True
+
+
 async def until(condition: Callable[[], bool]) -> None:
     """Yield to the loop (no real waiting) until ``condition`` holds."""
     for _ in range(100):
@@ -82,18 +102,17 @@ def run_session(
 ) -> str:
     async def main() -> str:
         scheduler = ManualScheduler()
-        agent = AsyncAgent(
-            "rm:0",
-            "secret",
+        core = AgentCore(
             "exec-1",
             services=SERVICES,
+            clock=scheduler.clock,
             payload_providers=[static_provider({"slots_total": 2, "queue.depth": 3.0})],
             is_healthy=healthy,
-            clock=scheduler.clock,
-            scheduler=scheduler,
         )
+        interval_ms, timeout_ms = round(SERVICES.interval_s * 1000), round(SERVICES.timeout_s * 1000)
+        assert core.registered(REG.epoch, REG.instance_id, interval_ms, timeout_ms) == REG
         call = FakeCall()
-        session = AgentSession(agent, None, call, REG)  # type: ignore[arg-type]
+        session = AgentSession(core, FakeChannel(), call, REG, scheduler)  # type: ignore[arg-type]
         if sessions is not None:
             sessions.append(session)
         task = asyncio.create_task(session.serve())
@@ -186,5 +205,29 @@ def test_the_status_that_ended_the_stream_is_kept_typed(
 
     reason = run_session(scenario, sessions=sessions)
     [session] = sessions
-    assert type(session.rm_error) is error and error.__name__ in reason
-    assert error is not RegistrationReplacedError or "own executor id" in str(session.rm_error)
+    assert type(session.core.rm_error) is error and error.__name__ in reason
+    assert error is not RegistrationReplacedError or "own executor id" in str(session.core.rm_error)
+    assert (session.core.final_error is not None) == (error is RegistrationReplacedError)
+    assert session.core.registration is None, "nothing is live once the session ended"
+
+
+@pytest.mark.parametrize("unregister", [True, False])
+def test_close_tells_the_rm_why_we_leave_only_when_unregistering(unregister: bool) -> None:
+    sessions: list[AgentSession] = []
+
+    async def scenario(call: FakeCall, scheduler: ManualScheduler, session: AgentSession, task: Any) -> None:
+        session.end("agent stopping")
+        await task
+        await session.close(unregister, 1.0, "the JVM exited unexpectedly")
+        assert call.cancelled and session.channel.closed  # type: ignore[attr-defined]
+        assert call.done_writing_called is unregister
+
+    assert run_session(scenario, sessions=sessions) == "agent stopping"
+    [session] = sessions
+    written = session.call.written
+    if unregister:
+        [message] = written
+        bye = message.unregister
+        assert (bye.epoch, bye.instance_id, bye.reason) == (*REG, "the JVM exited unexpectedly")
+    else:
+        assert written == []

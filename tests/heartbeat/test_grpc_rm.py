@@ -23,7 +23,8 @@ from heartbeat._wire import CONNECT_METHOD, SECRET_METADATA_KEY
 from heartbeat.admin import list_executors
 from tests.procs import wait_until
 
-from .conftest import FAST, SECRET, Collector
+from .conftest import DEADLINE_S, FAST, SECRET
+from .fakes import Collector
 
 pytestmark = pytest.mark.timeout(60)
 RETRY = RetryPolicy(min_delay_s=0.02, max_delay_s=0.1, deadline_s=10.0, attempt_timeout_s=1.0)
@@ -166,7 +167,7 @@ def test_unhealthy_host_times_out_then_reregisters_when_healthy(rm: Rm) -> None:
         a.start()
         assert a.wait_registered(5.0)
         healthy[0] = False
-        events.wait_event(EventKind.HEARTBEAT_TIMEOUT, "2", 3.0)
+        events.wait_event(EventKind.HEARTBEAT_TIMEOUT, "2", DEADLINE_S)
         # Out of its session, the agent asks is_healthy() once per interval before it may register
         # again. Four more asks (one may still come from the closing session) span >= 2 intervals.
         assert wait_until(lambda: a.registration is None, 5.0)
@@ -196,7 +197,7 @@ def test_rm_restart_on_the_same_port_is_followed_by_reregistration() -> None:
         events = Collector()
         second.subscribe(events)
         assert second.start() == address
-        event = events.wait_event(EventKind.REREGISTERED, "3", FAST.timeout_s * 4)
+        event = events.wait_event(EventKind.REREGISTERED, "3", DEADLINE_S)
         assert a.wait_registered(5.0)
         assert a.registration is not None and old is not None
         assert a.registration.epoch == second.epoch != old.epoch
@@ -280,7 +281,7 @@ def test_a_newer_registration_of_the_same_id_stops_the_older_agent_for_good(
         assert isinstance(older.error, RegistrationReplacedError)
         [line] = caplog.records  # every WARNING+ record of any logger
         message = line.getMessage()
-        assert line.levelno == logging.ERROR and line.name == "heartbeat.agent"
+        assert line.levelno == logging.ERROR and line.name == "heartbeat.agent_core"
         assert "agent dup stops" in message and "replaced by a newer one" in message and instance in message
         assert "same executor id" in message and "\n" not in message and line.exc_info is None
     finally:

@@ -6,7 +6,15 @@ import os
 import threading
 from pathlib import Path
 
-from heartbeat import EventKind, ExecutorEvent, Payload, pulse_file_provider, slots_provider, static_provider
+from heartbeat import (
+    EventKind,
+    ExecutorEvent,
+    ManualClock,
+    Payload,
+    pulse_file_provider,
+    slots_provider,
+    static_provider,
+)
 from heartbeat._wire import payload_from_proto, payload_to_proto
 from heartbeat.events import EventBus
 from heartbeat.payload import collect_payload
@@ -29,11 +37,14 @@ def test_providers_merge_into_typed_fields_and_metrics() -> None:
 
 def test_pulse_age_from_file_mtime(tmp_path: Path) -> None:
     pulse = tmp_path / "pulse"
-    provider = pulse_file_provider(str(pulse), now=lambda: 1000.0)
+    clock = ManualClock(start=0.0, wall_start=1000.0)
+    provider = pulse_file_provider(str(pulse), clock)
     assert provider() == {"jvm_pulse_age_ms": None}
     pulse.touch()
     os.utime(pulse, (997.5, 997.5))
     assert provider() == {"jvm_pulse_age_ms": 2500}
+    clock.jump(1.5)
+    assert provider() == {"jvm_pulse_age_ms": 4000}, "a file age is read on the clock's wall time"
 
 
 def test_payload_wire_round_trip_keeps_unknowns_unknown() -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from heartbeat import (
     EventKind,
+    ExecutorEvent,
     HeartbeatServices,
     MalformedMessageError,
     ManualScheduler,
@@ -31,7 +32,6 @@ class Rm:
             self.scheduler,
             self.events,
             known_executors=known,
-            wall=self.scheduler.clock.time,
             spread=1,
             max_ended=max_ended,
         )
@@ -58,6 +58,23 @@ def test_register_then_heartbeats_carry_payload_and_rtt() -> None:
     assert rm.events.kinds() == [(EventKind.REGISTERED, "1")]
     [info] = rm.core.executors()
     assert info.state == "RUNNING" and info.last_rtt_ms == pytest.approx(25.0)
+
+
+def test_recorded_timestamps_are_the_clocks_wall_time() -> None:
+    """Timeouts and RTTs run on ``monotonic()``; what is written down is ``time()`` of one clock."""
+    rm = Rm()
+    wall_start = rm.scheduler.clock.time()
+    rm.scheduler.advance(5.0)
+    link = FakeLink()
+    reg = rm.core.register("1", "h", link)
+    rm.scheduler.advance(1.25)  # the next sweep, at 6.0, sends the request answered now
+    rm.answer_all("1", link, reg.instance_id, Payload())
+    [event] = [e for e in rm.events.events if isinstance(e, ExecutorEvent)]
+    [record] = rm.events.records()
+    [info] = rm.core.executors()
+    assert event.ts == info.registered_at == pytest.approx(wall_start + 5.0)
+    assert record.ts == info.last_heartbeat == pytest.approx(wall_start + 6.25)
+    assert record.rtt_ms == pytest.approx(250.0)
 
 
 def test_silent_executor_times_out_once_and_its_late_answer_is_refused() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from heartbeat import ManualScheduler, ThreadScheduler
+from heartbeat import ManualClock, ManualScheduler, ThreadScheduler
 
 
 def test_manual_scheduler_runs_due_tasks_in_order_at_their_time() -> None:
@@ -60,5 +60,29 @@ def test_thread_scheduler_runs_and_cancels() -> None:
         scheduler.schedule(0.06, later.set)
         assert later.wait(5.0)
         assert not skipped.is_set()
+    finally:
+        scheduler.shutdown()
+
+
+def test_thread_scheduler_computes_due_times_from_its_clock() -> None:
+    """Due an hour from now on its clock: runs once that clock got there, with no hour of waiting."""
+    clock = ManualClock()
+    scheduler = ThreadScheduler(clock=clock)
+    try:
+        order: list[str] = []
+        done = threading.Event()
+
+        def late() -> None:
+            order.append("late")
+
+        def prompt() -> None:
+            order.append("prompt")
+            done.set()
+
+        scheduler.schedule(3600.0, late)
+        clock.jump(3600.0)
+        scheduler.schedule(0.0, prompt)  # also wakes the thread, which then reads the clock
+        assert done.wait(5.0)
+        assert order == ["late", "prompt"], "due times come from the clock, in order"
     finally:
         scheduler.shutdown()

@@ -1,4 +1,6 @@
-"""Configuration validation: invalid settings name the parameter and its allowed range."""
+"""Settings validation: the library takes a validated ``HeartbeatServices`` only, and an invalid
+setting names the parameter and its allowed range. (The ``spark.arrowbeat.heartbeat.*`` keys are
+declared and parsed in ``spark_plugin.config``, and tested in ``tests/spark_plugin``.)"""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import math
 
 import pytest
 
-from heartbeat import CONFIG_KEYS, HeartbeatConfigError, HeartbeatServices, RetryPolicy
+import heartbeat
+from heartbeat import HeartbeatConfigError, HeartbeatServices, RetryPolicy
 
 
 @pytest.mark.parametrize(
@@ -15,15 +18,20 @@ from heartbeat import CONFIG_KEYS, HeartbeatConfigError, HeartbeatServices, Retr
         ({"interval_s": 0.0}, "interval_s"),
         ({"interval_s": -1.0}, "interval_s"),
         ({"interval_s": math.nan}, "interval_s"),
+        ({"interval_s": "0.5"}, "interval_s"),
+        ({"interval_s": True}, "interval_s"),
         ({"interval_s": 5.0, "timeout_s": 5.0}, "timeout_s"),
         ({"interval_s": 2.0, "timeout_s": 1.0}, "timeout_s"),
         ({"timeout_s": math.inf}, "timeout_s"),
+        ({"timeout_s": "soon"}, "timeout_s"),
         ({"rpc_failure_threshold": 0}, "rpc_failure_threshold"),
         ({"rpc_failure_threshold": -2}, "rpc_failure_threshold"),
+        ({"rpc_failure_threshold": 2.0}, "rpc_failure_threshold"),
+        ({"rpc_failure_threshold": "3"}, "rpc_failure_threshold"),
     ],
 )
 def test_invalid_settings_raise_a_config_error_naming_the_parameter(
-    kwargs: dict[str, float], parameter: str
+    kwargs: dict[str, object], parameter: str
 ) -> None:
     with pytest.raises(HeartbeatConfigError) as info:
         HeartbeatServices(**kwargs)  # type: ignore[arg-type]
@@ -37,14 +45,18 @@ def test_valid_settings_including_disabled_threshold() -> None:
     assert (services.interval_s, services.timeout_s, services.rpc_failure_threshold) == (0.2, 1.0, -1)
 
 
-def test_from_conf_reads_spark_keys_and_defaults() -> None:
-    services = HeartbeatServices.from_conf(
-        {"spark.arrowbeat.heartbeat.interval": "0.5", "spark.arrowbeat.heartbeat.rpcFailureThreshold": "3"}
-    )
+def test_unset_settings_take_the_defaults_and_seconds_are_seconds() -> None:
+    assert HeartbeatServices() == HeartbeatServices(1.0, 5.0, 2)
+    services = HeartbeatServices(interval_s=0.5, rpc_failure_threshold=3)
     assert services == HeartbeatServices(0.5, 5.0, 3)
-    assert {k.name for k in CONFIG_KEYS} == {"interval", "timeout", "rpcFailureThreshold"}
-    with pytest.raises(HeartbeatConfigError, match=r"spark\.arrowbeat\.heartbeat\.timeout"):
-        HeartbeatServices.from_conf({"spark.arrowbeat.heartbeat.timeout": "soon"})
+    assert HeartbeatServices(1, 500) == HeartbeatServices(1.0, 500.0), "whole seconds are fine: no units"
+
+
+def test_the_library_declares_no_configuration_keys() -> None:
+    """Every spark.arrowbeat.* key is declared once, in spark_plugin.config."""
+    assert not hasattr(HeartbeatServices, "from_conf")
+    for name in ("CONFIG_KEYS", "ConfigKey", "CONF_PREFIX"):
+        assert not hasattr(heartbeat, name) and not hasattr(heartbeat.services, name)
 
 
 def test_retry_policy_validation() -> None:

@@ -20,10 +20,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from pyspark.errors import PythonException
 from pyspark.sql import DataFrame, SparkSession
 
 from arrow_shuffle import ShuffleConfigError, group_apply, partition_apply, repartition, shuffle_of
 from arrow_shuffle.spark.agent_client import MapOutputClient
+from spark_plugin.errors import ConfigError
 from tests.procs import ours, wait_until
 from tests.spark.session import build_session, stop_session
 
@@ -103,9 +105,9 @@ def host_local(spark: SparkSession, on: bool) -> Iterator[None]:
 
 
 def read_paths(reports: list[dict[str, Any]]) -> tuple[int, int]:
-    """Bytes the reduce tasks read from files and through agents' streams."""
+    """Bytes the reduce tasks read by host-local file reads and through agents' streams."""
     reads = [r for r in reports if r["side"] == "read"]
-    return sum(r["local_bytes"] for r in reads), sum(r["remote_bytes"] for r in reads)
+    return sum(r["file_bytes"] for r in reads), sum(r["streamed_bytes"] for r in reads)
 
 
 @pytest.mark.parametrize("keys, n, on_disk", [(["k"], 64, False), (["s", "k"], 7, False), (["k"], 9, True)])
@@ -194,8 +196,39 @@ def test_bad_input_fails_early_naming_the_column_or_partition(cluster: tuple[Spa
         return pa.table({"k": pa.array([1], pa.int64())})  # declared int, returns bigint
 
     bad = group_apply(df, ["k"], wrong, "k int")
-    with shuffle_of(bad), pytest.raises(Exception, match=r"key group \{'k': .*\} of partition \d+"):
+    with (
+        shuffle_of(bad),
+        pytest.raises(
+            PythonException, match=r"SchemaMismatchError: .*key group \{'k': .*\} of partition \d+"
+        ),
+    ):
         bad.collect()
+
+
+def test_a_bad_setting_is_the_plugins_config_error(cluster: tuple[SparkSession, Path]) -> None:
+    """A setting is not a call argument: ``spark_plugin``'s ``ConfigError``, naming key and form."""
+    spark, _ = cluster
+    df = source(spark, 1000)
+    key = "spark.arrowbeat.shuffle.readHostLocalDisk"
+    spark.conf.set(key, "maybe")
+    try:
+        with pytest.raises(ConfigError, match=f"{key}='maybe': expected true or false") as caught:
+            repartition(df, 2, "k")
+        assert not isinstance(caught.value, ShuffleConfigError)
+    finally:
+        spark.conf.set(key, "false")
+
+
+def test_blocking_is_a_deprecated_name_of_materialized(cluster: tuple[SparkSession, Path]) -> None:
+    spark, _ = cluster
+    df = source(spark, 1000)
+    with pytest.warns(DeprecationWarning, match="mode='materialized'") as caught:
+        out = repartition(df, 2, "k", mode="blocking")
+    ours_ = [w for w in caught if "mode='blocking' is deprecated" in str(w.message)]
+    assert len(ours_) == 1 and ours_[0].filename == __file__  # points at the caller's line
+    with shuffle_of(out) as handle:
+        assert handle.mode == "materialized"
+        assert multiset(out) == multiset(df)
 
 
 def _agent_metrics(spark: SparkSession, root: Path) -> list[dict[str, float]]:

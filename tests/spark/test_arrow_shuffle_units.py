@@ -1,9 +1,15 @@
-"""The DataFrame shuffle's pieces without Spark: map-output files, grouping, the agent's service
-(staging over the real engine transport, release, TTL with an injected clock) and the reduce read."""
+"""The DataFrame shuffle's pieces without Spark: map-output files, grouping, the agent's
+``MapOutputService`` (staging over the real engine transport, release, TTL on a ``ManualClock``),
+agent discovery and the rendezvous (deadlines on a ``ManualClock``), the reduce read, and the
+driver's settings and modes (a fake session: settings come through ``spark_plugin.config``)."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -13,19 +19,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrow_shuffle import SchemaMismatchError, ShuffleConfigError
-from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient
+from arrow_shuffle import (
+    MapOutputLostError,
+    SchemaMismatchError,
+    ShuffleAuthenticationError,
+    ShuffleConfigError,
+    ShuffleError,
+)
+from arrow_shuffle.spark import dataframe
+from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, find_agent
 from arrow_shuffle.spark.agent_service import MapOutputService
 from arrow_shuffle.spark.grouping import iter_groups
 from arrow_shuffle.spark.map_output import MapOutputWriter, check_keys, read_segments, route
 from arrow_shuffle.spark.tasks import (
-    MapOutputLostError,
     ReadStats,
     ShufflePlan,
     group_consumer,
     read_reducer,
     reads_from_disk,
 )
+from heartbeat.clock import ManualClock
+from spark_plugin.errors import ConfigError
+from tests.procs import wait_until
 
 SECRET = "unit-test-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string()), ("x", pa.float64())])
@@ -51,19 +66,15 @@ def rows(batches: Any) -> Counter[tuple[Any, ...]]:
     return found
 
 
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+@pytest.fixture
+def clock() -> ManualClock:
+    """Its wall reading starts at the real time: map-output files get real modification times."""
+    return ManualClock(start=1000.0, wall_start=time.time())
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Any:
-    svc = MapOutputService(
-        "app-u", "7", SECRET, str(tmp_path / "root"), jvm_pid=4242, clock=FakeClock(1000.0)
-    )
+def service(tmp_path: Path, clock: ManualClock) -> Any:
+    svc = MapOutputService("app-u", "7", SECRET, str(tmp_path / "root"), jvm_pid=4242, clock=clock)
     yield svc
     svc.close()
 
@@ -183,7 +194,7 @@ def test_remote_read_through_the_agent_and_local_read_agree(service: MapOutputSe
         stats = ReadStats()
         got_remote = rows(read_reducer(plan, r, statuses(service, path, outs, r), remote_reader, stats))
         assert got_local == got_remote
-        assert stats.remote_bytes > 0 or outs[r].rows == 0
+        assert stats.streamed_bytes > 0 or outs[r].rows == 0
         total += got_remote
     assert total == rows([data])
     assert service.metrics()["shuffle_streams_open"] == 0  # every staged stream was unstaged
@@ -198,7 +209,7 @@ def test_host_local_reads_take_other_executors_outputs_from_disk(service: MapOut
     for r in range(2):
         stats = ReadStats()
         total += rows(read_reducer(plan, r, statuses(service, path, outs, r), neighbour, stats))
-        assert stats.remote_bytes == 0 and stats.local_bytes > 0
+        assert stats.streamed_bytes == 0 and stats.file_bytes > 0
     assert total == rows([data])
     assert service.metrics().get("shuffle_streams_staged", 0) == 0  # its agent streamed nothing
     status = statuses(service, path, outs, 0)[0]
@@ -209,23 +220,38 @@ def test_host_local_reads_take_other_executors_outputs_from_disk(service: MapOut
     assert reads_from_disk(status, AgentInfo("7", "other-host", 0, 0, ""), host_local=False)  # our own
 
 
-def test_release_and_ttl_delete_map_outputs(service: MapOutputService) -> None:
+def test_release_and_ttl_delete_map_outputs(service: MapOutputService, clock: ManualClock) -> None:
     write_map(service, 1, 0, batch(list(range(50))), 2)
     write_map(service, 2, 0, batch(list(range(50))), 2)
     assert service.disk_bytes() > 0
     with MapOutputClient(service.control_address, SECRET, "test") as client:
         assert client.call("release", 1) > 0
     assert not (Path(service.dir) / "s1").exists() and (Path(service.dir) / "s2").exists()
-    clock = service._clock
-    assert isinstance(clock, FakeClock)
-    clock.now = 10.0**10  # far past the TTL of the files' modification times
+    clock.jump(service.ttl_s - 60)  # not yet: the files are younger than the TTL
+    assert service.sweep() == 0 and (Path(service.dir) / "s2").exists()
+    clock.jump(120)  # past the TTL of the files' modification times
     assert service.sweep() > 0
     assert service.disk_bytes() == 0
 
 
+def test_ttl_ends_a_staged_stream_nobody_reads(service: MapOutputService, clock: ManualClock) -> None:
+    """A stream's age is monotonic, from when it was staged; its files go with it."""
+    path, outs, _ = write_map(service, 6, 0, batch(list(range(60))), 1)
+    service.stage(6, 0, SCHEMA, [(path, outs[0].segments)])
+    assert service.metrics()["shuffle_streams_open"] == 1
+    clock.jump(service.ttl_s - 1)
+    service.sweep()
+    assert service.metrics()["shuffle_streams_open"] == 1 and Path(path).exists()
+    clock.jump(2)
+    assert service.sweep() > 0
+    assert service.metrics()["shuffle_streams_open"] == 0 and not Path(path).exists()
+
+
 def test_control_channel_refuses_a_wrong_secret(service: MapOutputService) -> None:
-    with pytest.raises(Exception):  # noqa: B017 - multiprocessing's ShuffleAuthenticationError or EOF
+    with pytest.raises(ShuffleAuthenticationError, match="refused our secret"):
         MapOutputClient(service.control_address, "not-the-secret-at-all", "test").call("metrics")
+    with MapOutputClient(service.control_address, SECRET, "test") as client:  # still serving
+        assert client.call("metrics")["shuffle_streams_open"] == 0
 
 
 def test_lost_agent_fails_the_read_naming_executor_and_maps(service: MapOutputService) -> None:
@@ -254,3 +280,169 @@ def test_heartbeat_payload_carries_the_agents_buffer_pool_figures(service: MapOu
     assert payload.metrics["shuffle_pool_used_bytes"] == 0
     write_map(service, 3, 0, batch(list(range(40))), 1)
     assert collect_payload([service.metrics]).metrics["shuffle_disk_bytes"] > 0
+
+
+def test_find_agent_finds_the_agent_of_an_ancestor_process(tmp_path: Path) -> None:
+    """A worker finds the agent announced under its executor JVM's pid: here, pytest's parent."""
+    svc = MapOutputService("app-f", "3", SECRET, str(tmp_path), jvm_pid=os.getppid())
+    try:
+        found = find_agent(str(tmp_path), "app-f", wait_s=0.0)
+        assert (found.executor_id, found.control_address, found.dir) == ("3", svc.control_address, svc.dir)
+    finally:
+        svc.close()
+
+
+class WatchedClock(ManualClock):
+    """A ``ManualClock`` that counts ``monotonic()`` reads, so a test knows a waiter has looked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        return super().monotonic()
+
+    def read_again(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the clock is read twice more: one whole turn of the waiter's loop."""
+        seen = self.reads
+        return wait_until(lambda: self.reads >= seen + 2, timeout_s)
+
+
+def test_find_agent_gives_up_at_its_deadline_naming_where_it_looked(tmp_path: Path) -> None:
+    clock = WatchedClock()
+    outcome: dict[str, BaseException] = {}
+
+    def look() -> None:
+        try:
+            find_agent(str(tmp_path), "app-none", wait_s=10.0, clock=clock)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=look, daemon=True)
+    thread.start()
+    assert wait_until(lambda: clock.reads > 0, 30)  # its deadline is set
+    clock.jump(9.0)
+    assert clock.read_again()
+    assert thread.is_alive()  # still waiting: its deadline is on the clock, not on wall time
+    clock.jump(1.0)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    error = outcome["error"]
+    assert isinstance(error, ShuffleConfigError)
+    assert str(tmp_path / "app-none" / "agents") in str(error) and "spark.arrowbeat.shuffle.dir" in str(error)
+
+
+def test_rendezvous_tells_reducers_where_maps_are_and_times_out_on_its_clock() -> None:
+    from arrow_shuffle.spark import rendezvous
+
+    clock = WatchedClock()
+    driver = rendezvous.Rendezvous(SECRET, clock=clock)
+    try:
+        rendezvous.call(
+            driver.address, SECRET, "announce", 11, {"map": 0, "host": "h", "port": 1, "token": 5}
+        )
+        assert [m["map"] for m in rendezvous.locate(driver.address, SECRET, 11, 1)] == [0]
+        outcome: dict[str, BaseException] = {}
+
+        def wait_for_two() -> None:
+            try:
+                rendezvous.locate(driver.address, SECRET, 11, 2)
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        before = clock.reads
+        thread = threading.Thread(target=wait_for_two, daemon=True)
+        thread.start()
+        assert wait_until(lambda: clock.reads > before, 30)  # the driver set its deadline
+        clock.jump(59.0)
+        assert clock.read_again()
+        assert thread.is_alive()
+        clock.jump(1.0)
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert isinstance(outcome["error"], ShuffleError)
+        assert "only 1 of 2 map tasks announced in time" in str(outcome["error"])
+        with pytest.raises(ShuffleAuthenticationError):
+            rendezvous.call(driver.address, "not-the-secret-at-all", "locate", 11, 1)
+    finally:
+        driver.close()
+
+
+def test_materialized_is_the_mode_and_blocking_a_deprecated_alias() -> None:
+    assert dataframe.MODES == ("materialized", "pipelined")
+    assert dataframe.check_mode("materialized") == "materialized"
+    assert dataframe.check_mode("pipelined") == "pipelined"
+    with pytest.warns(DeprecationWarning, match="mode='materialized'") as caught:
+        assert dataframe.check_mode("blocking", stacklevel=1) == "materialized"
+    assert caught[0].filename == __file__  # points at the caller, not at arrowbeat
+    with pytest.raises(ShuffleConfigError, match="mode='eager': expected one of materialized, pipelined"):
+        dataframe.check_mode("eager")
+
+
+class FakeConf:
+    """``SparkConf``'s and ``RuntimeConfig``'s read side, over a dict."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def getAll(self) -> list[tuple[str, str]]:
+        return list(self.values.items())
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+
+class FakeSession:
+    """The two things ``shuffle_settings`` reads: the application's conf and the session's runtime conf."""
+
+    def __init__(self, app: dict[str, str], runtime: dict[str, str] | None = None) -> None:
+        app_conf = FakeConf(app)
+        self.sparkContext = type("Context", (), {"getConf": staticmethod(lambda: app_conf)})()
+        self.conf = FakeConf({**app, **(runtime or {})})
+
+
+def test_dataframe_configcome_through_the_plugins_declarations() -> None:
+    app = {"spark.arrowbeat.authenticate.secret": SECRET, "spark.master": "local[2]"}
+    config = dataframe.shuffle_settings(FakeSession(app))  # type: ignore[arg-type]
+    assert config.shuffle_map_memory_bytes == 32 << 20 and config.shuffle_read_host_local
+    tuned = {**app, "spark.arrowbeat.shuffle.mapMemory": "64m", "spark.arrowbeat.shuffle.dir": "/x"}
+    config = dataframe.shuffle_settings(FakeSession(tuned))  # type: ignore[arg-type]
+    assert (config.shuffle_map_memory_bytes, config.shuffle_dir) == (64 << 20, "/x")
+
+
+def test_read_host_local_disk_is_settable_per_query_and_other_keys_are_not() -> None:
+    app = {"spark.arrowbeat.authenticate.secret": SECRET, "spark.arrowbeat.shuffle.readHostLocalDisk": "true"}
+    runtime = {
+        "spark.arrowbeat.shuffle.readHostLocalDisk": "false",
+        "spark.arrowbeat.shuffle.mapMemory": "64m",
+    }
+    config = dataframe.shuffle_settings(FakeSession(app, runtime))  # type: ignore[arg-type]
+    assert config.shuffle_read_host_local is False
+    assert config.shuffle_map_memory_bytes == 32 << 20  # fixed for the application
+
+
+@pytest.mark.parametrize(
+    "app, runtime, named",
+    [
+        (
+            {"spark.arrowbeat.shuffle.mapMemory": "lots"},
+            {},
+            "spark.arrowbeat.shuffle.mapMemory='lots': expected a size",
+        ),
+        (
+            {},
+            {"spark.arrowbeat.shuffle.readHostLocalDisk": "maybe"},
+            "readHostLocalDisk='maybe': expected true or false",
+        ),
+        ({"spark.arrowbeat.shuffle.ttl": "0s"}, {}, "spark.arrowbeat.shuffle.ttl must be > 0"),
+        ({"spark.arrowbeat.authenticate.secret": ""}, {}, "secret is unset: arrowbeat is not on"),
+    ],
+)
+def test_a_bad_setting_is_the_plugins_config_error_naming_the_key(
+    app: dict[str, str], runtime: dict[str, str], named: str
+) -> None:
+    session = FakeSession({"spark.arrowbeat.authenticate.secret": SECRET, **app}, runtime)
+    with pytest.raises(ConfigError, match=re.escape(named)) as caught:
+        dataframe.shuffle_settings(session)  # type: ignore[arg-type]
+    assert not isinstance(caught.value, ShuffleConfigError)

@@ -1,5 +1,9 @@
 """The JVM launcher under a real spark-submit: processes start, follow their JVMs, and never take
-the application down."""
+the application down.
+
+A process that follows its dead JVM is asserted to exit on its own, while the application still
+runs (or before anything else ends it), under a deadline generous enough for a loaded machine:
+how fast is not this test's business."""
 
 from __future__ import annotations
 
@@ -17,6 +21,12 @@ from tests.spark.submit import SubmittedApp
 
 APPS = Path(__file__).parent / "apps"
 pytestmark = pytest.mark.spark
+GENEROUS_S = 30.0
+"""Seconds a process may take to follow its dead JVM on a loaded machine (it is EOF on a pipe)."""
+
+
+def exited(proc: psutil.Process) -> bool:
+    return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
 
 
 def fast_cluster_app(scratch: Path, name: str) -> tuple[SubmittedApp, Path, Path]:
@@ -66,13 +76,16 @@ def test_one_agent_per_executor_each_follows_its_jvm(scratch: Path) -> None:
         assert beat["slots_total"] == 1 and beat["rss_bytes"] > 0 and beat["jvm_pulse_age_ms"] < 2000
         assert all(r["app_id"].startswith("app-") for r in rows(tables, "executor_events"))
 
-        # SIGKILL one executor JVM: its agent sees EOF on the pipe and exits within 2 s.
+        # SIGKILL one executor JVM: its agent sees EOF on the pipe and exits on its own, while
+        # the application (and the other executor's agent) runs on.
         victim = executors[0]
         victim_agent = agents[victim.pid]
+        survivor_agent = next(a for pid, a in agents.items() if pid != victim.pid)
         victim.send_signal(signal.SIGKILL)
-        assert wait_until(lambda: not victim_agent.is_running() or victim_agent.status() == "zombie", 2.0), (
-            "the agent outlived its executor JVM by more than 2 s"
+        assert wait_until(lambda: exited(victim_agent), GENEROUS_S), (
+            f"the agent outlived its executor JVM by more than {GENEROUS_S:g} s"
         )
+        assert app.proc.poll() is None and not exited(survivor_agent)
 
         # The application runs on (Spark replaces the executor) and ends cleanly.
         go.touch()
@@ -144,7 +157,8 @@ def test_a_dead_driver_side_process_is_restarted_and_recovers_its_executors(scra
 
 def test_the_driver_side_process_follows_a_killed_driver_jvm(scratch: Path) -> None:
     """The driver JVM SIGKILLed (spark-submit execs the JVM, so that is its pid): the kernel
-    closes the driver-side process's stdin and it exits, within 2 s, leaving no orphan."""
+    closes the driver-side process's stdin and it exits on its own (before ``app.close`` would
+    end it), leaving no orphan."""
     go = scratch / "driver-kill-go"
     app = SubmittedApp(APPS / "hold_app.py", "local[1]", scratch, args=[str(go)])
     try:
@@ -153,8 +167,8 @@ def test_the_driver_side_process_follows_a_killed_driver_jvm(scratch: Path) -> N
         jvm = psutil.Process(app.proc.pid)
         assert "SparkSubmit" in " ".join(jvm.cmdline()) and driver_side.ppid() == jvm.pid
         jvm.send_signal(signal.SIGKILL)
-        assert wait_until(lambda: not driver_side.is_running() or driver_side.status() == "zombie", 2.0), (
-            "the driver-side process outlived its driver JVM by more than 2 s"
+        assert wait_until(lambda: exited(driver_side), GENEROUS_S), (
+            f"the driver-side process outlived its driver JVM by more than {GENEROUS_S:g} s"
         )
     finally:
         app.close()

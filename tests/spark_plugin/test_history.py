@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from heartbeat.clock import ManualClock
 from spark_plugin.history import (
     EXECUTOR_EVENTS,
     HEARTBEATS,
@@ -18,6 +19,7 @@ from spark_plugin.history import (
     TablePathError,
     known_executors,
 )
+from tests.procs import wait_until
 
 
 def event(executor_id: str, kind: str, second: int, app_id: str = "app-1") -> dict[str, object]:
@@ -132,9 +134,8 @@ def files_on_disk(table: Path) -> int:
 def test_retention_bounds_the_files_on_disk_of_a_long_application(tmp_path: Path) -> None:
     """Rounds of many small commits, each followed by maintenance once the retention has passed:
     the files on disk stay at about one round's worth however many rounds run, rows all kept.
-    (The wait is for wall-clock retention, which Delta's vacuum measures from file times.)"""
-    import time
-
+    (Delta's vacuum measures retention on the wall clock from the commits' times, so each round
+    maintains until vacuum has removed what compaction tombstoned, under a generous deadline.)"""
     retention_s = 1.0
     writer = HistoryWriter(tmp_path, flush_interval_s=60, retention_s=retention_s)
     writer.open()
@@ -147,8 +148,13 @@ def test_retention_bounds_the_files_on_disk_of_a_long_application(tmp_path: Path
             writer.append(EXECUTOR_EVENTS.name, event(str(round_), "REGISTERED", second))
             writer.flush()
         writer.maintain()  # compacts this round's files into one, tombstoning them
-        time.sleep(retention_s + 0.2)
-        writer.maintain()  # now they are past retention: vacuumed, old log entries cleaned up
+        compacted = files_on_disk(table)
+
+        def vacuumed(compacted: int = compacted) -> bool:
+            writer.maintain()  # once they are past retention: vacuumed, old log entries cleaned up
+            return files_on_disk(table) < compacted - 20
+
+        assert wait_until(vacuumed, timeout_s=60, interval_s=0.25), "vacuum never removed the round's files"
         counts.append(files_on_disk(table))
     assert count(tmp_path, EXECUTOR_EVENTS.name) == 100
     assert max(counts) <= 20, counts  # 100 commits wrote 100 data files and 100 log entries
@@ -241,35 +247,68 @@ def test_a_retried_commit_writes_its_rows_exactly_once(
     assert DeltaTable(str(tmp_path / EXECUTOR_EVENTS.name)).transaction_version(writer.writer_id) == 2
 
 
-def test_the_flusher_commits_on_its_own_within_the_interval(tmp_path: Path) -> None:
-    """No explicit flush: rows become readable within about one interval, one commit per table
-    per interval (here: three intervals of appends, at most one commit each plus a spare)."""
-    import time
+def versions(root: Path, table: str) -> int:
+    return int(DeltaTable(str(root / table)).version())
 
-    interval = 0.3
-    writer = HistoryWriter(tmp_path, flush_interval_s=interval, compact_interval_s=3600)
+
+def test_the_flusher_commits_once_per_interval_on_its_clock(tmp_path: Path) -> None:
+    """When a flush is due is decided on the writer's clock: nothing is committed before one
+    interval has passed, everything buffered is committed once it has, and a steady stream of
+    rows over three intervals makes exactly three commits per table."""
+    clock = ManualClock()
+    writer = HistoryWriter(tmp_path, flush_interval_s=2.0, compact_interval_s=3600, clock=clock)
     writer.open()
-    before = DeltaTable(str(tmp_path / HEARTBEATS.name)).version()
+    before = versions(tmp_path, EXECUTOR_EVENTS.name)
+    writer.append(EXECUTOR_EVENTS.name, event("1", "REGISTERED", 1))
+    assert writer.run_due() == pytest.approx(2.0)
+    clock.jump(1.9)
+    assert writer.run_due() == pytest.approx(0.1)
+    assert writer.buffered(EXECUTOR_EVENTS.name) == 1, "flushed before its interval"
+    clock.jump(0.1)
+    assert writer.run_due() == pytest.approx(2.0)
+    assert count(tmp_path, EXECUTOR_EVENTS.name) == 1
+    assert versions(tmp_path, EXECUTOR_EVENTS.name) == before + 1
+
+    heartbeats_before = versions(tmp_path, HEARTBEATS.name)
+    for i in range(30):  # ten rows per interval, the flusher asked after every row
+        writer.append(HEARTBEATS.name, heartbeat_row(i))
+        clock.jump(0.2)
+        writer.run_due()
+    assert count(tmp_path, HEARTBEATS.name) == 30
+    assert versions(tmp_path, HEARTBEATS.name) - heartbeats_before == 3
+    assert versions(tmp_path, EXECUTOR_EVENTS.name) == before + 1, "an empty table got a commit"
+
+
+def test_maintenance_runs_after_a_flush_once_its_interval_has_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = ManualClock()
+    writer = HistoryWriter(tmp_path, flush_interval_s=1.0, compact_interval_s=5.0, clock=clock)
+    writer.open()
+    rounds: list[float] = []
+    monkeypatch.setattr(writer, "maintain", lambda: rounds.append(clock.monotonic()))
+    for _ in range(12):
+        clock.jump(1.0)
+        writer.run_due()
+    assert rounds == [5.0, 10.0]
+
+
+def test_the_flusher_thread_commits_without_an_explicit_flush(tmp_path: Path) -> None:
+    """On the real clock: rows become readable with no call to ``flush`` (the deadline is
+    generous on purpose; how soon is the clock-driven test's business), and ``stop`` commits
+    what is still buffered."""
+    writer = HistoryWriter(tmp_path, flush_interval_s=0.2, compact_interval_s=3600)
+    writer.open()
     writer.start()
     try:
-        started = time.monotonic()
         writer.append(EXECUTOR_EVENTS.name, event("1", "REGISTERED", 1))
-        deadline = started + interval + 1.0
-        while count(tmp_path, EXECUTOR_EVENTS.name) == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert count(tmp_path, EXECUTOR_EVENTS.name) == 1, "not visible within interval + 1 s"
-        for i in range(30):  # a steady stream of heartbeat rows for ~3 intervals
+        assert wait_until(lambda: count(tmp_path, EXECUTOR_EVENTS.name) == 1, timeout_s=60)
+        for i in range(30):
             writer.append(HEARTBEATS.name, heartbeat_row(i))
-            time.sleep(interval / 10)
-        elapsed = time.monotonic() - started
-        deadline = time.monotonic() + interval + 1.0
-        while writer.buffered(HEARTBEATS.name) and time.monotonic() < deadline:
-            time.sleep(0.02)
     finally:
         writer.stop()
-    commits = DeltaTable(str(tmp_path / HEARTBEATS.name)).version() - before
     assert count(tmp_path, HEARTBEATS.name) == 30
-    assert 1 <= commits <= elapsed / interval + 2
+    assert writer.stats()[HEARTBEATS.name]["buffered"] == 0
 
 
 def test_a_restarted_rm_recovers_the_executors_it_knew(tmp_path: Path) -> None:

@@ -1,0 +1,147 @@
+"""Heartbeat roles as child processes: an agent (``heartbeat.agent_main``) and an RM
+(``tests.heartbeat.rm_process``), for the process tests and ``benchmarks/detection_latency.py``.
+
+What a child prints arrives on a reader thread: the agent's lines on a queue, the RM's events
+and heartbeat records in a ``Collector``. The caller ends every child it started with ``reap``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord, HeartbeatServices, Payload
+from heartbeat.agent_main import SECRET_ENV
+
+from .fakes import Collector
+
+REPO = Path(__file__).resolve().parents[2]
+LOST = (EventKind.HEARTBEAT_TIMEOUT, EventKind.UNREACHABLE)
+
+
+def first_loss(events: Collector, executor_id: str, timeout_s: float) -> ExecutorEvent | None:
+    """The earliest event reporting ``executor_id`` lost, waiting up to ``timeout_s`` for one."""
+    if not events.wait_for(lambda: any(events.find(k, executor_id) for k in LOST), timeout_s):
+        return None
+    return min((e for k in LOST for e in events.find(k, executor_id)), key=lambda e: e.ts)
+
+
+def _timing_args(services: HeartbeatServices) -> list[str]:
+    return ["--interval", str(services.interval_s), "--timeout", str(services.timeout_s)]
+
+
+class AgentProcess:
+    """One ``python -m heartbeat.agent_main`` child; its stdout lines arrive on a queue."""
+
+    def __init__(self, rm_address: str, executor_id: str, services: HeartbeatServices, secret: str) -> None:
+        self.executor_id = executor_id
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "heartbeat.agent_main",
+                *("--rm", rm_address, "--executor-id", executor_id),
+                *_timing_args(services),
+                *("--retry-min", "0.05", "--retry-max", "0.2", "--retry-deadline", "30"),
+            ],
+            cwd=REPO,
+            env={**os.environ, SECRET_ENV: secret},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+
+    def wait_line(self, prefix: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line.startswith(prefix):
+                return line
+        raise AssertionError(f"agent {self.executor_id} printed no {prefix} line within {timeout_s} s")
+
+    def signal(self, sig: signal.Signals) -> float:
+        """Sends ``sig``; returns the wall time taken just *before* it, so anything it causes is later."""
+        sent_after = time.time()
+        os.kill(self.proc.pid, sig)
+        return sent_after
+
+    def reap(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+
+class RmProcess:
+    """One ``python -m tests.heartbeat.rm_process`` child; what it prints lands in ``events``.
+
+    Heartbeat records carry the executor, instance, time and RTT the RM printed, not the payload.
+    Times are the RM's wall clock, comparable with this process's ``time.time()`` on one machine.
+    """
+
+    def __init__(self, services: HeartbeatServices, secret: str, port: int = 0) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.heartbeat.rm_process",
+                *("--port", str(port), "--rpc-failure-threshold", str(services.rpc_failure_threshold)),
+                *_timing_args(services),
+            ],
+            cwd=REPO,
+            env={**os.environ, SECRET_ENV: secret},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.events = Collector()
+        self._ready: queue.Queue[list[str]] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            word, *fields = line.rstrip("\n").split(" ", 6)
+            if word == "READY":
+                self._ready.put(fields)
+            elif word == "EVENT":
+                kind, executor_id, instance_id, ts, host, detail = fields
+                self.events(ExecutorEvent(EventKind(kind), executor_id, host, instance_id, float(ts), detail))
+            elif word == "HEARTBEAT":
+                executor_id, instance_id, ts, rtt_ms = fields
+                self.events(
+                    HeartbeatRecord(executor_id, "", instance_id, float(ts), float(rtt_ms), Payload())
+                )
+
+    def wait_ready(self, timeout_s: float) -> RmProcess:
+        """Sets ``address``, ``epoch`` and ``started_at`` (the RM's wall clock once it served)."""
+        try:
+            self.address, self.epoch, started_at = self._ready.get(timeout=timeout_s)
+        except queue.Empty:
+            raise AssertionError(f"the RM process printed no READY within {timeout_s} s") from None
+        self.started_at = float(started_at)
+        return self
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        assert self.proc.wait(10) == -signal.SIGKILL
+
+    def reap(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)

@@ -1,0 +1,85 @@
+"""The ``shuffle_metrics`` table as the user's driver writes it: where (the same declarations the
+RM reads), when (the injected clock's wall time), and what (one row per task report)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from heartbeat.clock import ManualClock
+from spark_plugin.config import ConfigError
+from spark_plugin.history.shuffle_metrics import append_rows, rows_of, tables_root_of
+
+
+class FakeConf:
+    def __init__(self, entries: dict[str, str]) -> None:
+        self._entries = entries
+
+    def getAll(self) -> list[tuple[str, str]]:
+        return list(self._entries.items())
+
+
+class FakeSpark:
+    """Just what ``tables_root_of`` reads: ``spark.sparkContext.getConf().getAll()``."""
+
+    def __init__(self, entries: dict[str, str]) -> None:
+        conf = FakeConf(entries)
+        self.sparkContext = type("Context", (), {"getConf": staticmethod(lambda: conf)})()
+
+
+def report(side: str, partition: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "side": side,
+        "partition": partition,
+        "attempt": 7,
+        "executor": 1,
+        "bytes": 100,
+        "batches": 2,
+        "rows": 10,
+        "spill_bytes": 0,
+        "blocked_s": 0.5,
+        "seconds": 1.25,
+        "recomputed": False,
+        "recomputed_maps": [],
+        **extra,
+    }
+
+
+def test_the_tables_root_is_the_configured_path_or_under_the_warehouse(tmp_path: Path) -> None:
+    configured = FakeSpark({"spark.arrowbeat.tables.path": f"file:{tmp_path}/t", "spark.app.id": "a"})
+    assert tables_root_of(configured) == tmp_path / "t"
+    default = FakeSpark({"spark.sql.warehouse.dir": f"file:{tmp_path}/wh"})
+    assert tables_root_of(default) == tmp_path / "wh" / "arrowbeat"
+
+
+def test_a_malformed_setting_is_named_not_skipped(tmp_path: Path) -> None:
+    spark = FakeSpark({"spark.arrowbeat.tables.path": str(tmp_path), "spark.arrowbeat.tables.retention": "1"})
+    with pytest.raises(ConfigError, match=r"spark\.arrowbeat\.tables\.retention"):
+        tables_root_of(spark)
+
+
+def test_rows_are_stamped_with_the_clocks_wall_time() -> None:
+    clock = ManualClock(start=5.0, wall_start=1_800_000_000.0)
+    clock.jump(2.5)
+    table = rows_of("app-1", 42, [report("write", 0), report("read", 3, recomputed_maps=[(1, "9")])], clock)
+    rows = table.to_pylist()
+    assert [r["ts"] for r in rows] == [dt.datetime.fromtimestamp(1_800_000_002.5, tz=dt.UTC)] * 2
+    assert [(r["side"], r["partition"], r["attempt"], r["executor_id"]) for r in rows] == [
+        ("write", 0, "7", "1"),
+        ("read", 3, "7", "1"),
+    ]
+    assert rows[0]["detail"] is None and rows[1]["detail"] == '{"recomputed_maps": [1]}'
+    assert rows[1]["blocked_on_credit_s"] == 0.5
+
+
+def test_append_rows_creates_the_table_and_appends_one_commit(tmp_path: Path) -> None:
+    clock = ManualClock()
+    append_rows(tmp_path, "app-1", 1, [report("write", 0), report("write", 1)], clock)
+    append_rows(tmp_path, "app-1", 2, [report("read", 0)], clock)
+    table = DeltaTable(str(tmp_path / "shuffle_metrics"))
+    assert sorted(table.to_pyarrow_table()["shuffle_id"].to_pylist()) == [1, 1, 2]
+    assert table.version() == 2  # created, then one commit per call
