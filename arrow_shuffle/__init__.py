@@ -29,8 +29,11 @@ from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import (
     BufferAccountingError,
     ChannelClosedError,
+    ControlMessageError,
+    ControlRequestError,
     CorruptFrameError,
     CreditViolationError,
+    DeadlineExceededError,
     InsufficientBuffersError,
     MapOutputLostError,
     OversizedFrameError,
@@ -58,8 +61,11 @@ from arrow_shuffle.writer import RecordWriter
 __all__ = [
     "BufferAccountingError",
     "ChannelClosedError",
+    "ControlMessageError",
+    "ControlRequestError",
     "CorruptFrameError",
     "CreditViolationError",
+    "DeadlineExceededError",
     "GateStats",
     "InputGate",
     "InsufficientBuffersError",

@@ -40,8 +40,12 @@ class ShuffleConfig:
     max_frame_bytes: int = 0
     """Largest data frame payload accepted from a peer; 0 means ``buffer_size``."""
     connect_timeout_s: float = 5.0
-    """Bound on the TCP connect (a real socket timeout); the authentication handshake after it is
-    bounded by ``peer_timeout_s`` like every read."""
+    """Overall bound on getting in: a client's connect + handshake (+ request), and the server's
+    deadline for a new connection to authenticate (a slow-dripping peer cannot extend it)."""
+    max_pending_connections: int = 64
+    """Connections a server lets wait for authentication at once; more are refused (BUSY)."""
+    max_streams: int = 512
+    """Authenticated streams a ``PartitionServer`` serves at once; more are refused (BUSY)."""
     keepalive_interval_s: float = 1.0
     """An idle sender sends a keepalive frame this often."""
     peer_timeout_s: float = 4.0
@@ -61,6 +65,8 @@ class ShuffleConfig:
         if self.max_frame_bytes != 0:
             _check_range("max_frame_bytes", self.max_frame_bytes, self.buffer_size, 1 << 31)
         _check_range("connect_timeout_s", self.connect_timeout_s, 0.01, 600.0)
+        _check_range("max_pending_connections", self.max_pending_connections, 1, 1 << 16)
+        _check_range("max_streams", self.max_streams, 1, 1 << 16)
         _check_range("keepalive_interval_s", self.keepalive_interval_s, 0.01, 600.0)
         _check_range("peer_timeout_s", self.peer_timeout_s, self.keepalive_interval_s * 2, 3600.0)
         _check_range("buffer_request_timeout_s", self.buffer_request_timeout_s, 0.001, 86400.0)

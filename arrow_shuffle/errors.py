@@ -17,11 +17,17 @@ original stays in ``__cause__``::
     │   ├── SequenceGapError                  a buffer arrived out of order (gap or duplicate)
     │   ├── CorruptFrameError                 bad magic/type, or a payload that is not valid Arrow IPC
     │   ├── OversizedFrameError               a frame larger than ``max_frame_bytes``
-    │   └── CreditViolationError              the sender sent a buffer without credit
+    │   ├── CreditViolationError              the sender sent a buffer without credit
+    │   └── ControlMessageError               a control message outside its operation's schema
     ├── ChannelClosedError                    *we* closed it (close(), cancel); using it afterwards
+    ├── ControlRequestError                   the peer understood a control request and refused it
     ├── PeerLostError                         *the peer* is gone: EOF, reset or peer timeout
-    │   └── RemoteFailureError                the peer reported an error on the stream
-    │       └── ProducerFailedError           the producer aborted the partition; it will never end
+    │   ├── RemoteFailureError                the peer reported an error on the stream
+    │   │   └── ProducerFailedError           the producer aborted the partition; it will never end
+    │   └── DeadlineExceededError             a handshake or call not done by its overall deadline
+    ├── UnsafePathError                       a path not ours alone: foreign owner, writable by others,
+    │   │                                     a symlink, or outside the directory it must be in
+    │   └── UnsafeIdError                     an id that cannot be a path component ('..', '/', NUL, empty)
     └── MapOutputLostError                    (Spark side) map outputs a reduce task needs are gone
 
 Every error about a stream names the partition and the peer (``describe``). The Spark side
@@ -92,6 +98,16 @@ class CreditViolationError(ShuffleProtocolError):
     """A data buffer arrived although the receiver had announced no credit for it."""
 
 
+class ControlMessageError(ShuffleProtocolError):
+    """A control message is not one of the protocol's typed messages: not JSON, an unknown
+    operation, a missing/unknown field, a wrong type, a value out of bounds or over the size cap.
+    Names the operation and the peer; nothing of the message was acted on."""
+
+
+class ControlRequestError(ShuffleError):
+    """The peer understood a control request and refused it; carries the peer's reason."""
+
+
 class ChannelClosedError(ShuffleError):
     """The channel, gate, partition or server was closed by us; it cannot be used again."""
 
@@ -111,11 +127,28 @@ class ProducerFailedError(RemoteFailureError):
     Raised to local and remote readers alike; what was read before it is not a complete output."""
 
 
+class UnsafePathError(ShuffleError):
+    """A shuffle path is not private to this user (owned by another uid, writable by group or
+    others, a symlink, not a regular file) or lies outside the directory it must be in; the
+    message names it (``arrow_shuffle.private_files``). Nothing is written through it or read from it."""
+
+
+class UnsafeIdError(UnsafePathError):
+    """An id that becomes a path component (application, executor, shuffle, attempt, partition)
+    is empty, ``.``/``..``, overlong, or holds a separator, NUL or another character outside
+    ``[A-Za-z0-9._-]``; the message names the id."""
+
+
 class MapOutputLostError(ShuffleError):
     """Map outputs a reduce task needs are gone (their executor or agent died).
 
     Raised by ``arrow_shuffle.spark.tasks``, naming the executor and the map partitions; Spark's
     task retry then recomputes them."""
+
+
+class DeadlineExceededError(PeerLostError):
+    """A handshake or control call did not complete by its overall deadline, fixed when it started
+    (a silent, stopped or byte-dripping peer cannot extend it)."""
 
 
 def describe(partition: object, peer: object) -> str:

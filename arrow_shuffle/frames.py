@@ -2,8 +2,11 @@
 
 ``magic:u16 kind:u8 flags:u8 length:u32 seq:i64 value:i32`` (network byte order). ``value`` is
 the backlog on BUFFER frames (Flink's BufferResponse), the credit on PARTITION_REQUEST and
-ADD_CREDIT, and an error code on ERROR. Payload lengths are checked against a maximum before
-anything is read, so a corrupt or hostile length never makes us allocate or wait for it.
+ADD_CREDIT, and an error code on ERROR. CONTROL_REQUEST / CONTROL_RESPONSE carry one typed
+control message (``arrow_shuffle.control``); ``seq`` numbers them per direction. PARTITION_REQUEST
+and both control kinds are sealed with the connection's session key (``auth.Session``). Payload
+lengths are checked against a maximum before anything is read, so a corrupt or hostile length
+never makes us allocate or wait for it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class Kind(enum.IntEnum):
     KEEPALIVE = 8
     ERROR = 9
     CANCEL = 10
+    CONTROL_REQUEST = 11
+    CONTROL_RESPONSE = 12
 
 
 class ErrorCode(enum.IntEnum):
@@ -39,6 +44,8 @@ class ErrorCode(enum.IntEnum):
     AUTHENTICATION = 2
     PROTOCOL = 3
     PRODUCER_FAILED = 4
+    BUSY = 5
+    """The server is at its connection limit; try again later (the client sees ``PeerLostError``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,11 @@ One per process (Flink's netty server of a TaskExecutor): a ``RemoteInputChannel
 process connects, names a partition and a subpartition, and receives that subpartition's buffers
 as its credit allows. Readers in the same process use a ``LocalInputChannel`` and never come
 here. Each accepted connection is one stream: authenticate (HMAC), read the partition request with
-the channel's initial credit, then a sender thread pushes buffers while this connection's
-thread reads credit announcements from the same socket. A consumer that disappears before
+the channel's initial credit (sealed with the session key), then a sender thread pushes buffers
+while this connection's thread reads credit announcements from the same socket. Getting in
+(handshake + request) runs on the connection's own thread under one overall deadline,
+``connect_timeout_s``; at most ``max_pending_connections`` may be getting in and ``max_streams``
+be served at once (``acceptor.Acceptor``, shared with the control servers). A consumer that disappears before
 end-of-partition releases its subpartition, so a blocked producer fails fast instead of hanging.
 A peer that breaks the protocol (garbage, an oversized control frame, non-positive credit) gets
 an ERROR frame; the error names the partition and the peer, is logged and kept in
@@ -15,16 +18,18 @@ an ERROR frame; the error names the partition and the peer, is logged and kept i
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 from collections import deque
-from typing import Any
+from dataclasses import dataclass
 
-from arrow_shuffle.auth import as_bytes, server_handshake
+from arrow_shuffle.acceptor import AcceptLimits, Acceptor
+from arrow_shuffle.auth import Session, as_bytes, server_handshake
 from arrow_shuffle.config import ShuffleConfig
+from arrow_shuffle.control import PARTITION_REQUEST, decode_json
 from arrow_shuffle.errors import (
     ChannelClosedError,
+    ControlMessageError,
     OversizedFrameError,
     PartitionNotFoundError,
     ProducerFailedError,
@@ -42,6 +47,16 @@ from arrow_shuffle.transport import Connection, TcpTransport, Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What a connection that got in asked for."""
+
+    app_id: str
+    partition_id: PartitionId
+    subpartition: int
+    credit: int
 
 
 class PartitionServer:
@@ -68,20 +83,35 @@ class PartitionServer:
         self._secret = as_bytes(secret)
         if not self._secret:
             raise ShuffleConfigError("secret must be non-empty")
-        self._listener = (transport or TcpTransport()).listen(host, port, self.config.peer_timeout_s, clock)
         self._partitions: dict[PartitionId, ResultPartition] = {}
         self._lock = threading.Lock()
-        self._connections: set[Connection] = set()
         self._senders: list[StreamSender] = []
         self._stream_errors: deque[ShuffleError] = deque(maxlen=100)
         self._closed = False
-        self._threads: list[threading.Thread] = []
-        self._accept_thread = threading.Thread(target=self._accept_loop, name="shuffle-accept", daemon=True)
-        self._accept_thread.start()
+        listener = (transport or TcpTransport()).listen(host, port, self.config.peer_timeout_s, clock)
+        self._acceptor: Acceptor[_Request] = Acceptor(
+            listener,
+            "shuffle data server",
+            self._get_in,
+            self._serve,
+            limits=AcceptLimits(
+                handshake_timeout_s=self.config.connect_timeout_s,
+                max_pending=self.config.max_pending_connections,
+                max_served=self.config.max_streams,
+            ),
+            clock=clock,
+            logger=log,
+            on_refused=self._refused,
+        )
 
     @property
     def address(self) -> tuple[str, int]:
-        return self._listener.address
+        return self._acceptor.address
+
+    @property
+    def acceptor(self) -> Acceptor[_Request]:
+        """The accept loop: its ``refusals()`` by cause and ``load()`` (pending, served)."""
+        return self._acceptor
 
     def register(self, partition: ResultPartition) -> None:
         if partition.partition_id.app_id != self.app_id:
@@ -120,51 +150,35 @@ class PartitionServer:
             self._closed = True
             partitions = list(self._partitions.values())
             self._partitions.clear()
-            connections = list(self._connections)
             senders = list(self._senders)
-        self._listener.close()
         for sender in senders:
             sender.stop()
-        for conn in connections:
-            conn.close()
         for partition in partitions:
             partition.release()
-        self._accept_thread.join(timeout=5)
-        for thread in list(self._threads):
-            thread.join(timeout=5)
+        self._acceptor.close()
 
     # -- connection handling --------------------------------------------------------------------
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn = self._listener.accept()
-            except (ChannelClosedError, OSError) as exc:
-                if not self._closed:
-                    log.error("shuffle server stopped accepting: %s", exc)
-                return
-            if conn is None:
-                continue
-            with self._lock:
-                if self._closed:
-                    conn.close()
-                    return
-                self._connections.add(conn)
-                thread = threading.Thread(
-                    target=self._serve, args=(conn,), name="shuffle-stream", daemon=True
-                )
-                self._threads = [t for t in self._threads if t.is_alive()]
-                self._threads.append(thread)
-            thread.start()
+    def _get_in(self, conn: Connection) -> _Request:
+        """Handshake and partition request, under the acceptor's overall deadline."""
+        session = server_handshake(conn, self._secret)
+        return self._read_request(conn, session)
 
-    def _serve(self, conn: Connection) -> None:
+    def _refused(self, conn: Connection, exc: ShuffleError) -> ShuffleError:
+        """A connection that did not get in: the error names it, and is kept (the peer's fault)."""
+        error = _located(exc, describe("(not requested yet)", conn.peer))
+        if isinstance(exc, ShuffleAuthenticationError | ShuffleProtocolError):
+            with self._lock:
+                self._stream_errors.append(error)
+        return error
+
+    def _serve(self, conn: Connection, request: _Request) -> None:
         sender: StreamSender | None = None
         sender_thread: threading.Thread | None = None
-        where = describe("(not requested yet)", conn.peer)
+        where = describe(f"{request.partition_id}#{request.subpartition}", conn.peer)
         try:
-            app_id = server_handshake(conn, self._secret)
-            partition_id, subpartition, credit = self._read_request(conn)
-            where = describe(f"{partition_id}#{subpartition}", conn.peer)
-            sender = self._open_stream(conn, app_id, partition_id, subpartition, credit, where)
+            sender = self._open_stream(
+                conn, request.app_id, request.partition_id, request.subpartition, request.credit, where
+            )
             sender_thread = threading.Thread(target=sender.run, name="shuffle-sender", daemon=True)
             sender_thread.start()
             self._read_control(conn, sender)
@@ -192,13 +206,10 @@ class PartitionServer:
                     sender.subpartition.release()
             if sender_thread is not None:
                 sender_thread.join(timeout=5)
-            conn.close()
-            with self._lock:
-                self._connections.discard(conn)
 
     @staticmethod
-    def _read_request(conn: Connection) -> tuple[PartitionId, int, int]:
-        """The partition request: ``(partition, subpartition, initial credit)``."""
+    def _read_request(conn: Connection, session: Session) -> _Request:
+        """The partition request (sealed): partition, subpartition and initial credit."""
         header = conn.recv_header()
         assert header is not None
         if header.kind is not Kind.PARTITION_REQUEST:
@@ -209,13 +220,14 @@ class PartitionServer:
             )
         raw = bytearray(header.length)
         conn.recv_into(memoryview(raw))
+        body = session.unseal(header, raw, conn.peer)
         try:
-            request: dict[str, Any] = json.loads(raw)
-            partition_id = PartitionId.from_wire(request["partition"])
-            subpartition = int(request["subpartition"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ShuffleProtocolError(f"malformed partition request: {exc}") from exc
-        return partition_id, subpartition, header.value
+            request = PARTITION_REQUEST.decode(decode_json(body, ""), "")
+        except ControlMessageError as exc:
+            raise ControlMessageError(f"malformed partition request: {exc}") from exc
+        return _Request(
+            session.claim, PartitionId.from_wire(request["partition"]), request["subpartition"], header.value
+        )
 
     def _open_stream(
         self,

@@ -15,7 +15,6 @@ is lost (``PeerLostError``, decided by the connection, see ``transport``).
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from arrow_shuffle.auth import client_handshake
 from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool, Segment
 from arrow_shuffle.config import ShuffleConfig
+from arrow_shuffle.control import PARTITION_REQUEST, encode_json
 from arrow_shuffle.credit import ReceiverLedger, UnannouncedCredit
 from arrow_shuffle.errors import (
     ChannelClosedError,
@@ -99,15 +99,22 @@ class RemoteInputChannel:
         self._thread.start()
 
     def _connect(self) -> Connection:
+        """Connect, authenticate and send the sealed request, all within ``connect_timeout_s``."""
+        deadline = self._clock.monotonic() + self.config.connect_timeout_s
         conn = self._transport.connect(
             self.address, self.config.connect_timeout_s, self.config.peer_timeout_s, self._clock
         )
         try:
-            client_handshake(conn, self._secret, self.partition_id.app_id)
-            request = json.dumps(
-                {"partition": self.partition_id.to_wire(), "subpartition": self.subpartition}
+            conn.set_deadline(deadline, "connect and handshake")
+            session = client_handshake(conn, self._secret, self.partition_id.app_id)
+            body = encode_json(
+                PARTITION_REQUEST.encode(
+                    {"partition": self.partition_id.to_wire(), "subpartition": self.subpartition}, ""
+                )
             )
-            conn.send(Kind.PARTITION_REQUEST, request.encode(), value=self.initial_credit)
+            sealed = session.seal(Kind.PARTITION_REQUEST, 0, self.initial_credit, body)
+            conn.send(Kind.PARTITION_REQUEST, sealed, value=self.initial_credit)
+            conn.set_deadline(None)
         except BaseException:
             conn.close()
             raise

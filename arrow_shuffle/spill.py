@@ -3,6 +3,10 @@
 Each spilled buffer is written verbatim; a buffer payload is itself a complete Arrow IPC stream
 (schema, batches, end-of-stream), so every spilled region is a readable Arrow IPC stream and a
 region is read back into a pooled segment with one ``readinto`` (no re-encoding).
+
+The file is created 0600 with ``O_EXCL | O_NOFOLLOW`` (``private_files``): ``spill_dir`` defaults to
+the shared temp dir and the name is predictable, so a planted symlink must fail the create, not
+be written through.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import os
 import threading
 from dataclasses import dataclass
 
-from arrow_shuffle.errors import SpillError
+from arrow_shuffle.errors import SpillError, UnsafePathError
+from arrow_shuffle.private_files import create_private_rw_file
 
 
 @dataclass(frozen=True)
@@ -30,9 +35,10 @@ class SpillFile:
         self.path = os.path.join(directory, f"arrow-shuffle-{os.getpid()}-{name}.arrows")
         self._lock = threading.Lock()
         try:
-            os.makedirs(directory, exist_ok=True)
-            self._file = open(self.path, "w+b", buffering=0)  # noqa: SIM115 - lives as long as the partition
-        except OSError as exc:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            # Lives as long as the partition.
+            self._file = os.fdopen(create_private_rw_file(self.path), "w+b", buffering=0)
+        except (OSError, UnsafePathError) as exc:
             raise SpillError(f"cannot create spill file {self.path}: {exc}; check spill_dir") from exc
         self._end = 0
         self.bytes_written = 0

@@ -12,6 +12,13 @@ the clock how long the peer has been silent; ``read_timeout_s`` of silence (the 
 ``peer_timeout_s``) means it is lost. With a ``ManualClock`` a test jumps past the timeout and the
 loss is seen at the next tick, no real waiting. Sending stays bounded by a real socket timeout of
 ``read_timeout_s`` (a stalled ``sendall`` cannot be resumed).
+
+Silence is not the only bound: a peer dripping one byte per tick is never silent. A handshake or a
+control call therefore sets an *overall* deadline (``set_deadline``), fixed when it starts and
+checked on the same clock at every tick and after every byte, so nothing the peer sends extends it.
+
+TLS (a later step) wraps the socket at the two places sockets are made: ``TcpTransport.connect``
+and ``TcpListener.accept``.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import struct
 import threading
 from typing import Protocol
 
-from arrow_shuffle.errors import ChannelClosedError, PeerLostError
+from arrow_shuffle.errors import ChannelClosedError, DeadlineExceededError, PeerLostError
 from arrow_shuffle.frames import HEADER_SIZE, FrameHeader, Kind, unpack_header
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
@@ -49,6 +56,15 @@ class Connection(Protocol):
     def recv_header(self, idle_ok: bool = False) -> FrameHeader | None: ...
 
     def recv_into(self, target: memoryview) -> None: ...
+
+    def set_deadline(self, deadline: float | None, what: str = "handshake") -> None:
+        """Receives after ``deadline`` (the connection clock's ``monotonic()``) raise
+        ``DeadlineExceededError`` naming ``what``; ``None`` lifts it."""
+        ...
+
+    def try_send(self, kind: Kind) -> bool:
+        """Send an empty frame unless that would wait (socket full, or another send in progress)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -82,6 +98,8 @@ class TcpConnection:
         self._closed = False
         self._clock = clock
         self._heard_at = clock.monotonic()
+        self._deadline: float | None = None
+        self._deadline_what = ""
         self.read_timeout_s = read_timeout_s
         self.silent_ticks = 0
         """Receive ticks that passed with nothing from the peer (each one looked at the clock)."""
@@ -116,6 +134,35 @@ class TcpConnection:
             except OSError as exc:
                 raise self._lost("send failed", exc) from exc
 
+    def try_send(self, kind: Kind) -> bool:
+        """An empty frame (a keepalive) if it can go out at once; ``False`` if that would wait.
+
+        A peer that stops reading must not hold up the thread that keeps other peers alive."""
+        if not self._send_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._closed:
+                return False
+            header = FrameHeader(kind, 0).pack()
+            try:
+                sent = self._sock.send(header, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                return False  # the receiving thread sees the loss
+            if sent < len(header):  # never split a frame: finish it (bounded by SO_SNDTIMEO)
+                try:
+                    self._sock.sendall(header[sent:])
+                except OSError:
+                    return False
+            return True
+        finally:
+            self._send_lock.release()
+
+    def set_deadline(self, deadline: float | None, what: str = "handshake") -> None:
+        self._deadline = deadline
+        self._deadline_what = what
+
     def _send_two(self, header: bytes, payload: memoryview) -> None:
         """Header and payload in one ``sendmsg`` (one syscall in the common case)."""
         sent = self._sock.sendmsg([header, payload])
@@ -143,6 +190,8 @@ class TcpConnection:
                 n = self._sock.recv_into(view[got:])
             except (BlockingIOError, TimeoutError) as exc:  # SO_RCVTIMEO: one silence tick
                 self.silent_ticks += 1
+                if self._deadline is not None:
+                    self._check_deadline()
                 if idle_ok and got == 0:
                     return False
                 if self._clock.monotonic() - self._heard_at < self.read_timeout_s:
@@ -154,7 +203,17 @@ class TcpConnection:
                 raise self._lost("connection closed by peer (EOF)", None)
             self._heard_at = self._clock.monotonic()
             got += n
+            if self._deadline is not None:
+                self._check_deadline()
         return True
+
+    def _check_deadline(self) -> None:
+        deadline = self._deadline
+        if deadline is not None and self._clock.monotonic() >= deadline and not self._closed:
+            raise DeadlineExceededError(
+                f"peer {self.peer}: {self._deadline_what} not completed by its deadline "
+                "(silent, stopped or too slow a peer)"
+            )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -210,7 +269,11 @@ class TcpListener:
             if self._closed:
                 raise ChannelClosedError("listener closed") from exc
             raise
-        return TcpConnection(sock, self._read_timeout_s, self._clock)
+        try:
+            return TcpConnection(sock, self._read_timeout_s, self._clock)
+        except BaseException:  # e.g. the peer reset before setsockopt: never leak the socket
+            sock.close()
+            raise
 
     def close(self) -> None:
         self._closed = True

@@ -15,7 +15,9 @@ validated ``HeartbeatServices``. One module per role:
   ``agent_thread`` (``AgentThread``: an ``AsyncAgent`` on the shared loop for sync callers),
   ``agent_main`` (a stand-alone agent process);
 * ``admin``: the RM's ``ListExecutors`` for operators; ``_io_loop`` (the process's one grpc.aio
-  loop), ``_wire`` (wire constants and conversions).
+  loop), ``_wire`` (wire constants and conversions), ``_auth`` (proofs of the secret, never the
+  secret itself, on the wire), ``_transport`` (where channels and the server port are made: the
+  one place for TLS), ``_text`` (wire text checked or escaped before it is logged or recorded).
 
 The gRPC side (``AsyncAgent``, ``AgentThread``, ``ResourceManagerServer``, ``io_loop``) is imported
 on first use, so ``import heartbeat.clock`` (the shuffle engine's clock) loads no grpc.
@@ -33,6 +35,7 @@ from .errors import (
     HeartbeatProtocolError,
     HeartbeatRpcError,
     MalformedMessageError,
+    ProtocolVersionError,
     RegistrationError,
     RegistrationReplacedError,
     RegistrationTimeoutError,
@@ -89,6 +92,7 @@ __all__ = [
     "MonitorState",
     "Payload",
     "PayloadProvider",
+    "ProtocolVersionError",
     "Registration",
     "RegistrationError",
     "RegistrationReplacedError",

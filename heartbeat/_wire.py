@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from ._proto import heartbeat_pb2 as pb
+from ._text import MAX_METRIC_NAME_CHARS, check_text
 from .errors import (
     HeartbeatProtocolError,
     MalformedMessageError,
+    ProtocolVersionError,
     StaleEpochError,
     StaleInstanceError,
     UnknownExecutorError,
@@ -13,11 +15,13 @@ from .errors import (
 from .payload import Payload
 from .resource_manager import ExecutorInfo
 
-SECRET_METADATA_KEY = "x-arrowbeat-secret"
 SERVICE_NAME = "arrowbeat.heartbeat.ResourceManager"
 CONNECT_METHOD = f"/{SERVICE_NAME}/Connect"
+HELLO_METHOD = f"/{SERVICE_NAME}/Hello"
+LIST_EXECUTORS_METHOD = f"/{SERVICE_NAME}/ListExecutors"
+CALL_TOKEN_KEY = "x-arrowbeat-call"  # a unary call's token (``_auth.call_token``), never the secret
+CALL_PROOF_KEY = "x-arrowbeat-proof"  # the RM's proof on a unary reply, in trailing metadata
 MAX_MESSAGE_BYTES = 1 << 20
-MAX_ID_CHARS = 256
 MAX_METRICS = 256
 UNKNOWN = -1
 
@@ -45,6 +49,8 @@ def payload_from_proto(message: pb.Payload) -> Payload:
         raise MalformedMessageError(
             f"payload has {len(message.metrics)} metrics; at most {MAX_METRICS} allowed"
         )
+    for name in message.metrics:  # recorded in the history tables: checked like ids
+        check_text("metric name", name, MAX_METRIC_NAME_CHARS)
 
     def opt(value: int) -> int | None:
         return None if value < 0 else value
@@ -63,7 +69,7 @@ def status_name_for(error: HeartbeatProtocolError) -> str:
     """The gRPC status (by name, so this module needs no grpc import) that reports ``error``."""
     if isinstance(error, UnknownExecutorError):
         return "NOT_FOUND"
-    if isinstance(error, StaleEpochError):
+    if isinstance(error, StaleEpochError | ProtocolVersionError):
         return "FAILED_PRECONDITION"
     if isinstance(error, StaleInstanceError):
         return "ALREADY_EXISTS"  # a newer registration won: final for the agent, unlike the above

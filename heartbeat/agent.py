@@ -9,6 +9,12 @@ registers again, so a frozen host process looks dead to the RM; when the RM says
 registration of the same executor id replaced ours, the agent stops for good
 (``RegistrationReplacedError`` in ``error``).
 
+Registration is a mutual proof of the shared secret (``_auth``), never the secret itself: the
+RM's challenge comes first, our register answers it, and the RM's answer must prove the RM
+before the agent trusts its epoch or sends it anything else. Until then no refusal is final: a
+process squatting the RM's port (while the RM restarts) is refused and the agent keeps
+registering with its ``RetryPolicy``, so it registers when the real RM is back.
+
 ``AsyncAgent`` runs on an asyncio loop (many can share one loop, as the benchmark does);
 ``AgentThread`` (``agent_thread``) runs one on the shared heartbeat loop for sync callers.
 """
@@ -17,25 +23,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Any, cast
 
 import grpc
 import grpc.aio
 
+from . import _auth
 from ._grpc_compat import EOF
 from ._proto import heartbeat_pb2 as pb
-from ._wire import CONNECT_METHOD, SECRET_METADATA_KEY, message_size_options
-from .agent_core import AgentCore, Registration, error_for_status
+from ._text import MAX_ID_CHARS, check_text, clean_reason, one_line
+from ._transport import aio_channel
+from ._wire import CONNECT_METHOD
+from .agent_core import AgentCore, RegisterRequest, Registration, error_for_status
 from .agent_session import AgentSession, status_name
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
     ClosedError,
+    HeartbeatAuthenticationError,
     HeartbeatError,
     HeartbeatRpcError,
     MalformedMessageError,
+    ProtocolVersionError,
     RegistrationError,
+    RegistrationReplacedError,
 )
 from .payload import PayloadProvider
 from .retry import RetryPolicy, retry_until_deadline
@@ -53,7 +66,7 @@ class AsyncAgent:
     def __init__(
         self,
         rm_address: str,
-        secret: str,
+        secret: str | _auth.SharedSecret,
         executor_id: str,
         host: str = "127.0.0.1",
         services: HeartbeatServices | None = None,
@@ -76,13 +89,20 @@ class AsyncAgent:
         self.rm_address = rm_address
         self.retry_policy = retry_policy or RetryPolicy()
         self.scheduler = scheduler
-        self._secret = secret
+        self._secret = _auth.SharedSecret(secret)
+        self._warned_unproven = False  # one WARNING per stretch of failed proofs, not one per attempt
         self._session: AgentSession | None = None
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
         self._stop_event = asyncio.Event()
         self._stop_reason = "agent stopped"
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncAgent(executor_id={self.executor_id!r}, rm_address={self.rm_address!r}, "
+            f"registration={self.registration!r})"
+        )
 
     @property
     def executor_id(self) -> str:
@@ -117,7 +137,7 @@ class AsyncAgent:
                     await self._session.close(True, 1.0, self._stop_reason)
                     break
                 reason = await self._session.serve()
-                log.info("agent %s: %s", self.executor_id, reason)
+                log.info("agent %s: %s", self.executor_id, one_line(reason))
                 final = self.core.final_error
                 await self._session.close(self._stopping, 1.0, self._stop_reason)
                 self._session = None
@@ -138,12 +158,13 @@ class AsyncAgent:
         """Unregister (best effort) and end ``run``; idempotent.
 
         ``reason`` becomes the UNREGISTERED event's detail: a host that died ("the JVM exited
-        unexpectedly") must read differently from an orderly stop. A registration attempt in
-        flight is allowed to finish (so the RM gets an unregister, not a timeout) unless that
-        takes longer than ``timeout_s``; then it is cancelled.
+        unexpectedly") must read differently from an orderly stop; it is sent escaped to one
+        bounded line (the RM refuses anything else). A registration attempt in flight is allowed
+        to finish (so the RM gets an unregister, not a timeout) unless that takes longer than
+        ``timeout_s``; then it is cancelled.
         """
         if not self._stopping:
-            self._stop_reason = reason
+            self._stop_reason = clean_reason(reason)
         self._stopping = True
         self._stop_event.set()
         if self._session is not None:
@@ -169,43 +190,115 @@ class AsyncAgent:
             await self._sleep(self.core.services.interval_s)
 
     async def _open_session(self, timeout_s: float) -> AgentSession:
+        """One registration attempt: the handshake, within ``timeout_s`` overall."""
         if self._stopping:
             raise ClosedError("the agent is stopping")
-        channel = grpc.aio.insecure_channel(
-            self.rm_address, options=[*message_size_options(), ("grpc.use_local_subchannel_pool", 1)]
-        )
+        request = self.core.register_request()
+        check_text("executor_id", request.executor_id, MAX_ID_CHARS)  # refused here, not by the RM
+        check_text("host", request.host, MAX_ID_CHARS, allow_empty=True)
+        channel = aio_channel(self.rm_address)
         connect = channel.stream_stream(
             CONNECT_METHOD,
             request_serializer=pb.AgentMessage.SerializeToString,
             response_deserializer=pb.RmMessage.FromString,
         )
-        call = connect(None, metadata=((SECRET_METADATA_KEY, self._secret),))
-        request = self.core.register_request()
+        call = connect(None)
+        try:
+            async with asyncio.timeout(timeout_s):
+                reply = await self._handshake(call, request)
+        except BaseException as exc:
+            call.cancel()
+            await channel.close(None)
+            if isinstance(exc, grpc.aio.AioRpcError):
+                raise self._unproven(error_for_status(status_name(exc.code()), exc.details())) from None
+            if isinstance(exc, HeartbeatError):
+                raise self._unproven(exc) from None
+            raise
+        self._warned_unproven = False
+        registration = self.core.registered(
+            reply.epoch, reply.instance_id, reply.interval_ms, reply.timeout_ms
+        )
+        return AgentSession(self.core, channel, call, registration, self.scheduler)
+
+    async def _handshake(self, call: Any, request: RegisterRequest) -> pb.RegisterResponse:
+        """Answer the RM's challenge with our proof; return its answer once its proof checks."""
+        challenge = (await self._read_rm_message(call, "challenge")).challenge
+        if challenge.protocol_version != _auth.PROTOCOL_VERSION:
+            raise ProtocolVersionError(_auth.version_mismatch("RM", challenge.protocol_version, "agent"))
+        if not _auth.nonce_ok(challenge.rm_nonce):
+            raise HeartbeatAuthenticationError(f"the server at {self.rm_address} sent a malformed challenge")
+        agent_nonce = _auth.new_nonce()
         register = pb.RegisterRequest(
             executor_id=request.executor_id,
             host=request.host,
             pid=request.pid,
             resume_epoch=request.resume_epoch,
             resume_instance_id=request.resume_instance_id,
+            protocol_version=_auth.PROTOCOL_VERSION,
+            agent_nonce=agent_nonce,
         )
-        try:
-            await asyncio.wait_for(call.write(pb.AgentMessage(register=register)), timeout_s)
-            first = await asyncio.wait_for(call.read(), timeout_s)
-            if first is EOF:
-                raise error_for_status(status_name(await call.code()), await call.details())
-            kind = cast(pb.RmMessage, first).WhichOneof("body")
-            if kind != "registered":
-                raise HeartbeatRpcError(f"expected `registered`, got {kind!r}")
-        except grpc.aio.AioRpcError as exc:
-            call.cancel()
-            await channel.close(None)
-            raise error_for_status(status_name(exc.code()), exc.details()) from exc
-        except BaseException:
-            call.cancel()
-            await channel.close(None)
-            raise
-        reply = cast(pb.RmMessage, first).registered
-        registration = self.core.registered(
-            reply.epoch, reply.instance_id, reply.interval_ms, reply.timeout_ms
+        register.proof = _auth.agent_proof(
+            self._secret,
+            rm_nonce=challenge.rm_nonce,
+            agent_nonce=agent_nonce,
+            protocol_version=register.protocol_version,
+            executor_id=register.executor_id,
+            host=register.host,
+            pid=register.pid,
+            resume_epoch=register.resume_epoch,
+            resume_instance_id=register.resume_instance_id,
         )
-        return AgentSession(self.core, channel, call, registration, self.scheduler)
+        await call.write(pb.AgentMessage(register=register))
+        reply = (await self._read_rm_message(call, "registered")).registered
+        expected = _auth.rm_proof(
+            self._secret,
+            rm_nonce=challenge.rm_nonce,
+            agent_nonce=agent_nonce,
+            executor_id=request.executor_id,
+            epoch=reply.epoch,
+            instance_id=reply.instance_id,
+            interval_ms=reply.interval_ms,
+            timeout_ms=reply.timeout_ms,
+            resumed=reply.resumed,
+        )
+        if not hmac.compare_digest(expected, reply.proof):
+            raise HeartbeatAuthenticationError(
+                f"the server at {self.rm_address} did not prove that it knows the application's secret: "
+                "it is not this application's RM (another application's, or another process on the RM's "
+                "port); it got nothing but a proof bound to its own one-time challenge"
+            )
+        return reply
+
+    async def _read_rm_message(self, call: Any, expected: str) -> pb.RmMessage:
+        message = await call.read()
+        if message is EOF:
+            raise error_for_status(status_name(await call.code()), await call.details())
+        rm_message = cast(pb.RmMessage, message)
+        kind = rm_message.WhichOneof("body")
+        if kind != expected:
+            raise HeartbeatRpcError(f"expected `{expected}` from the RM, got {kind!r}")
+        return rm_message
+
+    def _unproven(self, error: HeartbeatError) -> HeartbeatError:
+        """A refusal before the RM proved itself: never final (a port squatter could send any).
+
+        The kinds that would stop the agent for good are retried as ``HeartbeatRpcError``; a
+        failed proof or another protocol version is logged once per stretch of failures.
+        """
+        if isinstance(error, RegistrationReplacedError | MalformedMessageError):
+            error = HeartbeatRpcError(
+                f"the server at {self.rm_address} refused the registration before proving it is the RM: "
+                f"{error}"
+            )
+        if (
+            isinstance(error, HeartbeatAuthenticationError | ProtocolVersionError)
+            and not self._warned_unproven
+        ):
+            self._warned_unproven = True
+            log.warning(
+                "agent %s: %s; registering again until the RM proves itself or the registration deadline "
+                "passes",
+                self.executor_id,
+                error,
+            )
+        return error

@@ -34,6 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from ._auth import VERSION_MISMATCH
+from ._text import excerpt, one_line
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
     HeartbeatAuthenticationError,
@@ -41,6 +43,7 @@ from .errors import (
     HeartbeatError,
     HeartbeatRpcError,
     MalformedMessageError,
+    ProtocolVersionError,
     RegistrationError,
     RegistrationReplacedError,
     StaleEpochError,
@@ -88,10 +91,13 @@ class RmLink(Protocol):
 
 
 def error_for_status(status: str | None, details: str | None) -> HeartbeatError:
-    """Map the gRPC status (by name, so the core needs no grpc) that ended a stream onto the tree."""
-    text = details or status or "stream ended"
+    """Map the gRPC status (by name, so the core needs no grpc) that ended a stream onto the tree.
+
+    ``details`` came from the peer: it is escaped to one bounded line before it goes anywhere.
+    """
+    text = one_line(details or status or "stream ended")
     if status == "UNAUTHENTICATED":
-        return HeartbeatAuthenticationError(f"the RM rejected our secret: {text}")
+        return HeartbeatAuthenticationError(f"the RM refused our proof of the application's secret: {text}")
     if status == "NOT_FOUND":
         return UnknownExecutorError(text)
     if status == "ALREADY_EXISTS":
@@ -100,6 +106,8 @@ def error_for_status(status: str | None, details: str | None) -> HeartbeatError:
             "this agent stops instead of replacing it back (give every agent its own executor id)"
         )
     if status == "FAILED_PRECONDITION":
+        if text.startswith(VERSION_MISMATCH):
+            return ProtocolVersionError(text)
         return StaleEpochError(text) if "epoch" in text else StaleInstanceError(text)
     if status in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"):
         return MalformedMessageError(text)
@@ -252,7 +260,7 @@ class AgentCore:
             return
         current = session.target.registration
         if epoch != current.epoch:
-            session.target.link.end(f"the RM restarted (epoch {epoch} replaces {current.epoch})")
+            session.target.link.end(f"the RM restarted (epoch {excerpt(epoch)} replaces {current.epoch})")
             return
         if instance_id != current.instance_id or not self.healthy():
             return
@@ -282,7 +290,7 @@ class AgentCore:
         if session is None:
             return
         session.manager.report_rpc_failure(RM_TARGET_ID)
-        session.target.link.end(f"the stream to the RM broke: {exc!r}")
+        session.target.link.end(f"the stream to the RM broke: {one_line(repr(exc))}")
 
     def end_session(self) -> None:
         """The session is over, whatever ended it: stop watching the RM; nothing is live. Idempotent."""

@@ -1,9 +1,13 @@
 """Run one agent as a process: ``python -m heartbeat.agent_main --rm HOST:PORT --executor-id ID``.
 
-The secret comes from the ``ARROWBEAT_SECRET`` environment variable, never from argv (argv is
-visible in ``ps``). Prints ``READY <epoch> <instance_id>`` on the first registration and
-``REGISTERED <epoch> <instance_id>`` on each later one; exits on SIGTERM/SIGINT after
-unregistering, or with status 2 if registration gives up or a setting is invalid.
+The secret comes from ``--secret-file PATH`` (a file only its owner may read, or ``-`` for one
+line on stdin) or else the ``ARROWBEAT_SECRET`` environment variable (removed from this
+process's environment once read, so no child inherits it), never from argv (argv is visible in
+``ps``); it is held as a ``SharedSecret`` that no repr or log line shows.
+
+Prints ``READY <epoch> <instance_id>`` on the first registration and ``REGISTERED <epoch>
+<instance_id>`` on each later one; exits on SIGTERM/SIGINT after unregistering, or with status
+2 if registration gives up or a setting is invalid.
 
 Settings come from the command line only, never from a table of configuration keys. The RM
 announces its interval and timeout when the agent registers, and the agent watches the RM with
@@ -20,7 +24,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import MutableMapping
 
+from ._auth import SharedSecret
 from .agent import AsyncAgent
 from .agent_core import Registration
 from .errors import HeartbeatConfigError
@@ -35,6 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rm", required=True, help="the ResourceManager's HOST:PORT")
     parser.add_argument("--executor-id", required=True)
+    parser.add_argument(
+        "--secret-file",
+        help=f"read the shared secret from this file (owner-only), '-' for stdin; default: ${SECRET_ENV}",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="this executor's host name as reported to the RM")
     parser.add_argument("--interval", type=float, help="heartbeat interval, s, until the RM announces one")
     parser.add_argument("--timeout", type=float, help="heartbeat timeout, s, until the RM announces one")
@@ -65,8 +75,41 @@ def settings(args: argparse.Namespace) -> tuple[HeartbeatServices, RetryPolicy]:
     return services, policy
 
 
+class SecretError(Exception):
+    """The secret could not be read; the message names where from, never the secret."""
+
+
+def read_secret(secret_file: str | None, environ: MutableMapping[str, str] = os.environ) -> SharedSecret:
+    """The secret from ``secret_file`` (``-``: stdin) or else the environment (then removed from it)."""
+    if secret_file is None:
+        value = environ.pop(SECRET_ENV, "")
+        if not value:
+            raise SecretError(
+                f"set the shared secret in the {SECRET_ENV} environment variable or pass --secret-file"
+            )
+        return SharedSecret(value)
+    if secret_file == "-":
+        value = sys.stdin.readline().rstrip("\r\n")
+    else:
+        try:
+            fd = os.open(secret_file, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise SecretError(f"cannot open the secret file {secret_file}: {exc.strerror}") from None
+        with os.fdopen(fd, "r", encoding="utf-8") as file:
+            info = os.fstat(file.fileno())
+            if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+                raise SecretError(
+                    f"the secret file {secret_file} must be owned by this user and readable by no one else "
+                    f"(mode {info.st_mode & 0o777:o}; chmod 600 it)"
+                )
+            value = file.readline().rstrip("\r\n")
+    if not value:
+        raise SecretError(f"the secret file {secret_file} holds no secret")
+    return SharedSecret(value)
+
+
 async def _main(
-    services: HeartbeatServices, policy: RetryPolicy, args: argparse.Namespace, secret: str
+    services: HeartbeatServices, policy: RetryPolicy, args: argparse.Namespace, secret: SharedSecret
 ) -> int:
     first = True
 
@@ -98,9 +141,10 @@ async def _main(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    secret = os.environ.get(SECRET_ENV, "")
-    if not secret:
-        print(f"set the shared secret in the {SECRET_ENV} environment variable", file=sys.stderr)
+    try:
+        secret = read_secret(args.secret_file)
+    except SecretError as exc:
+        print(exc, file=sys.stderr)
         return 2
     try:
         services, policy = settings(args)

@@ -18,6 +18,7 @@ import grpc.aio
 
 from ._grpc_compat import EOF
 from ._proto import heartbeat_pb2 as pb
+from ._text import clean_reason
 from ._wire import payload_to_proto
 from .agent_core import AgentCore, Registration
 from .payload import Payload
@@ -84,7 +85,7 @@ class AgentSession:
         try:
             if unregister:
                 epoch, instance_id = self.registration
-                bye = pb.UnregisterRequest(epoch=epoch, instance_id=instance_id, reason=reason)
+                bye = pb.UnregisterRequest(epoch=epoch, instance_id=instance_id, reason=clean_reason(reason))
                 await asyncio.wait_for(self._write(pb.AgentMessage(unregister=bye)), timeout_s)
                 await asyncio.wait_for(self.call.done_writing(), timeout_s)
                 await asyncio.wait_for(self.call.code(), timeout_s)

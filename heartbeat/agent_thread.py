@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._auth import SharedSecret
 from ._io_loop import submit
 from .agent import AsyncAgent
 from .agent_core import Registration
@@ -33,7 +34,7 @@ class AgentThread:
     def __init__(
         self,
         rm_address: str,
-        secret: str,
+        secret: str | SharedSecret,
         executor_id: str,
         host: str = "127.0.0.1",
         services: HeartbeatServices | None = None,
@@ -45,7 +46,7 @@ class AgentThread:
         self._cond = threading.Condition()
         self._kwargs: dict[str, Any] = dict(
             rm_address=rm_address,
-            secret=secret,
+            secret=SharedSecret(secret),  # held so that no repr of these arguments shows it
             executor_id=executor_id,
             host=host,
             services=services,
@@ -58,6 +59,12 @@ class AgentThread:
         self._agent: AsyncAgent | None = None
         self._running: concurrent.futures.Future[None] | None = None
         self._stopped = False
+
+    def __repr__(self) -> str:
+        return (
+            f"AgentThread(executor_id={self._kwargs['executor_id']!r}, "
+            f"rm_address={self._kwargs['rm_address']!r}, registration={self.registration!r})"
+        )
 
     @property
     def registration(self) -> Registration | None:

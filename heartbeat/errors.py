@@ -8,19 +8,23 @@
     ├── HeartbeatRpcError                       the peer is gone or the transport failed
     ├── RegistrationError                       an agent could not (or must no longer) register
     │   ├── RegistrationTimeoutError            retries ran past the policy's deadline
-    │   ├── HeartbeatAuthenticationError        the RM rejected the shared secret (not retried)
+    │   ├── HeartbeatAuthenticationError        a proof of the shared secret failed (retried)
     │   └── RegistrationReplacedError           another agent registered our executor id (final)
     └── HeartbeatProtocolError                  the RM refused a message; nothing was applied
         ├── MalformedMessageError               gRPC INVALID_ARGUMENT (RESOURCE_EXHAUSTED: too big)
         ├── UnknownExecutorError                gRPC NOT_FOUND: register again
         ├── StaleEpochError                     gRPC FAILED_PRECONDITION: the RM restarted
-        └── StaleInstanceError                  gRPC ALREADY_EXISTS: a newer registration won
+        ├── StaleInstanceError                  gRPC ALREADY_EXISTS: a newer registration won
+        └── ProtocolVersionError                gRPC FAILED_PRECONDITION: another wire version
 
 The RM reports a refused message with the gRPC status on its right (``_wire.status_name_for``).
 The agent reads a status back into the tree (``agent_core.error_for_status``): UNAUTHENTICATED
 as ``HeartbeatAuthenticationError``, ALREADY_EXISTS as ``RegistrationReplacedError`` (final for
-the agent: it stops instead of registering again), FAILED_PRECONDITION as ``StaleEpochError`` or
-``StaleInstanceError``, and any status not drawn here as ``HeartbeatRpcError``.
+the agent: it stops instead of registering again), FAILED_PRECONDITION as ``ProtocolVersionError``,
+``StaleEpochError`` or ``StaleInstanceError``, and any status not drawn here as
+``HeartbeatRpcError``. Before the RM has proved that it knows the secret, no status is final for
+the agent (a process squatting the RM's port could send any), so a registration attempt retries
+even ALREADY_EXISTS or INVALID_ARGUMENT then, as a ``HeartbeatRpcError``.
 
 "We closed it" (``ClosedError``) and "the peer is gone" (``HeartbeatRpcError``) are kept apart on
 purpose: the first is a caller bug, the second is the normal failure the protocol detects.
@@ -73,7 +77,13 @@ class RegistrationTimeoutError(RegistrationError):
 
 
 class HeartbeatAuthenticationError(RegistrationError):
-    """The RM rejected our secret: every process of one application must share the same secret."""
+    """A proof of the shared secret failed: the RM refused ours, or the server did not prove it.
+
+    The two cannot be told apart from the agent (an RM given another secret and a process
+    squatting the RM's port look the same), so registration retries it until its deadline:
+    when the real RM is back on the address, the agent registers. Every process of one
+    application must share the same secret.
+    """
 
 
 class RegistrationReplacedError(RegistrationError):
@@ -102,3 +112,11 @@ class StaleEpochError(HeartbeatProtocolError):
 
 class StaleInstanceError(HeartbeatProtocolError):
     """The message carries a registration (instance) id that a newer registration replaced."""
+
+
+class ProtocolVersionError(HeartbeatProtocolError):
+    """The two sides speak different heartbeat wire versions; the message names both.
+
+    Every process of one application must run the same arrowbeat. Registration retries it (an
+    unproven server could claim any version) until its deadline.
+    """

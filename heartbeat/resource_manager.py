@@ -22,8 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ._text import MAX_REASON_CHARS, check_text, excerpt
 from .clock import Clock
-from .errors import MalformedMessageError, StaleEpochError, StaleInstanceError, UnknownExecutorError
+from .errors import StaleEpochError, StaleInstanceError, UnknownExecutorError
 from .events import Event, EventKind, ExecutorEvent, HeartbeatRecord
 from .monitor import HeartbeatMonitor
 from .payload import Payload
@@ -33,7 +34,6 @@ from .services import HeartbeatServices
 log = logging.getLogger(__name__)
 
 RM_ID = "resource-manager"
-_MAX_ID_CHARS = 256
 _MAX_OUTSTANDING = 64
 
 
@@ -162,9 +162,13 @@ class ResourceManagerCore:
         resume_instance_id: str = "",
         pid: int = 0,
     ) -> Registered:
-        """Register (or re-register) ``executor_id``; a previous registration becomes stale."""
-        _check_id("executor_id", executor_id)
-        _check_id("host", host, allow_empty=True)
+        """Register (or re-register) ``executor_id``; a previous registration becomes stale.
+
+        Ids and host are recorded and logged: each must be 1-256 printable characters (the host
+        may be empty), else ``MalformedMessageError`` and nothing is registered.
+        """
+        check_text("executor_id", executor_id)
+        check_text("host", host, allow_empty=True)
         now_wall = self._clock.time()
         with self._lock:
             current = self._registrations.get(executor_id)
@@ -220,7 +224,8 @@ class ResourceManagerCore:
                 )
 
     def unregister(self, executor_id: str, epoch: str, instance_id: str, reason: str = "") -> None:
-        """The agent is leaving on purpose."""
+        """The agent is leaving on purpose; ``reason`` (recorded and logged) must be printable."""
+        check_text("reason", reason, MAX_REASON_CHARS, allow_empty=True)
         registration = self._live(executor_id, epoch, instance_id)
         self._end(registration, "UNREGISTERED", EventKind.UNREGISTERED, reason or "agent stopped", None)
 
@@ -290,14 +295,15 @@ class ResourceManagerCore:
     def _live(self, executor_id: str, epoch: str, instance_id: str) -> _Registration:
         if epoch != self.epoch:
             raise StaleEpochError(
-                f"epoch {epoch!r} is not the RM's current epoch {self.epoch!r}; register again"
+                f"epoch {excerpt(epoch)} is not the RM's current epoch {self.epoch!r}; register again"
             )
         registration = self._registrations.get(executor_id)
         if registration is None or registration.state != "RUNNING":
             raise UnknownExecutorError(f"executor {executor_id!r} has no live registration; register again")
         if instance_id != registration.instance_id:
             raise StaleInstanceError(
-                f"instance {instance_id!r} of executor {executor_id!r} was replaced by a newer registration"
+                f"instance {excerpt(instance_id)} of executor {executor_id!r} was replaced by a newer "
+                "registration"
             )
         return registration
 
@@ -333,10 +339,3 @@ class ResourceManagerCore:
             return
         log.info("executor %s (%s) %s %s", executor_id, instance_id, kind.value, detail)
         self._bus.publish(ExecutorEvent(kind, executor_id, host, instance_id, self._clock.time(), detail))
-
-
-def _check_id(name: str, value: str, allow_empty: bool = False) -> None:
-    if (not value and not allow_empty) or len(value) > _MAX_ID_CHARS or not value.isprintable():
-        raise MalformedMessageError(
-            f"{name} must be 1-{_MAX_ID_CHARS} printable characters, got {value[:40]!r}"
-        )

@@ -3,6 +3,10 @@
 Delays grow exponentially from ``min_delay_s`` up to ``max_delay_s`` with "full jitter" (each
 delay drawn uniformly from [(1 - jitter) * d, d]) so many agents restarting together do not
 retry in lockstep. Past ``deadline_s`` the loop raises ``RegistrationTimeoutError``.
+
+A failed proof of the secret and a version refusal are retried by default: before the RM has
+proved itself, the agent cannot tell them from a process squatting the RM's port (e.g. in the
+gap while the RM restarts), and the real RM must find the agent still trying when it is back.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from typing import TypeVar
 
 from .clock import Clock
 from .errors import (
+    HeartbeatAuthenticationError,
     HeartbeatConfigError,
     HeartbeatRpcError,
+    ProtocolVersionError,
     RegistrationTimeoutError,
     StaleEpochError,
     StaleInstanceError,
@@ -41,7 +47,15 @@ class RetryPolicy:
     deadline_s: float = 60.0
     attempt_timeout_s: float = 5.0
     retry_on: tuple[type[BaseException], ...] = field(
-        default=(HeartbeatRpcError, UnknownExecutorError, StaleEpochError, StaleInstanceError, OSError)
+        default=(
+            HeartbeatRpcError,
+            UnknownExecutorError,
+            StaleEpochError,
+            StaleInstanceError,
+            HeartbeatAuthenticationError,
+            ProtocolVersionError,
+            OSError,
+        )
     )
 
     def __post_init__(self) -> None:
@@ -85,12 +99,16 @@ async def retry_until_deadline(
         remaining = policy.deadline_s - (clock.monotonic() - start)
         if remaining <= 0:
             raise RegistrationTimeoutError(address, policy.deadline_s, number - 1, last_error)
+        timeout_s = min(policy.attempt_timeout_s, remaining)
         try:
-            return await attempt(min(policy.attempt_timeout_s, remaining))
+            return await attempt(timeout_s)
         except Exception as exc:
             if not policy.is_retryable(exc):
                 raise
-            last_error = exc
+            # An attempt the deadline cut short says less than the refusal before it.
+            cut_short = isinstance(exc, TimeoutError) and timeout_s < policy.attempt_timeout_s
+            if not (cut_short and last_error is not None):
+                last_error = exc
             log.debug("registration attempt %d with %s failed: %r", number, address, exc)
         remaining = policy.deadline_s - (clock.monotonic() - start)
         if remaining <= 0:

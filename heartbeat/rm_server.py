@@ -4,8 +4,19 @@ Each agent opens one long-lived ``Connect`` stream; the RM sends heartbeat reque
 reads answers from it. One connection per agent and no RM-to-agent dialling keeps a Python RM
 cheap at thousands of executors and works through NAT. A broken stream or a failed send counts
 as an RPC failure toward UNREACHABLE; silence counts toward HEARTBEAT_TIMEOUT. The injected
-``Clock`` reaches the core (timeouts, RTTs, recorded timestamps) and the rejected-call log's rate
-limit; only the I/O deadlines (a register message in time, stopping) are real waits on the loop.
+``Clock`` reaches the core (timeouts, RTTs, recorded timestamps), the unary calls' challenges and
+the refusal log's rate limit; only the I/O deadlines (the handshake, stopping) are real waits.
+
+No secret on the wire (``_auth``): a stream starts with the RM's challenge and is registered
+only once the agent's proof checks, and the RM's answer proves the RM; a unary call carries a
+single-use token over a challenge this RM instance issued (``Hello``), and its reply the RM's
+proof. The handshake has one overall deadline, and at most ``max_pending_handshakes`` streams
+may be in it at once. Text from the wire is checked before it is recorded (``_text``), and every
+refusal is logged by cause, once, then at most once per cause every 10 s.
+
+After the handshake, messages on the stream carry no MAC: heartbeats cost what they did. A peer
+can only speak on a stream it authenticated itself, but without TLS (``_transport``) a
+man-in-the-middle on the path could read the stream and inject into it.
 """
 
 from __future__ import annotations
@@ -14,20 +25,24 @@ import asyncio
 import collections
 import hmac
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
 
+from . import _auth
 from ._grpc_compat import EOF
 from ._io_loop import submit
 from ._proto import heartbeat_pb2 as pb
+from ._text import one_line
+from ._transport import bind_server, server_options
 from ._wire import (
+    CALL_PROOF_KEY,
+    CALL_TOKEN_KEY,
+    LIST_EXECUTORS_METHOD,
     MAX_MESSAGE_BYTES,
-    SECRET_METADATA_KEY,
     SERVICE_NAME,
-    message_size_options,
     payload_from_proto,
     status_name_for,
     status_to_proto,
@@ -39,6 +54,7 @@ from .errors import (
     HeartbeatProtocolError,
     HeartbeatRpcError,
     MalformedMessageError,
+    ProtocolVersionError,
 )
 from .events import EventBus, Subscriber
 from .resource_manager import ExecutorInfo, ResourceManagerCore
@@ -50,27 +66,32 @@ log = logging.getLogger(__name__)
 _SEND_QUEUE_LIMIT = 32
 
 
-class _AuthLog:
-    """At most one log line per rejected call, and at most one per ``every_s`` under a flood."""
+class _RefusalLog:
+    """One WARNING per cause of refusal, then at most one per cause every ``every_s`` (with how
+    many were not reported meanwhile): a flood cannot fill the log, nor one cause hide another.
+
+    Causes are fixed phrases (a bounded table); what came from the peer is escaped to one line.
+    """
 
     def __init__(self, clock: Clock, every_s: float = 10.0) -> None:
         self._clock = clock
         self._every_s = every_s
-        self._last = -float("inf")
-        self._suppressed = 0
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
 
-    def rejected(self, peer: str) -> None:
+    def refused(self, cause: str, peer: str, detail: str = "") -> None:
         now = self._clock.monotonic()
-        if now - self._last < self._every_s:
-            self._suppressed += 1
+        if now - self._last.get(cause, -float("inf")) < self._every_s:
+            self._suppressed[cause] = self._suppressed.get(cause, 0) + 1
             return
-        self._last = now
+        self._last[cause] = now
         log.warning(
-            "rejected heartbeat call from %s: missing or wrong secret (%d more since the last report)",
-            peer,
-            self._suppressed,
+            "refused a heartbeat call from %s: %s%s (%d more refused for this cause since the last report)",
+            one_line(peer, 100),
+            cause,
+            f" ({one_line(detail)})" if detail else "",
+            self._suppressed.pop(cause, 0),
         )
-        self._suppressed = 0
 
 
 class _StreamLink:
@@ -109,19 +130,19 @@ class _StreamLink:
                 try:
                     await self._context.write(self._queue.popleft())
                 except Exception as exc:
-                    log.debug("heartbeat request write failed: %r", exc)
+                    log.debug("heartbeat request write failed: %s", one_line(repr(exc)))
                     self.on_send_failure()
                     self.finish(None)
                     return
 
 
 class ResourceManagerServer:
-    """Serves the RM on ``host:port``; see the package README for the protocol."""
+    """Serves the RM on ``host:port``; see the module doc and the package README for the protocol."""
 
     def __init__(
         self,
         services: HeartbeatServices,
-        secret: str,
+        secret: str | _auth.SharedSecret,
         host: str = "127.0.0.1",
         port: int = 0,
         *,
@@ -130,11 +151,11 @@ class ResourceManagerServer:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         register_timeout_s: float = 5.0,
         spread: int = 50,
+        max_pending_handshakes: int = 1024,
+        call_window_s: float = 60.0,
     ) -> None:
-        if not secret:
-            raise ValueError("a non-empty shared secret is required")
         self.services = services
-        self._secret = secret.encode()
+        self._secret = _auth.SharedSecret(secret)  # refuses an empty one
         self._host = host
         self._port = port
         self._clock = clock
@@ -142,12 +163,20 @@ class ResourceManagerServer:
         self._max_message_bytes = max_message_bytes
         self._register_timeout_s = register_timeout_s
         self._spread = spread
+        self._max_pending_handshakes = max_pending_handshakes
+        self._pending_handshakes = 0
+        self._challenges = _auth.ChallengeIssuer(clock, call_window_s)
+        self._used_challenges = _auth.ReplayCache(clock)
         self._bus = EventBus()
-        self._auth_log = _AuthLog(clock)
+        self._refusals = _RefusalLog(clock)
         self._core: ResourceManagerCore | None = None
         self._server: grpc.aio.Server | None = None
         self._address: str | None = None
         self._stopped = False
+
+    def __repr__(self) -> str:
+        epoch = None if self._core is None else self._core.epoch
+        return f"ResourceManagerServer(address={self._address!r}, epoch={epoch!r}, stopped={self._stopped})"
 
     # ---- public API -----------------------------------------------------------------------
 
@@ -200,25 +229,19 @@ class ResourceManagerServer:
         return self._core
 
     async def _start(self) -> str:
-        server = grpc.aio.server(
-            options=[*message_size_options(self._max_message_bytes), ("grpc.so_reuseport", 0)],
-        )
-        handler = grpc.stream_stream_rpc_method_handler(
-            self._connect, request_deserializer=None, response_serializer=pb.RmMessage.SerializeToString
-        )
-        list_handler = grpc.unary_unary_rpc_method_handler(
-            self._list_executors,
-            request_deserializer=pb.ListExecutorsRequest.FromString,
-            response_serializer=pb.ListExecutorsResponse.SerializeToString,
-        )
-        server.add_generic_rpc_handlers(
-            (
-                grpc.method_handlers_generic_handler(
-                    SERVICE_NAME, {"Connect": handler, "ListExecutors": list_handler}
-                ),
-            )
-        )
-        port = server.add_insecure_port(f"{self._host}:{self._port}")
+        server = grpc.aio.server(options=server_options(self._max_message_bytes))
+        # Unary requests and replies stay bytes here: tokens and proofs cover the exact bytes.
+        handlers = {
+            "Connect": grpc.stream_stream_rpc_method_handler(
+                self._connect, request_deserializer=None, response_serializer=pb.RmMessage.SerializeToString
+            ),
+            "Hello": grpc.unary_unary_rpc_method_handler(self._hello),
+            "ListExecutors": grpc.unary_unary_rpc_method_handler(
+                self._authenticated(LIST_EXECUTORS_METHOD, self._list_executors)
+            ),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+        port = bind_server(server, self._host, self._port)
         if port == 0:
             raise HeartbeatError(f"could not bind {self._host}:{self._port}")
         self._core = ResourceManagerCore(
@@ -234,38 +257,128 @@ class ResourceManagerServer:
         self._core.start()
         return f"{self._host}:{port}"
 
-    # ---- admin ----------------------------------------------------------------------------
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext[Any, Any], cause: str, code: grpc.StatusCode, details: str
+    ) -> NoReturn:
+        """End the call with ``code``, logging the refusal (by ``cause``, rate-limited)."""
+        self._refusals.refused(cause, context.peer(), details)
+        await context.abort(code, details)
 
-    async def _list_executors(
-        self, _request: pb.ListExecutorsRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ListExecutorsResponse:
-        if not self._authorized(context):
-            self._auth_log.rejected(context.peer())
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"missing or wrong {SECRET_METADATA_KEY}")
+    # ---- unary calls ----------------------------------------------------------------------
+
+    async def _hello(self, raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        """A single-use challenge for one unary call; costs the RM no state (``ChallengeIssuer``)."""
+        try:
+            request = pb.HelloRequest.FromString(raw)
+        except Exception:
+            invalid = grpc.StatusCode.INVALID_ARGUMENT
+            await self._refuse(context, "malformed message", invalid, "malformed Hello")
+        if request.protocol_version != _auth.PROTOCOL_VERSION:
+            details = _auth.version_mismatch("client", request.protocol_version, "RM")
+            failed = grpc.StatusCode.FAILED_PRECONDITION
+            await self._refuse(context, "protocol version mismatch", failed, details)
+        reply = pb.HelloResponse(challenge=self._challenges.issue(), protocol_version=_auth.PROTOCOL_VERSION)
+        return reply.SerializeToString()
+
+    def _authenticated(
+        self, method: str, handler: Callable[[bytes], Awaitable[bytes]]
+    ) -> Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[bytes]]:
+        """``handler`` behind a call token, its reply with the RM's proof (trailing metadata)."""
+
+        async def serve(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            challenge, client_nonce = await self._check_call_token(method, raw, context)
+            reply = await handler(raw)
+            proof = _auth.reply_proof(self._secret, method, challenge, client_nonce, reply)
+            context.set_trailing_metadata(((CALL_PROOF_KEY, proof.hex()),))
+            return reply
+
+        return serve
+
+    async def _check_call_token(
+        self, method: str, body: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> tuple[bytes, bytes]:
+        """``(challenge, client_nonce)`` of a valid, fresh, first-used token; else the call ends."""
+        token = next(
+            (v for k, v in context.invocation_metadata() or () if k == CALL_TOKEN_KEY and isinstance(v, str)),
+            "",
+        )
+        parsed = _auth.parse_call_token(token)
+        unauthenticated = grpc.StatusCode.UNAUTHENTICATED
+        if parsed is None:
+            await self._refuse(
+                context,
+                "no valid proof of the secret",
+                unauthenticated,
+                f"a call token ({CALL_TOKEN_KEY}) proving the application's secret over a Hello challenge "
+                "is required",
+            )
+        challenge, client_nonce, tag = parsed
+        if not _auth.call_token_ok(self._secret, method, challenge, client_nonce, tag, body):
+            await self._refuse(
+                context,
+                "no valid proof of the secret",
+                unauthenticated,
+                "the call token does not prove knowledge of the application's secret",
+            )
+        problem = self._challenges.check(challenge)
+        if problem is not None:  # a fixed phrase: stale, or not issued by this RM instance
+            await self._refuse(context, problem, unauthenticated, f"{problem}: ask Hello for a new one")
+        expires_at = self._challenges.issued_at(challenge) + self._challenges.max_age_s
+        try:
+            first = self._used_challenges.first_use(challenge, expires_at)
+        except _auth.ReplayCacheFull:
+            await self._refuse(
+                context, "too many calls", grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls; try again"
+            )
+        if not first:
+            await self._refuse(
+                context, "replayed call token", unauthenticated, "this call token was used already"
+            )
+        return challenge, client_nonce
+
+    async def _list_executors(self, raw: bytes) -> bytes:
+        pb.ListExecutorsRequest.FromString(raw)  # no fields; the token checked its bytes already
         core = self._require_core()
-        return pb.ListExecutorsResponse(
+        reply = pb.ListExecutorsResponse(
             epoch=core.epoch, executors=[status_to_proto(e) for e in core.executors()]
         )
+        return reply.SerializeToString()
 
     # ---- one agent stream -----------------------------------------------------------------
 
-    def _authorized(self, context: grpc.aio.ServicerContext[Any, Any]) -> bool:
-        for key, value in context.invocation_metadata() or ():
-            if key == SECRET_METADATA_KEY:
-                given = value.encode() if isinstance(value, str) else bytes(value)
-                return hmac.compare_digest(given, self._secret)
-        return False
-
     async def _connect(self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        if not self._authorized(context):
-            self._auth_log.rejected(context.peer())
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"missing or wrong {SECRET_METADATA_KEY}")
         core = self._require_core()
+        if self._pending_handshakes >= self._max_pending_handshakes:
+            await self._refuse(
+                context,
+                "too many registrations in progress",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "too many registrations in progress; try again",
+            )
+        # The handshake: our challenge out, the agent's register in, one deadline for both.
+        self._pending_handshakes += 1
+        rm_nonce = _auth.new_nonce()
+        raw: object = None
         try:
-            raw = await asyncio.wait_for(context.read(), self._register_timeout_s)
+            async with asyncio.timeout(self._register_timeout_s):
+                challenge = pb.Challenge(rm_nonce=rm_nonce, protocol_version=_auth.PROTOCOL_VERSION)
+                await context.write(pb.RmMessage(challenge=challenge))
+                raw = await context.read()
         except TimeoutError:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no register message in time")
-        if raw is EOF:
+            pass
+        except Exception as exc:  # the peer went away mid-handshake
+            log.debug("agent stream ended during the handshake: %s", one_line(repr(exc)))
+            return
+        finally:
+            self._pending_handshakes -= 1
+        if raw is None:
+            await self._refuse(
+                context,
+                "no register message within the handshake deadline",
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "no register message in time",
+            )
+        if raw is EOF or not isinstance(raw, bytes):
             return
         link = _StreamLink(context)
         try:
@@ -273,11 +386,20 @@ class ResourceManagerServer:
             if first.WhichOneof("body") != "register":
                 raise MalformedMessageError("the first message on a stream must be `register`")
             req = first.register
+            if req.protocol_version != _auth.PROTOCOL_VERSION:
+                raise ProtocolVersionError(_auth.version_mismatch("agent", req.protocol_version, "RM"))
+            if not self._register_proof_ok(req, rm_nonce):
+                await self._refuse(
+                    context,
+                    "no valid proof of the secret",
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "the registration does not prove knowledge of the application's secret",
+                )
             registered = core.register(
                 req.executor_id, req.host, link, req.resume_epoch, req.resume_instance_id, pid=req.pid
             )
         except HeartbeatProtocolError as exc:
-            await context.abort(_code(exc), str(exc))
+            await self._refuse(context, _cause(exc), _code(exc), str(exc))
         executor_id = req.executor_id
         link.on_send_failure = lambda: core.report_rpc_failure(executor_id, link)
         response = pb.RegisterResponse(
@@ -287,10 +409,26 @@ class ResourceManagerServer:
             timeout_ms=round(self.services.timeout_s * 1000),
             resumed=registered.resumed,
         )
+        response.proof = _auth.rm_proof(
+            self._secret,
+            rm_nonce=rm_nonce,
+            agent_nonce=req.agent_nonce,
+            executor_id=executor_id,
+            epoch=response.epoch,
+            instance_id=response.instance_id,
+            interval_ms=response.interval_ms,
+            timeout_ms=response.timeout_ms,
+            resumed=response.resumed,
+        )
         writer: asyncio.Task[None] | None = None
         reader: asyncio.Task[None] | None = None
         try:
-            await context.write(pb.RmMessage(registered=response))
+            try:
+                await context.write(pb.RmMessage(registered=response))
+            except Exception as exc:  # the agent went away right after registering: not a handler error
+                log.debug("answering the registration of %s failed: %s", executor_id, one_line(repr(exc)))
+                link.on_send_failure()
+                return
             writer = asyncio.create_task(link.write_loop())
             reader = asyncio.create_task(self._read_loop(context, core, executor_id, link))
             status = await link.ended
@@ -303,6 +441,22 @@ class ResourceManagerServer:
                     task.cancel()
         if status is not None:
             await context.abort(getattr(grpc.StatusCode, status[0]), status[1])
+
+    def _register_proof_ok(self, req: pb.RegisterRequest, rm_nonce: bytes) -> bool:
+        if not _auth.nonce_ok(req.agent_nonce):
+            return False
+        expected = _auth.agent_proof(
+            self._secret,
+            rm_nonce=rm_nonce,
+            agent_nonce=req.agent_nonce,
+            protocol_version=req.protocol_version,
+            executor_id=req.executor_id,
+            host=req.host,
+            pid=req.pid,
+            resume_epoch=req.resume_epoch,
+            resume_instance_id=req.resume_instance_id,
+        )
+        return hmac.compare_digest(expected, req.proof)
 
     async def _read_loop(
         self,
@@ -331,11 +485,13 @@ class ResourceManagerServer:
                 else:
                     raise MalformedMessageError(f"unexpected message {kind!r} after registration")
         except HeartbeatProtocolError as exc:
+            if isinstance(exc, MalformedMessageError):  # the rest is the protocol at work
+                self._refusals.refused(_cause(exc), context.peer(), f"executor {executor_id}: {exc}")
             link.finish((_code(exc).name, str(exc)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.debug("agent stream of %s broke: %r", executor_id, exc)
+            log.debug("agent stream of %s broke: %s", executor_id, one_line(repr(exc)))
             link.on_send_failure()
             link.finish(None)
 
@@ -345,6 +501,15 @@ def _parse(raw: bytes) -> pb.AgentMessage:
         return pb.AgentMessage.FromString(raw)
     except Exception as exc:
         raise MalformedMessageError(f"malformed AgentMessage ({len(raw)} bytes): {exc}") from None
+
+
+def _cause(error: HeartbeatProtocolError) -> str:
+    """The refusal log's cause for ``error``: a fixed phrase per kind."""
+    if isinstance(error, MalformedMessageError):
+        return "malformed message"
+    if isinstance(error, ProtocolVersionError):
+        return "protocol version mismatch"
+    return "refused registration"
 
 
 def _code(error: HeartbeatProtocolError) -> grpc.StatusCode:

@@ -1,8 +1,9 @@
 """Regenerate the checked-in gRPC/protobuf modules: ``make proto``.
 
 Every ``*.proto`` under the project's packages is compiled next to itself (``x_pb2.py``,
-``x_pb2.pyi``, ``x_pb2_grpc.py``). Generated imports are rewritten to be package-relative so the
-modules work wherever the package is installed.
+``x_pb2.pyi``, ``x_pb2_grpc.py``); ``python -m scripts.gen_protos PATH...`` compiles only the
+given ones (so a change to one package's protocol regenerates nothing else). Generated imports
+are rewritten to be package-relative so the modules work wherever the package is installed.
 """
 
 from __future__ import annotations
@@ -39,8 +40,15 @@ def generate(proto: Path) -> None:
     grpc_module.write_text(text)
 
 
-def main() -> int:
-    protos = [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.proto"))]
+def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given:
+        protos = [Path(p).resolve() for p in given]
+        missing = [str(p) for p in protos if p.suffix != ".proto" or not p.is_file()]
+        if missing:
+            raise SystemExit(f"not a .proto file: {', '.join(missing)}")
+    else:
+        protos = [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.proto"))]
     for proto in protos:
         generate(proto)
         print(f"generated {proto.relative_to(ROOT)}")

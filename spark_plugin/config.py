@@ -12,9 +12,11 @@ config-docs``) and a test checks the two agree.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +80,28 @@ def _parse_address(text: str) -> str:
     return text
 
 
+_SERVER_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+
+
+def _parse_server_name(text: str) -> str:
+    """A DNS name without wildcard, as a certificate's subjectAltName lists it; empty = derived."""
+    if text and not _SERVER_NAME.fullmatch(text):
+        raise ValueError(text)
+    return text
+
+
+_BASE64_LINE = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+
+
+def _parse_base64_line(text: str) -> str:
+    """One line of standard base64, at most 16 KiB: the generated TLS material (see spark_plugin.tls)."""
+    if len(text) > 16384 or not _BASE64_LINE.fullmatch(text):
+        raise ValueError(text)
+    return text
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = text.strip().lower()
@@ -129,7 +153,8 @@ OPTIONS: tuple[Option, ...] = (
         "",
         "a string of at least 16 characters",
         "Shared secret for every arrowbeat call (register, heartbeat, shuffle reads). Generated per "
-        "application when unset; never logged.",
+        "application when unset; never logged. If you set it, set it in `spark-defaults.conf` or a "
+        "`--properties-file`, not with `--conf` (every local user can read a command line).",
         _parse_str,
     ),
     Option(
@@ -230,8 +255,9 @@ OPTIONS: tuple[Option, ...] = (
         "",
         "a local directory path",
         "Root of the Arrow shuffle's map-output files on every executor (and of the agents' discovery "
-        "files); empty means `arrowbeat-shuffle` in the system temp directory. Must be the same "
-        "setting on driver and executors.",
+        "files); empty means `arrowbeat-<uid>` in the system temp directory. Created 0700 if absent; "
+        "refused (the error names it) if it is a symlink, owned by another user or writable by group "
+        "or others. Must be the same setting on driver and executors.",
         _parse_str,
     ),
     Option(
@@ -269,6 +295,59 @@ OPTIONS: tuple[Option, ...] = (
         parse_bool,
     ),
     Option(
+        "spark.arrowbeat.ssl.enabled",
+        "ssl_enabled",
+        "false",
+        "true or false",
+        "Encrypts arrowbeat's gRPC calls and shuffle streams with TLS (1.2 or later), as "
+        "`spark.ssl.rpc.enabled` does Spark's RPC. Without `ssl.certChain`/`ssl.privateKey` the "
+        "driver-side process generates a self-signed certificate per application and every executor "
+        "trusts that one certificate only (it travels with the secret, never through a file).",
+        parse_bool,
+    ),
+    Option(
+        "spark.arrowbeat.ssl.privateKey",
+        "ssl_private_key",
+        "",
+        "a path to an unencrypted PEM private key",
+        "Private key of `ssl.certChain`, as `spark.ssl.rpc.privateKey`; set both or neither (neither: "
+        "a generated certificate). The file must be readable on the driver and on every executor "
+        "host; keep it 0600.",
+        _parse_str,
+    ),
+    Option(
+        "spark.arrowbeat.ssl.certChain",
+        "ssl_cert_chain",
+        "",
+        "a path to a PEM certificate chain, server certificate first",
+        "Certificate chain the RM and the shuffle agents present, as `spark.ssl.rpc.certChain`. Its "
+        "first certificate needs a DNS subjectAltName: clients check it against `ssl.serverName`, "
+        "not against the host they connect to. Must be readable on the driver and every executor host.",
+        _parse_str,
+    ),
+    Option(
+        "spark.arrowbeat.ssl.trustStore",
+        "ssl_trust_store",
+        "",
+        "a path to a PEM bundle of certificates",
+        "Certificates clients trust, a PEM bundle (where `spark.ssl.rpc.trustStore` is a Java key "
+        "store); any listed certificate is an anchor, an intermediate too; empty pins the first "
+        "certificate of `ssl.certChain`. Only with `ssl.certChain`: a generated certificate is always "
+        "pinned.",
+        _parse_str,
+    ),
+    Option(
+        "spark.arrowbeat.ssl.serverName",
+        "ssl_server_name",
+        "",
+        "a DNS name without wildcard",
+        "Name clients require in the server's certificate. Empty: `arrowbeat` for the generated "
+        "certificate and for a `ssl.certChain` that lists `DNS:arrowbeat`, else the first DNS "
+        "subjectAltName of its first certificate (`*.example.com` gives `arrowbeat.example.com`). "
+        "With one certificate per host, give each the same extra name (e.g. `DNS:arrowbeat`).",
+        _parse_server_name,
+    ),
+    Option(
         "spark.arrowbeat.rm.address",
         "rm_address",
         "",
@@ -286,6 +365,26 @@ OPTIONS: tuple[Option, ...] = (
         _parse_int,
         internal=True,
     ),
+    Option(
+        "spark.arrowbeat.ssl.generatedCert",
+        "ssl_generated_cert",
+        "",
+        "one line of base64 (a DER certificate)",
+        "Set by arrowbeat: the certificate the driver-side process generated (`ssl.enabled` without "
+        "files), handed to the executors with the secret; executors trust it alone.",
+        _parse_base64_line,
+        internal=True,
+    ),
+    Option(
+        "spark.arrowbeat.ssl.generatedKeySecret",
+        "ssl_generated_key",
+        "",
+        "one line of base64 (a DER PKCS#8 private key)",
+        "Set by arrowbeat: the generated certificate's private key. Its name contains `secret` so "
+        "Spark's `spark.redaction.regex` and arrowbeat's log filters redact its value.",
+        _parse_base64_line,
+        internal=True,
+    ),
 )
 
 OPTIONS_BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}
@@ -297,7 +396,8 @@ class ArrowBeatConfig:
 
     python: str
     startup_timeout_s: float
-    secret: str
+    secret: str = field(repr=False)
+    """Never in ``repr``/``str`` (nor, by the plugin, in any log, argv, environment or file)."""
     rm_host: str
     rm_port: int
     heartbeat_interval_s: float
@@ -314,8 +414,16 @@ class ArrowBeatConfig:
     shuffle_map_memory_bytes: int
     shuffle_agent_memory_bytes: int
     shuffle_read_host_local: bool
+    ssl_enabled: bool
+    ssl_private_key: str
+    ssl_cert_chain: str
+    ssl_trust_store: str
+    ssl_server_name: str
     rm_address: str
     driver_pid: int
+    ssl_generated_cert: str = field(repr=False)
+    ssl_generated_key: str = field(repr=False)
+    """The generated TLS material (``spark_plugin.tls``): never in ``repr``, errors or logs."""
 
     def heartbeat_services(self) -> HeartbeatServices:
         """The heartbeat library's settings object, built from the three ``heartbeat.*`` keys.
@@ -366,6 +474,61 @@ def _check_ranges(c: ArrowBeatConfig) -> list[str]:
     return problems
 
 
+def _readable_file_problem(key: str, path: str) -> str | None:
+    """Why ``path`` cannot serve as the PEM file of ``key``, or None. A regular file (symlinks are
+    followed: mounted Kubernetes secrets are links) is required, so a FIFO cannot stall start-up."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return f"{key}={path!r}: cannot read the file ({exc.strerror or exc})"
+    if not stat.S_ISREG(mode):
+        return f"{key}={path!r}: not a regular file"
+    if not os.access(path, os.R_OK):
+        return f"{key}={path!r}: the file is not readable by this user"
+    return None
+
+
+def _check_ssl(c: ArrowBeatConfig) -> list[str]:
+    """The ``ssl.*`` keys, checked only when TLS is on (as Spark checks ``spark.ssl.*``). The
+    files' contents (PEM, key matching the certificate, trust) are checked by ``spark_plugin.tls``
+    when the processes load them, still at start-up."""
+    if not c.ssl_enabled:
+        return []
+    problems: list[str] = []
+    key, chain, trust = (
+        "spark.arrowbeat.ssl.privateKey",
+        "spark.arrowbeat.ssl.certChain",
+        "spark.arrowbeat.ssl.trustStore",
+    )
+    if bool(c.ssl_private_key) != bool(c.ssl_cert_chain):
+        problems.append(
+            f"{key} and {chain} must be set together (both empty: a certificate is generated per application)"
+        )
+    if c.ssl_trust_store and not c.ssl_cert_chain:
+        problems.append(
+            f"{trust} is set without {chain}: the generated certificate is pinned and trusts nothing else"
+        )
+    for name, path in ((key, c.ssl_private_key), (chain, c.ssl_cert_chain), (trust, c.ssl_trust_store)):
+        if path and (problem := _readable_file_problem(name, path)):
+            problems.append(problem)
+    if c.ssl_server_name and not c.ssl_cert_chain:
+        problems.append(
+            f"spark.arrowbeat.ssl.serverName is set without {chain}: the generated certificate's name "
+            "is always `arrowbeat`"
+        )
+    generated = ("spark.arrowbeat.ssl.generatedCert", "spark.arrowbeat.ssl.generatedKeySecret")
+    if bool(c.ssl_generated_cert) != bool(c.ssl_generated_key):
+        problems.append(f"{generated[0]} and {generated[1]} must be handed over together")
+    if c.ssl_generated_cert and c.ssl_cert_chain:
+        problems.append(f"{generated[0]} is set although {chain} is configured: the launcher is out of step")
+    return problems
+
+
+_REDACTED_FIELDS = frozenset({"secret", "ssl_generated_cert", "ssl_generated_key"})
+"""Fields whose values no error message shows (the certificate too: it is not secret, but a
+malformed one may be a key pasted into the wrong setting)."""
+
+
 def load(settings: Mapping[str, str]) -> ArrowBeatConfig:
     """Parses every ``spark.arrowbeat.*`` entry of ``settings``; other keys are ignored."""
     problems: list[str] = []
@@ -378,11 +541,12 @@ def load(settings: Mapping[str, str]) -> ArrowBeatConfig:
         try:
             values[option.field] = option.parse(text)
         except ValueError:
-            shown = "<redacted>" if option.field == "secret" else repr(text)
+            shown = "<redacted>" if option.field in _REDACTED_FIELDS else repr(text)
             problems.append(f"{option.key}={shown}: expected {option.expected}")
             values[option.field] = option.parse(option.default)
     config = ArrowBeatConfig(**values)
     problems.extend(_check_ranges(config))
+    problems.extend(_check_ssl(config))
     if problems:
         raise ConfigError(problems)
     return config

@@ -10,35 +10,41 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load, tables_root
-from spark_plugin.sidecar import JvmLink, announce_ready, exit_process, setup_logging, wait_for_exit
+from spark_plugin.errors import JvmCommandError
+from spark_plugin.history.wire_text import MAX_ID_CHARS, wire_text
+from spark_plugin.sidecar import (
+    JvmChannel,
+    JvmLink,
+    exit_process,
+    secret_values,
+    setup_logging,
+    wait_for_exit,
+)
 
 log = logging.getLogger("arrowbeat.driver")
-_stdout_lock = threading.Lock()
 
 
 def rm_host(config: ArrowBeatConfig, settings: dict[str, str]) -> str:
     return config.rm_host or settings.get("spark.driver.host") or "127.0.0.1"
 
 
-def ask_jvm(command: str) -> None:
-    """A line the JVM DriverPlugin turns into an action on the SparkContext."""
-    with _stdout_lock:
-        sys.stdout.write(f"ARROWBEAT-CMD {command}\n")
-        sys.stdout.flush()
-
-
 class EventRouter:
-    """The RM's subscriber: history rows, a log line per lifecycle event, the optional kill."""
+    """The RM's subscriber: history rows, a log line per lifecycle event, the optional kill.
 
-    def __init__(self, app_id: Callable[[], str], history: Any, kill_on_timeout: bool) -> None:
+    Every text of an event came from the wire (the agent chose its id, host and unregister
+    reason): it is logged only through :func:`wire_text`, and the history rows pass it too. A
+    kill goes to the JVM only for an id of Spark's form (``JvmChannel.kill_executor``)."""
+
+    def __init__(
+        self, app_id: Callable[[], str], history: Any, kill: Callable[[str], None] | None = None
+    ) -> None:
         self._app_id = app_id
         self._history = history
-        self._kill = kill_on_timeout
+        self._kill = kill
         self._last_beat: dict[str, float] = {}
 
     def __call__(self, event: object) -> None:
@@ -56,16 +62,19 @@ class EventRouter:
             return
         log.info(
             "executor %s (%s, instance %s): %s %s",
-            event.executor_id,
-            event.host,
-            event.instance_id,
+            wire_text(event.executor_id, MAX_ID_CHARS),
+            wire_text(event.host, MAX_ID_CHARS),
+            wire_text(event.instance_id, MAX_ID_CHARS),
             event.kind.name,
-            event.detail,
+            wire_text(event.detail),
         )
         if self._history is not None:
             self._history.append(EXECUTOR_EVENTS.name, event_row(self._app_id(), event))
-        if self._kill and event.kind in (EventKind.HEARTBEAT_TIMEOUT, EventKind.UNREACHABLE):
-            ask_jvm(f"kill-executor {event.executor_id}")
+        if self._kill is not None and event.kind in (EventKind.HEARTBEAT_TIMEOUT, EventKind.UNREACHABLE):
+            try:
+                self._kill(event.executor_id)
+            except JvmCommandError as exc:  # one per lost executor: bounded by registrations
+                log.warning("not asking Spark to kill executor: %s", exc)
 
 
 def open_history(config: ArrowBeatConfig, settings: dict[str, str]) -> tuple[Any, list[str]]:
@@ -88,9 +97,10 @@ def open_history(config: ArrowBeatConfig, settings: dict[str, str]) -> tuple[Any
 
 
 def main() -> int:
+    channel = JvmChannel.claim_stdout()  # first: nothing but the protocol reaches the JVM's stdout
     link = JvmLink(sys.stdin.buffer)
     settings = link.read_settings()
-    setup_logging(early_value(settings, "spark.arrowbeat.log.level"))
+    setup_logging(early_value(settings, "spark.arrowbeat.log.level"), secret_values(settings))
     try:
         config = load(settings)
     except ConfigError as exc:
@@ -115,12 +125,14 @@ def main() -> int:
     app_id = settings.get("spark.app.id", "")
     rm.subscribe(
         EventRouter(
-            lambda: link.app_id(app_id), history, kill_on_timeout=config.on_heartbeat_timeout == "kill"
+            lambda: link.app_id(app_id),
+            history,
+            kill=channel.kill_executor if config.on_heartbeat_timeout == "kill" else None,
         )
     )
     address = rm.start()
     link.start()
-    announce_ready(
+    channel.announce_ready(
         address=address, pid=os.getpid(), epoch=rm.epoch, pulse_ms=int(config.heartbeat_interval_s * 1000)
     )
     log.info("ResourceManager serving on %s", address)

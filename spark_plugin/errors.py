@@ -9,9 +9,11 @@
     ├── HistoryTableError (also RuntimeError)   a history table cannot be used; names the path
     │   ├── TablePathError                      the path is unwritable, or not (or a corrupt) Delta table
     │   └── IncompatibleTableError              a Delta table there has another schema
-    └── JvmLinkError                            the JVM launcher's stdin protocol broke
+    └── JvmLinkError                            the JVM launcher's protocol broke
         ├── SettingsTruncatedError (also EOFError)   the JVM closed stdin before the settings' end
-        └── MalformedSettingsError (also ValueError) a settings line is not ``key<TAB>value``
+        ├── MalformedSettingsError (also ValueError) a settings line is not ``key<TAB>value``
+        └── JvmCommandError (also ValueError)        a ready field or command the JVM would refuse;
+                                                     never written to the protocol channel
 
 The second bases keep the built-in meaning (a bad value is a ``ValueError``, an early end of input
 an ``EOFError``), so callers that catch those keep working. The names are unique across arrowbeat:
@@ -62,10 +64,16 @@ class MalformedSettingsError(JvmLinkError, ValueError):
     """A settings line from the JVM is not ``key<TAB>value``."""
 
 
+class JvmCommandError(JvmLinkError, ValueError):
+    """A ready field or a command (e.g. ``kill-executor`` for an id that is not a Spark executor
+    id) that the JVM would refuse; it is not written to the protocol channel."""
+
+
 __all__ = [
     "ConfigError",
     "HistoryTableError",
     "IncompatibleTableError",
+    "JvmCommandError",
     "JvmLinkError",
     "MalformedSettingsError",
     "PluginError",

@@ -16,10 +16,17 @@ import psutil
 
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ShuffleError
-from arrow_shuffle.spark.agent_service import MapOutputService, default_root
+from arrow_shuffle.spark.agent_service import MapOutputService, shuffle_root
 from heartbeat import AgentThread, PayloadProvider, rss_provider, slots_provider
 from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load
-from spark_plugin.sidecar import JvmLink, announce_ready, exit_process, setup_logging, wait_for_exit
+from spark_plugin.sidecar import (
+    JvmChannel,
+    JvmLink,
+    exit_process,
+    secret_values,
+    setup_logging,
+    wait_for_exit,
+)
 
 log = logging.getLogger("arrowbeat.agent")
 
@@ -36,9 +43,10 @@ def executor_payload(link: JvmLink, slots_total: int, jvm_pid: int) -> list[Payl
 
 
 def main() -> int:
+    channel = JvmChannel.claim_stdout()  # first: nothing but the protocol reaches the JVM's stdout
     link = JvmLink(sys.stdin.buffer)
     settings = link.read_settings()
-    setup_logging(early_value(settings, "spark.arrowbeat.log.level"))
+    setup_logging(early_value(settings, "spark.arrowbeat.log.level"), secret_values(settings))
     try:
         config = load(settings)
     except ConfigError as exc:
@@ -73,7 +81,7 @@ def main() -> int:
     link.start()
     shuffle.start_when_app_known(link)  # before registering: a registered agent serves shuffles
     agent.start()
-    announce_ready(
+    channel.announce_ready(
         pid=os.getpid(),
         executor_id=executor_id,
         rm=config.rm_address,
@@ -142,7 +150,7 @@ def start_shuffle_service(
             app_id=settings.get("spark.app.id", "") or "app",
             executor_id=executor_id,
             secret=config.secret,
-            root=config.shuffle_dir or default_root(),
+            root=shuffle_root(config.shuffle_dir),
             jvm_pid=int(settings.get("arrowbeat.executor.jvm.pid", "0") or 0),
             host=host,
             config=ShuffleConfig(network_memory_bytes=config.shuffle_agent_memory_bytes),

@@ -85,6 +85,9 @@ def _external_imports(module: str) -> set[str]:
     return {target for target, _ in _imports(tree, module, path.name == "__init__.py")}
 
 
+FOUNDATION_MODULES = ("spark_plugin.config", "spark_plugin.errors", "spark_plugin.tls")
+
+
 def _layer(module: str) -> str:
     """The layer a module belongs to, bottom first (see README, Contributing)."""
     if module == "heartbeat.clock":
@@ -95,7 +98,7 @@ def _layer(module: str) -> str:
         return "shuffle-spark"
     if module.startswith("arrow_shuffle"):
         return "engine"
-    if module in ("spark_plugin.config", "spark_plugin.errors") or module.startswith("spark_plugin.history"):
+    if module in FOUNDATION_MODULES or module.startswith("spark_plugin.history"):
         return "plugin-foundation"
     return "plugin-processes"
 
@@ -147,6 +150,16 @@ def test_no_import_cycle() -> None:
     for module in graph:
         if module not in state and (cycle := visit(module)):
             pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+def test_tls_material_needs_only_the_config_and_the_clock() -> None:
+    """The TLS module is what the heartbeat library's and the engine's callers build contexts
+    with: it must stay as light as the config (no history tables, no heartbeat library)."""
+    assert set(_graph()["spark_plugin.tls"]) <= {
+        "spark_plugin.config",
+        "spark_plugin.errors",
+        "heartbeat.clock",
+    }
 
 
 SPARK_FREE = sorted(m for m in _modules() if _layer(m) in ("clock", "heartbeat", "engine"))

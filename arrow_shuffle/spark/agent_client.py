@@ -5,30 +5,51 @@ agent is another child of that JVM and its ``agent_service.MapOutputService`` wr
 ``<root>/<app>/agents/<jvm pid>.json``. Walking the worker's parent chain (a few steps) finds the
 file with no configuration and no guessing: the parent chain is the one fact that ties a worker
 to its executor. ``MapOutputClient`` then speaks the service's control channel (stage, unstage,
-release, metrics); the driver uses it too, to release a shuffle in every agent.
+release, metrics: typed calls of ``agent_service.AGENT_CONTROL`` over an engine
+``control.ControlClient``); the driver uses it too, to release a shuffle in every agent.
 
-Errors, all in the engine's tree (``arrow_shuffle.errors``): an agent that cannot be reached or
-goes away is ``PeerLostError``, a peer without the application's secret
-``ShuffleAuthenticationError``, a refused request ``ShuffleError``, no agent at all
-``ShuffleConfigError`` (the plugin is not on, or ``spark.arrowbeat.shuffle.dir`` differs).
+Errors, all in the engine's tree (``arrow_shuffle.errors``): an agent that cannot be reached, goes
+away, or is stopped or silent past ``peer_timeout_s`` (or a call past its deadline) is
+``PeerLostError`` (``DeadlineExceededError``), never a hang; a peer without the application's
+secret ``ShuffleAuthenticationError``; a refused request ``ControlRequestError`` (or
+``UnsafePathError`` etc. as the agent reported it); a malformed one ``ControlMessageError``; no
+agent at all ``ShuffleConfigError`` (the plugin is not on, or ``spark.arrowbeat.shuffle.dir`` differs).
+
+Discovery files are trusted only when private (``arrow_shuffle.private_files``): root, application
+and discovery folders ours and not writable by others, the file a regular file of ours (no
+symlink) of at most 4 KiB, its fields of the right types, its ``dir`` this executor's folder in
+the application's. Anything else is ignored with one warning a minute (``UnsafePathError`` from
+``find_agent`` if the root itself is unsafe: no agent could have started there).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client
 from typing import Any
 
-from arrow_shuffle.auth import as_bytes
-from arrow_shuffle.errors import PeerLostError, ShuffleAuthenticationError, ShuffleConfigError, ShuffleError
-from arrow_shuffle.spark.agent_service import agent_file, app_dir
+import pyarrow as pa
+
+from arrow_shuffle.config import ShuffleConfig
+from arrow_shuffle.control import ControlClient
+from arrow_shuffle.errors import (
+    ShuffleConfigError,
+    UnsafePathError,
+)
+from arrow_shuffle.ids import PartitionId
+from arrow_shuffle.private_files import LogLimiter, check_id, check_private_dir, check_root, read_private_file
+from arrow_shuffle.spark.agent_service import AGENT_CONTROL, AGENTS, agent_file, app_dir
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
+log = logging.getLogger(__name__)
 _MAX_DEPTH = 6
+MAX_AGENT_FILE_BYTES = 4096
+"""An announcement is ~200 bytes; anything far larger is not one."""
+_ignored = LogLimiter(log)
 
 
 @dataclass(frozen=True)
@@ -59,30 +80,83 @@ def _parent(pid: int) -> int:
         return 0
 
 
-def read_agent_file(path: str) -> AgentInfo:
-    """One agent's discovery file (written atomically by ``MapOutputService``)."""
-    with open(path) as f:
-        data = json.load(f)
-    return AgentInfo(
-        str(data["executor_id"]),
-        str(data["host"]),
-        int(data["data_port"]),
-        int(data["control_port"]),
-        str(data["dir"]),
-    )
+def _field(data: dict[str, object], name: str, kind: type, path: str) -> object:
+    value = data.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise UnsafePathError(f"discovery file {path}: {name} is not a {kind.__name__}: not trusted")
+    return value
+
+
+def _port(data: dict[str, object], name: str, path: str) -> int:
+    value = _field(data, name, int, path)
+    assert isinstance(value, int)
+    if not 0 < value < 65536:
+        raise UnsafePathError(f"discovery file {path}: {name} {value} is not a port: not trusted")
+    return value
+
+
+def read_agent_file(path: str, app: str) -> AgentInfo:
+    """The announcement at ``path`` in the discovery folder of application folder ``app``.
+
+    ``FileNotFoundError`` if it is gone (its agent is just exiting); ``UnsafePathError`` if it is
+    not a private file of ours, or not an announcement: wrong JSON, wrong field types, or a
+    ``dir`` other than ``<app>/<executor id>`` (a worker writes its map outputs there)."""
+    raw = read_private_file(path, MAX_AGENT_FILE_BYTES)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UnsafePathError(f"discovery file {path} is not JSON: not trusted") from exc
+    if not isinstance(data, dict):
+        raise UnsafePathError(f"discovery file {path} is not a JSON object: not trusted")
+    executor_id = str(_field(data, "executor_id", str, path))
+    try:
+        check_id(executor_id, "executor id")
+    except UnsafePathError as exc:
+        raise UnsafePathError(f"discovery file {path}: {exc}") from exc
+    host = str(_field(data, "host", str, path))
+    if not 0 < len(host) <= 255 or not host.isprintable() or " " in host:
+        raise UnsafePathError(f"discovery file {path}: host is not a host name: not trusted")
+    folder = str(_field(data, "dir", str, path))
+    if os.path.realpath(folder) != os.path.join(os.path.realpath(app), executor_id):
+        raise UnsafePathError(
+            f"discovery file {path}: dir is not executor {executor_id}'s folder in {app}: not trusted"
+        )
+    data_port, control_port = _port(data, "data_port", path), _port(data, "control_port", path)
+    return AgentInfo(executor_id, host, data_port, control_port, folder)
+
+
+def _agents_folder(root: str, app_id: str) -> str | None:
+    """The application's discovery folder if it exists, after checking the folders above it."""
+    app = app_dir(root, app_id)
+    try:
+        check_root(root)
+        check_private_dir(app)
+        return check_private_dir(os.path.join(app, AGENTS))
+    except FileNotFoundError:
+        return None
 
 
 def announced_agents(root: str, app_id: str) -> list[AgentInfo]:
-    """Every agent of the application that announced itself on this host, by executor id."""
-    folder = os.path.join(app_dir(root, app_id), "agents")
+    """Every agent of the application that announced itself on this host, by executor id.
+
+    Untrusted folders or files are left out, with a warning at most once a minute."""
+    try:
+        folder = _agents_folder(root, app_id)
+    except UnsafePathError as exc:
+        _ignored.warning(root, "ignoring arrowbeat discovery files under %s: %s", root, exc)
+        return []
+    if folder is None:
+        return []
     found = []
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+    for name in sorted(os.listdir(folder)):
         if not name.endswith(".json"):
             continue
         try:
-            found.append(read_agent_file(os.path.join(folder, name)))
-        except (OSError, ValueError, KeyError):  # an agent that is just exiting
+            found.append(read_agent_file(os.path.join(folder, name), app_dir(root, app_id)))
+        except FileNotFoundError:  # an agent that is just exiting
             continue
+        except UnsafePathError as exc:
+            _ignored.warning(folder, "ignoring an untrusted discovery file: %s", exc)
     return sorted(found, key=lambda a: a.executor_id)
 
 
@@ -99,13 +173,18 @@ def find_agent(root: str, app_id: str, wait_s: float = 10.0, clock: Clock = SYST
         if pid <= 1:
             break
         ancestors.append(pid)
+    app = app_dir(root, app_id)
     deadline = clock.monotonic() + wait_s
     while True:
-        for pid in ancestors:
+        # An unsafe root or folder is UnsafePathError at once: no agent of ours can be there.
+        for pid in ancestors if _agents_folder(root, app_id) is not None else []:
+            path = agent_file(root, app_id, pid)
             try:
-                return read_agent_file(agent_file(root, app_id, pid))
+                return read_agent_file(path, app)
             except FileNotFoundError:
                 continue
+            except UnsafePathError as exc:
+                _ignored.warning(os.path.dirname(path), "ignoring an untrusted discovery file: %s", exc)
         if clock.monotonic() >= deadline:
             break
         time.sleep(0.05)
@@ -117,32 +196,63 @@ def find_agent(root: str, app_id: str, wait_s: float = 10.0, clock: Clock = SYST
 
 
 class MapOutputClient:
-    """One authenticated control connection to an agent's ``MapOutputService``; failures name the agent."""
+    """One authenticated control connection to an agent's ``MapOutputService``; failures name the agent.
 
-    def __init__(self, address: tuple[str, int], secret: str | bytes, who: str) -> None:
+    Connect + handshake within ``config.connect_timeout_s``; each call within its operation's
+    deadline, a stopped or vanished agent detected after ``config.peer_timeout_s`` of silence."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        secret: str | bytes,
+        who: str,
+        *,
+        config: ShuffleConfig | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.who = who
-        try:
-            self._conn = Client(address, authkey=as_bytes(secret))
-        except AuthenticationError as exc:
-            raise ShuffleAuthenticationError(
-                f"the shuffle agent of {who} at {address} refused our secret, or could not prove it "
-                f"holds it: {exc}"
-            ) from exc
-        except (OSError, EOFError) as exc:
-            raise PeerLostError(f"cannot reach the shuffle agent of {who} at {address}: {exc}") from exc
+        config = config or ShuffleConfig()
+        self._client = ControlClient(
+            address,
+            secret,
+            AGENT_CONTROL,
+            who=f"the shuffle agent of {who}",
+            connect_timeout_s=config.connect_timeout_s,
+            peer_timeout_s=config.peer_timeout_s,
+            clock=clock,
+        )
 
-    def call(self, *request: Any) -> Any:
-        try:
-            self._conn.send(request)
-            status, value = self._conn.recv()
-        except (OSError, EOFError) as exc:
-            raise PeerLostError(f"the shuffle agent of {self.who} went away: {exc}") from exc
-        if status != "ok":
-            raise ShuffleError(f"the shuffle agent of {self.who} refused {request[0]!r}: {value}")
-        return value
+    def stage(
+        self,
+        shuffle_id: int,
+        reducer: int,
+        schema: pa.Schema,
+        files: Sequence[tuple[str, Sequence[tuple[int, int]]]],
+    ) -> PartitionId:
+        """Ask the agent to stream ``reducer``'s rows of ``files``; the partition to request."""
+        wire = self._client.call(
+            "stage",
+            shuffle=shuffle_id,
+            reducer=reducer,
+            schema=schema.serialize().to_pybytes(),
+            files=[(path, [tuple(s) for s in segments]) for path, segments in files],
+        )
+        return PartitionId.from_wire(wire)
+
+    def unstage(self, partition: PartitionId) -> None:
+        self._client.call("unstage", partition=partition.to_wire())
+
+    def release(self, shuffle_id: int) -> int:
+        """Drop the shuffle's streams and map outputs in that agent; the bytes it freed."""
+        freed: int = self._client.call("release", shuffle=shuffle_id)
+        return freed
+
+    def metrics(self) -> dict[str, Any]:
+        figures: dict[str, Any] = self._client.call("metrics")
+        return figures
 
     def close(self) -> None:
-        self._conn.close()
+        self._client.close()
 
     def __enter__(self) -> MapOutputClient:
         return self

@@ -10,11 +10,17 @@ One per executor agent, living exactly as long as the agent (and so the executor
   these map outputs"; the service opens a PIPELINED one-subpartition ``ResultPartition`` and a
   thread fills it from the files, so the file -> network path is bounded by the partition's
   buffers and paced by the reader's credits (a slow reducer stalls the filler, never memory);
-- the control channel (``multiprocessing.connection`` with the application secret as authkey:
-  an HMAC challenge both ways before any message is read) for stage / unstage / release /
-  metrics, spoken by ``agent_client.MapOutputClient``;
+- the control channel: an engine ``control.ControlServer`` of ``AGENT_CONTROL`` (stage / unstage /
+  release / metrics, each a typed, size-capped JSON message checked against its schema, sealed
+  with the connection's session key after the mutual HMAC handshake; nothing is unpickled),
+  spoken by ``agent_client.MapOutputClient``;
 - a discovery file ``<root>/<app>/agents/<jvm pid>.json`` so Python workers, children of the
   same executor JVM, find it by walking their parent chain (``agent_client.find_agent``).
+
+Files are private (``arrow_shuffle.private_files``): the root (``shuffle_root``: the setting, else
+``arrowbeat-<uid>`` in the temp dir) is ours and writable by nobody else, every directory below it
+0700, every file 0600 created without following links; ids become path components only through
+``check_id``; ``stage`` serves only files whose real path is inside this agent's directory.
 
 Time comes from an injected ``heartbeat.clock.Clock``: ``monotonic()`` ages staged streams (both
 ends measured in this process), ``time()`` only ages files, whose modification times are wall
@@ -28,11 +34,11 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 import pyarrow as pa
@@ -40,33 +46,115 @@ import pyarrow as pa
 from arrow_shuffle.auth import as_bytes
 from arrow_shuffle.buffer_pool import NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
+from arrow_shuffle.control import (
+    I32,
+    I64,
+    PARTITION_ID,
+    Bytes,
+    ControlServer,
+    Float,
+    Int,
+    List,
+    Map,
+    Null,
+    Operation,
+    Record,
+    Service,
+    Str,
+    Tuple,
+)
+from arrow_shuffle.errors import (
+    ControlMessageError,
+    ShuffleConfigError,
+    ShuffleError,
+    UnsafeIdError,
+    UnsafePathError,
+)
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.partition import PartitionKind, ResultPartition
 from arrow_shuffle.partition_server import PartitionServer
+from arrow_shuffle.private_files import (
+    LogLimiter,
+    check_id,
+    make_private_dir,
+    private_root,
+    resolve_inside,
+    write_private_atomic,
+)
 from arrow_shuffle.spark.map_output import Segment, read_segments
 from arrow_shuffle.writer import RecordWriter
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
+MAX_SCHEMA_BYTES = 1 << 20
+"""Largest Arrow IPC schema a ``stage`` request may carry (thousands of columns fit)."""
+MAX_STAGE_BYTES = 8 << 20
+"""Largest ``stage`` request: the schema plus every map output file and segment of one reducer."""
+_SEGMENT = Tuple((Int(0, I64), Int(0, I64)))
+_FILE = Tuple((Str(4096, 1), List(_SEGMENT, 1 << 20)))
+AGENT_CONTROL = Service(
+    "arrowbeat-agent-control",
+    (
+        Operation(
+            "stage",
+            Record(
+                {
+                    "shuffle": Int(0, I32),
+                    "reducer": Int(0, I32),
+                    "schema": Bytes(MAX_SCHEMA_BYTES),
+                    "files": List(_FILE, 1 << 16),
+                }
+            ),
+            PARTITION_ID,
+            max_request_bytes=MAX_STAGE_BYTES,
+        ),
+        Operation("unstage", Record({"partition": PARTITION_ID}), Null()),
+        Operation("release", Record({"shuffle": Int(0, I32)}), Int(0, I64), timeout_s=120.0),
+        Operation("metrics", Record({}), Map(Float(), 256)),
+    ),
+)
+"""The agent's control operations: what ``MapOutputService`` serves and ``MapOutputClient`` calls."""
+
+
+_refused = LogLimiter(log)
+"""Paths a peer asked for and did not get: logged, but not once per request."""
+AGENTS = "agents"
+"""The discovery folder of an application (an executor id can never be this name)."""
+
 
 def default_root() -> str:
-    """Where shuffle data goes unless ``spark.arrowbeat.shuffle.dir`` says otherwise."""
-    return os.path.join(tempfile.gettempdir(), "arrowbeat-shuffle")
+    """The per-user default root, ``arrowbeat-<uid>`` in the system temp dir: one user's root is
+    never another's, and a root another user created first is refused, not shared."""
+    return os.path.join(tempfile.gettempdir(), f"arrowbeat-{os.geteuid()}")
 
 
-def safe_name(text: str) -> str:
-    """A path component from an id (application and executor ids come from Spark)."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text) or "_"
+def shuffle_root(configured: str = "") -> str:
+    """The shuffle root: ``spark.arrowbeat.shuffle.dir`` if set, else ``default_root()``.
+
+    The one place the root is resolved, called where it is used (agent, its Python workers, the
+    driver for its own host), so each process resolves it as the user it runs as."""
+    return os.path.abspath(configured) if configured else default_root()
 
 
 def app_dir(root: str, app_id: str) -> str:
-    return os.path.join(root, safe_name(app_id))
+    return os.path.join(root, check_id(app_id, "application id"))
 
 
 def agent_file(root: str, app_id: str, jvm_pid: int) -> str:
-    return os.path.join(app_dir(root, app_id), "agents", f"{jvm_pid}.json")
+    return os.path.join(app_dir(root, app_id), AGENTS, f"{check_id(jvm_pid, 'executor JVM pid')}.json")
+
+
+def executor_dir(root: str, app_id: str, executor_id: str) -> str:
+    """``<root>/<app>/<executor>``, created private with the discovery folder beside it (ids are
+    checked before anything is created)."""
+    if check_id(executor_id, "executor id") == AGENTS:
+        raise UnsafeIdError(f"executor id {executor_id!r} is the name of the discovery folder")
+    app = app_dir(os.path.abspath(root), app_id)
+    private_root(root)
+    make_private_dir(app)
+    make_private_dir(os.path.join(app, AGENTS))
+    return make_private_dir(os.path.join(app, executor_id))
 
 
 @dataclass
@@ -102,8 +190,7 @@ class MapOutputService:
         self.jvm_pid = jvm_pid
         self.ttl_s = ttl_s
         self._clock = clock
-        self.dir = os.path.join(app_dir(root, app_id), safe_name(executor_id))
-        os.makedirs(self.dir, exist_ok=True)
+        self.dir = executor_dir(root, app_id, executor_id)
         # Staged streams never wait on the reader for long stretches by design, but a reducer may
         # run a slow user function between batches: a generous bound, not a hang.
         self.config = (config or ShuffleConfig(network_memory_bytes=32 << 20)).replace(
@@ -111,7 +198,6 @@ class MapOutputService:
         )
         self.pool = NetworkBufferPool.from_config(self.config.network_memory_bytes, self.config.buffer_size)
         self.server = PartitionServer(secret, app_id, host, 0, self.config)
-        self._listener = Listener((host, 0), authkey=as_bytes(secret))
         self._lock = threading.Lock()
         self._staged: dict[PartitionId, _Staged] = {}
         self._next_token = 1
@@ -120,8 +206,22 @@ class MapOutputService:
         """Set by ``close()``; background loops wait on it."""
         self._counters = {"streams_staged": 0.0, "bytes_staged": 0.0, "shuffles_released": 0.0}
         self._threads: list[threading.Thread] = []
-        self._accept = threading.Thread(target=self._accept_loop, name="shuffle-control", daemon=True)
-        self._accept.start()
+        self.control = ControlServer(
+            secret,
+            AGENT_CONTROL,
+            {
+                "stage": self._stage,
+                "unstage": self._unstage,
+                "release": self._release,
+                "metrics": self._metrics,
+            },
+            host,
+            0,
+            config=self.config,
+            max_connections=128,
+            clock=clock,
+            logger=log,
+        )
         self._announce()
 
     # -- addresses ------------------------------------------------------------------------------
@@ -131,8 +231,7 @@ class MapOutputService:
 
     @property
     def control_address(self) -> tuple[str, int]:
-        address: tuple[str, int] = self._listener.address
-        return address
+        return self.control.address
 
     def _announce(self) -> None:
         info = {
@@ -143,22 +242,23 @@ class MapOutputService:
             "dir": self.dir,
             "pid": os.getpid(),
         }
-        path = agent_file(self.root, self.app_id, self.jvm_pid)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(info, f)
-        os.replace(tmp, path)  # atomic: a worker never reads half a file
+        # Atomic (temp name, then rename): a worker never reads half a file.
+        write_private_atomic(agent_file(self.root, self.app_id, self.jvm_pid), json.dumps(info).encode())
 
     # -- operations (also called directly by tests) ---------------------------------------------
     def stage(
         self, shuffle_id: int, reducer: int, schema: pa.Schema, files: Sequence[tuple[str, Sequence[Segment]]]
     ) -> PartitionId:
-        """Open a stream of ``reducer``'s rows from ``files``; returns the id to request it by."""
-        for path, _ in files:
-            real = os.path.realpath(path)
-            if not real.startswith(os.path.realpath(self.dir) + os.sep):
-                raise ShuffleError(f"map output {path} is not in this agent's directory {self.dir}")
+        """Open a stream of ``reducer``'s rows from ``files``; returns the id to request it by.
+
+        A reducer names the files: only real paths inside this agent's directory are served
+        (``UnsafePathError`` otherwise, logged at most once a minute), and the resolved path is
+        what is read."""
+        try:
+            files = [(resolve_inside(self.dir, path), segments) for path, segments in files]
+        except UnsafePathError as exc:
+            _refused.warning(self.dir, "refused to stage map outputs: %s", exc)
+            raise
         with self._lock:
             if self._closed:
                 raise ShuffleError("the map-output service is closed")
@@ -208,7 +308,7 @@ class MapOutputService:
             self._counters["shuffles_released"] += 1
         for pid in pids:
             self.unstage(pid)
-        return _remove_tree(os.path.join(self.dir, f"s{shuffle_id}"))
+        return _remove_tree(os.path.join(self.dir, f"s{check_id(shuffle_id, 'shuffle id')}"))
 
     def sweep(self) -> int:
         """TTL: release shuffles whose directory and streams untouched for ``ttl_s``; returns bytes.
@@ -263,8 +363,7 @@ class MapOutputService:
             self._closed = True
             pids = list(self._staged)
         self.closed.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        self.control.close()
         for pid in pids:
             self.unstage(pid)
         self.server.close()
@@ -279,51 +378,22 @@ class MapOutputService:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
 
-    # -- control channel ------------------------------------------------------------------------
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn = self._listener.accept()
-            except OSError:
-                if self._closed:
-                    return
-                continue
-            except Exception as exc:  # multiprocessing.AuthenticationError and friends
-                log.warning("refused a shuffle control connection: %s", exc)
-                continue
-            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            thread.start()
+    # -- control channel: the handlers of AGENT_CONTROL (arguments already schema-checked) -------
+    def _stage(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            schema = pa.ipc.read_schema(pa.py_buffer(args["schema"]))
+        except (pa.ArrowException, ValueError, OSError) as exc:
+            raise ControlMessageError(f"field schema of 'stage' is not an Arrow IPC schema: {exc}") from exc
+        return self.stage(args["shuffle"], args["reducer"], schema, args["files"]).to_wire()
 
-    def _serve(self, conn: Connection) -> None:
-        with conn:
-            while not self._closed:
-                try:
-                    request = conn.recv()
-                except (EOFError, OSError):
-                    return
-                try:
-                    reply: tuple[str, Any] = ("ok", self._dispatch(request))
-                except Exception as exc:
-                    reply = ("error", f"{type(exc).__name__}: {exc}")
-                try:
-                    conn.send(reply)
-                except OSError:
-                    return
+    def _unstage(self, args: dict[str, Any]) -> None:
+        self.unstage(PartitionId.from_wire(args["partition"]))
 
-    def _dispatch(self, request: tuple[Any, ...]) -> Any:
-        op = request[0]
-        if op == "stage":
-            _, shuffle_id, reducer, schema_ipc, files = request
-            schema = pa.ipc.read_schema(pa.py_buffer(schema_ipc))
-            return self.stage(shuffle_id, reducer, schema, files).to_wire()
-        if op == "unstage":
-            self.unstage(PartitionId.from_wire(request[1]))
-            return None
-        if op == "release":
-            return self.release_shuffle(int(request[1]))
-        if op == "metrics":
-            return self.metrics()
-        raise ShuffleError(f"unknown shuffle control request {op!r}")
+    def _release(self, args: dict[str, Any]) -> int:
+        return self.release_shuffle(args["shuffle"])
+
+    def _metrics(self, args: dict[str, Any]) -> dict[str, float]:
+        return self.metrics()
 
 
 def _shuffle_of(name: str) -> int:
@@ -334,19 +404,27 @@ def _shuffle_of(name: str) -> int:
 
 
 def _newest_mtime(path: str) -> float:
-    newest = os.path.getmtime(path)
+    newest = os.lstat(path).st_mtime
     for folder, _, files in os.walk(path):
         for name in files:
             with contextlib.suppress(FileNotFoundError):
-                newest = max(newest, os.path.getmtime(os.path.join(folder, name)))
+                newest = max(newest, os.lstat(os.path.join(folder, name)).st_mtime)
     return newest
 
 
 def _remove_tree(path: str) -> int:
+    """Delete ``path`` and return the bytes its files held; links are removed, never followed
+    (``lstat`` sizes; ``shutil.rmtree`` works on file descriptors and does not follow them)."""
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            os.unlink(path)
+            return 0
+    except FileNotFoundError:
+        return 0
     freed = 0
     for folder, _, files in os.walk(path):
         for name in files:
             with contextlib.suppress(FileNotFoundError):
-                freed += os.path.getsize(os.path.join(folder, name))
+                freed += os.lstat(os.path.join(folder, name)).st_size
     shutil.rmtree(path, ignore_errors=True)
     return freed

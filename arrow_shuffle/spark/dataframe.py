@@ -48,7 +48,7 @@ from pyspark.sql.types import StructType
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
 from arrow_shuffle.spark.agent_client import MapOutputClient, announced_agents
-from arrow_shuffle.spark.agent_service import default_root
+from arrow_shuffle.spark.agent_service import shuffle_root
 from arrow_shuffle.spark.map_output import check_keys
 from arrow_shuffle.spark.tasks import (
     STATUS_DDL,
@@ -151,7 +151,7 @@ class ShuffleHandle:
         for address in sorted(self.agents() | _local_agents(self.plan)):
             try:
                 with MapOutputClient(address, self.plan.secret, f"agent {address[0]}:{address[1]}") as client:
-                    freed += int(client.call("release", self.shuffle_id))
+                    freed += client.release(self.shuffle_id)
             except ShuffleError as exc:  # an agent that is gone took its data with it
                 log.info("release of shuffle %s: %s", self.shuffle_id, exc)
         try:
@@ -181,7 +181,7 @@ def _flush_at_exit() -> None:
 def _local_agents(plan: ShufflePlan) -> set[tuple[str, int]]:
     """Agents announced on this host (executors that ran no task of this shuffle hold nothing,
     but a task that failed before reporting may have left a file)."""
-    return {agent.control_address for agent in announced_agents(plan.root, plan.app_id)}
+    return {agent.control_address for agent in announced_agents(shuffle_root(plan.root), plan.app_id)}
 
 
 def shuffle_of(df: DataFrame) -> ShuffleHandle:
@@ -287,7 +287,7 @@ def _plan(
     plan = ShufflePlan(
         app_id=spark.sparkContext.applicationId,
         shuffle_id=random.randrange(1, 1 << 31),
-        root=settings.shuffle_dir or default_root(),
+        root=settings.shuffle_dir,  # resolved on each executor (shuffle_root), as its user
         secret=settings.secret,
         key_columns=tuple(key_columns),
         num_partitions=num_partitions,

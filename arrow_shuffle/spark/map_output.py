@@ -14,6 +14,10 @@ complete Arrow IPC stream (schema, batches, end-of-stream) of that partition's r
 buffered in memory up to ``memory_bytes`` and then written as a run, so a map task's memory is
 bounded whatever its input size; the status of reduce partition ``r`` lists its ``(offset,
 length)`` segments in run order. Memory-mapped, every segment is read back with no copy.
+
+The file is private (``arrow_shuffle.private_files``): its folder 0700, the file created 0600 with
+``O_EXCL | O_NOFOLLOW``, so a name that exists already (a planted symlink) is refused, never
+written through.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import pyarrow as pa
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
 from arrow_shuffle.partitioner import hash_rows
+from arrow_shuffle.private_files import create_private_file, make_private_dir
 
 BATCH_ROWS = 16384
 """Rows per batch in map-output files (Spark hands Python 10k-row batches by default)."""
@@ -105,9 +110,9 @@ class MapOutputWriter:
         self._held: list[pa.RecordBatch] = []
         self._routes: list[np.ndarray] = []
         self._held_bytes = 0
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
-            self._file = pa.OSFile(path, "wb")
+            make_private_dir(os.path.dirname(path))  # its parent (the agent's folder): checked by the caller
+            self._file = pa.PythonFile(os.fdopen(create_private_file(path), "wb"), mode="w")
         except OSError as exc:
             raise ShuffleError(
                 f"cannot create map output {path}: {exc}; check spark.arrowbeat.shuffle.dir"

@@ -34,8 +34,7 @@ from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.partition import PartitionKind, ResultPartition
 from arrow_shuffle.partition_server import PartitionServer
-from arrow_shuffle.spark.rendezvous import call as announce
-from arrow_shuffle.spark.rendezvous import locate
+from arrow_shuffle.spark.rendezvous import locate, register
 from arrow_shuffle.spark.tasks import ReadStats, Report, ShufflePlan
 from arrow_shuffle.writer import RecordWriter
 from heartbeat.clock import SYSTEM_CLOCK, Clock
@@ -105,13 +104,7 @@ def _map(
     server.register(partition)
     try:
         host, port = server.address
-        announce(
-            rendezvous,
-            plan.secret,
-            "announce",
-            plan.shuffle_id,
-            {"map": index, "host": host, "port": port, "token": token},
-        )
+        register(rendezvous, plan.secret, plan.shuffle_id, index, host, port, token, clock=clock)
         writer = RecordWriter(partition, plan.key_columns)
         try:
             for batch in batches:
@@ -164,7 +157,7 @@ def _reduce(
     started = clock.monotonic()
     for _ in batches:  # the range row that made this task; nothing to read from it
         pass
-    maps = locate(rendezvous, plan.secret, plan.shuffle_id, num_maps)
+    maps = locate(rendezvous, plan.secret, plan.shuffle_id, num_maps, clock=clock)
     specs = [
         RemoteChannelSpec(
             (m["host"], int(m["port"])),

@@ -23,6 +23,10 @@ the reads resume; a read that fails fails the task with ``MapOutputLostError`` (
 and map partitions), and its retry goes through the same path.
 
 Task timings come from an injected ``heartbeat.clock.Clock`` (monotonic).
+
+Paths: the shuffle root is resolved where the task runs (``agent_service.shuffle_root``); every
+id in a map output's name passes ``check_id``; the map task writes only into its agent's folder
+after checking it is private; a host-local read opens only a path inside the application's folder.
 """
 
 from __future__ import annotations
@@ -44,7 +48,9 @@ from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import MapOutputLostError, SchemaMismatchError, ShuffleError
 from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
+from arrow_shuffle.private_files import check_id, check_private_dir, resolve_inside
 from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, find_agent
+from arrow_shuffle.spark.agent_service import app_dir, shuffle_root
 from arrow_shuffle.spark.grouping import iter_groups
 from arrow_shuffle.spark.map_output import MapOutputWriter, read_segments
 from heartbeat.clock import SYSTEM_CLOCK, Clock
@@ -80,7 +86,9 @@ class ShufflePlan:
     app_id: str
     shuffle_id: int
     root: str
-    secret: str
+    """``spark.arrowbeat.shuffle.dir`` as configured ("" for the default), resolved by each task
+    with ``shuffle_root`` on its own executor."""
+    secret: str = field(repr=False)  # repr and str never show it (issue 13)
     key_columns: tuple[str, ...]
     num_partitions: int
     schema_ipc: bytes
@@ -139,9 +147,12 @@ def map_function(
             batches = _checked(pre(batches), plan.schema, "the chained mapInArrow function")
         started = clock.monotonic()
         map_index, attempt, stage = _task()
-        agent = find_agent(plan.root, plan.app_id, clock=clock)
+        agent = find_agent(shuffle_root(plan.root), plan.app_id, clock=clock)
+        name = f"m{check_id(map_index, 'map partition')}-{check_id(attempt, 'task attempt')}"
         path = os.path.join(
-            agent.dir, f"s{plan.shuffle_id}", f"m{map_index}-{attempt}-{uuid.uuid4().hex[:8]}.arrows"
+            check_private_dir(agent.dir),
+            f"s{check_id(plan.shuffle_id, 'shuffle id')}",
+            f"{name}-{uuid.uuid4().hex[:8]}.arrows",
         )
         writer = MapOutputWriter(path, plan.schema, plan.key_columns, plan.num_partitions, plan.memory_bytes)
         try:
@@ -243,9 +254,11 @@ def read_reducer(
             from_files.append(s)
         else:
             streamed[s["executor"]].append(s)
+    app = app_dir(shuffle_root(plan.root), plan.app_id)
     for s in from_files:
+        path = resolve_inside(app, s["path"])  # a status row naming another path is refused, not read
         try:
-            for batch in read_segments(s["path"], json.loads(s["segments"])):
+            for batch in read_segments(path, json.loads(s["segments"])):
                 stats.file_bytes += batch.nbytes
                 yield _count(stats, batch)
         except (OSError, ShuffleError) as exc:
@@ -265,9 +278,11 @@ def read_reducer(
                     (items[0]["host"], items[0]["control_port"]), plan.secret, f"executor {executor}"
                 )
                 files = [(s["path"], [tuple(x) for x in json.loads(s["segments"])]) for s in items]
-                pid = PartitionId.from_wire(
-                    client.call("stage", plan.shuffle_id, reducer, schema.serialize().to_pybytes(), files)
-                )
+                try:
+                    pid = client.stage(plan.shuffle_id, reducer, schema, files)
+                except BaseException:
+                    client.close()
+                    raise
             except ShuffleError as exc:
                 raise MapOutputLostError(f"{where}: {exc}") from exc
             clients.append((client, pid))
@@ -293,7 +308,7 @@ def read_reducer(
     finally:
         for client, pid in clients:
             with contextlib.suppress(ShuffleError):
-                client.call("unstage", pid.to_wire())
+                client.unstage(pid)
             client.close()
 
 
@@ -338,7 +353,7 @@ def reduce_function(
         by_reducer = statuses_by_reducer(status_batches)
         if not by_reducer:
             return
-        me = find_agent(plan.root, plan.app_id, clock=clock)
+        me = find_agent(shuffle_root(plan.root), plan.app_id, clock=clock)
         _, attempt, _ = _task()
         for reducer, statuses in sorted(by_reducer.items()):
             started = clock.monotonic()

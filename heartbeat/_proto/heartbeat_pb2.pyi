@@ -6,6 +6,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class HelloRequest(_message.Message):
+    __slots__ = ("protocol_version",)
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    def __init__(self, protocol_version: _Optional[int] = ...) -> None: ...
+
+class HelloResponse(_message.Message):
+    __slots__ = ("challenge", "protocol_version")
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    challenge: bytes
+    protocol_version: int
+    def __init__(self, challenge: _Optional[bytes] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+
 class ListExecutorsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -51,40 +65,58 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[RegisterRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatResponse, _Mapping]] = ..., unregister: _Optional[_Union[UnregisterRequest, _Mapping]] = ...) -> None: ...
 
 class RmMessage(_message.Message):
-    __slots__ = ("registered", "heartbeat_request")
+    __slots__ = ("registered", "heartbeat_request", "challenge")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     registered: RegisterResponse
     heartbeat_request: HeartbeatRequest
-    def __init__(self, registered: _Optional[_Union[RegisterResponse, _Mapping]] = ..., heartbeat_request: _Optional[_Union[HeartbeatRequest, _Mapping]] = ...) -> None: ...
+    challenge: Challenge
+    def __init__(self, registered: _Optional[_Union[RegisterResponse, _Mapping]] = ..., heartbeat_request: _Optional[_Union[HeartbeatRequest, _Mapping]] = ..., challenge: _Optional[_Union[Challenge, _Mapping]] = ...) -> None: ...
+
+class Challenge(_message.Message):
+    __slots__ = ("rm_nonce", "protocol_version")
+    RM_NONCE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    rm_nonce: bytes
+    protocol_version: int
+    def __init__(self, rm_nonce: _Optional[bytes] = ..., protocol_version: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("executor_id", "host", "pid", "resume_epoch", "resume_instance_id")
+    __slots__ = ("executor_id", "host", "pid", "resume_epoch", "resume_instance_id", "protocol_version", "agent_nonce", "proof")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     RESUME_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RESUME_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_NONCE_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     host: str
     pid: int
     resume_epoch: str
     resume_instance_id: str
-    def __init__(self, executor_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., resume_epoch: _Optional[str] = ..., resume_instance_id: _Optional[str] = ...) -> None: ...
+    protocol_version: int
+    agent_nonce: bytes
+    proof: bytes
+    def __init__(self, executor_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., resume_epoch: _Optional[str] = ..., resume_instance_id: _Optional[str] = ..., protocol_version: _Optional[int] = ..., agent_nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("epoch", "instance_id", "interval_ms", "timeout_ms", "resumed")
+    __slots__ = ("epoch", "instance_id", "interval_ms", "timeout_ms", "resumed", "proof")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
     epoch: str
     instance_id: str
     interval_ms: int
     timeout_ms: int
     resumed: bool
-    def __init__(self, epoch: _Optional[str] = ..., instance_id: _Optional[str] = ..., interval_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., resumed: bool = ...) -> None: ...
+    proof: bytes
+    def __init__(self, epoch: _Optional[str] = ..., instance_id: _Optional[str] = ..., interval_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., resumed: bool = ..., proof: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("epoch", "instance_id", "seq")

@@ -39,6 +39,11 @@ class ResourceManagerStub(object):
                 request_serializer=heartbeat__pb2.AgentMessage.SerializeToString,
                 response_deserializer=heartbeat__pb2.RmMessage.FromString,
                 _registered_method=True)
+        self.Hello = channel.unary_unary(
+                '/arrowbeat.heartbeat.ResourceManager/Hello',
+                request_serializer=heartbeat__pb2.HelloRequest.SerializeToString,
+                response_deserializer=heartbeat__pb2.HelloResponse.FromString,
+                _registered_method=True)
         self.ListExecutors = channel.unary_unary(
                 '/arrowbeat.heartbeat.ResourceManager/ListExecutors',
                 request_serializer=heartbeat__pb2.ListExecutorsRequest.SerializeToString,
@@ -50,18 +55,28 @@ class ResourceManagerServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Connect(self, request_iterator, context):
-        """First agent message must be `register`; the RM answers `registered`, then sends
-        `heartbeat_request`s every interval. Refusals end the stream with a status:
-        UNAUTHENTICATED (secret), INVALID_ARGUMENT (malformed), NOT_FOUND (unknown executor:
-        re-register), FAILED_PRECONDITION (stale epoch: re-register), ALREADY_EXISTS (a newer
-        registration of this executor id replaced this one: stop, do not re-register).
+        """The RM's first message is a `challenge`; the agent's first must be `register` (with its
+        proof); the RM answers `registered` (with its proof), then sends `heartbeat_request`s every
+        interval. Refusals end the stream with a status: UNAUTHENTICATED (no valid proof),
+        INVALID_ARGUMENT (malformed, or a text field too long or not printable), NOT_FOUND (unknown
+        executor: re-register), FAILED_PRECONDITION (stale epoch: re-register; or another protocol
+        version, the message names both), ALREADY_EXISTS (a newer registration of this executor id
+        replaced this one: stop, do not re-register), DEADLINE_EXCEEDED (no register in time),
+        RESOURCE_EXHAUSTED (too big, or too many registrations in progress: try again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Hello(self, request, context):
+        """A single-use challenge for one authenticated unary call (no secret needed to ask).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListExecutors(self, request, context):
-        """The RM's current view of its executors, for operators and driver-side code (same secret).
+        """The RM's current view of its executors, for operators and driver-side code (a call token).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -74,6 +89,11 @@ def add_ResourceManagerServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=heartbeat__pb2.AgentMessage.FromString,
                     response_serializer=heartbeat__pb2.RmMessage.SerializeToString,
+            ),
+            'Hello': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hello,
+                    request_deserializer=heartbeat__pb2.HelloRequest.FromString,
+                    response_serializer=heartbeat__pb2.HelloResponse.SerializeToString,
             ),
             'ListExecutors': grpc.unary_unary_rpc_method_handler(
                     servicer.ListExecutors,
@@ -108,6 +128,33 @@ class ResourceManager(object):
             '/arrowbeat.heartbeat.ResourceManager/Connect',
             heartbeat__pb2.AgentMessage.SerializeToString,
             heartbeat__pb2.RmMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hello(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/arrowbeat.heartbeat.ResourceManager/Hello',
+            heartbeat__pb2.HelloRequest.SerializeToString,
+            heartbeat__pb2.HelloResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,5 +1,8 @@
 """Heartbeat history and executor lifecycle events as Delta tables (see ``tables.py`` for schemas).
 
+Text from the wire (ids, hosts, event details) passes ``wire_text`` before it is recorded (and
+before the driver-side process logs it).
+
 Layering: this package imports only ``spark_plugin.config``, ``spark_plugin.errors`` and
 ``heartbeat.clock`` of arrowbeat, so the user's driver (the DataFrame API's shuffle metrics) can
 use it without loading the plugin's processes."""
@@ -7,6 +10,7 @@ use it without loading the plugin's processes."""
 from spark_plugin.errors import HistoryTableError, IncompatibleTableError, TablePathError
 from spark_plugin.history.recovery import KnownExecutor, known_executors
 from spark_plugin.history.tables import EXECUTOR_EVENTS, HEARTBEATS, TABLES
+from spark_plugin.history.wire_text import wire_text
 from spark_plugin.history.writer import HistoryWriter, event_row, heartbeat_row
 
 __all__ = [
@@ -21,4 +25,5 @@ __all__ = [
     "event_row",
     "heartbeat_row",
     "known_executors",
+    "wire_text",
 ]

@@ -39,6 +39,7 @@ from spark_plugin.history.tables import (
     TableSpec,
     open_table,
 )
+from spark_plugin.history.wire_text import MAX_DETAIL_CHARS, MAX_ID_CHARS, wire_text
 
 log = logging.getLogger("arrowbeat.history")
 
@@ -263,9 +264,9 @@ def heartbeat_row(app_id: str, record: Any, gap_ms: float | None) -> Row:
     payload = record.payload
     return {
         "app_id": app_id,
-        "executor_id": record.executor_id,
-        "host": record.host,
-        "instance_id": record.instance_id,
+        "executor_id": wire_text(record.executor_id, MAX_ID_CHARS),
+        "host": wire_text(record.host, MAX_ID_CHARS),
+        "instance_id": wire_text(record.instance_id, MAX_ID_CHARS),
         "ts": utc(record.ts),
         "rtt_ms": float(record.rtt_ms),
         "gap_ms": gap_ms,
@@ -278,22 +279,24 @@ def heartbeat_row(app_id: str, record: Any, gap_ms: float | None) -> Row:
 
 
 def event_row(app_id: str, event: Any) -> Row:
-    """An ``executor_events`` row from a :class:`heartbeat.ExecutorEvent`."""
+    """An ``executor_events`` row from a :class:`heartbeat.ExecutorEvent`; every text that came
+    from the wire (ids, host, detail) passes :func:`wire_text` first."""
     kind = event.kind
     return {
         "app_id": app_id,
-        "executor_id": event.executor_id,
-        "host": event.host,
-        "instance_id": event.instance_id,
+        "executor_id": wire_text(event.executor_id, MAX_ID_CHARS),
+        "host": wire_text(event.host, MAX_ID_CHARS),
+        "instance_id": wire_text(event.instance_id, MAX_ID_CHARS),
         "ts": utc(event.ts),
-        "event": getattr(kind, "name", str(kind)),
-        "detail": event.detail,
+        "event": wire_text(getattr(kind, "name", str(kind)), MAX_ID_CHARS),
+        "detail": None if event.detail is None else wire_text(event.detail, MAX_DETAIL_CHARS),
     }
 
 
 def _int(payload: Any, name: str) -> int | None:
+    """A non-negative int64 payload value, else None (a peer's payload is not trusted to fit)."""
     value = payload.get(name) if isinstance(payload, Mapping) else getattr(payload, name, None)
-    if value is None or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 2**63:
         return None
     return int(value)
 

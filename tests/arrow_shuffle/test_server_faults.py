@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from arrow_shuffle import (
+    ControlMessageError,
     CorruptFrameError,
     InputGate,
     NetworkBufferPool,
@@ -52,11 +53,15 @@ class RawClient:
         self.conn = TcpConnection(self.sock, 5.0)
 
     def authenticate(self) -> None:
-        client_handshake(self.conn, SECRET.encode(), APP)
+        self.session = client_handshake(self.conn, SECRET.encode(), APP)
+
+    def send_request(self, body: bytes, credit: int) -> None:
+        """A PARTITION_REQUEST sealed with the session key, as a real client sends it."""
+        sealed = self.session.seal(Kind.PARTITION_REQUEST, 0, credit, body)
+        self.conn.send(Kind.PARTITION_REQUEST, sealed, value=credit)
 
     def request(self, partition: PartitionId, credit: int = 1) -> None:
-        body = json.dumps({"partition": partition.to_wire(), "subpartition": 0}).encode()
-        self.conn.send(Kind.PARTITION_REQUEST, body, value=credit)
+        self.send_request(json.dumps({"partition": partition.to_wire(), "subpartition": 0}).encode(), credit)
 
     def header_only(self, kind: Kind, length: int, value: int = 0) -> None:
         """A frame header announcing ``length`` payload bytes that never follow."""
@@ -107,7 +112,7 @@ def _oversized_request(c: RawClient) -> None:
 
 def _malformed_request(c: RawClient) -> None:
     c.authenticate()
-    c.conn.send(Kind.PARTITION_REQUEST, b"{not json", value=2)
+    c.send_request(b"{not json", credit=2)
 
 
 def _zero_initial_credit(c: RawClient) -> None:
@@ -142,7 +147,7 @@ def _negative_credit(c: RawClient) -> None:
 FAULTS = {
     "garbage-instead-of-auth": Fault(_garbage_instead_of_auth, CorruptFrameError, "magic", False, False),
     "oversized-request": Fault(_oversized_request, OversizedFrameError, "exceeds", False, False),
-    "malformed-request": Fault(_malformed_request, ShuffleProtocolError, "malformed", False, False),
+    "malformed-request": Fault(_malformed_request, ControlMessageError, "malformed", False, False),
     "zero-initial-credit": Fault(_zero_initial_credit, ShuffleProtocolError, "initial credit", True, False),
     "garbage-after-request": Fault(_garbage_after_request, CorruptFrameError, "magic", True, True),
     "oversized-control-frame": Fault(_oversized_control_frame, OversizedFrameError, "exceeds", True, True),

@@ -39,8 +39,20 @@ def _timing_args(services: HeartbeatServices) -> list[str]:
 class AgentProcess:
     """One ``python -m heartbeat.agent_main`` child; its stdout lines arrive on a queue."""
 
-    def __init__(self, rm_address: str, executor_id: str, services: HeartbeatServices, secret: str) -> None:
+    def __init__(
+        self,
+        rm_address: str,
+        executor_id: str,
+        services: HeartbeatServices,
+        secret: str,
+        *,
+        secret_file: Path | None = None,
+        capture_stderr: bool = False,
+    ) -> None:
+        """The secret goes in the environment, or only through ``secret_file`` if one is given;
+        ``capture_stderr``: the agent's log lines land in ``stderr_lines``."""
         self.executor_id = executor_id
+        env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -49,15 +61,24 @@ class AgentProcess:
                 *("--rm", rm_address, "--executor-id", executor_id),
                 *_timing_args(services),
                 *("--retry-min", "0.05", "--retry-max", "0.2", "--retry-deadline", "30"),
+                *(("--secret-file", str(secret_file)) if secret_file is not None else ()),
             ],
             cwd=REPO,
-            env={**os.environ, SECRET_ENV: secret},
+            env=env if secret_file is not None else {**env, SECRET_ENV: secret},
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE if capture_stderr else subprocess.DEVNULL,
             text=True,
         )
         self.lines: queue.Queue[str] = queue.Queue()
+        self.stderr_lines: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
+        if capture_stderr:
+            threading.Thread(target=self._pump_stderr, daemon=True).start()
+
+    def _pump_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line.rstrip("\n"))
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -95,7 +116,10 @@ class RmProcess:
     Times are the RM's wall clock, comparable with this process's ``time.time()`` on one machine.
     """
 
-    def __init__(self, services: HeartbeatServices, secret: str, port: int = 0) -> None:
+    def __init__(
+        self, services: HeartbeatServices, secret: str, port: int = 0, log_level: str | None = None
+    ) -> None:
+        """``log_level``: capture the RM's log (stderr) at that level in ``stderr_lines``."""
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -103,19 +127,31 @@ class RmProcess:
                 "tests.heartbeat.rm_process",
                 *("--port", str(port), "--rpc-failure-threshold", str(services.rpc_failure_threshold)),
                 *_timing_args(services),
+                *(("--log-level", log_level) if log_level else ()),
             ],
             cwd=REPO,
             env={**os.environ, SECRET_ENV: secret},
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if log_level else None,
             text=True,
         )
         self.events = Collector()
+        self.stdout_lines: list[str] = []
+        self.stderr_lines: list[str] = []
         self._ready: queue.Queue[list[str]] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
+        if log_level:
+            threading.Thread(target=self._pump_stderr, daemon=True).start()
+
+    def _pump_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line.rstrip("\n"))
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.stdout_lines.append(line.rstrip("\n"))
             word, *fields = line.rstrip("\n").split(" ", 6)
             if word == "READY":
                 self._ready.put(fields)

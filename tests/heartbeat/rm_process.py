@@ -5,12 +5,13 @@ prints ``READY <host:port> <epoch> <started_at>`` once it serves, then one line 
 ``EVENT <kind> <executor_id> <instance_id> <ts> <host> <detail...>`` and
 ``HEARTBEAT <executor_id> <instance_id> <ts> <rtt_ms>``. Times are wall-clock epoch seconds, so
 a test on the same machine can compare them with its own ``time.time()`` (the RM's ``SYSTEM_CLOCK``
-reads the same wall clock). Stops on SIGTERM.
+reads the same wall clock). Logs to stderr at ``--log-level`` (default WARNING). Stops on SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -27,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, required=True, help="heartbeat interval, s")
     parser.add_argument("--timeout", type=float, required=True, help="heartbeat timeout, s")
     parser.add_argument("--rpc-failure-threshold", type=int, default=2)
+    parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     services = HeartbeatServices(args.interval, args.timeout, args.rpc_failure_threshold)
     rm = ResourceManagerServer(services, secret=os.environ[SECRET_ENV], port=args.port)
     lock = threading.Lock()

@@ -2,65 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import grpc
-import grpc.aio
 import pytest
 
 from heartbeat import (
     AgentThread,
     EventKind,
+    HeartbeatAuthenticationError,
     RegistrationReplacedError,
     RegistrationTimeoutError,
     ResourceManagerServer,
     RetryPolicy,
 )
-from heartbeat._io_loop import submit
 from heartbeat._proto import heartbeat_pb2 as pb
-from heartbeat._wire import CONNECT_METHOD, SECRET_METADATA_KEY
 from heartbeat.admin import list_executors
 from tests.procs import wait_until
 
 from .conftest import DEADLINE_S, FAST, SECRET
 from .fakes import Collector
+from .wire import message, raw_stream, register_frame
 
 pytestmark = pytest.mark.timeout(60)
 RETRY = RetryPolicy(min_delay_s=0.02, max_delay_s=0.1, deadline_s=10.0, attempt_timeout_s=1.0)
 Rm = tuple[ResourceManagerServer, str, Collector]
-
-
-def register_bytes(executor_id: str) -> bytes:
-    return pb.AgentMessage(register=pb.RegisterRequest(executor_id=executor_id, host="h")).SerializeToString()
-
-
-def raw_call(
-    address: str, messages: list[bytes], secret: str | None = SECRET
-) -> tuple[grpc.StatusCode, str, int]:
-    """Send raw frames on one Connect stream; returns (status, details, replies received)."""
-
-    async def run() -> tuple[grpc.StatusCode, str, int]:
-        options = [("grpc.max_send_message_length", 8 << 20), ("grpc.use_local_subchannel_pool", 1)]
-        async with grpc.aio.insecure_channel(address, options=options) as channel:
-            metadata = () if secret is None else ((SECRET_METADATA_KEY, secret),)
-            connect = channel.stream_stream(CONNECT_METHOD, None, None)
-            call = connect(None, metadata=metadata, timeout=5.0)
-            replies = 0
-            try:
-                for message in messages:
-                    await call.write(message)
-                while True:
-                    reply = await asyncio.wait_for(call.read(), 5.0)
-                    if reply is grpc.aio.EOF:  # type: ignore[attr-defined]
-                        break
-                    replies += 1
-            except (grpc.aio.AioRpcError, grpc.aio.UsageError, TimeoutError):
-                pass
-            call.cancel()
-            return await call.code(), await call.details() or "", replies
-
-    return submit(run()).result(10.0)
 
 
 def agent(address: str, executor_id: str, secret: str = SECRET, **kwargs: object) -> AgentThread:
@@ -90,48 +56,55 @@ def test_registered_agent_reports_heartbeats_with_rtt_despite_a_raising_subscrib
 
 
 @pytest.mark.parametrize("secret", [None, "wrong", ""])
-def test_wrong_or_missing_secret_is_unauthenticated_and_logged_once(
+def test_missing_or_wrong_proof_is_unauthenticated_and_logged_once(
     rm: Rm, secret: str | None, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     server, address, events = rm
     with caplog.at_level(logging.WARNING):  # the root logger: grpc's and asyncio's records too
-        code, details, replies = raw_call(address, [register_bytes("x")], secret=secret)
-        code2, _, _ = raw_call(address, [register_bytes("y")], secret=secret)
+        first = raw_stream(address, [register_frame("x", secret=secret)])
+        second = raw_stream(address, [register_frame("y", secret=secret)])
         # An authorised call served after both refusals on the same loop: whatever handling
         # them logged is in by the time it is answered.
         assert list_executors(address, SECRET) == []
-    assert code == code2 == grpc.StatusCode.UNAUTHENTICATED
-    assert "secret" in details and replies == 0
+    assert first.code == second.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "secret" in first.details and first.kinds == ["challenge"], "nothing but the challenge"
     assert server.executors() == [] and events.events == []
     [line] = caplog.records  # every WARNING+ record of any logger: one line for both refusals
-    assert line.name.startswith("heartbeat") and "rejected" in line.getMessage()
+    assert line.name.startswith("heartbeat") and "refused" in line.getMessage()
+    assert "no valid proof of the secret" in line.getMessage()
     assert line.exc_info is None and line.exc_text is None and line.stack_info is None
     assert "\n" not in line.getMessage()
     assert "Traceback" not in capfd.readouterr().err, "no stack trace on stderr either (gRPC core)"
 
 
-def test_agent_with_wrong_secret_gives_up_with_an_authentication_error(rm: Rm) -> None:
+def test_agent_with_wrong_secret_keeps_trying_then_gives_up_at_its_deadline(
+    rm: Rm, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It cannot tell an RM given another secret from a port squatter: it retries, warns once."""
     _, address, _ = rm
-    a = agent(address, "1", secret="nope")
-    try:
-        a.start()
-        assert not a.wait_registered(5.0)
-        assert type(a.error).__name__ == "HeartbeatAuthenticationError"
-    finally:
-        a.stop()
+    policy = RetryPolicy(min_delay_s=0.02, max_delay_s=0.05, deadline_s=1.0, attempt_timeout_s=0.5)
+    with caplog.at_level(logging.WARNING, logger="heartbeat"):
+        a = AgentThread(address, "nope", "1", services=FAST, retry_policy=policy)
+        try:
+            a.start()
+            assert not a.wait_registered(DEADLINE_S)
+            assert isinstance(a.error, RegistrationTimeoutError) and a.error.attempts > 2
+            assert isinstance(a.error.last_error, HeartbeatAuthenticationError)
+        finally:
+            a.stop()
+    warned = [r for r in caplog.records if r.name == "heartbeat.agent"]
+    assert len(warned) == 1 and "prove" in warned[0].getMessage(), "one warning for all attempts"
 
 
 def test_malformed_and_oversized_messages_get_a_status_and_others_keep_working(rm: Rm) -> None:
     _server, address, events = rm
-    code, details, _ = raw_call(address, [b"\xff\xff\xff\xff garbage"])
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in details
-    code, _, _ = raw_call(address, [b"\x00" * (2 << 20)])
-    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    bad_first = pb.AgentMessage(unregister=pb.UnregisterRequest(epoch="e")).SerializeToString()
-    code, details, _ = raw_call(address, [bad_first])
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "register" in details
-    code, details, _ = raw_call(address, [register_bytes("")])
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "executor_id" in details
+    garbage = raw_stream(address, [b"\xff\xff\xff\xff garbage"])
+    assert garbage.code == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in garbage.details
+    assert raw_stream(address, [b"\x00" * (2 << 20)]).code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    bad_first = raw_stream(address, [message(unregister=pb.UnregisterRequest(epoch="e"))])
+    assert bad_first.code == grpc.StatusCode.INVALID_ARGUMENT and "register" in bad_first.details
+    empty_id = raw_stream(address, [register_frame("")])
+    assert empty_id.code == grpc.StatusCode.INVALID_ARGUMENT and "executor_id" in empty_id.details
     a = agent(address, "good")
     try:
         a.start()
@@ -144,12 +117,10 @@ def test_malformed_and_oversized_messages_get_a_status_and_others_keep_working(r
 
 def test_stale_epoch_on_the_wire_is_failed_precondition(rm: Rm) -> None:
     _, address, events = rm
-    stale = pb.AgentMessage(
-        heartbeat=pb.HeartbeatResponse(epoch="old", instance_id="i", seq=1, payload=pb.Payload())
-    ).SerializeToString()
-    code, details, replies = raw_call(address, [register_bytes("9"), stale])
-    assert code == grpc.StatusCode.FAILED_PRECONDITION and "epoch" in details
-    assert replies >= 1, "the registration itself was answered"
+    stale = message(heartbeat=pb.HeartbeatResponse(epoch="old", instance_id="i", seq=1, payload=pb.Payload()))
+    result = raw_stream(address, [register_frame("9"), stale])
+    assert result.code == grpc.StatusCode.FAILED_PRECONDITION and "epoch" in result.details
+    assert "registered" in result.kinds, "the registration itself was answered"
     assert events.records == []
 
 
@@ -226,8 +197,6 @@ def test_registration_deadline_without_an_rm() -> None:
 
 def test_list_executors_shows_the_rm_view_to_secret_holders_only(rm: Rm) -> None:
     import os
-
-    from heartbeat import HeartbeatAuthenticationError
 
     _server, address, events = rm
     a = agent(address, "7")

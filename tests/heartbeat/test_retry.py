@@ -11,6 +11,8 @@ from heartbeat import (
     HeartbeatAuthenticationError,
     HeartbeatRpcError,
     ManualClock,
+    ProtocolVersionError,
+    RegistrationReplacedError,
     RegistrationTimeoutError,
     RetryPolicy,
 )
@@ -73,7 +75,47 @@ def test_deadline_raises_a_clear_registration_timeout() -> None:
 
 def test_non_retryable_error_escapes_at_once() -> None:
     clock = ManualClock()
-    driver = Driver(clock, failures=5, error=HeartbeatAuthenticationError("bad secret"))
-    with pytest.raises(HeartbeatAuthenticationError):
+    driver = Driver(clock, failures=5, error=RegistrationReplacedError("a newer agent won"))
+    with pytest.raises(RegistrationReplacedError):
         asyncio.run(retry_until_deadline(driver.attempt, RetryPolicy(), clock, "rm:1", driver.sleep))
     assert len(driver.timeouts) == 1 and driver.sleeps == []
+
+
+@pytest.mark.parametrize(
+    "error",
+    [HeartbeatAuthenticationError("no proof"), ProtocolVersionError("protocol version mismatch: 3 vs 2")],
+)
+def test_an_unproven_refusal_is_retried_until_the_deadline(error: Exception) -> None:
+    """A port squatter can send these: the agent must still be trying when the real RM is back."""
+    clock = ManualClock()
+    driver = Driver(clock, failures=3, error=error)
+    assert asyncio.run(retry_until_deadline(driver.attempt, RetryPolicy(), clock, "rm:1", driver.sleep))
+    assert len(driver.timeouts) == 4
+    stuck = Driver(ManualClock(), failures=10**6, error=error)
+    policy = RetryPolicy(deadline_s=5.0)
+    with pytest.raises(RegistrationTimeoutError) as info:
+        asyncio.run(retry_until_deadline(stuck.attempt, policy, stuck.clock, "rm:1", stuck.sleep))
+    assert info.value.last_error is error and type(error).__name__ in str(info.value)
+
+
+def test_an_attempt_cut_short_by_the_deadline_does_not_hide_the_refusal_before_it() -> None:
+    clock = ManualClock()
+    refusal = HeartbeatAuthenticationError("the RM refused our proof")
+    calls: list[float] = []
+
+    async def attempt(timeout_s: float) -> str:  # refused at once with time left, else times out
+        calls.append(timeout_s)
+        if timeout_s >= 2.0:
+            clock.jump(0.01)
+            raise refusal
+        clock.jump(timeout_s)
+        raise TimeoutError()
+
+    async def sleep(seconds: float) -> None:
+        clock.jump(seconds)
+
+    policy = RetryPolicy(min_delay_s=1.0, max_delay_s=1.0, jitter=0.0, deadline_s=3.5, attempt_timeout_s=2.0)
+    with pytest.raises(RegistrationTimeoutError) as info:
+        asyncio.run(retry_until_deadline(attempt, policy, clock, "rm:1", sleep))
+    assert calls[-1] < 2.0, "the last attempt had less than its full timeout"
+    assert info.value.last_error is refusal

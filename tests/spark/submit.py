@@ -18,6 +18,17 @@ from tests.procs import APP_MARKER, end, ours
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 
 
+def executor_dirs(app_id: str) -> Path:
+    """Where the application's executors wrote their stdout and stderr: local-cluster's Workers
+    use ``$SPARK_HOME/work``, a stand-alone Worker ``SPARK_WORKER_DIR``."""
+    import pyspark
+
+    for base in (os.environ.get("SPARK_WORKER_DIR", ""), str(Path(pyspark.__file__).parent / "work")):
+        if base and (Path(base) / app_id).is_dir():
+            return Path(base) / app_id
+    raise AssertionError(f"no executor directory of {app_id}")
+
+
 def printed_flags() -> list[str]:
     """Exactly what a user copies: the output of ``python -m spark_plugin conf``."""
     out = subprocess.run(

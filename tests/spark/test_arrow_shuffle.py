@@ -240,7 +240,7 @@ def _agent_metrics(spark: SparkSession, root: Path) -> list[dict[str, float]]:
     for path in (root / spark.sparkContext.applicationId / "agents").glob("*.json"):
         info = json.loads(path.read_text())
         with MapOutputClient((info["host"], info["control_port"]), secret, "test") as client:
-            figures.append(client.call("metrics"))
+            figures.append(client.metrics())
     return figures
 
 
@@ -261,6 +261,33 @@ def test_release_returns_disk_and_memory_to_baseline(cluster: tuple[SparkSession
     assert sum(m["shuffle_pool_used_bytes"] for m in after) == used_before
     assert all(m["shuffle_streams_open"] == 0 for m in after)
     assert handle.release() == 0  # idempotent
+
+
+def test_every_shuffle_path_is_private_while_the_outputs_are_held(cluster: tuple[SparkSession, Path]) -> None:
+    """Issue 13: after a real shuffle, before release, every folder under the root is 0700 and every
+    file (map outputs, discovery files) 0600, all owned by the user running the executors."""
+    import stat
+
+    spark, root = cluster
+    out = repartition(source(spark), 8, "k")
+    handle = shuffle_of(out)
+    try:
+        assert out.count() == ROWS
+        app_root = root / spark.sparkContext.applicationId
+        assert list(app_root.glob(f"*/s{handle.shuffle_id}/*.arrows")), "no map output is held"
+        assert len(list((app_root / "agents").glob("*.json"))) == 2
+        entries = [root, *root.rglob("*")]
+        for path in entries:
+            st = os.lstat(path)
+            kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+            assert (kind, stat.S_IMODE(st.st_mode), st.st_uid) == (
+                kind,
+                0o700 if kind == "dir" else 0o600,
+                os.geteuid(),
+            ) and kind != "other", f"{path}: {kind} {stat.S_IMODE(st.st_mode):o} uid {st.st_uid}"
+        assert len(entries) >= 8  # root, app, agents + 2 files, 2 executor folders, a shuffle folder...
+    finally:
+        handle.release()
 
 
 def _executor_jvms() -> dict[str, Any]:

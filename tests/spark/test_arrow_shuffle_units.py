@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrow_shuffle import (
+    ControlRequestError,
     MapOutputLostError,
     SchemaMismatchError,
     ShuffleAuthenticationError,
@@ -225,7 +226,7 @@ def test_release_and_ttl_delete_map_outputs(service: MapOutputService, clock: Ma
     write_map(service, 2, 0, batch(list(range(50))), 2)
     assert service.disk_bytes() > 0
     with MapOutputClient(service.control_address, SECRET, "test") as client:
-        assert client.call("release", 1) > 0
+        assert client.release(1) > 0
     assert not (Path(service.dir) / "s1").exists() and (Path(service.dir) / "s2").exists()
     clock.jump(service.ttl_s - 60)  # not yet: the files are younger than the TTL
     assert service.sweep() == 0 and (Path(service.dir) / "s2").exists()
@@ -248,10 +249,31 @@ def test_ttl_ends_a_staged_stream_nobody_reads(service: MapOutputService, clock:
 
 
 def test_control_channel_refuses_a_wrong_secret(service: MapOutputService) -> None:
-    with pytest.raises(ShuffleAuthenticationError, match="refused our secret"):
-        MapOutputClient(service.control_address, "not-the-secret-at-all", "test").call("metrics")
+    with pytest.raises(ShuffleAuthenticationError, match=r"refused the handshake.*wrong secret"):
+        MapOutputClient(service.control_address, "not-the-secret-at-all", "test")
     with MapOutputClient(service.control_address, SECRET, "test") as client:  # still serving
-        assert client.call("metrics")["shuffle_streams_open"] == 0
+        assert client.metrics()["shuffle_streams_open"] == 0
+    assert service.control.refusals() == {"authentication": 1}
+
+
+def test_control_channel_stages_unstages_and_refuses_files_outside_the_agent(
+    service: MapOutputService, tmp_path: Path
+) -> None:
+    """The typed operations end to end: stage answers a partition id, unstage drops it, and a
+    request the agent must refuse is a typed error naming the agent; the connection stays usable."""
+    path, outs, _ = write_map(service, 9, 0, batch(list(range(30))), 1)
+    outside = tmp_path / "elsewhere.arrow"
+    outside.write_bytes(Path(path).read_bytes())
+    with MapOutputClient(service.control_address, SECRET, "executor 7") as client:
+        pid = client.stage(9, 0, SCHEMA, [(path, outs[0].segments)])
+        assert (pid.app_id, pid.shuffle_id, pid.map_index) == ("app-u", 9, 0)
+        assert client.metrics()["shuffle_streams_open"] == 1
+        client.unstage(pid)
+        assert client.metrics()["shuffle_streams_open"] == 0
+        refused = r"agent of executor 7 at 127\.0\.0\.1:\d+ refused 'stage'"
+        with pytest.raises(ControlRequestError, match=refused):
+            client.stage(9, 0, SCHEMA, [(str(outside), outs[0].segments)])
+        assert client.metrics()["shuffle_streams_open"] == 0  # still the same, working connection
 
 
 def test_lost_agent_fails_the_read_naming_executor_and_maps(service: MapOutputService) -> None:
@@ -339,10 +361,9 @@ def test_rendezvous_tells_reducers_where_maps_are_and_times_out_on_its_clock() -
     clock = WatchedClock()
     driver = rendezvous.Rendezvous(SECRET, clock=clock)
     try:
-        rendezvous.call(
-            driver.address, SECRET, "announce", 11, {"map": 0, "host": "h", "port": 1, "token": 5}
-        )
-        assert [m["map"] for m in rendezvous.locate(driver.address, SECRET, 11, 1)] == [0]
+        rendezvous.register(driver.address, SECRET, 11, 0, "h", 1, 5)
+        [found] = rendezvous.locate(driver.address, SECRET, 11, 1)
+        assert found == {"map": 0, "host": "h", "port": 1, "token": 5}
         outcome: dict[str, BaseException] = {}
 
         def wait_for_two() -> None:
@@ -351,10 +372,9 @@ def test_rendezvous_tells_reducers_where_maps_are_and_times_out_on_its_clock() -
             except BaseException as exc:
                 outcome["error"] = exc
 
-        before = clock.reads
         thread = threading.Thread(target=wait_for_two, daemon=True)
         thread.start()
-        assert wait_until(lambda: clock.reads > before, 30)  # the driver set its deadline
+        assert wait_until(lambda: driver.waiting == 1, 30)  # the driver set its deadline
         clock.jump(59.0)
         assert clock.read_again()
         assert thread.is_alive()
@@ -362,9 +382,11 @@ def test_rendezvous_tells_reducers_where_maps_are_and_times_out_on_its_clock() -
         thread.join(timeout=30)
         assert not thread.is_alive()
         assert isinstance(outcome["error"], ShuffleError)
-        assert "only 1 of 2 map tasks announced in time" in str(outcome["error"])
+        assert "only 1 of 2 map tasks registered in time" in str(outcome["error"])
         with pytest.raises(ShuffleAuthenticationError):
-            rendezvous.call(driver.address, "not-the-secret-at-all", "locate", 11, 1)
+            rendezvous.locate(driver.address, "not-the-secret-at-all", 11, 1)
+        rendezvous.forget(driver.address, SECRET, 11)
+        assert driver.locate(11, 0, 0.0) == []
     finally:
         driver.close()
 

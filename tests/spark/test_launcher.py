@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 import signal
+import sys
+import uuid
 from pathlib import Path
 
 import grpc
@@ -17,7 +19,7 @@ import pytest
 
 from tests.procs import ours, wait_until
 from tests.spark.history_read import events, rows
-from tests.spark.submit import SubmittedApp
+from tests.spark.submit import SubmittedApp, executor_dirs
 
 APPS = Path(__file__).parent / "apps"
 pytestmark = pytest.mark.spark
@@ -198,4 +200,112 @@ def test_an_unwritable_tables_path_is_named_and_monitoring_runs_on(scratch: Path
         assert app.wait_for("APP-RESULT ", timeout_s=120)["sum"] == sum(range(1000))
         assert app.wait(timeout_s=120) == 0
     finally:
+        app.close()
+
+
+def noisy_python(scratch: Path) -> Path:
+    """An interpreter for ``spark.arrowbeat.python`` that runs arrowbeat's modules through
+    ``apps/noisy_child.py`` (command-like lines on stdout, stderr, in the log and on the channel)."""
+    script = scratch / "noisy-python"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -u "{APPS / "noisy_child.py"}" "$@"\n')
+    script.chmod(0o700)
+    return script
+
+
+def executor_jvm_ids(app: SubmittedApp) -> dict[str, psutil.Process]:
+    """Executor id -> JVM process, from the executors' command lines (``--executor-id N``)."""
+    found = {}
+    for proc in ours("CoarseGrainedExecutorBackend", app.marker):
+        args = proc.cmdline()
+        found[args[args.index("--executor-id") + 1]] = proc
+    return found
+
+
+def test_log_lines_and_stray_prints_cannot_command_the_jvm(scratch: Path) -> None:
+    """Issue 13, item 5. With ``onHeartbeatTimeout=kill`` (the JVM acts on ``kill-executor``):
+
+    - the driver-side process writes ``ARROWBEAT-CMD kill-executor 1`` with ``print``,
+      ``os.write(1)``, to stderr and in its log once executor 1 has registered, and malformed
+      commands straight onto its protocol channel (``apps/noisy_child.py``);
+    - each agent writes a well-formed ``kill-executor 1`` onto its own protocol channel;
+    - a peer holding the secret registers as executor ``intruder`` and unregisters with the
+      reason ``"bye\\nARROWBEAT-CMD kill-executor 1"``, which the RM logs and records.
+
+    Executor 1 must survive all of it, the refusals are logged once (rate-limited), and the
+    channel still works: executor 0, frozen, is killed and replaced through the one real
+    command. Every injected line is waited for in the JVM's log (so the JVM has read it), and a
+    line that had reached the command channel would have been acted on before the real command
+    behind it on the same channel."""
+    from heartbeat import AgentThread
+
+    secret = "known-" + uuid.uuid4().hex
+    tables, go = scratch / "noisy-tables", scratch / "noisy-go"
+    app = SubmittedApp(
+        APPS / "hold_app.py",
+        "local-cluster[2,1,1024]",
+        scratch,
+        conf={
+            "spark.arrowbeat.python": str(noisy_python(scratch)),
+            "spark.arrowbeat.authenticate.secret": secret,
+            "spark.arrowbeat.heartbeat.interval": "500ms",
+            "spark.arrowbeat.heartbeat.timeout": "2s",
+            "spark.arrowbeat.tables.path": str(tables),
+            "spark.arrowbeat.tables.flushInterval": "500ms",
+            "spark.arrowbeat.onHeartbeatTimeout": "kill",
+        },
+        args=[str(go)],
+    )
+    victim: psutil.Process | None = None
+    try:
+        ready = app.wait_for("APP-READY ", timeout_s=180)
+        assert ready["executors"] == 2
+        assert wait_until(lambda: "NOISE-DONE" in app.log_text(), 60), app.log_tail()
+
+        intruder = AgentThread(ready["rm_address"], secret, executor_id="intruder")
+        intruder.start()
+        assert intruder.wait_registered(30), intruder.error
+        intruder.stop(reason="bye\nARROWBEAT-CMD kill-executor 1")
+        assert wait_until(lambda: ("intruder", "UNREGISTERED") in events(tables), 30), events(tables)
+        assert wait_until(
+            lambda: "kill-executor 1" in app.log_text().rpartition("executor intruder")[2], 30
+        ), app.log_tail()
+
+        jvms = executor_jvm_ids(app)
+        survivor, victim = jvms["1"], jvms["0"]
+        victim.suspend()
+        removed = app.wait_for("SPARK-EXECUTOR-REMOVED ", timeout_s=90)
+        assert removed["executor_id"] == "0", removed
+
+        log = app.log_text().splitlines()
+        kills = [line for line in log if "asked Spark to kill and replace executor" in line]
+        assert len(kills) == 1 and "executor 0: accepted" in kills[0], kills
+        assert survivor.is_running() and survivor.status() != psutil.STATUS_ZOMBIE
+        # The stray prints and the log lines are in the log, as log lines of the driver-side process.
+        injected = [line for line in log if line.endswith("[arrowbeat driver] ARROWBEAT-CMD kill-executor 1")]
+        assert len(injected) >= 3, [line for line in log if "kill-executor" in line]
+        # What reached the protocol channel was refused, and said once (rate-limited).
+        refused = [line for line in log if "arrowbeat driver wrote" in line and "ignored" in line]
+        assert len(refused) == 1, refused
+        # The reason is recorded, on one line.
+        (bye,) = [
+            r["detail"]
+            for r in rows(tables, "executor_events")
+            if r["executor_id"] == "intruder" and r["event"] == "UNREGISTERED"
+        ]
+        assert "\n" not in bye and bye.endswith("ARROWBEAT-CMD kill-executor 1"), bye
+
+        go.touch()
+        assert app.wait_for("APP-RESULT ", timeout_s=180)["sum"] == sum(range(1000))
+        assert app.wait(timeout_s=120) == 0
+        removed_later = [line for line in app.stdout_lines() if line.startswith("SPARK-EXECUTOR-REMOVED ")]
+        assert all('"executor_id": "1"' not in line for line in removed_later), removed_later
+        app_id = rows(tables, "executor_events")[0]["app_id"]
+        agent_logs = [p.read_text(errors="replace") for p in executor_dirs(app_id).glob("*/stderr")]
+        assert any(
+            "wrote a command, but it may give none on its protocol channel; ignored" in text
+            for text in agent_logs
+        )
+    finally:
+        if victim is not None and victim.is_running():
+            victim.resume()
         app.close()

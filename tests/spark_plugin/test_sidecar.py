@@ -1,15 +1,24 @@
-"""The Python end of the JVM launcher protocol: settings block, pulses, EOF."""
+"""The Python end of the JVM launcher protocol: settings block, pulses, EOF; the protocol channel
+kept apart from the log (issue 13, item 5); secrets kept out of the log."""
 
 from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
 from heartbeat.clock import ManualClock
-from spark_plugin.errors import JvmLinkError, MalformedSettingsError, SettingsTruncatedError
-from spark_plugin.sidecar import JvmLink
+from spark_plugin.errors import (
+    JvmCommandError,
+    JvmLinkError,
+    MalformedSettingsError,
+    SettingsTruncatedError,
+)
+from spark_plugin.sidecar import JvmChannel, JvmLink, secret_values
 from tests.procs import wait_until
 
 
@@ -25,10 +34,12 @@ def test_eof_inside_settings_is_an_error() -> None:
     assert isinstance(info.value, EOFError) and isinstance(info.value, JvmLinkError)
 
 
-def test_malformed_settings_line_is_rejected() -> None:
-    with pytest.raises(MalformedSettingsError, match="malformed settings line") as info:
-        JvmLink(io.BytesIO(b"no-tab-here\n\n")).read_settings()
+def test_malformed_settings_line_is_rejected_without_echoing_it() -> None:
+    """The line may be a secret's value: the error says where, not what."""
+    with pytest.raises(MalformedSettingsError, match="malformed settings line 2") as info:
+        JvmLink(io.BytesIO(b"a\tb\nspark.arrowbeat.authenticate.secretXYZ-not-a-tab\n\n")).read_settings()
     assert isinstance(info.value, ValueError) and isinstance(info.value, JvmLinkError)
+    assert "XYZ" not in str(info.value)
 
 
 def test_pulses_reset_the_age_and_carry_running_tasks_and_eof_means_gone() -> None:
@@ -73,3 +84,103 @@ def test_eof_without_stop_means_the_jvm_died() -> None:
         assert link.gone.wait(10.0)
     assert not link.stop_requested.is_set()
     assert link.app_id("fallback") == "fallback"
+
+
+def written(channel_calls: list[tuple[str, tuple[object, ...], dict[str, object]]]) -> bytes:
+    """What a fresh channel writes for ``channel_calls``; refused calls must raise and write nothing."""
+    out = io.BytesIO()
+    channel = JvmChannel(out)
+    for name, args, kwargs in channel_calls:
+        getattr(channel, name)(*args, **kwargs)
+    return out.getvalue()
+
+
+def test_the_channel_writes_the_ready_line_and_a_kill() -> None:
+    assert (
+        written(
+            [
+                ("announce_ready", (), {"address": "127.0.0.1:7077", "pid": 12, "pulse_ms": 500}),
+                ("kill_executor", ("3",), {}),
+            ]
+        )
+        == b"ARROWBEAT-READY address=127.0.0.1:7077 pid=12 pulse_ms=500\nARROWBEAT-CMD kill-executor 3\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "executor_id",
+    ["", "driver", "../1", "1 2", "1\nARROWBEAT-CMD kill-executor 2", "-1", "1" * 65, "\u202e1", "é"],
+)
+def test_a_kill_for_an_id_the_jvm_would_refuse_is_not_written(executor_id: str) -> None:
+    out = io.BytesIO()
+    with pytest.raises(JvmCommandError) as info:
+        JvmChannel(out).kill_executor(executor_id)
+    assert out.getvalue() == b""
+    assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "info",
+    [{"address": "a b"}, {"address": "x\nARROWBEAT-CMD kill-executor 1"}, {"Bad": "1"}, {"address": ""}],
+)
+def test_a_ready_field_of_the_wrong_form_is_not_written(info: dict[str, object]) -> None:
+    out = io.BytesIO()
+    with pytest.raises(JvmCommandError):
+        JvmChannel(out).announce_ready(**info)
+    assert out.getvalue() == b""
+
+
+CHILD = textwrap.dedent(
+    """
+    import logging, os, subprocess, sys
+    from spark_plugin.sidecar import JvmChannel, setup_logging
+    print("before the claim")  # start-up noise: on the original stdout, the JVM refuses it
+    channel = JvmChannel.claim_stdout()
+    setup_logging("debug", ["s3cret-value-123456"])
+    print("ARROWBEAT-CMD kill-executor 1", flush=True)
+    sys.stdout.write("ARROWBEAT-READY address=evil:1\\n"); sys.stdout.flush()
+    os.write(1, b"ARROWBEAT-CMD kill-executor 2\\n")
+    subprocess.run(["sh", "-c", "echo ARROWBEAT-CMD kill-executor 3"], check=True)
+    logging.getLogger("t").info("reason from the wire\\nARROWBEAT-CMD kill-executor 4")
+    logging.getLogger("t").info("the secret is %s", "s3cret-value-123456")
+    try:
+        raise RuntimeError("failed with s3cret-value-123456")
+    except RuntimeError:
+        logging.getLogger("t").exception("and in a traceback")
+    channel.announce_ready(address="127.0.0.1:1", pid=os.getpid())
+    channel.kill_executor("5")
+    print("protocol descriptor inheritable:", os.get_inheritable(channel._stream.fileno()), file=sys.stderr)
+    """
+)
+
+
+def test_after_the_claim_only_protocol_lines_reach_stdout() -> None:
+    """Stray prints, ``sys.stdout``, ``os.write(1)``, a subprocess's output and log lines (a
+    wire reason with a newline included) all land on stderr; stdout carries the ready line and
+    the command and nothing else after the claim; the protocol descriptor is not inherited by
+    child processes (no subprocess can write to it); the secret is redacted from every log line,
+    exception messages included."""
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "before the claim",
+        f"ARROWBEAT-READY address=127.0.0.1:1 pid={done.stdout.split('pid=')[1].split()[0]}",
+        "ARROWBEAT-CMD kill-executor 5",
+    ]
+    err = done.stderr.splitlines()
+    for n in (1, 2, 3, 4):
+        assert any(line.endswith(f"ARROWBEAT-CMD kill-executor {n}") for line in err), done.stderr
+    assert "ARROWBEAT-READY address=evil:1" in err
+    assert "s3cret-value-123456" not in done.stderr
+    assert done.stderr.count("<redacted>") == 2, done.stderr
+    assert "protocol descriptor inheritable: False" in err
+
+
+def test_secret_values_are_the_values_of_secret_keys() -> None:
+    settings = {
+        "spark.arrowbeat.authenticate.secret": "abcdefghijklmnop",
+        "spark.ssl.keyPassword": "hunter22",
+        "spark.app.name": "secret-app-name-is-not-a-secret-key",
+        "spark.some.token": "tiny",  # too short to be worth redacting
+    }
+    assert secret_values(settings) == ["abcdefghijklmnop", "hunter22"]

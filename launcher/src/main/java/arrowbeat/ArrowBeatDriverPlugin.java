@@ -2,6 +2,7 @@ package arrowbeat;
 
 import java.util.HashMap;
 import java.util.Map;
+import java.util.regex.Pattern;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkContext;
 import org.apache.spark.api.plugin.DriverPlugin;
@@ -18,6 +19,8 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   private static final Logger LOG = LoggerFactory.getLogger(ArrowBeatDriverPlugin.class);
   /** Restarts of a driver-side process that died; past this, arrowbeat stays off. */
   private static final int MAX_RESTARTS = 5;
+  /** {@code host:port} as the driver-side process announces it (and spark.arrowbeat.rm.address). */
+  private static final Pattern ADDRESS = Pattern.compile("[A-Za-z0-9.\\-\\[\\]:]{1,253}:[0-9]{1,5}");
 
   private volatile Sidecar sidecar;
   private volatile boolean shuttingDown;
@@ -42,6 +45,9 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
       }
       launch();
       String address = sidecar.info().get("address");
+      if (address == null || !ADDRESS.matcher(address).matches()) {
+        throw new IllegalStateException("the driver-side process announced no valid address");
+      }
       conf.set(Launch.RM_ADDRESS, address);
       // Driver-side code of this application may query the RM; Spark redacts "secret" keys.
       conf.set(Launch.SECRET, secret);
@@ -110,16 +116,14 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
 
   /**
    * The one action the ResourceManager may ask of Spark, when the user enabled it
-   * ({@code spark.arrowbeat.onHeartbeatTimeout=kill}): {@code kill-executor <id>}.
+   * ({@code spark.arrowbeat.onHeartbeatTimeout=kill}): {@code kill-executor <id>}. Only commands
+   * from the driver-side process's protocol channel get here, already validated ({@link Command}).
    */
-  private static void handle(SparkContext sc, String command) {
-    String[] words = command.split(" ");
-    if (words.length == 2 && words[0].equals("kill-executor")) {
-      boolean accepted = sc.killAndReplaceExecutor(words[1]);
-      LOG.warn("arrowbeat asked Spark to kill and replace executor {}: {}", words[1],
+  private static void handle(SparkContext sc, Command command) {
+    if (Command.KILL_EXECUTOR.equals(command.verb())) {
+      boolean accepted = sc.killAndReplaceExecutor(command.argument());
+      LOG.warn("arrowbeat asked Spark to kill and replace executor {}: {}", command.argument(),
           accepted ? "accepted" : "refused by the scheduler backend");
-    } else {
-      LOG.warn("arrowbeat: unknown command from the driver-side process: {}", command);
     }
   }
 

@@ -43,6 +43,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
               Launch.command(conf, "spark_plugin.executor"),
               settings,
               Launch.startupTimeoutMs(conf));
+      // No onCommand handler: an agent may give no command, so the Sidecar refuses every one.
       sidecar.startPulses(Launch.pulseMs(sidecar.info()), runningTasks::get);
       if (appId.isEmpty()) {
         sendAppIdWhenAssigned(sidecar);

@@ -1,9 +1,7 @@
 package arrowbeat;
 
-import java.io.BufferedReader;
 import java.io.File;
 import java.io.IOException;
-import java.io.InputStreamReader;
 import java.io.OutputStream;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
@@ -13,6 +11,8 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Consumer;
+import java.util.regex.Pattern;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -21,48 +21,66 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Protocol (the Python side is {@code spark_plugin.sidecar}): the JVM writes the settings to the
  * child's stdin as {@code key<TAB>value} lines closed by an empty line, so secrets never appear in
- * argv or the environment. The child answers with one stdout line {@code ARROWBEAT-READY k=v ...}.
- * From then on the JVM writes one pulse line per pulse interval: it proves this JVM is not frozen.
- * EOF on stdin means the JVM is gone (even after SIGKILL, since the kernel closes the pipe), and the
- * child exits. Everything else the child prints is copied to the JVM's log.
+ * argv or the environment. From then on the JVM writes one pulse line per pulse interval: it proves
+ * this JVM is not frozen. EOF on stdin means the JVM is gone (even after SIGKILL, since the kernel
+ * closes the pipe), and the child exits.
+ *
+ * <p>Two channels come back, kept apart: the child's <b>stdout is its protocol channel</b> (one
+ * {@code ARROWBEAT-READY k=v ...} line, then {@link Command} lines: the child's Python side moves
+ * its own stdout onto stderr at start-up, so no print or library output lands here), and its
+ * <b>stderr is its log</b>, copied line by line to the JVM's log and never parsed. A log line that
+ * looks like a command is only ever logged. Every protocol line is validated: anything that is not
+ * a well-formed ready line or known command is logged (rate-limited) and ignored.
  */
 final class Sidecar {
   static final String READY = "ARROWBEAT-READY";
-  static final String COMMAND = "ARROWBEAT-CMD ";
   private static final Logger LOG = LoggerFactory.getLogger(Sidecar.class);
   private static final int TAIL_LINES = 30;
+  private static final int MAX_PROTOCOL_LINE_BYTES = 1024;
+  private static final int MAX_LOG_LINE_BYTES = 16 * 1024;
+  private static final int MAX_READY_FIELDS = 16;
+  private static final Pattern READY_KEY = Pattern.compile("[a-z_]{1,32}");
+  private static final Pattern READY_VALUE = Pattern.compile("[\\x21-\\x7e]{1,256}");
+  /** Environment variables the child does not inherit: secrets of Spark's or the user's. */
+  private static final Pattern SECRET_ENV = Pattern.compile("(?i)secret|password|passphrase");
 
   private final String name;
   private final Process process;
   private final OutputStream stdin;
+  private final Redactor redactor;
+  private final RateLimitedLog refusals = new RateLimitedLog(LOG, 60_000);
   private final Deque<String> tail = new ArrayDeque<>();
   private final CompletableFuture<Map<String, String>> ready = new CompletableFuture<>();
   private volatile boolean stopping;
-  private volatile java.util.function.Consumer<String> commands = line -> {};
+  private volatile Consumer<Command> commands;
   private volatile Runnable onUnexpectedExit = () -> {};
+  private Thread logPump;
   private Thread pulser;
 
-  private Sidecar(String name, Process process) {
+  private Sidecar(String name, Process process, Redactor redactor) {
     this.name = name;
     this.process = process;
     this.stdin = process.getOutputStream();
+    this.redactor = redactor;
   }
 
   /** Starts {@code python -m module}, hands it the settings and waits for its ready line. */
   static Sidecar start(
       String name, List<String> command, Map<String, String> settings, long readyTimeoutMs)
       throws IOException, SidecarException {
-    ProcessBuilder builder = new ProcessBuilder(command).redirectErrorStream(true);
+    ProcessBuilder builder = new ProcessBuilder(command);
+    builder.environment().keySet().removeIf(key -> SECRET_ENV.matcher(key).find());
     String workDir = System.getProperty("user.dir");
     if (workDir != null) {
       builder.directory(new File(workDir));
     }
-    Sidecar sidecar = new Sidecar(name, builder.start());
-    sidecar.startOutputPump();
+    Sidecar sidecar = new Sidecar(name, builder.start(), new Redactor(settings));
+    sidecar.startLogPump();
+    sidecar.startProtocolPump();
     sidecar.writeSettings(settings);
     try {
       Map<String, String> info = sidecar.ready.get(readyTimeoutMs, TimeUnit.MILLISECONDS);
-      LOG.info("arrowbeat {} started: {}", name, info);
+      LOG.info("arrowbeat {} started: {}", name, sidecar.redactor.clean(info.toString()));
       return sidecar;
     } catch (java.util.concurrent.TimeoutException e) {
       sidecar.stop(0);
@@ -97,30 +115,47 @@ final class Sidecar {
     return s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t");
   }
 
-  /** Copies the child's output to the log; the first ready line completes {@link #ready}. */
-  private void startOutputPump() {
+  /** The child's stderr, its log: copied to the JVM's log line by line, never parsed. */
+  private void startLogPump() {
+    logPump =
+        new Thread(
+            () -> {
+              try (BoundedLineReader reader =
+                  new BoundedLineReader(process.getErrorStream(), MAX_LOG_LINE_BYTES)) {
+                String line;
+                while ((line = reader.next()) != null) {
+                  String shown = redactor.clean(line) + (reader.truncated() ? "...(cut)" : "");
+                  remember(shown);
+                  LOG.info("[arrowbeat {}] {}", name, shown);
+                }
+              } catch (IOException e) {
+                LOG.debug("arrowbeat {} log closed: {}", name, e.toString());
+              }
+            },
+            "arrowbeat-" + name + "-log");
+    logPump.setDaemon(true);
+    logPump.start();
+  }
+
+  /**
+   * The child's stdout, its protocol channel: the first valid ready line completes {@link #ready};
+   * after it, valid commands go to the handler. Its end (the child closed it or exited) is the
+   * child's end: an unexpected one runs {@link #onUnexpectedExit}.
+   */
+  private void startProtocolPump() {
     Thread pump =
         new Thread(
             () -> {
-              try (BufferedReader reader =
-                  new BufferedReader(
-                      new InputStreamReader(process.getInputStream(), StandardCharsets.UTF_8))) {
+              try (BoundedLineReader reader =
+                  new BoundedLineReader(process.getInputStream(), MAX_PROTOCOL_LINE_BYTES)) {
                 String line;
-                while ((line = reader.readLine()) != null) {
-                  if (!ready.isDone() && line.startsWith(READY)) {
-                    ready.complete(parseReady(line));
-                    continue;
-                  }
-                  if (line.startsWith(COMMAND)) {
-                    commands.accept(line.substring(COMMAND.length()).trim());
-                    continue;
-                  }
-                  remember(line);
-                  LOG.info("[arrowbeat {}] {}", name, line);
+                while ((line = reader.next()) != null) {
+                  onProtocolLine(line, reader.truncated());
                 }
               } catch (IOException e) {
-                LOG.debug("arrowbeat {} output closed: {}", name, e.toString());
+                LOG.debug("arrowbeat {} protocol channel closed: {}", name, e.toString());
               }
+              awaitExit();
               ready.completeExceptionally(
                   new IllegalStateException("process exited before it was ready"));
               if (!stopping) {
@@ -130,9 +165,58 @@ final class Sidecar {
                 }
               }
             },
-            "arrowbeat-" + name + "-output");
+            "arrowbeat-" + name + "-protocol");
     pump.setDaemon(true);
     pump.start();
+  }
+
+  /** After the protocol channel ended: the process's exit, and its last log lines read. */
+  private void awaitExit() {
+    try {
+      process.waitFor();
+      logPump.join(2000);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
+  }
+
+  private void onProtocolLine(String line, boolean truncated) {
+    if (truncated) {
+      refuse("an over-long line", line);
+      return;
+    }
+    if (!ready.isDone()) {
+      Map<String, String> info = parseReady(line);
+      if (info == null) {
+        refuse("a line that is not its ready line", line);
+      } else {
+        ready.complete(info);
+      }
+      return;
+    }
+    Command command = Command.parse(line);
+    Consumer<Command> handler = commands;
+    if (command == null) {
+      refuse("a line that is not a known command", line);
+    } else if (handler == null) {
+      refuse("a command, but it may give none", line);
+    } else {
+      try {
+        handler.accept(command);
+      } catch (RuntimeException e) {
+        LOG.warn("arrowbeat {}: command {} failed: {}", name, command, e.toString());
+      }
+    }
+  }
+
+  private void refuse(String what, String line) {
+    refusals.warn(
+        "arrowbeat "
+            + name
+            + " wrote "
+            + what
+            + " on its protocol channel; ignored: "
+            + redactor.excerpt(line, 120));
   }
 
   private synchronized void remember(String line) {
@@ -146,24 +230,41 @@ final class Sidecar {
     return tail.isEmpty() ? "" : "; its last output:\n  " + String.join("\n  ", tail);
   }
 
-  private static Map<String, String> parseReady(String line) {
+  /**
+   * {@code ARROWBEAT-READY k=v ...}: at most 16 fields, keys {@code [a-z_]}, values visible ASCII
+   * without spaces, each bounded; null for anything else.
+   */
+  static Map<String, String> parseReady(String line) {
+    if (!line.startsWith(READY + " ")) {
+      return null;
+    }
+    String[] parts = line.substring(READY.length() + 1).split(" ", -1);
+    if (parts.length > MAX_READY_FIELDS) {
+      return null;
+    }
     Map<String, String> info = new HashMap<>();
-    for (String part : line.substring(READY.length()).trim().split(" ")) {
+    for (String part : parts) {
       int eq = part.indexOf('=');
-      if (eq > 0) {
-        info.put(part.substring(0, eq), part.substring(eq + 1));
+      if (eq <= 0
+          || !READY_KEY.matcher(part.substring(0, eq)).matches()
+          || !READY_VALUE.matcher(part.substring(eq + 1)).matches()) {
+        return null;
       }
+      info.put(part.substring(0, eq), part.substring(eq + 1));
     }
     return info;
   }
 
-  /** Runs (on the output thread) when a child that had been ready exits without being stopped. */
+  /** Runs (on the protocol thread) when a child that had been ready exits without being stopped. */
   void onUnexpectedExit(Runnable handler) {
     onUnexpectedExit = handler;
   }
 
-  /** Lines {@code ARROWBEAT-CMD <words>} from the child go to {@code handler}. */
-  void onCommand(java.util.function.Consumer<String> handler) {
+  /**
+   * Valid {@link Command}s from the child go to {@code handler}; without one (the agents), every
+   * command is refused.
+   */
+  void onCommand(Consumer<Command> handler) {
     commands = handler;
   }
 
@@ -203,7 +304,7 @@ final class Sidecar {
         stdin.write((line + "\n").getBytes(StandardCharsets.UTF_8));
         stdin.flush();
       } catch (IOException e) {
-        LOG.debug("arrowbeat {} did not take {}: {}", name, line, e.toString());
+        LOG.debug("arrowbeat {} did not take a line: {}", name, e.toString());
       }
     }
   }
