@@ -105,7 +105,7 @@ def run(scratch: Path) -> Iterator[Run]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPARK_CONF_DIR", str(conf_dir))
         app = SubmittedApp(
-            APPS / "shuffle_hold_app.py",
+            APPS / "hold_app.py",
             "local-cluster[2,1,1024]",
             scratch,
             conf={
@@ -116,7 +116,7 @@ def run(scratch: Path) -> Iterator[Run]:
                 "spark.arrowbeat.tables.flushInterval": "500ms",
                 "spark.arrowbeat.shuffle.dir": str(result.shuffle_root),
             },
-            args=[str(go)],
+            args=[str(go), "--shuffle"],
         )
     try:
         ready = app.wait_for("APP-READY ", timeout_s=240)

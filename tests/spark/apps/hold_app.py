@@ -1,9 +1,11 @@
 """A spark-submit application for tests and benchmarks: runs a job, reports, then waits for a go file.
 
-``hold_app.py GO_FILE [--max-wait S] [--busy]``. Prints ``APP-READY {json}`` (RM address, executors
-seen) so the caller can inspect processes while the application is alive, keeps running small jobs
-while it waits if ``--busy``, prints ``SPARK-EXECUTOR-REMOVED {json}`` when Spark itself drops an
-executor, and ``APP-RESULT {json}`` after a last job once the go file exists.
+``hold_app.py GO_FILE [--max-wait S] [--busy] [--shuffle]``. Prints ``APP-READY {json}`` (RM address,
+executors seen) so the caller can inspect processes while the application is alive, keeps running
+small jobs while it waits if ``--busy``, prints ``SPARK-EXECUTOR-REMOVED {json}`` when Spark itself
+drops an executor, and ``APP-RESULT {json}`` after a last job once the go file exists. With
+``--shuffle`` the first and the last job each also run an Arrow shuffle (``arrow_shuffle.repartition``,
+released afterwards so its metrics are recorded), reported as ``shuffled`` rows.
 """
 
 from __future__ import annotations
@@ -26,11 +28,23 @@ def executor_ids(spark: SparkSession) -> set[str]:
     return set(jvm.scala.jdk.javaapi.CollectionConverters.asJava(seq))
 
 
+def shuffled_rows(spark: SparkSession) -> int:
+    """Rows through one materialized Arrow shuffle; the shuffle is released (metrics recorded)."""
+    from arrow_shuffle import release, repartition
+
+    df = spark.range(0, 20_000, numPartitions=4).selectExpr("id", "id % 13 AS k")
+    out = repartition(df, 4, "k")
+    count = out.count()
+    release(out)
+    return count
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("go")
     parser.add_argument("--max-wait", type=float, default=600.0)
     parser.add_argument("--busy", action="store_true")
+    parser.add_argument("--shuffle", action="store_true")
     args = parser.parse_args()
 
     spark = SparkSession.builder.getOrCreate()
@@ -42,6 +56,8 @@ def main() -> int:
         "sum": total,
         "executors": len(known),
     }
+    if args.shuffle:
+        info["shuffled"] = shuffled_rows(spark)
     print("APP-READY " + json.dumps(info), flush=True)
 
     go = Path(args.go)
@@ -57,7 +73,10 @@ def main() -> int:
             sc.parallelize(range(1000), 2).map(lambda x: x * 2).sum()
         time.sleep(0.1)
     again = spark.range(0, 1000, numPartitions=4).selectExpr("sum(id) AS s").collect()[0]["s"]
-    print("APP-RESULT " + json.dumps({"sum": again}), flush=True)
+    result: dict[str, Any] = {"sum": again}
+    if args.shuffle:
+        result["shuffled"] = shuffled_rows(spark)
+    print("APP-RESULT " + json.dumps(result), flush=True)
     spark.stop()
     return 0
 
