@@ -275,6 +275,9 @@ class Acceptor(Generic[T]):
         try:
             conn.set_deadline(self._clock.monotonic() + self.limits.handshake_timeout_s, "handshake")
             try:
+                start_tls = getattr(conn, "start_tls", None)  # TLS first, under the same deadline
+                if start_tls is not None:
+                    start_tls()
                 result = self._authenticate(conn)
             finally:
                 conn.set_deadline(None)

@@ -17,19 +17,31 @@ Silence is not the only bound: a peer dripping one byte per tick is never silent
 control call therefore sets an *overall* deadline (``set_deadline``), fixed when it starts and
 checked on the same clock at every tick and after every byte, so nothing the peer sends extends it.
 
-TLS (a later step) wraps the socket at the two places sockets are made: ``TcpTransport.connect``
-and ``TcpListener.accept``.
+TLS (optional, ``TcpTransport(server_context=..., client_context=..., server_name=...)``): a client
+wraps its socket in ``connect`` (handshake within ``timeout_s``); a server wraps an accepted socket
+in ``TcpConnection.start_tls``, which the acceptor calls on the connection's own thread (never the
+accept loop) under the handshake's overall deadline, before the HMAC handshake. A TLS socket keeps
+Python-level timeouts (``settimeout``): Python's ``ssl`` retries kernel ``SO_RCVTIMEO`` timeouts,
+so a silent TLS peer would otherwise block a reader forever. The plain path is unchanged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
+import ssl
 import struct
 import threading
 from typing import Protocol
 
-from arrow_shuffle.errors import ChannelClosedError, DeadlineExceededError, PeerLostError
+from arrow_shuffle.errors import (
+    ChannelClosedError,
+    DeadlineExceededError,
+    PeerLostError,
+    ShuffleAuthenticationError,
+    ShuffleConfigError,
+)
 from arrow_shuffle.frames import HEADER_SIZE, FrameHeader, Kind, unpack_header
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
@@ -91,8 +103,19 @@ class TcpConnection:
     """A ``Connection`` over a TCP socket: ``read_timeout_s`` of silence on ``clock`` means the
     peer is lost."""
 
-    def __init__(self, sock: socket.socket, read_timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        read_timeout_s: float,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        tls_server: ssl.SSLContext | None = None,
+    ) -> None:
         self._sock = sock
+        self._tls_server = tls_server
+        self._tls_lock = threading.Lock()
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        """The stream is inside TLS (a client's after ``connect``, a server's after ``start_tls``)."""
         self._send_lock = threading.Lock()
         self._header = bytearray(HEADER_SIZE)
         self._closed = False
@@ -109,11 +132,82 @@ class TcpConnection:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
-        # Kernel-side timeouts on a blocking socket: Python's settimeout() would add a poll()
-        # syscall before every recv/send, which costs throughput on 1 MiB frames.
-        sock.settimeout(None)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(silence_tick(read_timeout_s)))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(read_timeout_s))
+        if self.tls:
+            self._tls_timeouts()
+        else:
+            # Kernel-side timeouts on a blocking socket: Python's settimeout() would add a poll()
+            # syscall before every recv/send, which costs throughput on 1 MiB frames.
+            sock.settimeout(None)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(silence_tick(read_timeout_s)))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(read_timeout_s))
+
+    def _tls_timeouts(self) -> None:
+        """A TLS socket is non-blocking, every ``ssl`` call made under ``_tls_lock`` and every wait
+        done by ``select`` outside it: OpenSSL allows no concurrent use of one connection (the
+        receiving thread and a sender share it), and Python's ``ssl`` retries a kernel
+        ``SO_RCVTIMEO``, so a blocking TLS read would never wake for the silence tick."""
+        self._sock.setblocking(False)
+
+    def _recv_tls(self, view: memoryview) -> int:
+        """``recv_into`` for a TLS socket: bytes once a whole record is in, else ``TimeoutError``
+        when a silence tick passes with nothing arriving (the caller's tick handling, as on plain
+        TCP). Bytes that do not yet complete a record do not reset the handshake deadline."""
+        tick = silence_tick(self.read_timeout_s)
+        while True:
+            with self._tls_lock:
+                try:
+                    return self._sock.recv_into(view)
+                except ssl.SSLWantReadError:
+                    readable = True
+                except ssl.SSLWantWriteError:
+                    readable = False
+            if self._deadline is not None:
+                self._check_deadline()
+            if readable:
+                ready = select.select([self._sock], [], [], tick)[0]
+            else:
+                ready = select.select([], [self._sock], [], tick)[1]
+            if not ready:
+                raise TimeoutError("silence tick")
+
+    def start_tls(self) -> None:
+        """Server side: run the TLS handshake of an accepted socket within the deadline set by
+        ``set_deadline`` (the acceptor's overall handshake deadline); a no-op without TLS.
+
+        Raises ``DeadlineExceededError`` when the peer is too slow or silent, and
+        ``ShuffleAuthenticationError`` when it does not speak TLS or refuses the certificate."""
+        context, self._tls_server = self._tls_server, None
+        if context is None or self.tls:
+            return
+        deadline = self._deadline
+        remaining = self.read_timeout_s if deadline is None else deadline - self._clock.monotonic()
+        if remaining <= 0:
+            self._check_deadline()
+            remaining = 0.001
+        raw = self._sock
+        raw.settimeout(remaining)  # one overall bound: CPython's do_handshake keeps one deadline
+        try:
+            wrapped = context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError) as exc:
+            raise self._lost("cannot start TLS", exc) from exc
+        self._sock = wrapped
+        try:
+            wrapped.do_handshake()
+        except TimeoutError as exc:
+            raise DeadlineExceededError(
+                f"peer {self.peer}: {self._deadline_what or 'TLS handshake'} not completed by its "
+                "deadline (silent, stopped or too slow a peer)"
+            ) from exc
+        except ssl.SSLError as exc:
+            raise ShuffleAuthenticationError(
+                f"peer {self.peer}: TLS handshake failed ({exc.reason or type(exc).__name__}); "
+                "a client without this application's TLS settings?"
+            ) from None
+        except OSError as exc:
+            raise self._lost("TLS handshake failed", exc) from exc
+        self.tls = True
+        self._heard_at = self._clock.monotonic()
+        self._tls_timeouts()
 
     @property
     def heard_at(self) -> float:
@@ -124,6 +218,9 @@ class TcpConnection:
         header = FrameHeader(kind, len(payload), seq, value).pack()
         with self._send_lock:
             self._check_open()
+            if self.tls:
+                self._send_tls(header, payload)
+                return
             try:
                 if len(payload) <= 4096:
                     self._sock.sendall(header + bytes(payload))
@@ -133,6 +230,34 @@ class TcpConnection:
                 raise self._lost(f"send stalled for {self.read_timeout_s:.1f}s", exc) from exc
             except OSError as exc:
                 raise self._lost("send failed", exc) from exc
+
+    def _send_tls(self, header: bytes, payload: bytes | memoryview) -> None:
+        """``sendall`` for a TLS socket (no ``sendmsg`` there; the caller holds ``_send_lock``): a
+        write that would block is retried with the same bytes (as OpenSSL requires) when the
+        socket has room, for at most ``read_timeout_s`` on the connection's clock."""
+        give_up = self._clock.monotonic() + self.read_timeout_s
+        for part in (header + bytes(payload),) if len(payload) <= 4096 else (header, payload):
+            view = memoryview(part).cast("B")
+            while view:
+                want_read = False
+                with self._tls_lock:
+                    try:
+                        view = view[self._sock.send(view) :]
+                        continue
+                    except ssl.SSLWantWriteError:
+                        pass
+                    except ssl.SSLWantReadError:
+                        want_read = True
+                    except OSError as exc:
+                        raise self._lost("send failed", exc) from exc
+                left = give_up - self._clock.monotonic()
+                if left <= 0:
+                    raise self._lost(f"send stalled for {self.read_timeout_s:.1f}s", None)
+                wait = min(left, silence_tick(self.read_timeout_s))
+                if want_read:
+                    select.select([self._sock], [], [], wait)
+                else:
+                    select.select([], [self._sock], [], wait)
 
     def try_send(self, kind: Kind) -> bool:
         """An empty frame (a keepalive) if it can go out at once; ``False`` if that would wait.
@@ -144,6 +269,14 @@ class TcpConnection:
             if self._closed:
                 return False
             header = FrameHeader(kind, 0).pack()
+            if self.tls:  # no MSG_DONTWAIT on TLS: send only into a socket with room
+                try:
+                    if not select.select([], [self._sock], [], 0)[1]:
+                        return False
+                    self._send_tls(header, b"")
+                except (OSError, ValueError, PeerLostError):
+                    return False
+                return True
             try:
                 sent = self._sock.send(header, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
@@ -187,7 +320,7 @@ class TcpConnection:
         got = 0
         while got < len(view):
             try:
-                n = self._sock.recv_into(view[got:])
+                n = self._recv_tls(view[got:]) if self.tls else self._sock.recv_into(view[got:])
             except (BlockingIOError, TimeoutError) as exc:  # SO_RCVTIMEO: one silence tick
                 self.silent_ticks += 1
                 if self._deadline is not None:
@@ -251,7 +384,16 @@ def _peer_name(sock: socket.socket) -> str:
 class TcpListener:
     """Accepts ``TcpConnection``s that measure their peer timeout on ``clock``."""
 
-    def __init__(self, host: str, port: int, read_timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        read_timeout_s: float,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._ssl_context = ssl_context
         self._sock = socket.create_server((host, port), backlog=128)
         self._sock.settimeout(0.2)
         self._read_timeout_s = read_timeout_s
@@ -270,7 +412,7 @@ class TcpListener:
                 raise ChannelClosedError("listener closed") from exc
             raise
         try:
-            return TcpConnection(sock, self._read_timeout_s, self._clock)
+            return TcpConnection(sock, self._read_timeout_s, self._clock, tls_server=self._ssl_context)
         except BaseException:  # e.g. the peer reset before setsockopt: never leak the socket
             sock.close()
             raise
@@ -281,7 +423,25 @@ class TcpListener:
 
 
 class TcpTransport:
-    """Plain TCP sockets; the measured winner over Flight ``do_exchange`` on this machine."""
+    """TCP sockets; the measured winner over Flight ``do_exchange`` on this machine.
+
+    Optionally TLS: ``server_context`` (an ``ssl.SSLContext`` for the server side) makes listeners
+    wrap every accepted connection (``TcpConnection.start_tls``, run by the acceptor under the
+    handshake deadline); ``client_context`` with ``server_name`` (the name the server's certificate
+    must carry, whatever host is dialled) makes ``connect`` wrap. Plain TCP without either."""
+
+    def __init__(
+        self,
+        *,
+        server_context: ssl.SSLContext | None = None,
+        client_context: ssl.SSLContext | None = None,
+        server_name: str | None = None,
+    ) -> None:
+        if client_context is not None and not server_name:
+            raise ShuffleConfigError("a TLS client context needs the server name to check")
+        self.server_context = server_context
+        self.client_context = client_context
+        self.server_name = server_name
 
     def connect(
         self, address: tuple[str, int], timeout_s: float, read_timeout_s: float, clock: Clock = SYSTEM_CLOCK
@@ -291,7 +451,43 @@ class TcpTransport:
             sock = socket.create_connection(address, timeout=timeout_s)
         except OSError as exc:
             raise PeerLostError(f"cannot connect to shuffle server {address[0]}:{address[1]}: {exc}") from exc
-        return TcpConnection(sock, read_timeout_s, clock)
+        if self.client_context is not None:
+            sock = self._wrap_client(sock, address, timeout_s)
+        try:
+            return TcpConnection(sock, read_timeout_s, clock)
+        except BaseException:
+            sock.close()
+            raise
+
+    def _wrap_client(self, sock: socket.socket, address: tuple[str, int], timeout_s: float) -> socket.socket:
+        """The TLS handshake of a new client socket, within ``timeout_s`` overall."""
+        assert self.client_context is not None
+        where = f"{address[0]}:{address[1]}"
+        try:
+            sock.settimeout(timeout_s)
+            wrapped = self.client_context.wrap_socket(
+                sock, server_hostname=self.server_name, do_handshake_on_connect=False
+            )
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise PeerLostError(f"cannot start TLS to {where}: {exc}") from exc
+        try:
+            wrapped.do_handshake()
+        except TimeoutError as exc:
+            wrapped.close()
+            raise DeadlineExceededError(
+                f"TLS handshake with {where} not completed in {timeout_s:.1f}s"
+            ) from exc
+        except ssl.SSLError as exc:
+            wrapped.close()
+            raise ShuffleAuthenticationError(
+                f"TLS handshake with {where} failed ({exc.reason or type(exc).__name__}): "
+                "not this application's server, or not TLS"
+            ) from None
+        except OSError as exc:
+            wrapped.close()
+            raise PeerLostError(f"TLS handshake with {where} failed: {exc}") from exc
+        return wrapped
 
     def listen(self, host: str, port: int, read_timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> Listener:
-        return TcpListener(host, port, read_timeout_s, clock)
+        return TcpListener(host, port, read_timeout_s, clock, ssl_context=self.server_context)

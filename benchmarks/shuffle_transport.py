@@ -10,6 +10,9 @@ loopback, moving the same number of bytes in 1 MiB buffers:
 * ``flight``: pyarrow Flight ``do_exchange`` with credits flowing back on the same stream
   (window 2K buffers, announced every K): the alternative transport, measured for the choice.
 * ``agg_MxN``: M producer x N consumer processes, aggregate bytes over wall time.
+* ``tls_channel``: ``channel`` inside TLS (``spark.arrowbeat.ssl.enabled``: the generated EC P-256
+  certificate, pinned), measured in the same rounds; ``tls_vs_plain`` is
+  ``tls_channel_gbps / channel_gbps`` (medians, as printed): the cost of encrypting streams.
 
 ``channel_vs_raw`` is ``channel_gbps / raw_tcp_gbps`` (the medians over rounds, as printed). The
 median over rounds of (engine / raw TCP) measured back to back, which load from other processes
@@ -114,7 +117,14 @@ def measure_raw_tcp(total: int) -> tuple[float, float, float]:
 
 # -- the engine -------------------------------------------------------------------------------------
 def _engine_producer(
-    map_index: int, reducers: int, total: int, address_out: Connection, go: Any, stop: Any, report: Any
+    map_index: int,
+    reducers: int,
+    total: int,
+    address_out: Connection,
+    go: Any,
+    stop: Any,
+    report: Any,
+    material: Any = None,
 ) -> None:
     from arrow_shuffle import (
         NetworkBufferPool,
@@ -131,7 +141,7 @@ def _engine_producer(
         floating_buffers_per_gate=FLOATING,
     )
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
-    server = PartitionServer(SECRET, APP, config=config)
+    server = PartitionServer(SECRET, APP, config=config, transport=_tls_transport(material, server=True))
     batch = _batch_for(BUFFER)
     partition = ResultPartition(PartitionId(APP, 0, map_index), reducers, batch.schema, pool, config=config)
     server.register(partition)
@@ -155,7 +165,21 @@ def _engine_producer(
     server.close()
 
 
-def _engine_consumer(reduce_index: int, addresses: list[tuple[str, int]], go: Any, report: Any) -> None:
+def _tls_transport(material: Any, server: bool) -> Any:
+    """A TLS ``TcpTransport`` for ``material`` (a ``spark_plugin.tls.TlsMaterial``), or None."""
+    if material is None:
+        return None
+    from arrow_shuffle.transport import TcpTransport
+    from spark_plugin import tls
+
+    if server:
+        return TcpTransport(server_context=tls.server_context(material))
+    return TcpTransport(client_context=tls.client_context(material), server_name=material.server_name)
+
+
+def _engine_consumer(
+    reduce_index: int, addresses: list[tuple[str, int]], go: Any, report: Any, material: Any = None
+) -> None:
     from arrow_shuffle import InputGate, NetworkBufferPool, PartitionId, RemoteChannelSpec, ShuffleConfig
 
     config = ShuffleConfig(
@@ -170,7 +194,8 @@ def _engine_consumer(reduce_index: int, addresses: list[tuple[str, int]], go: An
     start = time.perf_counter()
     cpu = time.process_time()
     rows = 0
-    with InputGate(specs, schema, pool, config, secret=SECRET) as gate:
+    transport = _tls_transport(material, server=False)
+    with InputGate(specs, schema, pool, config, secret=SECRET, transport=transport) as gate:
         for batch in gate:
             rows += batch.num_rows
             del batch
@@ -180,8 +205,11 @@ def _engine_consumer(reduce_index: int, addresses: list[tuple[str, int]], go: An
     report.put(("consumer", stats.bytes_received, elapsed, _peak_rss_mib(), cpu))
 
 
-def measure_engine(producers: int, consumers: int, total_per_producer: int) -> dict[str, float]:
-    """M x N processes; returns aggregate GB/s (payload bytes over wall time) and peak RSS."""
+def measure_engine(
+    producers: int, consumers: int, total_per_producer: int, material: Any = None
+) -> dict[str, float]:
+    """M x N processes; returns aggregate GB/s (payload bytes over wall time) and peak RSS.
+    With ``material`` (``spark_plugin.tls.TlsMaterial``) every stream runs inside TLS."""
     ctx = mp.get_context("spawn")
     go, stop = ctx.Event(), ctx.Event()
     report: Any = ctx.Queue()
@@ -190,13 +218,14 @@ def measure_engine(producers: int, consumers: int, total_per_producer: int) -> d
     for m in range(producers):
         addr_r, addr_w = ctx.Pipe(duplex=False)
         p = ctx.Process(
-            target=_engine_producer, args=(m, consumers, total_per_producer, addr_w, go, stop, report)
+            target=_engine_producer,
+            args=(m, consumers, total_per_producer, addr_w, go, stop, report, material),
         )
         p.start()
         procs.append(p)
         addresses.append(addr_r.recv())
     for r in range(consumers):
-        c = ctx.Process(target=_engine_consumer, args=(r, addresses, go, report))
+        c = ctx.Process(target=_engine_consumer, args=(r, addresses, go, report, material))
         c.start()
         procs.append(c)
     time.sleep(0.5)  # let every consumer import and connect-ready before the clock starts
@@ -335,12 +364,23 @@ def main() -> None:
         f"exclusive=2 floating={FLOATING}"
     )
 
-    raw, channel, rss = [], [], []
+    from spark_plugin import tls
+
+    material = tls.generate_self_signed()  # spark.arrowbeat.ssl.enabled's default certificate
+    raw, channel, tls_channel, rss = [], [], [], []
     for i in range(rounds):  # interleaved, so machine noise hits all alike
         raw_gbps, raw_rss, raw_cpu = measure_raw_tcp(volume)
         engine = measure_engine(1, 1, volume)
+        secured = measure_engine(1, 1, volume, material)
         raw.append(raw_gbps)
         channel.append(engine["gbps"])
+        tls_channel.append(secured["gbps"])
+        print(
+            f"round {i}: tls channel={secured['gbps']:.2f} GB/s "
+            f"(vs plain {secured['gbps'] / engine['gbps']:.2f}), CPU s/GiB: "
+            f"consumer={secured['consumer_cpu_s_per_gib']:.2f} "
+            f"producer={secured['producer_cpu_s_per_gib']:.2f}"
+        )
         rss.extend([engine["peak_rss_mib"], raw_rss])
         print(
             f"round {i}: raw_tcp={raw_gbps:.2f} GB/s channel={engine['gbps']:.2f} GB/s "
@@ -386,6 +426,9 @@ def main() -> None:
     print(f"RESULT channel_gbps={channel_gbps:.3f}")
     print(f"RESULT raw_tcp_gbps={raw_gbps:.3f}")
     print(f"RESULT channel_vs_raw={ratio:.3f}")
+    tls_gbps = round(statistics.median(tls_channel), 3)
+    print(f"RESULT tls_channel_gbps={tls_gbps:.3f}")
+    print(f"RESULT tls_vs_plain={tls_gbps / channel_gbps:.3f}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import grpc
 from . import _auth
 from ._proto import heartbeat_pb2 as pb
 from ._text import one_line
-from ._transport import sync_channel
+from ._transport import ChannelOptions, sync_channel
 from ._wire import CALL_PROOF_KEY, CALL_TOKEN_KEY, HELLO_METHOD, LIST_EXECUTORS_METHOD, status_from_proto
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
@@ -34,15 +34,22 @@ _Reply = TypeVar("_Reply", pb.HelloResponse, pb.ListExecutorsResponse)
 
 
 def list_executors(
-    address: str, secret: str | _auth.SharedSecret, timeout_s: float = 5.0, *, clock: Clock = SYSTEM_CLOCK
+    address: str,
+    secret: str | _auth.SharedSecret,
+    timeout_s: float = 5.0,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    channel_credentials: grpc.ChannelCredentials | None = None,
+    channel_options: ChannelOptions = (),
 ) -> list[ExecutorInfo]:
     """Every executor the RM at ``address`` knows, with state, agent pid and last payload.
 
-    ``timeout_s`` bounds the whole exchange (both calls).
+    ``timeout_s`` bounds the whole exchange (both calls). With ``channel_credentials`` the call
+    runs over TLS (``channel_options`` added, e.g. the server name the certificate must carry).
     """
     key = _auth.SharedSecret(secret)
     deadline = clock.monotonic() + timeout_s
-    with sync_channel(address) as channel:
+    with sync_channel(address, channel_credentials, channel_options) as channel:
         hello = pb.HelloRequest(protocol_version=_auth.PROTOCOL_VERSION).SerializeToString()
         raw, _ = _call(channel, HELLO_METHOD, hello, None, deadline - clock.monotonic(), address)
         answer = _parse(pb.HelloResponse, raw, address)

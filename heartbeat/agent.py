@@ -35,7 +35,7 @@ from . import _auth
 from ._grpc_compat import EOF
 from ._proto import heartbeat_pb2 as pb
 from ._text import MAX_ID_CHARS, check_text, clean_reason, one_line
-from ._transport import aio_channel
+from ._transport import ChannelOptions, aio_channel
 from ._wire import CONNECT_METHOD
 from .agent_core import AgentCore, RegisterRequest, Registration, error_for_status
 from .agent_session import AgentSession, status_name
@@ -76,7 +76,11 @@ class AsyncAgent:
         clock: Clock = SYSTEM_CLOCK,
         on_registered: Callable[[Registration], None] | None = None,
         scheduler: Scheduler | None = None,
+        channel_credentials: grpc.ChannelCredentials | None = None,
+        channel_options: ChannelOptions = (),
     ) -> None:
+        self._channel_credentials = channel_credentials  # TLS to the RM when given
+        self._channel_options = tuple(channel_options)
         self.core = AgentCore(
             executor_id,
             services=services,
@@ -196,7 +200,7 @@ class AsyncAgent:
         request = self.core.register_request()
         check_text("executor_id", request.executor_id, MAX_ID_CHARS)  # refused here, not by the RM
         check_text("host", request.host, MAX_ID_CHARS, allow_empty=True)
-        channel = aio_channel(self.rm_address)
+        channel = aio_channel(self.rm_address, self._channel_credentials, self._channel_options)
         connect = channel.stream_stream(
             CONNECT_METHOD,
             request_serializer=pb.AgentMessage.SerializeToString,

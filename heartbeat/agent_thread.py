@@ -13,7 +13,7 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._auth import SharedSecret
 from ._io_loop import submit
@@ -24,6 +24,11 @@ from .errors import ClosedError
 from .payload import PayloadProvider
 from .retry import RetryPolicy
 from .services import HeartbeatServices
+
+if TYPE_CHECKING:
+    import grpc
+
+    from ._transport import ChannelOptions
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,9 @@ class AgentThread:
         is_healthy: Callable[[], bool] = lambda: True,
         retry_policy: RetryPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        *,
+        channel_credentials: grpc.ChannelCredentials | None = None,
+        channel_options: ChannelOptions = (),
     ) -> None:
         self._cond = threading.Condition()
         self._kwargs: dict[str, Any] = dict(
@@ -55,6 +63,8 @@ class AgentThread:
             retry_policy=retry_policy,
             clock=clock,
             on_registered=self._registered,
+            channel_credentials=channel_credentials,
+            channel_options=channel_options,
         )
         self._agent: AsyncAgent | None = None
         self._running: concurrent.futures.Future[None] | None = None

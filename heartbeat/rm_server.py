@@ -153,8 +153,10 @@ class ResourceManagerServer:
         spread: int = 50,
         max_pending_handshakes: int = 1024,
         call_window_s: float = 60.0,
+        server_credentials: grpc.ServerCredentials | None = None,
     ) -> None:
         self.services = services
+        self._server_credentials = server_credentials  # TLS when given (plaintext when None)
         self._secret = _auth.SharedSecret(secret)  # refuses an empty one
         self._host = host
         self._port = port
@@ -241,7 +243,7 @@ class ResourceManagerServer:
             ),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-        port = bind_server(server, self._host, self._port)
+        port = bind_server(server, self._host, self._port, self._server_credentials)
         if port == 0:
             raise HeartbeatError(f"could not bind {self._host}:{self._port}")
         self._core = ResourceManagerCore(

@@ -113,7 +113,15 @@ def main() -> int:
         return 2
 
     from heartbeat import ResourceManagerServer
+    from spark_plugin import tls
 
+    try:  # generated here at the first start; a restart gets the same one back from the JVM
+        material = tls.from_config(config, may_generate=True)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            log.error("bad arrowbeat TLS setting: %s", problem)
+        log.error("arrowbeat stays off for this application; the application runs on")
+        return 2
     history, known = open_history(config, settings)
     rm = ResourceManagerServer(
         config.heartbeat_services(),
@@ -121,6 +129,7 @@ def main() -> int:
         host=rm_host(config, settings),
         port=config.rm_port,
         known_executors=known,
+        server_credentials=None if material is None else tls.grpc_server_credentials(material),
     )
     app_id = settings.get("spark.app.id", "")
     rm.subscribe(
@@ -133,9 +142,13 @@ def main() -> int:
     address = rm.start()
     link.start()
     channel.announce_ready(
-        address=address, pid=os.getpid(), epoch=rm.epoch, pulse_ms=int(config.heartbeat_interval_s * 1000)
+        address=address,
+        pid=os.getpid(),
+        epoch=rm.epoch,
+        pulse_ms=int(config.heartbeat_interval_s * 1000),
+        **({} if material is None else tls.ready_fields(material)),  # the JVM hands them on
     )
-    log.info("ResourceManager serving on %s", address)
+    log.info("ResourceManager serving on %s%s", address, "" if material is None else f" (TLS, {material})")
     reason = wait_for_exit(link)
     log.info("stopping (%s)", reason)
     rm.stop()

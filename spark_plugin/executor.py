@@ -17,7 +17,9 @@ import psutil
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.spark.agent_service import MapOutputService, shuffle_root
+from arrow_shuffle.transport import TcpTransport
 from heartbeat import AgentThread, PayloadProvider, rss_provider, slots_provider
+from spark_plugin import tls
 from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load
 from spark_plugin.sidecar import (
     JvmChannel,
@@ -60,6 +62,11 @@ def main() -> int:
         )
         return 2
 
+    try:  # the driver's generated certificate, or the configured files of this host
+        material = tls.from_config(config)
+    except ConfigError as exc:
+        log.error("arrowbeat agent not started: %s", exc)
+        return 2
     payload = executor_payload(
         link,
         slots_total=int(settings.get("arrowbeat.executor.cores", "1") or 1),
@@ -75,8 +82,11 @@ def main() -> int:
         # Pulses come every interval/2: one interval without one means the JVM is frozen, and the
         # agent stops answering so the RM's timeout reports it (after interval + timeout at most).
         is_healthy=lambda: link.pulse_age_s() < config.heartbeat_interval_s,
+        channel_credentials=None if material is None else tls.grpc_channel_credentials(material),
+        channel_options=() if material is None else tls.grpc_channel_options(material),
     )
-    shuffle = LazyShuffleService(config, settings, executor_id, host)
+    transport = None if material is None else TcpTransport(server_context=tls.server_context(material))
+    shuffle = LazyShuffleService(config, settings, executor_id, host, transport)
     payload.append(shuffle.metrics)
     link.start()
     shuffle.start_when_app_known(link)  # before registering: a registered agent serves shuffles
@@ -99,9 +109,15 @@ class LazyShuffleService:
     cluster executors, after the driver assigned it for the driver's own executor (local mode)."""
 
     def __init__(
-        self, config: ArrowBeatConfig, settings: dict[str, str], executor_id: str, host: str
+        self,
+        config: ArrowBeatConfig,
+        settings: dict[str, str],
+        executor_id: str,
+        host: str,
+        transport: TcpTransport | None = None,
     ) -> None:
         self._args = (config, settings, executor_id, host)
+        self._transport = transport
         self._lock = threading.Lock()
         self._service: MapOutputService | None = None
         self._closed = False
@@ -120,7 +136,9 @@ class LazyShuffleService:
 
     def _start(self, app_id: str) -> None:
         config, settings, executor_id, host = self._args
-        service = start_shuffle_service(config, {**settings, "spark.app.id": app_id}, executor_id, host)
+        service = start_shuffle_service(
+            config, {**settings, "spark.app.id": app_id}, executor_id, host, self._transport
+        )
         with self._lock:
             if self._closed:
                 if service is not None:
@@ -142,9 +160,14 @@ class LazyShuffleService:
 
 
 def start_shuffle_service(
-    config: ArrowBeatConfig, settings: dict[str, str], executor_id: str, host: str
+    config: ArrowBeatConfig,
+    settings: dict[str, str],
+    executor_id: str,
+    host: str,
+    transport: TcpTransport | None = None,
 ) -> MapOutputService | None:
-    """The Arrow shuffle's map-output directory and server; the agent runs on without it on failure."""
+    """The Arrow shuffle's map-output directory and server (TLS when ``transport`` has a server
+    context); the agent runs on without it on failure."""
     try:
         service = MapOutputService(
             app_id=settings.get("spark.app.id", "") or "app",
@@ -155,6 +178,7 @@ def start_shuffle_service(
             host=host,
             config=ShuffleConfig(network_memory_bytes=config.shuffle_agent_memory_bytes),
             ttl_s=config.shuffle_ttl_s,
+            transport=transport,
         )
     except (OSError, ShuffleError) as exc:
         log.error("Arrow shuffle service not started on executor %s: %s", executor_id, exc)

@@ -44,6 +44,9 @@ EXECUTOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """An executor id the JVM accepts in ``kill-executor`` (``launcher/.../Command.java``)."""
 _READY_KEY = re.compile(r"[a-z_]{1,32}")
 _READY_VALUE = re.compile(r"[!-~]{1,256}")
+_READY_BASE64 = re.compile(r"[A-Za-z0-9+/=]{1,1024}")
+_READY_BASE64_KEYS = frozenset({"ssl_cert", "ssl_key_secret"})
+"""Ready fields that carry DER as base64 (``tls.ready_fields``): longer values, a narrower set."""
 _SECRET_KEY = re.compile(r"secret|password|token|access[.]?key", re.IGNORECASE)
 """Setting keys whose values are secrets: Spark's default ``spark.redaction.regex``."""
 REDACTED = "<redacted>"
@@ -173,7 +176,8 @@ class JvmChannel:
         fields = []
         for key, value in info.items():
             text = str(value)
-            if not _READY_KEY.fullmatch(key) or not _READY_VALUE.fullmatch(text):
+            pattern = _READY_BASE64 if key in _READY_BASE64_KEYS else _READY_VALUE
+            if not _READY_KEY.fullmatch(key) or not pattern.fullmatch(text):
                 raise JvmCommandError(f"ready field {key!r} is not key=value of the protocol's form")
             fields.append(f"{key}={text}")
         self._write(f"{READY} {' '.join(fields)}")

@@ -43,6 +43,7 @@ from arrow_shuffle.errors import (
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.private_files import LogLimiter, check_id, check_private_dir, check_root, read_private_file
 from arrow_shuffle.spark.agent_service import AGENT_CONTROL, AGENTS, agent_file, app_dir
+from arrow_shuffle.transport import Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -209,6 +210,7 @@ class MapOutputClient:
         *,
         config: ShuffleConfig | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        transport: Transport | None = None,
     ) -> None:
         self.who = who
         config = config or ShuffleConfig()
@@ -220,6 +222,7 @@ class MapOutputClient:
             connect_timeout_s=config.connect_timeout_s,
             peer_timeout_s=config.peer_timeout_s,
             clock=clock,
+            transport=transport,
         )
 
     def stage(

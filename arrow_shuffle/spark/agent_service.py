@@ -82,6 +82,7 @@ from arrow_shuffle.private_files import (
     write_private_atomic,
 )
 from arrow_shuffle.spark.map_output import Segment, read_segments
+from arrow_shuffle.transport import Transport
 from arrow_shuffle.writer import RecordWriter
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
@@ -181,7 +182,10 @@ class MapOutputService:
         config: ShuffleConfig | None = None,
         ttl_s: float = 3600.0,
         clock: Clock = SYSTEM_CLOCK,
+        transport: Transport | None = None,
     ) -> None:
+        """``transport``: how the data and control servers accept (TLS when it carries a server
+        context, see ``TcpTransport``); plain TCP by default."""
         if not as_bytes(secret):
             raise ShuffleConfigError("the map-output service needs the application secret")
         self.app_id = app_id
@@ -197,7 +201,7 @@ class MapOutputService:
             spill_dir=self.dir, buffer_request_timeout_s=900.0
         )
         self.pool = NetworkBufferPool.from_config(self.config.network_memory_bytes, self.config.buffer_size)
-        self.server = PartitionServer(secret, app_id, host, 0, self.config)
+        self.server = PartitionServer(secret, app_id, host, 0, self.config, transport)
         self._lock = threading.Lock()
         self._staged: dict[PartitionId, _Staged] = {}
         self._next_token = 1
@@ -220,6 +224,7 @@ class MapOutputService:
             config=self.config,
             max_connections=128,
             clock=clock,
+            transport=transport,
             logger=log,
         )
         self._announce()

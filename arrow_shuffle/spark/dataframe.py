@@ -53,14 +53,17 @@ from arrow_shuffle.spark.map_output import check_keys
 from arrow_shuffle.spark.tasks import (
     STATUS_DDL,
     ShufflePlan,
+    client_transport,
     group_consumer,
     map_function,
     partition_consumer,
     passthrough,
     reduce_function,
+    server_transport,
 )
 from spark_plugin.config import OPTIONS, ArrowBeatConfig, from_spark_conf
 from spark_plugin.errors import ConfigError
+from spark_plugin.tls import from_config as tls_from_config
 
 log = logging.getLogger("arrowbeat.shuffle")
 
@@ -150,7 +153,12 @@ class ShuffleHandle:
         freed = 0
         for address in sorted(self.agents() | _local_agents(self.plan)):
             try:
-                with MapOutputClient(address, self.plan.secret, f"agent {address[0]}:{address[1]}") as client:
+                with MapOutputClient(
+                    address,
+                    self.plan.secret,
+                    f"agent {address[0]}:{address[1]}",
+                    transport=client_transport(self.plan),
+                ) as client:
                     freed += client.release(self.shuffle_id)
             except ShuffleError as exc:  # an agent that is gone took its data with it
                 log.info("release of shuffle %s: %s", self.shuffle_id, exc)
@@ -295,6 +303,7 @@ def _plan(
         route_keys=_route_keys(spark, num_partitions),
         memory_bytes=settings.shuffle_map_memory_bytes,
         read_host_local=settings.shuffle_read_host_local,
+        tls=tls_from_config(settings),  # the driver's SparkConf holds what the executors got
     )
     return spark, plan
 
@@ -303,7 +312,7 @@ _rendezvous_lock = threading.Lock()
 _rendezvous_of: dict[str, Any] = {}
 
 
-def _rendezvous(spark: SparkSession, secret: str) -> Any:
+def _rendezvous(spark: SparkSession, plan: ShufflePlan) -> Any:
     """The driver's rendezvous for pipelined map tasks, one per application, started on first use."""
     from arrow_shuffle.spark.rendezvous import Rendezvous
 
@@ -312,7 +321,7 @@ def _rendezvous(spark: SparkSession, secret: str) -> Any:
         found = _rendezvous_of.get(app)
         if found is None:
             host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1") or "127.0.0.1"
-            found = _rendezvous_of[app] = Rendezvous(secret, host)
+            found = _rendezvous_of[app] = Rendezvous(plan.secret, host, transport=server_transport(plan))
         return found
 
 
@@ -347,7 +356,7 @@ def _build(
 
         source, pre = chained if chained is not None else (df, None)
         maps = _check_pipelined(spark, source, plan.num_partitions)
-        fn = pipelined_function(plan, maps, _rendezvous(spark, plan.secret).address, report, consume, pre)
+        fn = pipelined_function(plan, maps, _rendezvous(spark, plan).address, report, consume, pre)
         reducers = spark.range(0, plan.num_partitions, numPartitions=plan.num_partitions)
         pipelined: DataFrame = source.mapInArrow(fn, out_schema).union(reducers.mapInArrow(fn, out_schema))
         pipelined._arrowbeat_shuffle = handle  # type: ignore[attr-defined]

@@ -35,7 +35,13 @@ from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.partition import PartitionKind, ResultPartition
 from arrow_shuffle.partition_server import PartitionServer
 from arrow_shuffle.spark.rendezvous import locate, register
-from arrow_shuffle.spark.tasks import ReadStats, Report, ShufflePlan
+from arrow_shuffle.spark.tasks import (
+    ReadStats,
+    Report,
+    ShufflePlan,
+    client_transport,
+    server_transport,
+)
 from arrow_shuffle.writer import RecordWriter
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
@@ -97,14 +103,24 @@ def _map(
 ) -> Iterator[pa.RecordBatch]:
     started = clock.monotonic()
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
-    server = PartitionServer(plan.secret, plan.app_id, _host(), 0, config)
+    server = PartitionServer(plan.secret, plan.app_id, _host(), 0, config, server_transport(plan))
     token = secrets.randbits(30)  # tells this attempt's partition from an earlier one's
     pid = PartitionId(plan.app_id, plan.shuffle_id, index, token)
     partition = ResultPartition(pid, plan.num_partitions, plan.schema, pool, PartitionKind.PIPELINED, config)
     server.register(partition)
     try:
         host, port = server.address
-        register(rendezvous, plan.secret, plan.shuffle_id, index, host, port, token, clock=clock)
+        register(
+            rendezvous,
+            plan.secret,
+            plan.shuffle_id,
+            index,
+            host,
+            port,
+            token,
+            clock=clock,
+            transport=client_transport(plan),
+        )
         writer = RecordWriter(partition, plan.key_columns)
         try:
             for batch in batches:
@@ -157,7 +173,9 @@ def _reduce(
     started = clock.monotonic()
     for _ in batches:  # the range row that made this task; nothing to read from it
         pass
-    maps = locate(rendezvous, plan.secret, plan.shuffle_id, num_maps, clock=clock)
+    maps = locate(
+        rendezvous, plan.secret, plan.shuffle_id, num_maps, clock=clock, transport=client_transport(plan)
+    )
     specs = [
         RemoteChannelSpec(
             (m["host"], int(m["port"])),
@@ -168,7 +186,7 @@ def _reduce(
     ]
     need = len(specs) * config.exclusive_buffers_per_channel + config.floating_buffers_per_gate
     pool = NetworkBufferPool(need, config.buffer_size)
-    gate = InputGate(specs, plan.schema, pool, config, plan.secret)
+    gate = InputGate(specs, plan.schema, pool, config, plan.secret, client_transport(plan))
     stats = ReadStats()
 
     def counted() -> Iterator[pa.RecordBatch]:

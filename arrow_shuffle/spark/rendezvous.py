@@ -32,6 +32,7 @@ from arrow_shuffle.control import (
     Str,
 )
 from arrow_shuffle.errors import ControlRequestError, ShuffleError
+from arrow_shuffle.transport import Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 MAX_MAPS = 100_000
@@ -77,6 +78,7 @@ class Rendezvous:
         host: str = "127.0.0.1",
         clock: Clock = SYSTEM_CLOCK,
         config: ShuffleConfig | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self._clock = clock
         self._lock = threading.Condition()
@@ -92,6 +94,7 @@ class Rendezvous:
             0,
             config=config,
             clock=clock,
+            transport=transport,
         )
 
     @property
@@ -143,7 +146,11 @@ class Rendezvous:
 
 
 def _client(
-    address: tuple[str, int], secret: str, config: ShuffleConfig | None, clock: Clock
+    address: tuple[str, int],
+    secret: str,
+    config: ShuffleConfig | None,
+    clock: Clock,
+    transport: Transport | None = None,
 ) -> ControlClient:
     config = config or ShuffleConfig()
     return ControlClient(
@@ -154,6 +161,7 @@ def _client(
         connect_timeout_s=config.connect_timeout_s,
         peer_timeout_s=config.peer_timeout_s,
         clock=clock,
+        transport=transport,
     )
 
 
@@ -168,9 +176,10 @@ def register(
     *,
     config: ShuffleConfig | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    transport: Transport | None = None,
 ) -> None:
     """A map task tells the driver where it serves its output."""
-    with _client(address, secret, config, clock) as client:
+    with _client(address, secret, config, clock, transport) as client:
         client.call("register", shuffle=shuffle, map=map_index, host=host, port=port, token=token)
 
 
@@ -183,13 +192,14 @@ def locate(
     *,
     config: ShuffleConfig | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    transport: Transport | None = None,
 ) -> list[dict[str, Any]]:
     """A reducer's look-up: every map task's address, or ``ShuffleError`` if some never registered.
 
     The driver waits up to ``wait_s`` for them, sending keepalives; the call's own deadline is a
     little longer, so a driver that stops answering is a ``PeerLostError``, never a hang."""
     config = config or ShuffleConfig()
-    with _client(address, secret, config, clock) as client:
+    with _client(address, secret, config, clock, transport) as client:
         found: list[dict[str, Any]] = client.call(
             "locate", timeout_s=wait_s + config.peer_timeout_s, shuffle=shuffle, count=count, wait_s=wait_s
         )
@@ -207,7 +217,8 @@ def forget(
     *,
     config: ShuffleConfig | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    transport: Transport | None = None,
 ) -> None:
     """Drop a finished shuffle's entries."""
-    with _client(address, secret, config, clock) as client:
+    with _client(address, secret, config, clock, transport) as client:
         client.call("forget", shuffle=shuffle)

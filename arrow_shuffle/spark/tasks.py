@@ -32,6 +32,7 @@ after checking it is private; a host-local read opens only a path inside the app
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -53,7 +54,9 @@ from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, find_ag
 from arrow_shuffle.spark.agent_service import app_dir, shuffle_root
 from arrow_shuffle.spark.grouping import iter_groups
 from arrow_shuffle.spark.map_output import MapOutputWriter, read_segments
+from arrow_shuffle.transport import TcpTransport, Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.tls import TlsMaterial, client_context, server_context
 
 STATUS_SCHEMA = pa.schema(
     [
@@ -97,10 +100,34 @@ class ShufflePlan:
     buffer_size: int = 1 << 20
     read_host_local: bool = True
     """Read map outputs of other executors on the same host from disk (``reads_from_disk``)."""
+    tls: TlsMaterial | None = field(default=None, repr=False)
+    """``spark.arrowbeat.ssl.*`` on: what tasks rebuild their SSL contexts from (an
+    ``ssl.SSLContext`` cannot be pickled). Holds the key (pipelined map tasks serve their output):
+    as secret as ``secret``, never in a repr."""
 
     @property
     def schema(self) -> pa.Schema:
         return pa.ipc.read_schema(pa.py_buffer(self.schema_ipc))
+
+
+def client_transport(plan: ShufflePlan) -> Transport | None:
+    """How a task connects to agents and to other tasks: TLS when the plan carries material."""
+    return None if plan.tls is None else _client_transport(plan.tls)
+
+
+def server_transport(plan: ShufflePlan) -> Transport | None:
+    """How a pipelined map task accepts its readers: TLS when the plan carries material."""
+    return None if plan.tls is None else _server_transport(plan.tls)
+
+
+@functools.lru_cache(maxsize=4)  # one per application's material in a reused Python worker
+def _client_transport(material: TlsMaterial) -> TcpTransport:
+    return TcpTransport(client_context=client_context(material), server_name=material.server_name)
+
+
+@functools.lru_cache(maxsize=4)
+def _server_transport(material: TlsMaterial) -> TcpTransport:
+    return TcpTransport(server_context=server_context(material))
 
 
 @dataclass
@@ -275,7 +302,10 @@ def read_reducer(
             where = _where(plan, reducer, executor, items)
             try:
                 client = MapOutputClient(
-                    (items[0]["host"], items[0]["control_port"]), plan.secret, f"executor {executor}"
+                    (items[0]["host"], items[0]["control_port"]),
+                    plan.secret,
+                    f"executor {executor}",
+                    transport=client_transport(plan),
                 )
                 files = [(s["path"], [tuple(x) for x in json.loads(s["segments"])]) for s in items]
                 try:
@@ -290,7 +320,7 @@ def read_reducer(
         config = ShuffleConfig(buffer_size=plan.buffer_size, network_memory_bytes=plan.buffer_size)
         need = len(specs) * config.exclusive_buffers_per_channel + config.floating_buffers_per_gate
         pool = _worker_pool(need, plan.buffer_size)
-        gate = InputGate(specs, schema, pool, config, plan.secret)
+        gate = InputGate(specs, schema, pool, config, plan.secret, client_transport(plan))
         try:
             for batch in gate:
                 stats.streamed_bytes += batch.nbytes

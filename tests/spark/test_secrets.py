@@ -1,7 +1,9 @@
 """The application secret stays secret through a full run (issue 13, item 6).
 
 One spark-submit application on local-cluster[2,1,1024] with a known secret (configured in a
-``spark-defaults.conf``, so it is in nobody's argv to begin with), arrowbeat at log level debug,
+``spark-defaults.conf``, so it is in nobody's argv to begin with) and TLS on (so the driver-side
+process generates a private key that travels to the executors beside the secret and must stay
+as secret as it), arrowbeat at log level debug,
 fast heartbeats and history tables: heartbeats flow, an Arrow shuffle runs (and is released, so
 its metrics are recorded), one executor JVM is SIGKILLed (events recorded, a replacement agent
 starts), a second shuffle runs. Then the secret's bytes are searched for in every log, every
@@ -48,6 +50,13 @@ class Run:
     proc_files: dict[str, bytes] = field(default_factory=dict)
     """``"<pid> <cmdline words> <cmdline|environ>"`` -> raw bytes of that /proc file."""
     arrowbeat_pids: set[int] = field(default_factory=set)
+    tls_key: bytes = b""
+    """The generated TLS private key as it travels (base64 of its DER on one line)."""
+
+    def needles(self) -> dict[str, bytes]:
+        """What must appear nowhere: the secret, and the TLS key in its one-line form and as the first
+        line of its PEM form (base64 wrapped at 64 characters)."""
+        return {"secret": self.secret, "tls key": self.tls_key, "tls key (PEM line)": self.tls_key[:64]}
 
 
 def files_under(root: Path) -> dict[str, bytes]:
@@ -80,6 +89,12 @@ def snapshot_processes(run: Run, marker: str) -> None:
 
 def holding(files: dict[str, bytes], secret: bytes) -> list[str]:
     return sorted(name for name, data in files.items() if secret in data)
+
+
+def leaks(run: Run, files: dict[str, bytes]) -> dict[str, list[str]]:
+    """Which of ``files`` hold any of the run's secrets, by secret."""
+    found = {what: holding(files, needle) for what, needle in run.needles().items()}
+    return {what: names for what, names in found.items() if names}
 
 
 @pytest.fixture(scope="module")
@@ -115,12 +130,15 @@ def run(scratch: Path) -> Iterator[Run]:
                 "spark.arrowbeat.tables.path": str(result.tables),
                 "spark.arrowbeat.tables.flushInterval": "500ms",
                 "spark.arrowbeat.shuffle.dir": str(result.shuffle_root),
+                "spark.arrowbeat.ssl.enabled": "true",
             },
-            args=[str(go), "--shuffle"],
+            args=[str(go), "--shuffle", "--tls-key-out", str(scratch / "secrets-tls-key")],
         )
     try:
         ready = app.wait_for("APP-READY ", timeout_s=240)
         assert ready["rm_address"] and ready["shuffled"] == 20_000, ready
+        result.tls_key = (scratch / "secrets-tls-key").read_bytes()
+        assert len(result.tls_key) > 64, "TLS is on: the driver-side process generated a key"
         assert wait_until(
             lambda: {e for e, k in events(result.tables) if k == "REGISTERED"} >= {"0", "1"}, 60
         )
@@ -167,9 +185,7 @@ def test_no_log_holds_the_secret(run: Run) -> None:
     # The logs hold what they should: the driver-side process's and the agents' debug lines.
     assert b"[arrowbeat driver]" in run.log and b" DEBUG " in run.log, run.log[-2000:]
     assert any(b"[arrowbeat agent-" in data and b" DEBUG " in data for data in executor_logs.values())
-    assert run.secret not in run.log
-    assert run.secret not in run.stdout
-    assert holding(worker_files, run.secret) == []
+    assert leaks(run, {"driver log": run.log, "driver stdout": run.stdout, **worker_files}) == {}
 
 
 def test_no_history_table_file_holds_the_secret(run: Run) -> None:
@@ -179,13 +195,13 @@ def test_no_history_table_file_holds_the_secret(run: Run) -> None:
     }
     assert any("/executor_events/" in name and name.endswith(".parquet") for name in tables)
     assert any("/heartbeats/" in name for name in tables)
-    assert holding(tables, run.secret) == []
+    assert leaks(run, tables) == {}
 
 
 def test_no_shuffle_file_holds_the_secret(run: Run) -> None:
     assert run.shuffle_files_while_running, "the shuffle root held no file while the application ran"
-    assert holding(run.shuffle_files_while_running, run.secret) == []
-    assert holding(files_under(run.shuffle_root), run.secret) == []
+    assert leaks(run, run.shuffle_files_while_running) == {}
+    assert leaks(run, files_under(run.shuffle_root)) == {}
 
 
 def test_no_process_argv_or_environment_holds_the_secret(run: Run) -> None:
@@ -194,7 +210,7 @@ def test_no_process_argv_or_environment_holds_the_secret(run: Run) -> None:
     assert len(run.arrowbeat_pids) >= 4, "expected the driver-side process and three agents"
     roles = {name.split()[1] for name in run.proc_files}
     assert set(ROLES) <= roles, roles
-    assert holding(run.proc_files, run.secret) == []
+    assert leaks(run, run.proc_files) == {}
 
 
 def test_arrowbeat_processes_do_not_inherit_sparks_secret(run: Run) -> None:

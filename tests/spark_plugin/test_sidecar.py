@@ -107,6 +107,17 @@ def test_the_channel_writes_the_ready_line_and_a_kill() -> None:
     )
 
 
+def test_the_ready_line_carries_a_generated_certificate_and_refuses_other_long_values() -> None:
+    from spark_plugin import tls
+
+    fields = tls.ready_fields(tls.generate_self_signed())
+    line = written([("announce_ready", (), {"address": "127.0.0.1:7077", **fields})]).decode()
+    assert line.startswith("ARROWBEAT-READY address=127.0.0.1:7077 ssl_cert=") and len(line) < 2048
+    for name, value in (("ssl_cert", "not base64!"), ("ssl_key_secret", "A" * 1025), ("address", "A" * 257)):
+        with pytest.raises(JvmCommandError):
+            written([("announce_ready", (), {name: value})])
+
+
 @pytest.mark.parametrize(
     "executor_id",
     ["", "driver", "../1", "1 2", "1\nARROWBEAT-CMD kill-executor 2", "-1", "1" * 65, "\u202e1", "é"],

@@ -1,17 +1,21 @@
 """A spark-submit application for tests and benchmarks: runs a job, reports, then waits for a go file.
 
-``hold_app.py GO_FILE [--max-wait S] [--busy] [--shuffle]``. Prints ``APP-READY {json}`` (RM address,
-executors seen) so the caller can inspect processes while the application is alive, keeps running
-small jobs while it waits if ``--busy``, prints ``SPARK-EXECUTOR-REMOVED {json}`` when Spark itself
-drops an executor, and ``APP-RESULT {json}`` after a last job once the go file exists. With
-``--shuffle`` the first and the last job each also run an Arrow shuffle (``arrow_shuffle.repartition``,
-released afterwards so its metrics are recorded), reported as ``shuffled`` rows.
+``hold_app.py GO_FILE [--max-wait S] [--busy] [--shuffle] [--tls-key-out PATH]``.
+Prints ``APP-READY {json}`` (RM address, executors seen) so the caller can inspect processes while
+the application is alive, keeps running small jobs while it waits if ``--busy``, prints
+``SPARK-EXECUTOR-REMOVED {json}`` when Spark itself drops an executor, and ``APP-RESULT {json}``
+after a last job once the go file exists. With ``--shuffle`` the first and the last job each also
+run an Arrow shuffle (``arrow_shuffle.repartition``, released afterwards so its metrics are
+recorded), reported as ``shuffled`` rows. ``--tls-key-out`` writes the TLS key the driver-side
+process generated (as the driver's conf carries it) to a 0600 file, for a test that searches
+everything else for it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -45,6 +49,7 @@ def main() -> int:
     parser.add_argument("--max-wait", type=float, default=600.0)
     parser.add_argument("--busy", action="store_true")
     parser.add_argument("--shuffle", action="store_true")
+    parser.add_argument("--tls-key-out", default="")
     args = parser.parse_args()
 
     spark = SparkSession.builder.getOrCreate()
@@ -58,6 +63,11 @@ def main() -> int:
     }
     if args.shuffle:
         info["shuffled"] = shuffled_rows(spark)
+    if args.tls_key_out:
+        key = sc.getConf().get("spark.arrowbeat.ssl.generatedKeySecret", "") or ""
+        fd = os.open(args.tls_key_out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(key)
     print("APP-READY " + json.dumps(info), flush=True)
 
     go = Path(args.go)

@@ -49,6 +49,7 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
         throw new IllegalStateException("the driver-side process announced no valid address");
       }
       conf.set(Launch.RM_ADDRESS, address);
+      publishGeneratedTls(sidecar.info());
       // Driver-side code of this application may query the RM; Spark redacts "secret" keys.
       conf.set(Launch.SECRET, secret);
       conf.set("spark.arrowbeat.driver.pid", String.valueOf(sidecar.pid()));
@@ -63,6 +64,24 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
       }
     }
     return executorSettings;
+  }
+
+  /**
+   * A certificate the driver-side process generated ({@code spark.arrowbeat.ssl.enabled} without
+   * configured files) goes where the secret goes: the executors' settings (through {@link #init}'s
+   * map), a restarted driver-side process's settings (so it serves the same certificate), and the
+   * driver's SparkConf for the application's own shuffle code. Spark redacts the key's name.
+   */
+  private void publishGeneratedTls(Map<String, String> info) {
+    String cert = info.get(Sidecar.READY_SSL_CERT);
+    String key = info.get(Sidecar.READY_SSL_KEY);
+    if (cert == null || key == null) {
+      return;
+    }
+    settings.put(Launch.SSL_GENERATED_CERT, cert);
+    settings.put(Launch.SSL_GENERATED_KEY, key);
+    conf.set(Launch.SSL_GENERATED_CERT, cert);
+    conf.set(Launch.SSL_GENERATED_KEY, key);
   }
 
   private void launch() throws Exception {

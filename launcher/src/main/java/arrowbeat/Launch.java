@@ -13,6 +13,10 @@ import scala.Tuple2;
 final class Launch {
   static final String PREFIX = "spark.arrowbeat.";
   static final String SECRET = "spark.arrowbeat.authenticate.secret";
+  /** The TLS certificate the driver-side process generated (ready field {@code ssl_cert}). */
+  static final String SSL_GENERATED_CERT = "spark.arrowbeat.ssl.generatedCert";
+  /** Its private key (ready field {@code ssl_key_secret}): as secret as {@link #SECRET}. */
+  static final String SSL_GENERATED_KEY = "spark.arrowbeat.ssl.generatedKeySecret";
   static final String RM_ADDRESS = "spark.arrowbeat.rm.address";
   static final String STARTUP_TIMEOUT = "spark.arrowbeat.startupTimeout";
   static final long STOP_GRACE_MS = 5000;

@@ -1,7 +1,7 @@
 package arrowbeat;
 
-import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.Map;
 import java.util.regex.Pattern;
 
@@ -17,7 +17,7 @@ final class Redactor {
   static final Pattern SECRET_KEY = Pattern.compile("(?i)secret|password|token|access[.]?key");
 
   private static final int MIN_SECRET_CHARS = 6;
-  private final List<String> secrets = new ArrayList<>();
+  private final List<String> secrets = new CopyOnWriteArrayList<>();
 
   Redactor(Map<String, String> settings) {
     for (Map.Entry<String, String> e : settings.entrySet()) {
@@ -27,6 +27,13 @@ final class Redactor {
           && SECRET_KEY.matcher(e.getKey()).find()) {
         secrets.add(value);
       }
+    }
+  }
+
+  /** Adds a secret the child announced (a generated TLS key): redacted from here on. */
+  void learn(String secret) {
+    if (secret != null && secret.length() >= MIN_SECRET_CHARS && !secrets.contains(secret)) {
+      secrets.add(secret);
     }
   }
 

@@ -36,11 +36,17 @@ final class Sidecar {
   static final String READY = "ARROWBEAT-READY";
   private static final Logger LOG = LoggerFactory.getLogger(Sidecar.class);
   private static final int TAIL_LINES = 30;
-  private static final int MAX_PROTOCOL_LINE_BYTES = 1024;
+  /** Room for a ready line carrying a generated certificate and key (base64 DER, ~1 KiB). */
+  private static final int MAX_PROTOCOL_LINE_BYTES = 2048;
   private static final int MAX_LOG_LINE_BYTES = 16 * 1024;
   private static final int MAX_READY_FIELDS = 16;
   private static final Pattern READY_KEY = Pattern.compile("[a-z_]{1,32}");
   private static final Pattern READY_VALUE = Pattern.compile("[\\x21-\\x7e]{1,256}");
+  /** The ready fields that carry DER as base64: a generated TLS certificate and its key. */
+  static final String READY_SSL_CERT = "ssl_cert";
+  static final String READY_SSL_KEY = "ssl_key_secret";
+  private static final Pattern READY_BASE64 = Pattern.compile("[A-Za-z0-9+/=]{1,1024}");
+  private static final Pattern READY_KEY_VALUE = Pattern.compile(READY_SSL_KEY + "=[^ ]*");
   /** Environment variables the child does not inherit: secrets of Spark's or the user's. */
   private static final Pattern SECRET_ENV = Pattern.compile("(?i)secret|password|passphrase");
 
@@ -80,7 +86,12 @@ final class Sidecar {
     sidecar.writeSettings(settings);
     try {
       Map<String, String> info = sidecar.ready.get(readyTimeoutMs, TimeUnit.MILLISECONDS);
-      LOG.info("arrowbeat {} started: {}", name, sidecar.redactor.clean(info.toString()));
+      Map<String, String> shown = new HashMap<>(info);
+      shown.remove(READY_SSL_KEY); // never logged, not even redacted
+      if (shown.containsKey(READY_SSL_CERT)) {
+        shown.put(READY_SSL_CERT, "<" + shown.get(READY_SSL_CERT).length() + " base64 chars>");
+      }
+      LOG.info("arrowbeat {} started: {}", name, sidecar.redactor.clean(shown.toString()));
       return sidecar;
     } catch (java.util.concurrent.TimeoutException e) {
       sidecar.stop(0);
@@ -190,6 +201,10 @@ final class Sidecar {
       if (info == null) {
         refuse("a line that is not its ready line", line);
       } else {
+        String key = info.get(READY_SSL_KEY);
+        if (key != null) {
+          redactor.learn(key); // before anything could log it
+        }
         ready.complete(info);
       }
       return;
@@ -216,7 +231,8 @@ final class Sidecar {
             + " wrote "
             + what
             + " on its protocol channel; ignored: "
-            + redactor.excerpt(line, 120));
+            + redactor.excerpt(
+                READY_KEY_VALUE.matcher(line).replaceAll(READY_SSL_KEY + "=<redacted>"), 120));
   }
 
   private synchronized void remember(String line) {
@@ -245,9 +261,11 @@ final class Sidecar {
     Map<String, String> info = new HashMap<>();
     for (String part : parts) {
       int eq = part.indexOf('=');
+      String key = eq <= 0 ? "" : part.substring(0, eq);
+      boolean base64 = READY_SSL_CERT.equals(key) || READY_SSL_KEY.equals(key);
       if (eq <= 0
-          || !READY_KEY.matcher(part.substring(0, eq)).matches()
-          || !READY_VALUE.matcher(part.substring(eq + 1)).matches()) {
+          || !READY_KEY.matcher(key).matches()
+          || !(base64 ? READY_BASE64 : READY_VALUE).matcher(part.substring(eq + 1)).matches()) {
         return null;
       }
       info.put(part.substring(0, eq), part.substring(eq + 1));
