@@ -25,6 +25,7 @@ on first use, so ``import heartbeat.clock`` (the shuffle engine's clock) loads n
 
 from typing import TYPE_CHECKING
 
+from ._text import one_line
 from .agent_core import AgentCore, Registration
 from .clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
 from .errors import (
@@ -107,6 +108,7 @@ __all__ = [
     "ThreadScheduler",
     "UnknownExecutorError",
     "io_loop",
+    "one_line",
     "pulse_file_provider",
     "rss_provider",
     "slots_provider",

@@ -10,22 +10,20 @@ RM; this is the plugin's own guarantee, whatever the library lets through.
 
 from __future__ import annotations
 
+from heartbeat import one_line
+
 MAX_ID_CHARS = 256
 """Executor ids, hosts, instance ids: the RM's own limit."""
 MAX_DETAIL_CHARS = 512
 """An event's detail (an unregister reason, a status)."""
-CUT = "...(cut)"
 
 
 def wire_text(value: object, max_chars: int = MAX_DETAIL_CHARS) -> str:
     """``value`` as one printable line of at most ``max_chars`` (plus the ``...(cut)`` mark):
     every character ``str.isprintable`` refuses (newline, carriage return, other controls, line
-    and paragraph separators, bidi overrides) is escaped as ``repr`` escapes it."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) <= max_chars and text.isprintable():
-        return text
-    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: max_chars + 1])
-    return escaped if len(escaped) <= max_chars and len(text) <= max_chars else escaped[:max_chars] + CUT
+    and paragraph separators, bidi overrides) is escaped as ``repr`` escapes it, by the heartbeat
+    library's own ``one_line``."""
+    return one_line(value if isinstance(value, str) else str(value), max_chars)
 
 
 __all__ = ["MAX_DETAIL_CHARS", "MAX_ID_CHARS", "wire_text"]

@@ -32,6 +32,13 @@ def first_loss(events: Collector, executor_id: str, timeout_s: float) -> Executo
     return min((e for k in LOST for e in events.find(k, executor_id)), key=lambda e: e.ts)
 
 
+def _collect_lines(proc: subprocess.Popen[str], into: list[str]) -> None:
+    """Appends each line of ``proc``'s stderr (its log) to ``into`` until the pipe closes."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        into.append(line.rstrip("\n"))
+
+
 def _timing_args(services: HeartbeatServices) -> list[str]:
     return ["--interval", str(services.interval_s), "--timeout", str(services.timeout_s)]
 
@@ -73,12 +80,7 @@ class AgentProcess:
         self.stderr_lines: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
         if capture_stderr:
-            threading.Thread(target=self._pump_stderr, daemon=True).start()
-
-    def _pump_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.stderr_lines.append(line.rstrip("\n"))
+            threading.Thread(target=_collect_lines, args=(self.proc, self.stderr_lines), daemon=True).start()
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -141,12 +143,7 @@ class RmProcess:
         self._ready: queue.Queue[list[str]] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         if log_level:
-            threading.Thread(target=self._pump_stderr, daemon=True).start()
-
-    def _pump_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.stderr_lines.append(line.rstrip("\n"))
+            threading.Thread(target=_collect_lines, args=(self.proc, self.stderr_lines), daemon=True).start()
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None

@@ -26,6 +26,7 @@ from arrow_shuffle.control import Float, Handler, Int, List, Null, Operation, Re
 from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.frames import HEADER, MAGIC, FrameHeader, Kind
 from arrow_shuffle.transport import TcpConnection
+from tests.procs import wait_until
 
 SECRET = "security-test-secret-0123456789abcdef"
 APP = "app-sec"
@@ -195,12 +196,7 @@ class Siege:
             return sum(1 for s in self._slots if s.sock is not None)
 
     def wait_full(self, timeout_s: float = 30.0) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.open_now() == len(self._slots):
-                return True
-            time.sleep(0.02)
-        return False
+        return wait_until(lambda: self.open_now() == len(self._slots), timeout_s, 0.02)
 
     def stop(self) -> SiegeStats:
         self._stop.set()
