@@ -83,11 +83,11 @@ proto: $(VENV)/.installed
 # saves each one's output as .cache/bench/<name>.txt (only when it succeeds) and rewrites the
 # README's benchmark table from the RESULT lines saved there. They take long: minutes each, the
 # soak SOAK_MINUTES (default 10).
-BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark
+BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark shuffle_matrix
 BENCH ?= $(BENCHES)
 SOAK_MINUTES ?= 10
 BENCH_DIR := $(CACHE)/bench
-bench: setup
+bench: setup $(VENV)/.bench-extra
 	@mkdir -p $(BENCH_DIR)
 	@set -o pipefail; for name in $(BENCH); do \
 	  args=; case $$name in soak_monitoring) args="--minutes $(SOAK_MINUTES)";; esac; \
@@ -97,6 +97,11 @@ bench: setup
 	    || { echo "benchmarks/$$name.py failed; its last saved figures stay" >&2; exit 1; }; \
 	done
 	@$(MAKE) --no-print-directory bench-readme
+
+# The benchmarks' optional peer (Dask's P2P shuffle, in shuffle_matrix): only `make bench` needs it.
+$(VENV)/.bench-extra: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	@touch $@
 
 bench-readme: $(VENV)/.installed
 	$(PY) -m scripts.bench_results --write README.md

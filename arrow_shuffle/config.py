@@ -53,6 +53,14 @@ class ShuffleConfig:
     stalled send."""
     buffer_request_timeout_s: float = 60.0
     """Longest a writer blocks waiting for a buffer before failing (backpressure bound)."""
+    buffer_reserve_timeout_s: float = 300.0
+    """Longest a partition created without its buffers (an agent's staged stream) queues for its
+    reserved minimum, first come first served, before failing with an error naming them."""
+    partition_pool_share: float = 1.0
+    """Largest share of the network pool one PIPELINED partition may hold, reserved plus floating
+    (never less than its reserved minimum), so one greedy stream cannot starve the others sharing
+    the pool. 1.0 suits a pool of one partition (a pipelined map task's); an executor agent, whose
+    pool all its staged streams share, caps it at ``agent_service.STREAM_POOL_SHARE``."""
 
     def __post_init__(self) -> None:
         _check_range("buffer_size", self.buffer_size, 4096, 1 << 30)
@@ -70,6 +78,8 @@ class ShuffleConfig:
         _check_range("keepalive_interval_s", self.keepalive_interval_s, 0.01, 600.0)
         _check_range("peer_timeout_s", self.peer_timeout_s, self.keepalive_interval_s * 2, 3600.0)
         _check_range("buffer_request_timeout_s", self.buffer_request_timeout_s, 0.001, 86400.0)
+        _check_range("buffer_reserve_timeout_s", self.buffer_reserve_timeout_s, 0.001, 86400.0)
+        _check_range("partition_pool_share", self.partition_pool_share, 0.01, 1.0)
         if not self.spill_dir:
             raise ShuffleConfigError("spill_dir must be a non-empty directory path")
 

@@ -70,8 +70,9 @@ class InputChannel(Protocol):
 class InputGate:
     """Iterate ``pyarrow.RecordBatch``es from all channels until every one has ended.
 
-    Batches are copied out of the network buffers (one memcpy, GIL released), so each buffer's
-    credit goes back to its sender at once and callers may keep batches as long as they like.
+    Batches never view a network buffer: large remote payloads are received into Arrow memory the
+    batches own (``codec.ReceiveBlocks``), the rest copied out once; each buffer's credit goes back
+    at decode, so callers may keep batches as long as they like.
     ``clock`` measures the remote channels' peer timeout and the gate's time blocked on data."""
 
     def __init__(

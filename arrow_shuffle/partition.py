@@ -41,7 +41,12 @@ class ResultPartition:
     """Buffers of one map output, split into ``num_subpartitions`` queues.
 
     ``clock`` measures the writer's flush timeout and waits for buffers (``buffer_request_timeout_s``,
-    ``blocked_on_pool_s``); a ``PartitionServer`` streams it on the server's clock."""
+    ``blocked_on_pool_s``); a ``PartitionServer`` streams it on the server's clock.
+
+    A PIPELINED partition holds at most ``partition_pool_share`` of the network pool (never less
+    than its reserved minimum), so one fast writer with a slow reader cannot take every buffer.
+    With ``reserve_now=False`` creating it takes no buffers: ``reserve_buffers()`` (or the first
+    write) queues for them, first come first served, for up to ``buffer_reserve_timeout_s``."""
 
     def __init__(
         self,
@@ -53,6 +58,7 @@ class ResultPartition:
         config: ShuffleConfig | None = None,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        reserve_now: bool = True,
     ) -> None:
         if num_subpartitions < 1:
             raise ShuffleConfigError(f"num_subpartitions={num_subpartitions} is out of range: allowed >= 1")
@@ -71,10 +77,16 @@ class ResultPartition:
         if kind is PartitionKind.PIPELINED:
             maximum = num_subpartitions * self.config.buffers_per_subpartition
             maximum += self.config.floating_buffers_per_gate
+            maximum = min(maximum, int(self.config.partition_pool_share * pool.num_segments))
         else:
             maximum = self.config.blocking_memory_bytes // self.config.buffer_size
         self.pool = LocalBufferPool(
-            pool, minimum, max(minimum, maximum), f"partition {partition_id}", clock=clock
+            pool,
+            minimum,
+            max(minimum, maximum),
+            f"partition {partition_id}",
+            clock=clock,
+            reserve_now=reserve_now,
         )
         readable = kind is PartitionKind.PIPELINED
         self.subpartitions = [
@@ -90,6 +102,29 @@ class ResultPartition:
     @property
     def finished(self) -> bool:
         return self._finished
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def connected(self) -> bool:
+        """Whether a reader ever attached to one of its subpartitions."""
+        return any(sub.attached for sub in self.subpartitions)
+
+    @property
+    def consumed(self) -> bool:
+        """Whether every subpartition's reader was handed end-of-partition."""
+        return all(sub.consumed for sub in self.subpartitions)
+
+    def reserve_buffers(self, timeout_s: float | None = None) -> float:
+        """Queue for the reserved buffers (first come, first served) unless already held; returns
+        the seconds it queued. ``InsufficientBuffersError`` after ``timeout_s`` (default
+        ``buffer_reserve_timeout_s``), ``ChannelClosedError`` if released meanwhile."""
+        if self._released:
+            raise ChannelClosedError(f"partition {self.partition_id} was released")
+        wait = self.config.buffer_reserve_timeout_s if timeout_s is None else timeout_s
+        return self.pool.reserve(wait)
 
     def stats(self) -> PartitionStats:
         snapshot: PartitionStats = self._stats.snapshot()
@@ -136,6 +171,8 @@ class ResultPartition:
         self._finished = True
         for sub in self.subpartitions:
             sub.finish()
+        if self.kind is PartitionKind.PIPELINED:  # nothing more is written or read back from disk
+            self.pool.drain()
 
     def release(self) -> None:
         """Drop all data and return every buffer (after consumption, or on cancel)."""

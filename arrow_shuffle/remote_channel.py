@@ -10,6 +10,11 @@ broke the credit contract: counted in ``stats().buffers_without_credit``, then
 count leaves zero. The receiver thread's failure is sticky: stored and raised by the next ``poll``.
 A producer that stops sending, keepalives included, for ``peer_timeout_s`` on the gate's clock
 is lost (``PeerLostError``, decided by the connection, see ``transport``).
+
+A large BUFFER payload is received straight into Arrow memory, which its decoded batches then
+view (``codec.ReceiveBlocks``, ``codec.ArrowPayload``); the buffer its credit stands for is held
+until the payload is consumed, exactly as if the bytes were in it, so the credit rules above count
+the same.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+import pyarrow as pa
+
 from arrow_shuffle.auth import client_handshake
 from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool, Segment
+from arrow_shuffle.codec import ArrowPayload, blocks_for
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.control import PARTITION_REQUEST, encode_json
 from arrow_shuffle.credit import ReceiverLedger, UnannouncedCredit
@@ -88,6 +96,8 @@ class RemoteInputChannel:
         self._thread: threading.Thread | None = None
         self._on_data: Callable[[int], None] = lambda _i: None
         self._ledger = ReceiverLedger(self.initial_credit)  # guarded by _lock
+        self._blocks = blocks_for(floating, config.buffer_size)
+        self._blocks.join(self.initial_credit)
         self._bytes_received = 0
         self.terminated = threading.Event()
         """Set when the receiver thread ends (end-of-partition or failure)."""
@@ -171,13 +181,12 @@ class RemoteInputChannel:
                             f"buffer {header.seq} arrived without credit ({unused} announced and unused, "
                             f"{len(self._free)} free buffers) {self.where}"
                         )
-                    buffer = self._free.pop()
+                    lease = self._free.pop()
                 try:
-                    conn.recv_into(buffer.segment.view[: header.length])
+                    buffer = self._receive_payload(conn, lease, header.length)
                 except BaseException:
-                    self._give_back(buffer)
+                    self._give_back(lease)
                     raise
-                buffer.size = header.length
                 with self._lock:
                     closed = self._closed
                     if not closed:
@@ -201,6 +210,24 @@ class RemoteInputChannel:
                 raise self._remote_error(conn, header)
             else:
                 raise ShuffleProtocolError(f"unexpected {header.kind.name} frame {self.where}")
+
+    def _receive_payload(self, conn: Connection, lease: Buffer, length: int) -> Buffer:
+        """The payload of a BUFFER frame, on ``lease`` (the credit it spent, held until the
+        payload is consumed). A large one goes straight into a block of Arrow memory that its
+        decoded batches will view (no copy out of a segment; ``codec.ReceiveBlocks``); a small one
+        into the segment, copied out at decode (a block would be mostly empty, yet pinned by the
+        batches); one larger than a segment (``max_frame_bytes`` above ``buffer_size``) into
+        memory of its own."""
+        blocks = self._blocks
+        if blocks.block_size // 2 <= length <= blocks.block_size:
+            return ArrowPayload(lease, [blocks.receive(length, conn.recv_into)], length)
+        if length <= lease.capacity:
+            conn.recv_into(lease.segment.view[:length])
+            lease.size = length
+            return lease
+        data = pa.allocate_buffer(length)
+        conn.recv_into(memoryview(data))
+        return ArrowPayload(lease, [data], length)
 
     def _check_seq(self, header: FrameHeader) -> None:
         if header.seq != self._expected_seq:
@@ -337,6 +364,7 @@ class RemoteInputChannel:
             self._free.clear()
             self._received.clear()
         self._floating.remove_listener(self._on_floating_buffer)
+        self._blocks.leave(self.initial_credit)
         if conn is not None:
             if not self._ended:
                 with contextlib.suppress(ShuffleError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from arrow_shuffle.codec import ArrowPayload
 from arrow_shuffle.credit import SenderCredit
 from arrow_shuffle.errors import ChannelClosedError, ProducerFailedError, ShuffleError, describe
 from arrow_shuffle.frames import ErrorCode, Kind
@@ -80,7 +81,11 @@ class StreamSender:
                 if buffer is not None:
                     spent = self.credit.try_spend()
                     try:
-                        if spent:
+                        if spent and isinstance(buffer, ArrowPayload):  # from the batch's memory
+                            self.conn.send_parts(
+                                Kind.BUFFER, buffer.parts, buffer.size, seq, backlog, buffer.segment.view
+                            )
+                        elif spent:
                             self.conn.send(Kind.BUFFER, buffer.segment.view[: buffer.size], seq, backlog)
                     finally:
                         buffer.recycle()

@@ -46,6 +46,7 @@ class Subpartition:
         self._failure: str | None = None  # why the producer failed, if it did (vs. a plain release)
         self._reader: Callable[[], None] | None = None
         self._has_reader = False
+        self._consumed = False
         self._spill: SpillFile | None = None
         self.buffers_added = 0
         self.bytes_added = 0
@@ -105,6 +106,18 @@ class Subpartition:
             self._reader = on_available
         on_available()
 
+    @property
+    def attached(self) -> bool:
+        """Whether a reader ever attached (it may have gone since)."""
+        with self._lock:
+            return self._has_reader
+
+    @property
+    def consumed(self) -> bool:
+        """Whether the reader was handed end-of-partition."""
+        with self._lock:
+            return self._consumed
+
     def detach_reader(self) -> None:
         with self._lock:
             self._reader = None
@@ -120,6 +133,7 @@ class Subpartition:
             if not self._readable_before_finish and not self._finished:
                 return None, 0, False
             if not self._queue:
+                self._consumed = self._finished
                 return None, 0, self._finished
             if not allow_data:
                 return None, len(self._queue), False

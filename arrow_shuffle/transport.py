@@ -3,8 +3,10 @@
 ``Connection`` is all the engine needs from a transport (send a frame, receive a header,
 receive a payload into a given memory); ``Transport`` opens and accepts them. ``TcpTransport``
 is the implementation chosen by measurement (see ``benchmarks/shuffle_transport.py``):
-length-prefixed frames on plain sockets, payloads received with ``recv_into`` straight into
-pooled segments. Socket errors are mapped to ``PeerLostError`` / ``ChannelClosedError``.
+length-prefixed frames on plain sockets, payloads received with ``recv_into`` straight into the
+memory the caller gives (Arrow memory that the decoded batches keep), and sent with ``sendmsg``
+from where they are (``send_parts``: a record batch's own buffers). Socket errors are mapped to
+``PeerLostError`` / ``ChannelClosedError``.
 
 "Is the peer lost?" is decided on the engine's ``Clock``, not by the socket: the socket's receive
 timeout is only a short tick (``silence_tick``) at which the receiving thread wakes up and asks
@@ -33,7 +35,8 @@ import socket
 import ssl
 import struct
 import threading
-from typing import Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from arrow_shuffle.errors import (
     ChannelClosedError,
@@ -41,11 +44,17 @@ from arrow_shuffle.errors import (
     PeerLostError,
     ShuffleAuthenticationError,
     ShuffleConfigError,
+    ShuffleError,
 )
 from arrow_shuffle.frames import HEADER_SIZE, FrameHeader, Kind, unpack_header
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 _SOCKET_BUFFER = 4 << 20
+_IOV_MAX = 1024
+"""Most pieces one ``sendmsg`` takes (Linux's ``IOV_MAX``)."""
 _MAX_TICK_S = 0.25
 
 
@@ -64,6 +73,20 @@ class Connection(Protocol):
     peer: str
 
     def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None: ...
+
+    def send_parts(
+        self,
+        kind: Kind,
+        parts: Sequence[bytes | pa.Buffer],
+        size: int,
+        seq: int = 0,
+        value: int = 0,
+        scratch: memoryview | None = None,
+    ) -> None:
+        """``send`` of a payload given as pieces of ``size`` bytes in all, never joined where the
+        transport can gather them (a record batch's own buffers go out without a copy); where it
+        cannot, they are copied into ``scratch`` if it is large enough."""
+        ...
 
     def recv_header(self, idle_ok: bool = False) -> FrameHeader | None: ...
 
@@ -231,6 +254,50 @@ class TcpConnection:
             except OSError as exc:
                 raise self._lost("send failed", exc) from exc
 
+    def send_parts(
+        self,
+        kind: Kind,
+        parts: Sequence[bytes | pa.Buffer],
+        size: int,
+        seq: int = 0,
+        value: int = 0,
+        scratch: memoryview | None = None,
+    ) -> None:
+        """Plain TCP: header and pieces in one ``sendmsg`` (the kernel gathers them from where they
+        are: no copy in user space). TLS has no ``sendmsg`` and would cut a record per piece: the
+        pieces are copied together first, into ``scratch`` when it is large enough (the pool
+        buffer the payload holds anyway; no allocation per frame)."""
+        views = [memoryview(part).cast("B") for part in parts]
+        total = sum(len(v) for v in views)
+        if total != size:
+            raise ShuffleError(f"internal: payload pieces hold {total} bytes, not {size} (to {self.peer})")
+        header = FrameHeader(kind, size, seq, value).pack()
+        with self._send_lock:
+            self._check_open()
+            if self.tls:
+                self._send_tls(header, _joined(views, size, scratch))
+                return
+            try:
+                self._send_gather([memoryview(header), *views])
+            except (BlockingIOError, TimeoutError) as exc:
+                raise self._lost(f"send stalled for {self.read_timeout_s:.1f}s", exc) from exc
+            except OSError as exc:
+                raise self._lost("send failed", exc) from exc
+
+    def _send_gather(self, views: list[memoryview]) -> None:
+        """Every byte of ``views`` with ``sendmsg``, resuming after a partial send."""
+        views = [v for v in views if len(v)]
+        i = 0
+        while i < len(views):
+            sent = self._sock.sendmsg(views[i : i + _IOV_MAX])
+            while sent > 0:
+                n = len(views[i])
+                if sent < n:
+                    views[i] = views[i][sent:]
+                    break
+                sent -= n
+                i += 1
+
     def _send_tls(self, header: bytes, payload: bytes | memoryview) -> None:
         """``sendall`` for a TLS socket (no ``sendmsg`` there; the caller holds ``_send_lock``): a
         write that would block is retried with the same bytes (as OpenSSL requires) when the
@@ -363,6 +430,18 @@ class TcpConnection:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+
+
+def _joined(views: list[memoryview], size: int, scratch: memoryview | None) -> memoryview | bytes:
+    """The pieces as one contiguous payload: copied into ``scratch``, or into new bytes."""
+    if scratch is None or len(scratch) < size:
+        return b"".join(views)
+    out = scratch.cast("B")
+    offset = 0
+    for view in views:
+        out[offset : offset + len(view)] = view
+        offset += len(view)
+    return out[:size]
 
 
 def _timeval(seconds: float) -> bytes:

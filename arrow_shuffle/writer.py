@@ -5,6 +5,14 @@ subpartition when the next batch does not fit (trigger one: full) or when the fl
 ``flush_timeout_s`` passes on the partition's clock (trigger two: timeout). Requesting a buffer
 may block on the partition's pool: that is the backpressure a slow consumer exerts on a
 PIPELINED producer.
+
+A batch (or slice) that fills at least half a buffer on its own is not copied into a PIPELINED
+partition's buffer: it is queued as an ``ArrowPayload`` of its IPC pieces, views of its own Arrow
+memory, which the sender passes to ``sendmsg`` (one copy fewer). It still takes a buffer of the
+pool, so backpressure and credit count it like any other. Arrow data is immutable; such a batch's
+memory is referenced until it is sent, so memory wrapped zero-copy (a numpy array given to
+``pa.array``) must not be modified after it was written. BLOCKING partitions always copy (they
+may spill a buffer's bytes to disk).
 """
 
 from __future__ import annotations
@@ -15,9 +23,10 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from arrow_shuffle.codec import BufferBuilder, batch_size, schema_size, split_to_fit
+from arrow_shuffle.buffer_pool import Buffer
+from arrow_shuffle.codec import BufferBuilder, encode_parts, schema_size, split_to_fit
 from arrow_shuffle.errors import ChannelClosedError, SchemaMismatchError, ShuffleConfigError, ShuffleError
-from arrow_shuffle.partition import ResultPartition
+from arrow_shuffle.partition import PartitionKind, ResultPartition
 from arrow_shuffle.partitioner import Partitioner, hash_partitioner
 
 _MAX_PACE_S = 0.5
@@ -42,6 +51,8 @@ class RecordWriter:
             raise ShuffleConfigError(
                 f"buffer_size={partition.config.buffer_size} cannot even hold the schema"
             )
+        self._direct_from = self._usable // 2 if partition.kind is PartitionKind.PIPELINED else None
+        """Pieces at least this big are sent from the batch's memory, not copied (see the module)."""
         self._builders: list[BufferBuilder | None] = [None] * partition.num_subpartitions
         self._lock = threading.Lock()
         self._closed = False
@@ -60,7 +71,10 @@ class RecordWriter:
 
     # -- public ---------------------------------------------------------------------------------
     def write(self, batch: pa.RecordBatch, subpartition: int | None = None) -> None:
-        """Append ``batch``: all of it to ``subpartition``, or each row where the partitioner says."""
+        """Append ``batch``: all of it to ``subpartition``, or each row where the partitioner says.
+
+        A large batch of a PIPELINED partition is sent from its own memory: do not modify memory
+        it wraps zero-copy afterwards (Arrow data is immutable; see the module docstring)."""
         self._check()
         if not batch.schema.equals(self.partition.schema):
             raise SchemaMismatchError(
@@ -134,8 +148,10 @@ class RecordWriter:
                 offset += count
 
     def _emit(self, sub: int, batch: pa.RecordBatch) -> None:
-        for piece in split_to_fit(batch, self._usable):
-            size = batch_size(piece)
+        for piece, size in split_to_fit(batch, self._usable):
+            if self._direct_from is not None and size >= self._direct_from:
+                self._emit_direct(sub, piece)
+                continue
             while True:
                 with self._lock:
                     current = self._builders[sub]
@@ -157,6 +173,28 @@ class RecordWriter:
         if self.partition.config.flush_timeout_s == 0:
             with self._lock:
                 self._publish_locked(sub)
+
+    def _emit_direct(self, sub: int, piece: pa.RecordBatch) -> None:
+        """Queue ``piece`` uncopied (its IPC pieces) on a buffer of the pool, after whatever the
+        subpartition's open buffer holds (order is kept)."""
+        lease = self.partition.request_buffer()  # may block: the same backpressure as a copy
+        payload: Buffer | None = None
+        try:
+            payload = encode_parts(lease, piece, self.partition.schema)
+            if payload is None:  # larger than estimated: copy, which names the problem if it fails
+                builder = BufferBuilder(lease, self.partition.schema)
+                builder.append(piece)
+                payload = builder.finish()
+        except BaseException:
+            lease.recycle()
+            raise
+        with self._lock:
+            try:
+                self._publish_locked(sub)  # may find the subpartition closed (its reader left)
+            except BaseException:
+                payload.recycle()
+                raise
+            self.partition.add(sub, payload)  # recycles the payload itself when closed
 
     def _publish_locked(self, sub: int) -> None:
         builder = self._builders[sub]

@@ -18,6 +18,13 @@ loopback, moving the same number of bytes in 1 MiB buffers:
 median over rounds of (engine / raw TCP) measured back to back, which load from other processes
 affects on both sides alike, is printed too, on a line of its own (not a RESULT).
 
+CPU per side: seconds of CPU (``time.process_time``: every thread of the process) per GiB moved,
+from the start signal until the last byte is received (consumer) or sent (producer), medians over
+rounds: ``producer_cpu_s_per_gib`` against ``raw_sender_cpu_s_per_gib`` and
+``consumer_cpu_s_per_gib`` against ``raw_receiver_cpu_s_per_gib`` (``*_cpu_vs_raw``: the copies and
+the Python per frame that the engine adds). On loopback a sender also pays the kernel's receive
+path, so a raw sender costs more than a raw receiver. The TLS channel's are printed too.
+
 Run: ``.venv/bin/python -m benchmarks.shuffle_transport`` (``--quick`` for a smoke run). It ends
 with ``RESULT key=value`` lines.
 """
@@ -65,16 +72,18 @@ def _batch_for(buffer_size: int) -> pa.RecordBatch:
 
 
 # -- raw TCP ----------------------------------------------------------------------------------------
-def _raw_sender(port: int, total: int, ready: Connection) -> None:
+def _raw_sender(port: int, total: int, ready: Connection, out: Connection) -> None:
     payload = bytearray(BUFFER)
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ready.recv()
+        cpu = time.process_time()
         sent = 0
         view = memoryview(payload)
         while sent < total:
             sock.sendall(view)
             sent += len(view)
+        out.send(time.process_time() - cpu)
 
 
 def _raw_receiver(total: int, out: Connection, port_out: Connection) -> None:
@@ -98,21 +107,24 @@ def _raw_receiver(total: int, out: Connection, port_out: Connection) -> None:
     out.send((got, elapsed, _peak_rss_mib(), cpu))
 
 
-def measure_raw_tcp(total: int) -> tuple[float, float, float]:
-    """(GB/s, receiver peak RSS MiB, receiver CPU seconds per GiB)."""
+def measure_raw_tcp(total: int) -> tuple[float, float, float, float]:
+    """(GB/s, receiver peak RSS MiB, receiver and sender CPU seconds per GiB)."""
     ctx = mp.get_context("spawn")
     result_r, result_w = ctx.Pipe(duplex=False)
+    sent_r, sent_w = ctx.Pipe(duplex=False)
     port_r, port_w = ctx.Pipe(duplex=False)
     go_r, go_w = ctx.Pipe(duplex=False)
     receiver = ctx.Process(target=_raw_receiver, args=(total, result_w, port_w))
     receiver.start()
     port = port_r.recv()
-    sender = ctx.Process(target=_raw_sender, args=(port, total, go_r))
+    sender = ctx.Process(target=_raw_sender, args=(port, total, go_r, sent_w))
     sender.start()
     go_w.send(True)
     got, elapsed, rss, cpu = result_r.recv()
+    sender_cpu = sent_r.recv()
     _end(sender, receiver)
-    return float(got) / elapsed / 1e9, float(rss), float(cpu) / (got / 2**30)
+    gib = got / 2**30
+    return float(got) / elapsed / 1e9, float(rss), float(cpu) / gib, float(sender_cpu) / gib
 
 
 # -- the engine -------------------------------------------------------------------------------------
@@ -368,10 +380,22 @@ def main() -> None:
 
     material = tls.generate_self_signed()  # spark.arrowbeat.ssl.enabled's default certificate
     raw, channel, tls_channel, rss = [], [], [], []
+    cpu: dict[str, list[float]] = {
+        k: [] for k in ("raw_rx", "raw_tx", "consumer", "producer", "tls_rx", "tls_tx")
+    }
     for i in range(rounds):  # interleaved, so machine noise hits all alike
-        raw_gbps, raw_rss, raw_cpu = measure_raw_tcp(volume)
+        raw_gbps, raw_rss, raw_cpu, raw_tx_cpu = measure_raw_tcp(volume)
         engine = measure_engine(1, 1, volume)
         secured = measure_engine(1, 1, volume, material)
+        for key, value in (
+            ("raw_rx", raw_cpu),
+            ("raw_tx", raw_tx_cpu),
+            ("consumer", engine["consumer_cpu_s_per_gib"]),
+            ("producer", engine["producer_cpu_s_per_gib"]),
+            ("tls_rx", secured["consumer_cpu_s_per_gib"]),
+            ("tls_tx", secured["producer_cpu_s_per_gib"]),
+        ):
+            cpu[key].append(value)
         raw.append(raw_gbps)
         channel.append(engine["gbps"])
         tls_channel.append(secured["gbps"])
@@ -385,7 +409,8 @@ def main() -> None:
         print(
             f"round {i}: raw_tcp={raw_gbps:.2f} GB/s channel={engine['gbps']:.2f} GB/s "
             f"ratio={engine['gbps'] / raw_gbps:.2f} "
-            f"CPU s/GiB: raw receiver={raw_cpu:.2f} channel consumer={engine['consumer_cpu_s_per_gib']:.2f} "
+            f"CPU s/GiB: raw receiver={raw_cpu:.2f} raw sender={raw_tx_cpu:.2f} "
+            f"channel consumer={engine['consumer_cpu_s_per_gib']:.2f} "
             f"producer={engine['producer_cpu_s_per_gib']:.2f} "
             f"(producer blocked on credit {engine['producer_blocked_on_credit_s']:.2f}s, "
             f"on pool {engine['producer_blocked_on_pool_s']:.2f}s, peak RSS {engine['peak_rss_mib']:.0f} MiB)"
@@ -429,6 +454,17 @@ def main() -> None:
     tls_gbps = round(statistics.median(tls_channel), 3)
     print(f"RESULT tls_channel_gbps={tls_gbps:.3f}")
     print(f"RESULT tls_vs_plain={tls_gbps / channel_gbps:.3f}")
+    # CPU seconds per GiB moved, per side (the whole process: every thread of it), medians over
+    # rounds; the *_vs_raw ratios compare each channel side with the raw socket's same side.
+    med = {key: round(statistics.median(values), 3) for key, values in cpu.items()}
+    print(f"RESULT raw_receiver_cpu_s_per_gib={med['raw_rx']:.3f}")
+    print(f"RESULT raw_sender_cpu_s_per_gib={med['raw_tx']:.3f}")
+    print(f"RESULT consumer_cpu_s_per_gib={med['consumer']:.3f}")
+    print(f"RESULT producer_cpu_s_per_gib={med['producer']:.3f}")
+    print(f"RESULT consumer_cpu_vs_raw={med['consumer'] / med['raw_rx']:.2f}")
+    print(f"RESULT producer_cpu_vs_raw={med['producer'] / med['raw_tx']:.2f}")
+    print(f"RESULT tls_consumer_cpu_s_per_gib={med['tls_rx']:.3f}")
+    print(f"RESULT tls_producer_cpu_s_per_gib={med['tls_tx']:.3f}")
 
 
 if __name__ == "__main__":

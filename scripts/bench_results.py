@@ -33,6 +33,9 @@ BENCHMARKS: dict[str, str] = {
     "heartbeat_scale": "executors one RM sustains at 1 s interval, p99 RTT < 100 ms",
     "shuffle_transport": "one credit-based channel vs raw TCP sockets (and Flight, and M x N processes)",
     "shuffle_vs_spark": "Arrow pipelines on Spark's shuffle vs arrowbeat's, 20 M rows",
+    "shuffle_matrix": "arrowbeat vs Spark on everyday settings: rows x partitions (default 200 + AQE, "
+    "8) x keys (uniform, 60% hot) x {groupBy.applyInArrow, repartition.mapInArrow}, every cell; "
+    "Dask P2P as a peer (ratios: other / arrowbeat)",
 }
 """Every benchmark of ``make bench``, in table order, with what it compares (the prose part)."""
 

@@ -285,6 +285,20 @@ OPTIONS: tuple[Option, ...] = (
         parse_bytes,
     ),
     Option(
+        "spark.arrowbeat.shuffle.adaptive",
+        "shuffle_adaptive",
+        "auto",
+        "auto, true or false",
+        "Coalesce contiguous reduce partitions of `group_apply`, `partition_apply` and `repartition` "
+        "without an explicit partition count up to a target size once the map side has run "
+        "(arrowbeat's counterpart of AQE's partition coalescing). `auto` follows "
+        "`spark.sql.adaptive.enabled` and `spark.sql.adaptive.coalescePartitions.enabled`. The "
+        "target follows `spark.sql.adaptive.advisoryPartitionSizeInBytes`, "
+        "`...coalescePartitions.minPartitionSize`, `...parallelismFirst` and `...minPartitionNum`, "
+        "as Spark's coalescing does. Settable per query.",
+        _choice("auto", "true", "false"),
+    ),
+    Option(
         "spark.arrowbeat.shuffle.readHostLocalDisk",
         "shuffle_read_host_local",
         "true",
@@ -414,6 +428,7 @@ class ArrowBeatConfig:
     shuffle_map_memory_bytes: int
     shuffle_agent_memory_bytes: int
     shuffle_read_host_local: bool
+    shuffle_adaptive: str
     ssl_enabled: bool
     ssl_private_key: str
     ssl_cert_chain: str

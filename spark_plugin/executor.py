@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 
 import psutil
 
@@ -21,6 +22,7 @@ from arrow_shuffle.transport import TcpTransport
 from heartbeat import AgentThread, PayloadProvider, rss_provider, slots_provider
 from spark_plugin import tls
 from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load
+from spark_plugin.errors import JvmCommandError
 from spark_plugin.sidecar import (
     JvmChannel,
     JvmLink,
@@ -86,7 +88,7 @@ def main() -> int:
         channel_options=() if material is None else tls.grpc_channel_options(material),
     )
     transport = None if material is None else TcpTransport(server_context=tls.server_context(material))
-    shuffle = LazyShuffleService(config, settings, executor_id, host, transport)
+    shuffle = LazyShuffleService(config, settings, executor_id, host, transport, _reporter(channel))
     payload.append(shuffle.metrics)
     link.start()
     shuffle.start_when_app_known(link)  # before registering: a registered agent serves shuffles
@@ -104,6 +106,19 @@ def main() -> int:
     return 0
 
 
+def _reporter(channel: JvmChannel) -> Callable[[str], None]:
+    """``outputs-lost`` to the JVM: its ExecutorPlugin asks Spark to replace this executor, so the
+    map partitions whose files vanished are recomputed (``arrow_shuffle.spark.tasks.lost_outputs``)."""
+
+    def report(reason: str) -> None:
+        try:
+            channel.outputs_lost(reason)
+        except JvmCommandError as exc:
+            log.error("map outputs lost, but not reported to the JVM: %s", exc)
+
+    return report
+
+
 class LazyShuffleService:
     """The agent's ``MapOutputService``, started once the application id is known: at once on
     cluster executors, after the driver assigned it for the driver's own executor (local mode)."""
@@ -115,9 +130,11 @@ class LazyShuffleService:
         executor_id: str,
         host: str,
         transport: TcpTransport | None = None,
+        on_outputs_lost: Callable[[str], None] | None = None,
     ) -> None:
         self._args = (config, settings, executor_id, host)
         self._transport = transport
+        self._on_outputs_lost = on_outputs_lost
         self._lock = threading.Lock()
         self._service: MapOutputService | None = None
         self._closed = False
@@ -137,7 +154,12 @@ class LazyShuffleService:
     def _start(self, app_id: str) -> None:
         config, settings, executor_id, host = self._args
         service = start_shuffle_service(
-            config, {**settings, "spark.app.id": app_id}, executor_id, host, self._transport
+            config,
+            {**settings, "spark.app.id": app_id},
+            executor_id,
+            host,
+            self._transport,
+            self._on_outputs_lost,
         )
         with self._lock:
             if self._closed:
@@ -165,6 +187,7 @@ def start_shuffle_service(
     executor_id: str,
     host: str,
     transport: TcpTransport | None = None,
+    on_outputs_lost: Callable[[str], None] | None = None,
 ) -> MapOutputService | None:
     """The Arrow shuffle's map-output directory and server (TLS when ``transport`` has a server
     context); the agent runs on without it on failure."""
@@ -179,6 +202,7 @@ def start_shuffle_service(
             config=ShuffleConfig(network_memory_bytes=config.shuffle_agent_memory_bytes),
             ttl_s=config.shuffle_ttl_s,
             transport=transport,
+            on_outputs_lost=on_outputs_lost,
         )
     except (OSError, ShuffleError) as exc:
         log.error("Arrow shuffle service not started on executor %s: %s", executor_id, exc)

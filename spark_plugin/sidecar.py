@@ -40,6 +40,9 @@ from spark_plugin.errors import JvmCommandError, MalformedSettingsError, Setting
 READY = "ARROWBEAT-READY"
 COMMAND = "ARROWBEAT-CMD"
 KILL_EXECUTOR = "kill-executor"
+OUTPUTS_LOST = "outputs-lost"
+LOST_REASON = re.compile(r"[a-z][a-z-]{0,31}")
+"""What ``outputs-lost`` may carry (``Command.REASON`` on the JVM side)."""
 EXECUTOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """An executor id the JVM accepts in ``kill-executor`` (``launcher/.../Command.java``)."""
 _READY_KEY = re.compile(r"[a-z_]{1,32}")
@@ -188,6 +191,14 @@ class JvmChannel:
         if not EXECUTOR_ID.fullmatch(executor_id) or executor_id == "driver":
             raise JvmCommandError(f"no kill-executor for executor id {executor_id[:40]!r}: not a Spark id")
         self._write(f"{COMMAND} {KILL_EXECUTOR} {executor_id}")
+
+    def outputs_lost(self, reason: str) -> None:
+        """Tells the JVM ExecutorPlugin that this executor's map outputs are gone (files vanished),
+        so that Spark replaces the executor and recomputes its map partitions. An agent may give
+        no other command."""
+        if not LOST_REASON.fullmatch(reason):
+            raise JvmCommandError(f"no outputs-lost with reason {reason[:40]!r}: expected [a-z-]")
+        self._write(f"{COMMAND} {OUTPUTS_LOST} {reason}")
 
     def _write(self, line: str) -> None:
         data = f"{line}\n".encode("ascii")

@@ -6,7 +6,8 @@ agent is another child of that JVM and its ``agent_service.MapOutputService`` wr
 file with no configuration and no guessing: the parent chain is the one fact that ties a worker
 to its executor. ``MapOutputClient`` then speaks the service's control channel (stage, unstage,
 release, metrics: typed calls of ``agent_service.AGENT_CONTROL`` over an engine
-``control.ControlClient``); the driver uses it too, to release a shuffle in every agent.
+``control.ControlClient``); the driver uses it too, to release a shuffle in every agent. A reducer
+whose stream failed asks the agent ``report_lost`` (are these map outputs gone?).
 
 Errors, all in the engine's tree (``arrow_shuffle.errors``): an agent that cannot be reached, goes
 away, or is stopped or silent past ``peer_timeout_s`` (or a call past its deadline) is
@@ -249,6 +250,12 @@ class MapOutputClient:
         """Drop the shuffle's streams and map outputs in that agent; the bytes it freed."""
         freed: int = self._client.call("release", shuffle=shuffle_id)
         return freed
+
+    def report_lost(self, shuffle_id: int, paths: Sequence[str]) -> bool:
+        """Whether the agent finds any of ``paths`` (its map outputs) missing; it then tells its
+        JVM, which has Spark recompute them. A path not the agent's is refused (``ControlRequestError``)."""
+        found: int = self._client.call("report_lost", shuffle=shuffle_id, paths=list(paths))
+        return bool(found)
 
     def metrics(self) -> dict[str, Any]:
         figures: dict[str, Any] = self._client.call("metrics")

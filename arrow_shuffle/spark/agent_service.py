@@ -10,8 +10,17 @@ One per executor agent, living exactly as long as the agent (and so the executor
   these map outputs"; the service opens a PIPELINED one-subpartition ``ResultPartition`` and a
   thread fills it from the files, so the file -> network path is bounded by the partition's
   buffers and paced by the reader's credits (a slow reducer stalls the filler, never memory);
+- buffers under load: ``stage`` answers at once and takes no buffers; the stream's thread queues
+  for its reserved buffers in the agent's pool, first come first served, for up to
+  ``buffer_reserve_timeout_s`` (then the reader is told what it waited for), and holds at most
+  ``STREAM_POOL_SHARE`` of the pool (``partition_pool_share``). A stage nobody connected to
+  within ``peer_timeout_s`` (a reducer that died in between) is freed by the reaper thread; so is
+  a stream whose reader was handed its end but never unstaged it;
+- lost outputs: a ``stage`` naming a map-output file of ours that is gone fails at once, and a
+  reducer whose stream failed asks ``report_lost``; either way ``on_outputs_lost`` (the JVM side,
+  which has Spark drop this executor's map outputs so they are recomputed) is told, once;
 - the control channel: an engine ``control.ControlServer`` of ``AGENT_CONTROL`` (stage / unstage /
-  release / metrics, each a typed, size-capped JSON message checked against its schema, sealed
+  release / metrics / report_lost, each a typed, size-capped JSON message checked against its schema, sealed
   with the connection's session key after the mutual HMAC handshake; nothing is unpickled),
   spoken by ``agent_client.MapOutputClient``;
 - a discovery file ``<root>/<app>/agents/<jvm pid>.json`` so Python workers, children of the
@@ -22,9 +31,12 @@ Files are private (``arrow_shuffle.private_files``): the root (``shuffle_root``:
 0700, every file 0600 created without following links; ids become path components only through
 ``check_id``; ``stage`` serves only files whose real path is inside this agent's directory.
 
-Time comes from an injected ``heartbeat.clock.Clock``: ``monotonic()`` ages staged streams (both
-ends measured in this process), ``time()`` only ages files, whose modification times are wall
-clock; a test moves a ``ManualClock`` past the TTL instead of waiting an hour.
+Time comes from an injected ``heartbeat.clock.Clock``: ``monotonic()`` ages staged streams and
+times a shuffle's last read (both ends measured in this process), ``time()`` only ages files,
+whose modification times are wall clock; a test moves a ``ManualClock`` past the TTL instead of
+waiting an hour. The TTL counts reads: a shuffle is forgotten after ``ttl_s`` with no stage, no
+stream end, no host-local read (``note_read`` touches its folder) and no write, and never while
+one of its streams is staged.
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +77,8 @@ from arrow_shuffle.control import (
 )
 from arrow_shuffle.errors import (
     ControlMessageError,
+    InsufficientBuffersError,
+    MapOutputLostError,
     ShuffleConfigError,
     ShuffleError,
     UnsafeIdError,
@@ -88,6 +102,9 @@ from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
+STREAM_POOL_SHARE = 0.25
+"""Most of the agent's pool one staged stream may hold (less if the config says so): with 32 MiB,
+eight buffers, so a stream whose reader is slow leaves the rest to the others."""
 MAX_SCHEMA_BYTES = 1 << 20
 """Largest Arrow IPC schema a ``stage`` request may carry (thousands of columns fit)."""
 MAX_STAGE_BYTES = 8 << 20
@@ -113,6 +130,11 @@ AGENT_CONTROL = Service(
         Operation("unstage", Record({"partition": PARTITION_ID}), Null()),
         Operation("release", Record({"shuffle": Int(0, I32)}), Int(0, I64), timeout_s=120.0),
         Operation("metrics", Record({}), Map(Float(), 256)),
+        Operation(
+            "report_lost",
+            Record({"shuffle": Int(0, I32), "paths": List(Str(4096, 1), 1 << 12)}),
+            Int(0, 1),
+        ),
     ),
 )
 """The agent's control operations: what ``MapOutputService`` serves and ``MapOutputClient`` calls."""
@@ -168,6 +190,14 @@ class _Staged:
     error: BaseException | None = None
 
 
+def note_read(path: str, clock: Clock = SYSTEM_CLOCK) -> None:
+    """A reducer read map-output file ``path`` straight from disk (host-local): its shuffle folder's
+    times are set to ``clock.time()``, so the owning agent's TTL counts the read. Best effort."""
+    now = clock.time()
+    with contextlib.suppress(OSError):
+        os.utime(os.path.dirname(path), (now, now), follow_symlinks=False)
+
+
 class MapOutputService:
     """Map-output directory, staged streams and control channel of one executor agent."""
 
@@ -183,9 +213,12 @@ class MapOutputService:
         ttl_s: float = 3600.0,
         clock: Clock = SYSTEM_CLOCK,
         transport: Transport | None = None,
+        on_outputs_lost: Callable[[str], None] | None = None,
     ) -> None:
         """``transport``: how the data and control servers accept (TLS when it carries a server
-        context, see ``TcpTransport``); plain TCP by default."""
+        context, see ``TcpTransport``); plain TCP by default. ``on_outputs_lost(reason)`` is called
+        (once per service, from a control thread) when map-output files of ours are found missing;
+        ``reason`` is a token, ``"files-missing"``."""
         if not as_bytes(secret):
             raise ShuffleConfigError("the map-output service needs the application secret")
         self.app_id = app_id
@@ -193,12 +226,17 @@ class MapOutputService:
         self.root = root
         self.jvm_pid = jvm_pid
         self.ttl_s = ttl_s
+        self._on_outputs_lost = on_outputs_lost
+        self._lost_reported = False
         self._clock = clock
         self.dir = executor_dir(root, app_id, executor_id)
         # Staged streams never wait on the reader for long stretches by design, but a reducer may
         # run a slow user function between batches: a generous bound, not a hang.
-        self.config = (config or ShuffleConfig(network_memory_bytes=32 << 20)).replace(
-            spill_dir=self.dir, buffer_request_timeout_s=900.0
+        config = config or ShuffleConfig(network_memory_bytes=32 << 20)
+        self.config = config.replace(
+            spill_dir=self.dir,
+            buffer_request_timeout_s=900.0,
+            partition_pool_share=min(config.partition_pool_share, STREAM_POOL_SHARE),
         )
         self.pool = NetworkBufferPool.from_config(self.config.network_memory_bytes, self.config.buffer_size)
         self.server = PartitionServer(secret, app_id, host, 0, self.config, transport)
@@ -208,7 +246,16 @@ class MapOutputService:
         self._closed = False
         self.closed = threading.Event()
         """Set by ``close()``; background loops wait on it."""
-        self._counters = {"streams_staged": 0.0, "bytes_staged": 0.0, "shuffles_released": 0.0}
+        self._last_read: dict[str, float] = {}
+        """Shuffle folder name -> ``clock.monotonic()`` of its last stage or stream end (the TTL
+        counts reads)."""
+        self._counters = {
+            "streams_staged": 0.0,
+            "bytes_staged": 0.0,
+            "shuffles_released": 0.0,
+            "streams_expired": 0.0,
+            "streams_wait_timeouts": 0.0,
+        }
         self._threads: list[threading.Thread] = []
         self.control = ControlServer(
             secret,
@@ -218,6 +265,7 @@ class MapOutputService:
                 "unstage": self._unstage,
                 "release": self._release,
                 "metrics": self._metrics,
+                "report_lost": self._report_lost,
             },
             host,
             0,
@@ -227,6 +275,8 @@ class MapOutputService:
             transport=transport,
             logger=log,
         )
+        self._reaper = threading.Thread(target=self._reap_loop, name="shuffle-stage-reaper", daemon=True)
+        self._reaper.start()
         self._announce()
 
     # -- addresses ------------------------------------------------------------------------------
@@ -264,17 +314,36 @@ class MapOutputService:
         except UnsafePathError as exc:
             _refused.warning(self.dir, "refused to stage map outputs: %s", exc)
             raise
+        missing = self._missing(path for path, _ in files)
+        if missing:
+            self._outputs_lost(shuffle_id, missing)
+            raise MapOutputLostError(
+                f"map outputs {missing[:3]}{' ...' if len(missing) > 3 else ''} of shuffle {shuffle_id} "
+                f"are gone from executor {self.executor_id}"
+            )
         with self._lock:
             if self._closed:
                 raise ShuffleError("the map-output service is closed")
             token = self._next_token
             self._next_token += 1
         pid = PartitionId(self.app_id, shuffle_id, reducer, token)
-        partition = ResultPartition(pid, 1, schema, self.pool, PartitionKind.PIPELINED, self.config)
+        # No buffers yet: the stream's thread queues for them (stage never fails for lack of them).
+        partition = ResultPartition(
+            pid,
+            1,
+            schema,
+            self.pool,
+            PartitionKind.PIPELINED,
+            self.config,
+            clock=self._clock,
+            reserve_now=False,
+        )
         self.server.register(partition)
         thread = threading.Thread(target=self._fill, args=(pid, partition, list(files)), daemon=True)
         with self._lock:
-            self._staged[pid] = _Staged(partition, shuffle_id, self._clock.monotonic(), thread)
+            now = self._clock.monotonic()
+            self._staged[pid] = _Staged(partition, shuffle_id, now, thread)
+            self._last_read[_folder(shuffle_id)] = now
             self._counters["streams_staged"] += 1
         thread.start()
         return pid
@@ -282,6 +351,22 @@ class MapOutputService:
     def _fill(
         self, pid: PartitionId, partition: ResultPartition, files: list[tuple[str, list[Segment]]]
     ) -> None:
+        try:
+            partition.reserve_buffers()
+        except InsufficientBuffersError as exc:
+            with self._lock:
+                self._counters["streams_wait_timeouts"] += 1
+            reason = (
+                f"the shuffle agent of executor {self.executor_id} queued this stream for "
+                f"{self.config.buffer_reserve_timeout_s:g}s and got no buffers from its "
+                f"{self.pool.num_segments * self.pool.segment_size >> 20} MiB pool "
+                f"(spark.arrowbeat.shuffle.agentMemory): {exc}"
+            )
+            self._end_early(pid, partition, exc, reason)
+            return
+        except ShuffleError as exc:  # released (unstaged, expired, closed) while queued
+            self._end_early(pid, partition, exc, f"the stream was released while queued for buffers: {exc}")
+            return
         writer = RecordWriter(partition)
         try:
             for path, segments in files:
@@ -292,19 +377,72 @@ class MapOutputService:
                 self._counters["bytes_staged"] += partition.stats().bytes_written
         except BaseException as exc:  # the reader went away, a file was released, ...: end the stream
             writer.abort(f"staging the map outputs failed: {exc}")  # the reader is told why
-            with self._lock:
-                staged = self._staged.get(pid)
-                if staged is not None:
-                    staged.error = exc
-            log.info("staged stream %s ended early: %s", pid, exc)
-            self.server.release(pid)
+            self._end_early(pid, partition, exc, "")
+
+    def _end_early(
+        self, pid: PartitionId, partition: ResultPartition, exc: BaseException, reason: str
+    ) -> None:
+        """The stream ends without its data: the reader is told ``reason`` (if not told already)."""
+        if reason:
+            partition.fail(f"staging the map outputs failed: {reason}")
+        with self._lock:
+            staged = self._staged.get(pid)
+            if staged is not None:
+                staged.error = exc
+        log.info("staged stream %s ended early: %s", pid, reason or exc)
+        self.server.release(pid)
 
     def unstage(self, pid: PartitionId) -> None:
         with self._lock:
             staged = self._staged.pop(pid, None)
+            if staged is not None:
+                self._last_read[_folder(staged.shuffle_id)] = self._clock.monotonic()
         if staged is not None:
             self.server.release(pid)
             staged.thread.join(timeout=5)
+
+    def expire_stages(self) -> int:
+        """Free the stages nobody connected to within ``peer_timeout_s`` of staging (their reducer
+        died or gave up in between), and forget streams that ended without an ``unstage``
+        (reader handed its end, or the stream failed); returns how many stages expired."""
+        now = self._clock.monotonic()
+        expired, ended = [], []
+        with self._lock:
+            for pid, staged in self._staged.items():
+                partition = staged.partition
+                if partition.released or partition.consumed:
+                    ended.append(pid)
+                elif not partition.connected and now - staged.started >= self.config.peer_timeout_s:
+                    expired.append(pid)
+            self._counters["streams_expired"] += len(expired)
+        for pid in expired:
+            log.info(
+                "staged stream %s expired: no reader connected within %gs", pid, self.config.peer_timeout_s
+            )
+            self.unstage(pid)
+        for pid in ended:
+            self.unstage(pid)
+        return len(expired)
+
+    def _next_expiry_s(self) -> float:
+        """Real seconds until the next stage may expire, re-read at least every ``peer_timeout_s / 4``
+        (a ``ManualClock`` moved by a test is noticed that soon)."""
+        tick = self.config.peer_timeout_s / 4
+        now = self._clock.monotonic()
+        with self._lock:
+            deadlines = [
+                s.started + self.config.peer_timeout_s - now
+                for s in self._staged.values()
+                if not s.partition.connected
+            ]
+        return max(0.01, min([tick, *deadlines]))
+
+    def _reap_loop(self) -> None:
+        while not self.closed.wait(self._next_expiry_s()):
+            try:
+                self.expire_stages()
+            except Exception:  # a bug must not end the reaper silently
+                log.exception("expiring staged streams failed")
 
     def release_shuffle(self, shuffle_id: int) -> int:
         """Drop every staged stream and map output of ``shuffle_id``; returns the bytes deleted."""
@@ -313,28 +451,75 @@ class MapOutputService:
             self._counters["shuffles_released"] += 1
         for pid in pids:
             self.unstage(pid)
-        return _remove_tree(os.path.join(self.dir, f"s{check_id(shuffle_id, 'shuffle id')}"))
+        with self._lock:
+            self._last_read.pop(_folder(shuffle_id), None)
+        return _remove_tree(os.path.join(self.dir, _folder(shuffle_id)))
 
     def sweep(self) -> int:
-        """TTL: release shuffles whose directory and streams untouched for ``ttl_s``; returns bytes.
+        """TTL: delete the map outputs of shuffles idle for ``ttl_s``; returns the bytes freed.
 
-        A staged stream's age is monotonic (staged by this process); a map-output file's age is
-        wall time against its modification time, the only clock the file system keeps."""
-        now = self._clock.monotonic()
-        with self._lock:
-            old = [p for p, s in self._staged.items() if now - s.started > self.ttl_s]
-        for pid in old:
-            self.unstage(pid)
+        Idle means no stage and no stream end (monotonic, seen by this process), and no write or
+        host-local read (``note_read``) since: wall time against the folder's and files' newest
+        modification time, the only clock the file system keeps. A shuffle with a staged stream
+        is in use and never swept, however old."""
         freed = 0
         with contextlib.suppress(FileNotFoundError):
             for name in os.listdir(self.dir):
+                if not name.startswith("s"):
+                    continue
                 path = os.path.join(self.dir, name)
-                if name.startswith("s") and self._clock.time() - _newest_mtime(path) > self.ttl_s:
+                with self._lock:
+                    busy = any(_folder(s.shuffle_id) == name for s in self._staged.values())
+                    last_read = self._last_read.get(name)
+                if busy:
+                    continue
+                idle = self._clock.time() - _newest_mtime(path)
+                if last_read is not None:
+                    idle = min(idle, self._clock.monotonic() - last_read)
+                if idle > self.ttl_s:
+                    freed += _remove_tree(path)
                     with self._lock:
-                        busy = any(s.shuffle_id == _shuffle_of(name) for s in self._staged.values())
-                    if not busy:
-                        freed += _remove_tree(path)
+                        self._last_read.pop(name, None)
         return freed
+
+    def report_lost(self, shuffle_id: int, paths: Sequence[str]) -> bool:
+        """A reducer's stream from here failed: whether any of ``paths`` (inside this agent's
+        directory, else ``UnsafePathError`` before any is looked at) is missing; if so
+        ``on_outputs_lost`` is told."""
+        try:
+            real = [resolve_inside(self.dir, path) for path in paths]
+        except UnsafePathError as exc:
+            _refused.warning(self.dir, "refused a report of lost map outputs: %s", exc)
+            raise
+        missing = self._missing(real)
+        if missing:
+            self._outputs_lost(shuffle_id, missing)
+        return bool(missing)
+
+    @staticmethod
+    def _missing(paths: Iterable[str]) -> list[str]:
+        missing = []
+        for path in paths:
+            try:
+                os.stat(path)
+            except OSError:
+                missing.append(path)
+        return missing
+
+    def _outputs_lost(self, shuffle_id: int, missing: list[str]) -> None:
+        log.warning(
+            "map outputs of shuffle %s are gone from executor %s: %s",
+            shuffle_id,
+            self.executor_id,
+            missing[:5],
+        )
+        with self._lock:
+            first, self._lost_reported = not self._lost_reported, True
+        if first and self._on_outputs_lost is not None:
+            try:
+                self._on_outputs_lost("files-missing")
+            except Exception:  # the caller's hook must not turn a lost file into a hung stage
+                log.exception("on_outputs_lost failed")
 
     def disk_bytes(self) -> int:
         total = 0
@@ -349,12 +534,18 @@ class MapOutputService:
         with self._lock:
             staged = len(self._staged)
             counters = dict(self._counters)
-        available = self.pool.num_available
+        pool = self.pool
+        available = pool.num_available
         figures = {
-            "shuffle_pool_segments": float(self.pool.num_segments),
+            "shuffle_pool_segments": float(pool.num_segments),
             "shuffle_pool_available": float(available),
-            "shuffle_pool_used_bytes": float((self.pool.num_segments - available) * self.pool.segment_size),
+            "shuffle_pool_used_bytes": float((pool.num_segments - available) * pool.segment_size),
             "shuffle_streams_open": float(staged),
+            "shuffle_streams_waiting": float(pool.queued),
+            "shuffle_streams_queued": float(pool.reservations_queued),
+            "shuffle_streams_waiting_max": float(pool.queue_peak),
+            "shuffle_stream_wait_max_s": pool.reservation_wait_max_s,
+            "shuffle_stream_wait_total_s": pool.reservation_wait_total_s,
             "shuffle_disk_bytes": float(self.disk_bytes()),
         }
         figures.update({f"shuffle_{k}": v for k, v in counters.items()})
@@ -400,12 +591,13 @@ class MapOutputService:
     def _metrics(self, args: dict[str, Any]) -> dict[str, float]:
         return self.metrics()
 
+    def _report_lost(self, args: dict[str, Any]) -> int:
+        return int(self.report_lost(args["shuffle"], args["paths"]))
 
-def _shuffle_of(name: str) -> int:
-    try:
-        return int(name[1:])
-    except ValueError:
-        return -1
+
+def _folder(shuffle_id: int) -> str:
+    """A shuffle's folder in an executor's directory (the map tasks write into it)."""
+    return f"s{check_id(shuffle_id, 'shuffle id')}"
 
 
 def _newest_mtime(path: str) -> float:

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
-import random
 import threading
 import warnings
 import weakref
@@ -47,6 +47,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
+from arrow_shuffle.spark.adaptive import coalesce, route_keys, settings_from_sql_conf
 from arrow_shuffle.spark.agent_client import MapOutputClient, announced_agents
 from arrow_shuffle.spark.agent_service import shuffle_root
 from arrow_shuffle.spark.map_output import check_keys
@@ -74,7 +75,7 @@ MODES = ("materialized", "pipelined")
 DEPRECATED_MODES = {"blocking": "materialized"}
 """Old mode names still accepted, with a ``DeprecationWarning``."""
 
-_PER_QUERY_FIELDS = ("shuffle_read_host_local",)
+_PER_QUERY_FIELDS = ("shuffle_read_host_local", "shuffle_adaptive")
 """``ArrowBeatConfig`` fields whose key the session's runtime conf may override per query."""
 
 
@@ -97,9 +98,13 @@ class ShuffleHandle:
         self.plan = plan
         self.mode = mode
         self._reports = spark.sparkContext.accumulator([], _ListParam())
-        self._written = 0
+        self._written_keys: set[tuple[str, int, str, bool]] = set()
         self._lock = threading.Lock()
         self.released = False
+        self.persisted: DataFrame | None = None
+        """The status rows of an adaptive shuffle, persisted when its map side ran (``_coalesced``)."""
+        self.groups: list[range] | None = None
+        """The reduce partitions each task of an adaptive shuffle reads, once the map side ran."""
         _LIVE.add(self)
 
     @property
@@ -122,27 +127,41 @@ class ShuffleHandle:
         return {(str(r["control"][0]), int(r["control"][1])) for r in self.reports() if r["control"]}
 
     def flush_metrics(self) -> int:
-        """Append the reports not yet written to the ``shuffle_metrics`` table; returns rows written."""
+        """Append the reports not yet written to the ``shuffle_metrics`` table; returns rows written.
+
+        One row per (side, partition, attempt number, recomputed or not), however often the
+        DataFrame is evaluated: a second evaluation (or an accumulator update Spark applies twice)
+        repeats a key already written and is dropped; a recomputed partition is a row of its own,
+        marked ``recomputed``."""
         from spark_plugin.history.shuffle_metrics import append_rows, tables_root_of
 
         with self._lock:
-            reports = self.reports()[self._written :]
-            if not reports:
-                return 0
             everything = self.reports()
             recomputed = {str(a) for r in everything if r["side"] == "read" for _, a in r["recomputed_maps"]}
-            for report in reports:  # readers name the map outputs written by a recomputation
+            fresh = []
+            for report in everything:
                 if report["side"] == "write" and report["attempt"] in recomputed:
-                    report["recomputed"] = True
+                    report["recomputed"] = True  # readers name the map outputs of a recomputation
+                key = _metric_key(report)
+                if key in self._written_keys:
+                    continue
+                self._written_keys.add(key)
+                fresh.append(report)
+                if report["side"] == "write" and report["recomputed"]:
                     log.warning(
                         "shuffle %s: map partition %s was recomputed on executor %s",
                         self.shuffle_id,
                         report["partition"],
                         report["executor"],
                     )
-            append_rows(tables_root_of(self.spark), self.plan.app_id, self.shuffle_id, reports)
-            self._written += len(reports)
-            return len(reports)
+            if not fresh:
+                return 0
+            try:
+                append_rows(tables_root_of(self.spark), self.plan.app_id, self.shuffle_id, fresh)
+            except BaseException:
+                self._written_keys.difference_update(_metric_key(r) for r in fresh)
+                raise
+            return len(fresh)
 
     def release(self) -> int:
         """Delete this shuffle's data in every agent that holds some; returns bytes freed."""
@@ -162,6 +181,9 @@ class ShuffleHandle:
                     freed += client.release(self.shuffle_id)
             except ShuffleError as exc:  # an agent that is gone took its data with it
                 log.info("release of shuffle %s: %s", self.shuffle_id, exc)
+        if self.persisted is not None:
+            with contextlib.suppress(Exception):  # the session may be stopping
+                self.persisted.unpersist()
         try:
             self.flush_metrics()
         except Exception as exc:  # metrics must never turn a release into a failure
@@ -174,6 +196,17 @@ class ShuffleHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _metric_key(report: dict[str, Any]) -> tuple[str, int, str, bool]:
+    """A report's identity in ``shuffle_metrics``: side, partition, Spark's attempt number (the
+    last part of ``stage.taskAttemptId.attemptNumber``) and whether it was a recomputation."""
+    return (
+        str(report["side"]),
+        int(report["partition"]),
+        str(report["attempt"]).rsplit(".", 1)[-1],
+        bool(report["recomputed"]),
+    )
 
 
 _LIVE: weakref.WeakSet[ShuffleHandle] = weakref.WeakSet()
@@ -208,29 +241,10 @@ def release(df: DataFrame) -> int:
 
 
 # -- building the plan ---------------------------------------------------------------------------
-_route_cache: dict[int, tuple[int, ...]] = {}
-
-
-def _route_keys(spark: SparkSession, n: int) -> tuple[int, ...]:
-    """For each r < n, a bigint that Spark's hash partitioning sends to partition r."""
-    cached = _route_cache.get(n)
-    if cached is not None:
-        return cached
-    span = 64 * n
-    while True:
-        rows = (
-            spark.range(0, span)
-            .selectExpr(f"pmod(hash(id), {n}) AS p", "id")
-            .groupBy("p")
-            .min("id")
-            .collect()
-        )
-        found = {int(r[0]): int(r[1]) for r in rows}
-        if len(found) == n:
-            keys = tuple(found[r] for r in range(n))
-            _route_cache[n] = keys
-            return keys
-        span *= 4
+_next_shuffle_id = itertools.count(1)
+"""Shuffle ids of this driver process: Spark's own ``nextShuffleId`` scheme. One driver plans every
+shuffle of its application and the application id namespaces everything on disk and on the wire,
+so ids can never collide (random ids could, and did at 31 bits)."""
 
 
 def _key(field: str) -> str:
@@ -282,8 +296,8 @@ def check_mode(mode: str, stacklevel: int = 2) -> str:
 
 def _plan(
     df: DataFrame, num_partitions: int, key_columns: Sequence[str], mode: str
-) -> tuple[SparkSession, ShufflePlan]:
-    """The shuffle's plan; ``mode`` is already checked (``check_mode``)."""
+) -> tuple[SparkSession, ShufflePlan, ArrowBeatConfig]:
+    """The shuffle's plan and the settings it was made with; ``mode`` is already checked."""
     if isinstance(num_partitions, bool) or not isinstance(num_partitions, int) or num_partitions < 1:
         raise ShuffleConfigError(
             f"num_partitions={num_partitions!r} is out of range: expected an integer >= 1"
@@ -294,18 +308,63 @@ def _plan(
     settings = shuffle_settings(spark)
     plan = ShufflePlan(
         app_id=spark.sparkContext.applicationId,
-        shuffle_id=random.randrange(1, 1 << 31),
+        shuffle_id=next(_next_shuffle_id),
         root=settings.shuffle_dir,  # resolved on each executor (shuffle_root), as its user
         secret=settings.secret,
         key_columns=tuple(key_columns),
         num_partitions=num_partitions,
         schema_ipc=schema.serialize().to_pybytes(),
-        route_keys=_route_keys(spark, num_partitions),
+        route_keys=route_keys(num_partitions),
         memory_bytes=settings.shuffle_map_memory_bytes,
         read_host_local=settings.shuffle_read_host_local,
+        lost_wait_s=_seconds(spark.sparkContext.getConf().get("spark.shuffle.io.retryWait", "5s") or "5s"),
         tls=tls_from_config(settings),  # the driver's SparkConf holds what the executors got
     )
-    return spark, plan
+    return spark, plan, settings
+
+
+def _seconds(text: str) -> float:
+    """A Spark duration (``5s``, ``500ms``, ``1m``; a bare number is seconds), for Spark's own keys."""
+    value = text.strip().lower()
+    for unit, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("min", 60.0)):
+        if value.endswith(unit) and value[: -len(unit)].replace(".", "", 1).isdigit():
+            return float(value[: -len(unit)]) * scale
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError([f"spark.shuffle.io.retryWait={text!r}: expected a duration like 5s"]) from None
+
+
+_ADAPTIVE_SQL_KEYS = (
+    "spark.sql.adaptive.enabled",
+    "spark.sql.adaptive.coalescePartitions.enabled",
+    "spark.sql.adaptive.advisoryPartitionSizeInBytes",
+    "spark.sql.adaptive.coalescePartitions.minPartitionSize",
+    "spark.sql.adaptive.coalescePartitions.parallelismFirst",
+    "spark.sql.adaptive.coalescePartitions.minPartitionNum",
+)
+
+
+def _sql_conf(spark: SparkSession) -> dict[str, str]:
+    """The session's adaptive-execution settings that are set (Spark's defaults apply otherwise)."""
+    found = {}
+    for key in _ADAPTIVE_SQL_KEYS:
+        value = spark.conf.get(key, None)
+        if value is not None and value != "<undefined>":
+            found[key] = str(value)
+    return found
+
+
+def adaptive_enabled(settings: ArrowBeatConfig, sql_conf: dict[str, str]) -> bool:
+    """``spark.arrowbeat.shuffle.adaptive``: ``true``/``false``, or ``auto`` = what AQE would do
+    (``spark.sql.adaptive.enabled`` and ``...coalescePartitions.enabled``, both true by default)."""
+    if settings.shuffle_adaptive != "auto":
+        return settings.shuffle_adaptive == "true"
+    on = (
+        sql_conf.get("spark.sql.adaptive.enabled", "true"),
+        sql_conf.get("spark.sql.adaptive.coalescePartitions.enabled", "true"),
+    )
+    return all(v.strip().lower() == "true" for v in on)
 
 
 _rendezvous_lock = threading.Lock()
@@ -346,6 +405,7 @@ def _build(
     mode: str,
     consume: Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     out_schema: StructType,
+    adaptive: bool = False,
 ) -> DataFrame:
     handle = ShuffleHandle(spark, plan, mode)
     report = handle.reporter()
@@ -366,11 +426,48 @@ def _build(
         statuses = parent.mapInArrow(map_function(plan, report, pre), STATUS_DDL)
     else:
         statuses = df.mapInArrow(map_function(plan, report), STATUS_DDL)
-    out = statuses.repartition(plan.num_partitions, "rk").mapInArrow(
-        reduce_function(plan, report, consume), out_schema
-    )
+    tasks = plan.num_partitions
+    if adaptive and plan.num_partitions > 1:
+        statuses, tasks = _coalesced(spark, plan, handle, statuses)
+    out = statuses.repartition(tasks, "rk").mapInArrow(reduce_function(plan, report, consume), out_schema)
     out._arrowbeat_shuffle = handle  # type: ignore[attr-defined]
     return out
+
+
+def _coalesced(
+    spark: SparkSession, plan: ShufflePlan, handle: ShuffleHandle, statuses: DataFrame
+) -> tuple[DataFrame, int]:
+    """Run the map side now and pack contiguous reduce partitions into tasks by their real sizes.
+
+    What AQE does between query stages, done between the map side and the reduce side: the map
+    stage runs here, once (its status rows are persisted, so the reduce side and any later
+    evaluation read them instead of rerunning the maps; lost ones are recomputed from lineage,
+    with their map outputs). Returns the status rows re-routed to their coalesced task, and the
+    number of tasks."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    statuses = statuses.persist(StorageLevel.MEMORY_AND_DISK)
+    handle.persisted = statuses
+    sizes = [0] * plan.num_partitions
+    # One stage: the map tasks themselves, their (map, reduce) sizes collected as they are cached
+    # (an aggregation would add a shuffle and a stage for a few thousand numbers).
+    table = statuses.select("reduce", "bytes").toArrow()
+    for reducer, size in zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True):
+        sizes[int(reducer)] += int(size or 0)
+    groups = coalesce(sizes, settings_from_sql_conf(_sql_conf(spark), spark.sparkContext.defaultParallelism))
+    keys = route_keys(len(groups))
+    per_reducer = [keys[task] for task, group in enumerate(groups) for _ in group]
+    handle.groups = groups
+    log.info(
+        "shuffle %s: %d reduce partitions (%d bytes) coalesced into %d tasks",
+        plan.shuffle_id,
+        plan.num_partitions,
+        sum(sizes),
+        len(groups),
+    )
+    rk = F.element_at(F.array(*[F.lit(k) for k in per_reducer]), F.col("reduce") + 1).cast("bigint")
+    return statuses.withColumn("rk", rk), len(groups)
 
 
 def _struct(spark: SparkSession, schema: StructType | str) -> StructType:
@@ -395,28 +492,64 @@ def map_in_arrow(
     return out
 
 
+def _partitions(
+    df: DataFrame, num_partitions: int | None, key_columns: Sequence[str], mode: str, exact: bool
+) -> tuple[SparkSession, ShufflePlan, bool]:
+    """The plan, and whether its reduce partitions are coalesced once the map side has run.
+
+    An explicit count is kept exactly where Spark keeps it (``exact``: ``df.repartition(n, ...)``)
+    and is the upper bound elsewhere; without one the upper bound is Spark's own
+    (``spark.sql.adaptive.coalescePartitions.initialPartitionNum``, else
+    ``spark.sql.shuffle.partitions``), as for Spark's shuffles."""
+    spark = df.sparkSession
+    n = num_partitions
+    if n is None:
+        initial = spark.conf.get("spark.sql.adaptive.coalescePartitions.initialPartitionNum", None)
+        shuffle_partitions = spark.conf.get("spark.sql.shuffle.partitions", None) or "200"
+        raw = initial if initial not in (None, "", "<undefined>") else shuffle_partitions
+        try:
+            n = int(str(raw))
+        except ValueError as exc:
+            raise ConfigError([f"spark.sql.shuffle.partitions={raw!r}: expected an integer >= 1"]) from exc
+    spark, plan, settings = _plan(df, n, key_columns, mode)
+    adaptive = (
+        mode == "materialized"
+        and not (exact and num_partitions is not None)
+        and adaptive_enabled(settings, _sql_conf(spark))
+    )
+    return spark, plan, adaptive
+
+
 def repartition(
-    df: DataFrame, num_partitions: int, *key_columns: str, mode: str = "materialized"
+    df: DataFrame, num_partitions: int | None, *key_columns: str, mode: str = "materialized"
 ) -> DataFrame:
-    """Like ``df.repartition(num_partitions, *key_columns)``: same rows, each key in one partition."""
+    """Like ``df.repartition(num_partitions, *key_columns)``: same rows, each key in one partition.
+
+    ``num_partitions=None`` is ``df.repartition(*key_columns)``: Spark's partition count as the
+    upper bound, coalesced by size once the map side has run (``spark.arrowbeat.shuffle.adaptive``);
+    an explicit count is kept exactly, as Spark keeps it."""
     mode = check_mode(mode)
-    spark, plan = _plan(df, num_partitions, key_columns, mode)
-    return _build(df, spark, plan, mode, passthrough, df.schema)
+    spark, plan, adaptive = _partitions(df, num_partitions, key_columns, mode, exact=True)
+    return _build(df, spark, plan, mode, passthrough, df.schema, adaptive)
 
 
 def partition_apply(
     df: DataFrame,
-    num_partitions: int,
+    num_partitions: int | None,
     key_columns: Sequence[str],
     func: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     schema: StructType | str,
     mode: str = "materialized",
 ) -> DataFrame:
-    """Like ``df.repartition(n, *keys).mapInArrow(func, schema)`` without Arrow -> JVM -> Arrow between."""
+    """Like ``df.repartition(n, *keys).mapInArrow(func, schema)`` without Arrow -> JVM -> Arrow between.
+
+    ``func`` runs once per reduce task, on every row of its partitions; partition counts as for
+    ``repartition``."""
     mode = check_mode(mode)
-    spark, plan = _plan(df, num_partitions, list(key_columns), mode)
+    spark, plan, adaptive = _partitions(df, num_partitions, list(key_columns), mode, exact=True)
     out_schema = _struct(spark, schema)
-    return _build(df, spark, plan, mode, partition_consumer(func, to_arrow_schema(out_schema)), out_schema)
+    consume = partition_consumer(func, to_arrow_schema(out_schema))
+    return _build(df, spark, plan, mode, consume, out_schema, adaptive)
 
 
 def group_apply(
@@ -429,14 +562,15 @@ def group_apply(
 ) -> DataFrame:
     """Like ``df.groupBy(*keys).applyInArrow(func, schema)``: ``func`` once per key group.
 
-    Groups are found in Arrow in the reduce task (``grouping.iter_groups``), not by a JVM sort."""
+    Groups are found in Arrow in the reduce task (``grouping.iter_groups``), not by a JVM sort.
+    ``num_partitions`` (default: Spark's) is an upper bound: with ``spark.arrowbeat.shuffle.adaptive``
+    on (by default when AQE is) the map side runs when this is called and contiguous reduce
+    partitions are packed into tasks by their real sizes, as AQE packs a ``groupBy``'s."""
     mode = check_mode(mode)
-    spark = df.sparkSession
-    n = num_partitions or int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
-    spark, plan = _plan(df, n, list(key_columns), mode)
+    spark, plan, adaptive = _partitions(df, num_partitions, list(key_columns), mode, exact=False)
     out_schema = _struct(spark, schema)
     consume = group_consumer(func, plan.key_columns, plan.schema, to_arrow_schema(out_schema))
-    return _build(df, spark, plan, mode, consume, out_schema)
+    return _build(df, spark, plan, mode, consume, out_schema, adaptive)
 
 
 __all__ = [

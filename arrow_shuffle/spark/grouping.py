@@ -1,8 +1,21 @@
 """Key groups of an Arrow table, found in Arrow: one multi-key sort, then run boundaries.
 
-Equal keys are adjacent after ``sort_indices``; a group starts wherever any key column differs
-from the row before. Nulls group with nulls and NaN with NaN (as Spark's ``groupBy`` does),
-which plain ``not_equal`` would not give.
+Equal keys are adjacent after ``sort_indices``; a group starts wherever any key differs from the
+row before. "Equal" is Spark's ``groupBy`` equality, which Arrow's comparisons do not give as they
+are, so each key column is first turned into flat *components* that do:
+
+- a float becomes an int64 of its bits with -0.0 made 0.0 and every NaN one NaN (the bits of a
+  float ordered as signed integers keep its order, so groups still come out in value order);
+- a struct becomes its validity and its children's components (the children carry the struct's
+  nulls): a null struct and a struct of nulls are two groups, as in Spark;
+- a list becomes one binary per list of its elements' dense codes (elements numbered by a sort of
+  their own components), a map the same of its (key, value) codes sorted by key, since Spark
+  groups maps whatever the order of their entries;
+- other types (integers, booleans, decimals, strings, binaries, dates, times, timestamps) are
+  compared as they are, nulls equal to nulls.
+
+``arrow_shuffle.partitioner.key_type_problem`` names the types this covers; ``hash_column`` hashes
+them with the same equalities, so equal keys meet in one reduce task and here in one group.
 """
 
 from __future__ import annotations
@@ -14,18 +27,132 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from arrow_shuffle.errors import ShuffleConfigError
+
+_NAN_BITS = np.int64(np.array(np.nan).view(np.int64))
+_MAGNITUDE = np.int64(0x7FFFFFFFFFFFFFFF)
+
 
 def _differs(column: pa.Array) -> np.ndarray:
-    """For rows 1..n-1: does the key differ from the previous row's?"""
+    """For rows 1..n-1: does the value differ from the previous row's (a null equals a null)?"""
     n = len(column)
     a, b = column.slice(1), column.slice(0, n - 1)
-    a_null, b_null = pc.is_null(a), pc.is_null(b)
-    diff = pc.or_(pc.fill_null(pc.not_equal(a, b), False), pc.not_equal(a_null, b_null))
-    if pa.types.is_floating(column.type):
-        both_nan = pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False)
-        diff = pc.and_(diff, pc.invert(both_nan))
+    diff = pc.fill_null(pc.not_equal(a, b), False)
+    if column.null_count:
+        diff = pc.or_(diff, pc.not_equal(pc.is_null(a), pc.is_null(b)))
     result: np.ndarray = diff.to_numpy(zero_copy_only=False)
     return result
+
+
+def _float_component(column: pa.Array) -> pa.Array:
+    """The float's bits as an int64, equal exactly when Spark's grouping calls the floats equal."""
+    floats = pc.fill_null(column.cast(pa.float64()), 0.0).to_numpy(zero_copy_only=False)
+    bits = np.where(floats == 0.0, 0.0, floats).view(np.int64)  # -0.0 == 0.0
+    bits = np.where(np.isnan(floats), _NAN_BITS, bits)  # every NaN payload, either sign
+    ordered = np.where(bits < 0, bits ^ _MAGNITUDE, bits)  # negative floats: larger magnitude first
+    mask = None if column.null_count == 0 else column.is_null().to_numpy(zero_copy_only=False)
+    return pa.array(ordered, pa.int64(), mask=mask)
+
+
+def _dense_codes(components: Sequence[pa.Array], n: int) -> np.ndarray:
+    """For ``n`` rows, an int64 per row: equal codes exactly when all ``components`` are equal."""
+    if not components or n == 0:
+        return np.zeros(n, dtype=np.int64)
+    order, starts = _sorted_runs(components, n)
+    codes = np.empty(n, dtype=np.int64)
+    codes[order] = np.cumsum(starts) - 1
+    return codes
+
+
+def _sorted_runs(components: Sequence[pa.Array], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The order that makes equal rows adjacent, and where (in that order) each run starts."""
+    if not components:  # keys of the null type only: one group
+        starts = np.zeros(n, dtype=bool)
+        starts[:1] = True
+        return np.arange(n, dtype=np.int64), starts
+    table = pa.table({f"c{i}": c for i, c in enumerate(components)})
+    order = pc.sort_indices(
+        table, sort_keys=[(name, "ascending") for name in table.column_names], null_placement="at_end"
+    )
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    if n > 1:
+        for component in components:
+            starts[1:] |= _differs(component.take(order))
+    return order.to_numpy(zero_copy_only=False), starts
+
+
+def _codes_binary(codes: np.ndarray, offsets: np.ndarray, per_item: int, column: pa.Array) -> pa.Array:
+    """One large_binary per slot of ``column``: the int64 ``codes`` of its items, nulls kept."""
+    data = pa.py_buffer(np.ascontiguousarray(codes, dtype="<i8").tobytes())
+    byte_offsets = pa.py_buffer((offsets * (8 * per_item)).astype(np.int64).tobytes())
+    binary = pa.Array.from_buffers(pa.large_binary(), len(column), [None, byte_offsets, data])
+    if column.null_count:
+        binary = pc.if_else(column.is_valid(), binary, pa.scalar(None, pa.large_binary()))
+    return binary
+
+
+def _rebased(offsets: np.ndarray) -> tuple[np.ndarray, int, int]:
+    first, last = int(offsets[0]), int(offsets[-1])
+    return offsets - first, first, last - first
+
+
+def _list_component(column: pa.Array) -> pa.Array:
+    if pa.types.is_fixed_size_list(column.type):
+        size = column.type.list_size
+        offsets = (np.arange(len(column) + 1, dtype=np.int64) + column.offset) * size
+    else:
+        offsets = column.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets, first, count = _rebased(offsets)
+    values = column.values.slice(first, count)
+    codes = _dense_codes(_components(values), count)
+    return _codes_binary(codes, offsets, 1, column)
+
+
+def _map_component(column: pa.Array) -> pa.Array:
+    offsets, first, count = _rebased(column.offsets.to_numpy(zero_copy_only=False).astype(np.int64))
+    keys = _dense_codes(_components(column.keys.slice(first, count)), count)
+    items = _dense_codes(_components(column.items.slice(first, count)), count)
+    owner = np.repeat(np.arange(len(column)), np.diff(offsets))
+    order = np.lexsort((items, keys, owner))  # each map's entries by key (then value), in place
+    pairs = np.stack([keys[order], items[order]], axis=1).reshape(-1)
+    return _codes_binary(pairs, offsets, 2, column)
+
+
+def _components(column: pa.Array) -> list[pa.Array]:
+    """Flat, sortable arrays whose row-wise equality (null == null) is Spark's key equality."""
+    kind = column.type
+    if pa.types.is_dictionary(kind):
+        return _components(column.dictionary_decode())
+    if pa.types.is_null(kind):
+        return []
+    if pa.types.is_floating(kind):
+        return [_float_component(column)]
+    if pa.types.is_struct(kind):
+        valid = column.is_valid() if column.null_count else pa.array(np.ones(len(column), dtype=bool))
+        return [valid, *(c for child in column.flatten() for c in _components(child))]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return [_list_component(column)]
+    if pa.types.is_map(kind):
+        return [_map_component(column)]
+    if pa.types.is_decimal(kind) and kind.byte_width < 16:  # decimal32/64 have no sort kernel
+        return [column.cast(pa.decimal128(kind.precision, kind.scale))]
+    if (
+        pa.types.is_boolean(kind)
+        or pa.types.is_integer(kind)
+        or pa.types.is_decimal(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_fixed_size_binary(kind)
+        or pa.types.is_date(kind)
+        or pa.types.is_time(kind)
+        or pa.types.is_timestamp(kind)
+        or pa.types.is_duration(kind)
+    ):
+        return [column]
+    raise ShuffleConfigError(f"cannot group by a column of type {kind}")
 
 
 def iter_groups(table: pa.Table, key_columns: Sequence[str]) -> Iterator[pa.Table]:
@@ -33,13 +160,9 @@ def iter_groups(table: pa.Table, key_columns: Sequence[str]) -> Iterator[pa.Tabl
     n = table.num_rows
     if n == 0:
         return
-    order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in key_columns], null_placement="at_end")
+    components = [c for name in key_columns for c in _components(table.column(name).combine_chunks())]
+    order, starts = _sorted_runs(components, n)
     ordered = table.take(order)
-    starts = np.zeros(n, dtype=bool)
-    starts[0] = True
-    for name in key_columns:
-        if n > 1:
-            starts[1:] |= _differs(ordered.column(name).combine_chunks())
     bounds = np.append(np.flatnonzero(starts), n)
     for start, end in itertools.pairwise(bounds):
         yield ordered.slice(int(start), int(end - start))

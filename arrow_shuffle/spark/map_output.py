@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
-from arrow_shuffle.partitioner import hash_rows
+from arrow_shuffle.partitioner import hash_rows, key_type_problem
 from arrow_shuffle.private_files import create_private_file, make_private_dir
 
 BATCH_ROWS = 16384
@@ -51,28 +51,23 @@ class ReducerOutput:
 
 
 def check_keys(schema: pa.Schema, key_columns: Sequence[str]) -> None:
-    """Fail before any data moves when a key column is missing or cannot be hashed."""
+    """Fail before any data moves when a key column is missing or of a type rows cannot be grouped by.
+
+    Every type Spark groups by passes (``key_type_problem``): numbers, decimals, strings, binaries,
+    booleans, dates, timestamps, and structs, arrays and maps of them; a variant does not.
+    """
     if not key_columns:
         raise ShuffleConfigError("key_columns must name at least one column")
     for name in key_columns:
         index = schema.get_field_index(name)
         if index < 0:
             raise ShuffleConfigError(f"key column {name!r} is not a column of the DataFrame ({schema.names})")
-        kind = schema.field(index).type
-        hashable = (
-            pa.types.is_integer(kind)
-            or pa.types.is_floating(kind)
-            or pa.types.is_boolean(kind)
-            or pa.types.is_temporal(kind)
-            or pa.types.is_string(kind)
-            or pa.types.is_large_string(kind)
-            or pa.types.is_binary(kind)
-            or pa.types.is_large_binary(kind)
-        )
-        if not hashable or pa.types.is_decimal(kind):
+        field = schema.field(index)
+        problem = key_type_problem(field)
+        if problem:
             raise ShuffleConfigError(
-                f"key column {name!r} has type {kind}, which arrowbeat cannot hash-partition; "
-                "use integer, floating, boolean, date/timestamp, string or binary keys"
+                f"key column {name!r} has type {field.type}, which arrowbeat cannot group or "
+                f"hash-partition by: {problem}"
             )
 
 

@@ -35,6 +35,7 @@ import contextlib
 import functools
 import json
 import os
+import socket
 import threading
 import uuid
 from collections import defaultdict
@@ -51,7 +52,7 @@ from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.private_files import check_id, check_private_dir, resolve_inside
 from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, find_agent
-from arrow_shuffle.spark.agent_service import app_dir, shuffle_root
+from arrow_shuffle.spark.agent_service import app_dir, note_read, shuffle_root
 from arrow_shuffle.spark.grouping import iter_groups
 from arrow_shuffle.spark.map_output import MapOutputWriter, read_segments
 from arrow_shuffle.transport import TcpTransport, Transport
@@ -100,6 +101,9 @@ class ShufflePlan:
     buffer_size: int = 1 << 20
     read_host_local: bool = True
     """Read map outputs of other executors on the same host from disk (``reads_from_disk``)."""
+    lost_wait_s: float = 5.0
+    """How long a reduce task that found map outputs lost waits for their executor to go before
+    failing (``lost_outputs``): Spark's ``spark.shuffle.io.retryWait``."""
     tls: TlsMaterial | None = field(default=None, repr=False)
     """``spark.arrowbeat.ssl.*`` on: what tasks rebuild their SSL contexts from (an
     ``ssl.SSLContext`` cannot be pickled). Holds the key (pipelined map tasks serve their output):
@@ -151,7 +155,7 @@ def _task() -> tuple[int, str, int]:
     """``(partition, "stage.taskAttemptId.attemptNumber", stage)`` of the running task.
 
     PySpark's ``TaskContext`` has no stage attempt number: a reducer tells a recomputed map output
-    by its stage id, later than the query's first map stage (``read_reducer``)."""
+    by its stage id, later than the query's first map stage (``read_partitions``)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -254,24 +258,38 @@ def _worker_pool(segments: int, size: int) -> NetworkBufferPool:
 
 def statuses_by_reducer(batches: Iterable[pa.RecordBatch]) -> dict[int, list[dict[str, Any]]]:
     """The status rows this task received, per reduce partition, one per map partition."""
-    rows = pa.Table.from_batches(list(batches), schema=STATUS_SCHEMA).to_pylist()
+    received = list(batches)
+    if not received:
+        return {}
+    # Columns by name, nullability ignored: an adaptive shuffle recomputes ``rk`` (non-null).
+    table = pa.Table.from_batches(received).select(STATUS_SCHEMA.names).cast(STATUS_SCHEMA)
+    rows = table.to_pylist()
     found: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
     for row in rows:
         found[row["reduce"]].setdefault(row["map"], row)  # Spark tracks one output per map
     return {r: sorted(m.values(), key=lambda s: s["map"]) for r, m in found.items()}
 
 
-def read_reducer(
-    plan: ShufflePlan, reducer: int, statuses: Sequence[dict[str, Any]], me: AgentInfo, stats: ReadStats
+def read_partitions(
+    plan: ShufflePlan,
+    by_reducer: dict[int, list[dict[str, Any]]],
+    me: AgentInfo,
+    stats: ReadStats,
 ) -> Iterator[pa.RecordBatch]:
-    """Every batch of reduce partition ``reducer``: host-local file reads first, then the streams."""
+    """Every batch of the reduce partitions a task was given (one, or a coalesced run of them):
+    host-local file reads first, then one stream per remote executor for all of them.
+
+    One staged stream per executor, not per reduce partition, is what makes a coalesced task cost
+    one control round trip per executor however many partitions it packs."""
     schema = plan.schema
+    reducers = sorted(by_reducer)
+    statuses = [s for r in reducers for s in by_reducer[r]]
     # One query runs its map stage once; a map status from a later stage is a recomputation
     # (Spark resubmitted the lost partitions after a fetch failure).
     first_stage = min(int(s["attempt"].split(".")[0]) for s in statuses)
-    stats.recomputed = [
-        (s["map"], s["attempt"]) for s in statuses if int(s["attempt"].split(".")[0]) > first_stage
-    ]
+    stats.recomputed = sorted(
+        {(s["map"], s["attempt"]) for s in statuses if int(s["attempt"].split(".")[0]) > first_stage}
+    )
     from_files: list[dict[str, Any]] = []
     streamed: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for s in statuses:
@@ -281,17 +299,24 @@ def read_reducer(
             from_files.append(s)
         else:
             streamed[s["executor"]].append(s)
+    label = _label(plan, reducers)
     app = app_dir(shuffle_root(plan.root), plan.app_id)
+    touched: set[str] = set()
     for s in from_files:
         path = resolve_inside(app, s["path"])  # a status row naming another path is refused, not read
+        if os.path.dirname(path) not in touched:  # the owner's TTL counts reads, disk ones too
+            touched.add(os.path.dirname(path))
+            note_read(path)
         try:
             for batch in read_segments(path, json.loads(s["segments"])):
                 stats.file_bytes += batch.nbytes
                 yield _count(stats, batch)
         except (OSError, ShuffleError) as exc:
-            raise MapOutputLostError(
-                f"shuffle {plan.shuffle_id}, reduce partition {reducer}: the host-local output of map "
-                f"partition {s['map']} on executor {s['executor']} is unreadable ({exc})"
+            raise lost_outputs(
+                plan,
+                [s],
+                f"{label}: the host-local output of map partition {s['map']} on executor "
+                f"{s['executor']} is unreadable ({exc})",
             ) from exc
     if not streamed:
         return
@@ -299,7 +324,6 @@ def read_reducer(
     specs = []
     try:
         for executor, items in streamed.items():
-            where = _where(plan, reducer, executor, items)
             try:
                 client = MapOutputClient(
                     (items[0]["host"], items[0]["control_port"]),
@@ -307,14 +331,13 @@ def read_reducer(
                     f"executor {executor}",
                     transport=client_transport(plan),
                 )
-                files = [(s["path"], [tuple(x) for x in json.loads(s["segments"])]) for s in items]
                 try:
-                    pid = client.stage(plan.shuffle_id, reducer, schema, files)
+                    pid = client.stage(plan.shuffle_id, reducers[0], schema, _files_of(items))
                 except BaseException:
                     client.close()
                     raise
             except ShuffleError as exc:
-                raise MapOutputLostError(f"{where}: {exc}") from exc
+                raise lost_outputs(plan, items, f"{_where(label, executor, items)}: {exc}") from exc
             clients.append((client, pid))
             specs.append(RemoteChannelSpec((items[0]["host"], items[0]["data_port"]), pid, 0))
         config = ShuffleConfig(buffer_size=plan.buffer_size, network_memory_bytes=plan.buffer_size)
@@ -327,10 +350,12 @@ def read_reducer(
                 yield _count(stats, batch)
         except ShuffleError as exc:
             lost = [s for items in streamed.values() for s in items]
-            raise MapOutputLostError(
-                f"shuffle {plan.shuffle_id}, reduce partition {reducer}: reading map outputs "
-                f"{sorted({s['map'] for s in lost})} from executors {sorted(streamed)} failed ({exc}); "
-                "Spark retries the task and recomputes lost map partitions"
+            raise lost_outputs(
+                plan,
+                lost,
+                f"{label}: reading map outputs {sorted({s['map'] for s in lost})} from executors "
+                f"{sorted(streamed)} failed ({exc}); Spark retries the task and recomputes lost map "
+                "partitions",
             ) from exc
         finally:
             gate.close()
@@ -340,6 +365,69 @@ def read_reducer(
             with contextlib.suppress(ShuffleError):
                 client.unstage(pid)
             client.close()
+
+
+def _files_of(items: Sequence[dict[str, Any]]) -> list[tuple[str, list[tuple[int, int]]]]:
+    """One executor's map-output files and, per file, the segments of every partition to read,
+    in reduce-partition order (``items`` are in that order)."""
+    files: dict[str, list[tuple[int, int]]] = {}
+    for s in items:
+        files.setdefault(s["path"], []).extend(tuple(x) for x in json.loads(s["segments"]))
+    return list(files.items())
+
+
+def _label(plan: ShufflePlan, reducers: Sequence[int]) -> str:
+    which = (
+        f"reduce partition {reducers[0]}"
+        if len(reducers) == 1
+        else (f"reduce partitions {reducers[0]}-{reducers[-1]}")
+    )
+    return f"shuffle {plan.shuffle_id}, {which}"
+
+
+def lost_outputs(
+    plan: ShufflePlan, statuses: Sequence[dict[str, Any]], message: str, clock: Clock = SYSTEM_CLOCK
+) -> MapOutputLostError:
+    """The error to fail a reduce task with when map outputs could not be read, once Spark can act.
+
+    Spark lists the outputs as fine: only when their executor is gone does it drop them, so that
+    the task's retry meets a fetch failure and Spark recomputes exactly those map partitions. So,
+    first, each owner's agent is told which of its files could not be read (``report_lost``): one
+    that finds them gone has its JVM ask Spark to replace the executor; an agent that died made
+    its JVM ask already. Then the task waits, at most ``plan.lost_wait_s`` (Spark's own
+    ``spark.shuffle.io.retryWait`` before a fetch failure), for those agents to stop answering:
+    their executors are going, and the retry then sees a fetch failure, not the same stale
+    outputs."""
+    owners: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for s in statuses:
+        owners[(str(s["host"]), int(s["control_port"]))].append(str(s["path"]))
+    answering = []
+    for (host, port), paths in owners.items():
+        try:
+            with MapOutputClient(
+                (host, port), plan.secret, f"agent {host}:{port}", transport=client_transport(plan)
+            ) as client:
+                if client.report_lost(plan.shuffle_id, paths[:1000]):
+                    answering.append((host, port))
+        except ShuffleError:
+            continue  # the agent is gone: its JVM reported the loss when it died
+    deadline = clock.monotonic() + plan.lost_wait_s
+    pause = threading.Event()
+    while answering and clock.monotonic() < deadline:
+        answering = [a for a in answering if _answers(a)]
+        pause.wait(0.1)
+    if not answering:  # give the driver the moment it needs to drop the executor's outputs
+        pause.wait(min(1.0, plan.lost_wait_s))
+    return MapOutputLostError(message)
+
+
+def _answers(address: tuple[str, int]) -> bool:
+    """Does something still accept connections at ``address``?"""
+    try:
+        with socket.create_connection(address, timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def reads_from_disk(status: dict[str, Any], me: AgentInfo, host_local: bool) -> bool:
@@ -356,11 +444,11 @@ def reads_from_disk(status: dict[str, Any], me: AgentInfo, host_local: bool) -> 
     return host_local and status["host"] == me.host and os.access(status["path"], os.R_OK)
 
 
-def _where(plan: ShufflePlan, reducer: int, executor: str, items: Sequence[dict[str, Any]]) -> str:
-    maps = sorted(s["map"] for s in items)
+def _where(label: str, executor: str, items: Sequence[dict[str, Any]]) -> str:
+    maps = sorted({s["map"] for s in items})
     return (
-        f"shuffle {plan.shuffle_id}, reduce partition {reducer}: map outputs {maps} on lost executor "
-        f"{executor} ({items[0]['host']}:{items[0]['control_port']}) are unreachable"
+        f"{label}: map outputs {maps} on lost executor {executor} "
+        f"({items[0]['host']}:{items[0]['control_port']}) are unreachable"
     )
 
 
@@ -377,7 +465,9 @@ def reduce_function(
     consume: Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     clock: Clock = SYSTEM_CLOCK,
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The reduce task: for each reduce partition it was given, ``consume(reducer, batches)``."""
+    """The reduce task: ``consume(first reducer, batches)`` over every reduce partition it was given
+    (one, or a contiguous run of them when the shuffle's partitions were coalesced: a key lives in
+    exactly one reduce partition, so grouping their union finds the same groups)."""
 
     def run(status_batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         by_reducer = statuses_by_reducer(status_batches)
@@ -385,30 +475,31 @@ def reduce_function(
             return
         me = find_agent(shuffle_root(plan.root), plan.app_id, clock=clock)
         _, attempt, _ = _task()
-        for reducer, statuses in sorted(by_reducer.items()):
-            started = clock.monotonic()
-            stats = ReadStats()
-            yield from consume(reducer, read_reducer(plan, reducer, statuses, me, stats))
-            pa.default_memory_pool().release_unused()
-            report(
-                {
-                    "side": "read",
-                    "partition": reducer,
-                    "attempt": attempt,
-                    "recomputed": bool(stats.recomputed),
-                    "recomputed_maps": stats.recomputed,
-                    "executor": me.executor_id,
-                    "control": [me.host, me.control_port],
-                    "bytes": stats.bytes,
-                    "file_bytes": stats.file_bytes,
-                    "streamed_bytes": stats.streamed_bytes,
-                    "batches": stats.batches,
-                    "rows": stats.rows,
-                    "spill_bytes": 0,
-                    "blocked_s": stats.blocked_s,
-                    "seconds": clock.monotonic() - started,
-                }
-            )
+        reducers = sorted(by_reducer)
+        started = clock.monotonic()
+        stats = ReadStats()
+        yield from consume(reducers[0], read_partitions(plan, by_reducer, me, stats))
+        pa.default_memory_pool().release_unused()
+        report(
+            {
+                "side": "read",
+                "partition": reducers[0],
+                "reducers": [reducers[0], reducers[-1]],
+                "attempt": attempt,
+                "recomputed": bool(stats.recomputed),
+                "recomputed_maps": stats.recomputed,
+                "executor": me.executor_id,
+                "control": [me.host, me.control_port],
+                "bytes": stats.bytes,
+                "file_bytes": stats.file_bytes,
+                "streamed_bytes": stats.streamed_bytes,
+                "batches": stats.batches,
+                "rows": stats.rows,
+                "spill_bytes": 0,
+                "blocked_s": stats.blocked_s,
+                "seconds": clock.monotonic() - started,
+            }
+        )
 
     return run
 

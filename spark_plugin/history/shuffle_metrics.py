@@ -35,7 +35,12 @@ def rows_of(
     now = dt.datetime.fromtimestamp(clock.time(), tz=dt.UTC)
     columns: dict[str, list[Any]] = {f.name: [] for f in SHUFFLE_METRICS.schema}
     for r in reports:
-        detail = {"recomputed_maps": [m for m, _ in r["recomputed_maps"]]} if r.get("recomputed_maps") else {}
+        detail: dict[str, Any] = {}
+        if r.get("recomputed_maps"):
+            detail["recomputed_maps"] = [m for m, _ in r["recomputed_maps"]]
+        reducers = r.get("reducers")
+        if reducers and reducers[0] != reducers[1]:  # a coalesced reduce task: the partitions it read
+            detail["reducers"] = [int(reducers[0]), int(reducers[1])]
         values = {
             "app_id": app_id,
             "shuffle_id": shuffle_id,

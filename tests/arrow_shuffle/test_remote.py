@@ -292,6 +292,10 @@ def _corrupt_payload(conn: TcpConnection, credit: int, payload: bytes) -> None:
     conn.send(Kind.BUFFER, b"\xff" * 100, seq=0, value=0)
 
 
+def _corrupt_large_payload(conn: TcpConnection, credit: int, payload: bytes) -> None:
+    conn.send(Kind.BUFFER, b"\xff" * 12_000, seq=0, value=0)  # received into a block, not a segment
+
+
 def _corrupt_header(conn: TcpConnection, credit: int, payload: bytes) -> None:
     conn._sock.sendall(b"\x00" * 20)
 
@@ -304,6 +308,7 @@ def _corrupt_header(conn: TcpConnection, credit: int, payload: bytes) -> None:
         (_no_credit, CreditViolationError, "without credit"),
         (_oversized, OversizedFrameError, "exceeds"),
         (_corrupt_payload, CorruptFrameError, "Arrow IPC"),
+        (_corrupt_large_payload, CorruptFrameError, "Arrow IPC"),
         (_corrupt_header, CorruptFrameError, "magic"),
     ],
 )
@@ -389,4 +394,32 @@ def test_server_refuses_partitions_of_other_applications(
     with pytest.raises(ShuffleConfigError, match="other-app"):
         server.register(part)
     part.release()
+    assert pool.num_available == pool.num_segments
+
+
+def test_a_frame_larger_than_a_buffer_within_max_frame_bytes_arrives_whole(
+    config: ShuffleConfig, pool: NetworkBufferPool
+) -> None:
+    """``max_frame_bytes`` may exceed ``buffer_size``: such a frame is received whole into memory
+    of its own (not cut at the segment's end), and the buffers still all come back."""
+    big = make_batch(0, 1200, payload_len=16)  # ~ 3 x the 16 KiB buffer, in one IPC stream
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, SCHEMA) as writer:
+        writer.write_batch(big)
+    payload = sink.getvalue().to_pybytes()
+    assert len(payload) > config.buffer_size
+
+    def script(conn: TcpConnection, credit: int) -> None:
+        conn.send(Kind.BUFFER, payload, seq=0, value=0)
+        conn.send(Kind.END_OF_PARTITION, seq=1)
+
+    fake = FakeServer(SECRET.encode(), script)
+    roomy = config.replace(max_frame_bytes=4 * config.buffer_size)
+    try:
+        spec = RemoteChannelSpec(fake.address, PartitionId(APP, 40, 0), 0)
+        with InputGate([spec], SCHEMA, pool, roomy, SECRET) as gate:
+            table = gate.read_all()
+    finally:
+        fake.close()
+    assert table.column("seq").to_pylist() == list(range(1200))
     assert pool.num_available == pool.num_segments

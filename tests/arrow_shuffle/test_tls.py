@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 
@@ -78,6 +79,40 @@ def test_a_stream_inside_tls(
         with InputGate(specs, SCHEMA, pool, config, secret=SECRET, transport=client_transport) as gate:
             seqs = sorted(gate.read_all().column("seq").to_pylist())
         assert seqs == list(range(20_000))
+    finally:
+        server.close()
+    assert pool.num_available == pool.num_segments
+
+
+def test_large_batches_of_a_pipelined_stream_inside_tls(
+    config: ShuffleConfig,
+    pool: NetworkBufferPool,
+    server_transport: TcpTransport,
+    client_transport: TcpTransport,
+) -> None:
+    """Batches that fill a buffer go out of a PIPELINED partition uncopied on plain TCP; inside TLS
+    (no ``sendmsg``) their pieces are joined first, and arrive the same."""
+    server = PartitionServer(SECRET, APP, config=config, transport=server_transport)
+    try:
+        part = ResultPartition(PartitionId(APP, 2, 0), 1, SCHEMA, pool, config=config)
+        server.register(part)
+        writer = RecordWriter(part)
+
+        def produce() -> None:
+            for start in range(0, 30_000, 400):  # ~ 13 KiB each: one uncopied frame per batch
+                writer.write(make_batch(start, 400), 0)
+            writer.finish()
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        spec = RemoteChannelSpec(server.address, part.partition_id, 0)
+        with InputGate([spec], SCHEMA, pool, config, secret=SECRET, transport=client_transport) as gate:
+            seqs = gate.read_all().column("seq").to_pylist()
+            stats = gate.stats()
+        producer.join(10)
+        assert not producer.is_alive()
+        assert seqs == list(range(30_000))
+        assert stats.buffers_received == 75
     finally:
         server.close()
     assert pool.num_available == pool.num_segments

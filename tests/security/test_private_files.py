@@ -33,7 +33,7 @@ from arrow_shuffle.spark import agent_client, agent_service
 from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, announced_agents, find_agent
 from arrow_shuffle.spark.agent_service import MapOutputService, agent_file, default_root, shuffle_root
 from arrow_shuffle.spark.map_output import MapOutputWriter
-from arrow_shuffle.spark.tasks import ReadStats, ShufflePlan, map_function, read_reducer
+from arrow_shuffle.spark.tasks import ReadStats, ShufflePlan, map_function, read_partitions
 from arrow_shuffle.spill import SpillFile
 from heartbeat.clock import ManualClock
 
@@ -137,22 +137,23 @@ def test_every_path_under_the_root_is_private_after_a_map_task_and_discovery(
     # A staged stream reads it back through the agent: the private file is served to the app.
     path = str(outputs[0])
     segments = json.loads(statuses[0].column("segments")[0].as_py())
-    got = read_reducer(
+    got = read_partitions(
         plan,
-        0,
-        [
-            {
-                "map": 0,
-                "attempt": "0.0.0",
-                "executor": "3",
-                "host": service.data_address[0],
-                "data_port": service.data_address[1],
-                "control_port": service.control_address[1],
-                "path": path,
-                "segments": json.dumps(segments),
-                "bytes": 1,
-            }
-        ],
+        {
+            0: [
+                {
+                    "map": 0,
+                    "attempt": "0.0.0",
+                    "executor": "3",
+                    "host": service.data_address[0],
+                    "data_port": service.data_address[1],
+                    "control_port": service.control_address[1],
+                    "path": path,
+                    "segments": json.dumps(segments),
+                    "bytes": 1,
+                }
+            ]
+        },
         AgentInfo("4", "127.0.0.1", 0, 0, ""),
         ReadStats(),
     )
@@ -488,7 +489,7 @@ def test_a_host_local_read_of_a_path_outside_the_application_is_refused(
     status["bytes"] = outs[0].bytes
     me = AgentInfo("3", "127.0.0.1", 0, 0, service.dir)
     with pytest.raises(UnsafePathError, match=f"{re.escape(str(other))}.* is not inside"):
-        list(read_reducer(plan, 0, [status], me, ReadStats()))
+        list(read_partitions(plan, {0: [status]}, me, ReadStats()))
 
 
 def test_resolve_inside_is_not_fooled_by_a_common_prefix(tmp_path: Path) -> None:

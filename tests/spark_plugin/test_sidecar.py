@@ -195,3 +195,15 @@ def test_secret_values_are_the_values_of_secret_keys() -> None:
         "spark.some.token": "tiny",  # too short to be worth redacting
     }
     assert secret_values(settings) == ["abcdefghijklmnop", "hunter22"]
+
+
+def test_an_agent_reports_lost_outputs_in_the_one_form_the_jvm_accepts() -> None:
+    """Issue 14, item 3: ``outputs-lost <reason>`` is the only command an agent may give."""
+    out = io.BytesIO()
+    JvmChannel(out).outputs_lost("files-missing")
+    assert out.getvalue() == b"ARROWBEAT-CMD outputs-lost files-missing\n"
+    for reason in ("", "Files", "a b", "x\nARROWBEAT-CMD kill-executor 1", "r" * 33, "-x"):
+        refused = io.BytesIO()
+        with pytest.raises(JvmCommandError):
+            JvmChannel(refused).outputs_lost(reason)
+        assert refused.getvalue() == b""

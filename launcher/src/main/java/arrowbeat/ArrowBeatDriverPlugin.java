@@ -22,6 +22,13 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   /** {@code host:port} as the driver-side process announces it (and spark.arrowbeat.rm.address). */
   private static final Pattern ADDRESS = Pattern.compile("[A-Za-z0-9.\\-\\[\\]:]{1,253}:[0-9]{1,5}");
 
+  /** Replacements for lost map outputs allowed per {@link #LOST_WINDOW_MS}: an agent that dies on
+   * every new executor must not make Spark replace executors forever. */
+  private static final int MAX_LOST_REPLACEMENTS = 5;
+  private static final long LOST_WINDOW_MS = 600_000;
+  private static final String LOST = "arrowbeat-outputs-lost";
+  private final java.util.ArrayDeque<Long> lostReplacements = new java.util.ArrayDeque<>();
+
   private volatile Sidecar sidecar;
   private volatile boolean shuttingDown;
   private SparkContext sc;
@@ -131,6 +138,50 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
     if (current != null) {
       current.send("app " + appId);
     }
+  }
+
+  /** What an executor plugin sends when its map outputs are lost ({@link #receive} reads it). */
+  static String lostMessage(String executorId, String reason) {
+    return LOST + " " + executorId + " " + reason;
+  }
+
+  /**
+   * An executor's arrowbeat map outputs are lost (its agent died, or their files vanished): Spark
+   * must forget what it ran there, as for a lost executor, so it recomputes those map partitions
+   * instead of failing readers until their retries run out. Kill-and-replace is what Spark itself
+   * does with an executor whose heartbeats time out. Anything but a well-formed message is logged
+   * and ignored.
+   */
+  @Override
+  public Object receive(Object message) {
+    String[] words = message instanceof String text && text.length() <= Command.MAX_LINE_CHARS
+        ? text.split(" ", -1) : new String[0];
+    if (words.length != 3
+        || !LOST.equals(words[0])
+        || !Command.EXECUTOR_ID.matcher(words[1]).matches()
+        || "driver".equals(words[1])
+        || !Command.REASON.matcher(words[2]).matches()) {
+      LOG.warn("arrowbeat driver plugin ignored a malformed message from an executor");
+      return null;
+    }
+    synchronized (lostReplacements) {
+      long now = System.currentTimeMillis();
+      while (!lostReplacements.isEmpty() && now - lostReplacements.peekFirst() > LOST_WINDOW_MS) {
+        lostReplacements.removeFirst();
+      }
+      if (lostReplacements.size() >= MAX_LOST_REPLACEMENTS) {
+        LOG.error("arrowbeat: executor {} lost its map outputs ({}), but {} executors were already "
+            + "replaced for that in the last {} s; not replacing it (readers of its outputs will "
+            + "fail)", words[1], words[2], lostReplacements.size(), LOST_WINDOW_MS / 1000);
+        return null;
+      }
+      lostReplacements.addLast(now);
+    }
+    SparkContext context = sc;
+    boolean accepted = context != null && context.killAndReplaceExecutor(words[1]);
+    LOG.warn("arrowbeat: executor {} lost its map outputs ({}); asked Spark to replace it: {}",
+        words[1], words[2], accepted ? "accepted" : "refused by the scheduler backend");
+    return null;
   }
 
   /**

@@ -18,6 +18,8 @@ import org.slf4j.LoggerFactory;
 public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
   private static final Logger LOG = LoggerFactory.getLogger(ArrowBeatExecutorPlugin.class);
   private final AtomicInteger runningTasks = new AtomicInteger();
+  private final java.util.concurrent.atomic.AtomicBoolean lostReported =
+      new java.util.concurrent.atomic.AtomicBoolean();
   private Sidecar sidecar;
 
   @Override
@@ -43,7 +45,19 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
               Launch.command(conf, "spark_plugin.executor"),
               settings,
               Launch.startupTimeoutMs(conf));
-      // No onCommand handler: an agent may give no command, so the Sidecar refuses every one.
+      String executorId = ctx.executorID();
+      // An agent may say one thing only: its executor's map outputs are gone. Anything else
+      // (kill-executor included) is refused and logged.
+      sidecar.onCommand(
+          command -> {
+            if (Command.OUTPUTS_LOST.equals(command.verb())) {
+              reportLost(ctx, executorId, command.argument());
+            } else {
+              LOG.warn("arrowbeat agent of executor {} may not give command {}; ignored",
+                  executorId, command.verb());
+            }
+          });
+      sidecar.onUnexpectedExit(() -> reportLost(ctx, executorId, "agent-exited"));
       sidecar.startPulses(Launch.pulseMs(sidecar.info()), runningTasks::get);
       if (appId.isEmpty()) {
         sendAppIdWhenAssigned(sidecar);
@@ -55,6 +69,26 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
         sidecar.stop(0);
         sidecar = null;
       }
+    }
+  }
+
+  /**
+   * This executor's arrowbeat map outputs are gone (its agent died, or their files vanished): Spark
+   * still lists them as the outputs of its map tasks, so readers would fail until their retries
+   * run out. Asking the driver to replace this executor makes Spark drop everything it listed here
+   * and recompute exactly those map partitions, as after any lost executor. Once per executor.
+   */
+  private void reportLost(PluginContext ctx, String executorId, String reason) {
+    if (!lostReported.compareAndSet(false, true)) {
+      return;
+    }
+    LOG.error("arrowbeat map outputs of executor {} are lost ({}); asking Spark to replace the "
+        + "executor so their map partitions are recomputed", executorId, reason);
+    try {
+      ctx.send(ArrowBeatDriverPlugin.lostMessage(executorId, reason));
+    } catch (Exception e) {
+      LOG.error("arrowbeat could not tell the driver that executor {} lost its outputs: {}",
+          executorId, e.toString());
     }
   }
 

@@ -8,12 +8,16 @@ import java.util.regex.Pattern;
  * the expected shape become a command; {@link #parse} returns null for anything else, which the
  * caller logs (rate-limited) and ignores.
  *
- * <p>The grammar: {@code ARROWBEAT-CMD kill-executor <executor id>}, the id 1-64 characters of
- * {@code [A-Za-z0-9._-]} starting with a letter or digit, never Spark's {@code driver}.
+ * <p>The grammar: {@code ARROWBEAT-CMD kill-executor <executor id>} (from the driver-side process
+ * only), the id 1-64 characters of {@code [A-Za-z0-9._-]} starting with a letter or digit, never
+ * Spark's {@code driver}; and {@code ARROWBEAT-CMD outputs-lost <reason>} (from an agent only, about
+ * its own executor), the reason 1-32 characters of {@code [a-z-]}.
  */
 record Command(String verb, String argument) {
   static final String PREFIX = "ARROWBEAT-CMD";
   static final String KILL_EXECUTOR = "kill-executor";
+  static final String OUTPUTS_LOST = "outputs-lost";
+  static final Pattern REASON = Pattern.compile("[a-z][a-z-]{0,31}");
   static final int MAX_LINE_CHARS = 256;
   static final Pattern EXECUTOR_ID = Pattern.compile("[A-Za-z0-9][A-Za-z0-9._-]{0,63}");
 
@@ -30,6 +34,9 @@ record Command(String verb, String argument) {
         && EXECUTOR_ID.matcher(words[2]).matches()
         && !words[2].equals("driver")) {
       return new Command(KILL_EXECUTOR, words[2]);
+    }
+    if (words[1].equals(OUTPUTS_LOST) && REASON.matcher(words[2]).matches()) {
+      return new Command(OUTPUTS_LOST, words[2]);
     }
     return null;
   }

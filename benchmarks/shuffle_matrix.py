@@ -1,0 +1,291 @@
+"""arrowbeat against Spark on users' everyday settings: a matrix of cells, every cell reported.
+
+One application on ``local-cluster[2,1,M]`` with Spark's defaults left alone (AQE on,
+``spark.sql.shuffle.partitions`` 200) unless a cell says otherwise. Each cell is a cached input
+of ``rows`` rows (an int key with nulls, a double, a unicode string with nulls) in 8 partitions and
+one operation, timed best of ``--repeat`` on both sides in the same run:
+
+- ``group``: Spark ``df.groupBy("k").applyInArrow(f)`` vs arrowbeat ``group_apply(df, ["k"], f)``;
+- ``repart``: Spark ``df.repartition([n,] "k").mapInArrow(g)`` vs ``partition_apply(df, n, ["k"], g)``,
+
+over rows {400 k, 4 M, 20 M} x partitions {Spark's default (200, AQE), 8 explicit} x keys
+{uniform over 5,003 values, one key holding 60% of the rows}. ``f`` and ``g`` are small Arrow
+aggregations, so the shuffle is what is measured. Each cell prints both times, their ratio
+(Spark / arrowbeat: above 1 means arrowbeat is faster) and both peak executor memories (the
+executors' process trees, sampled every 0.1 s).
+
+Also, when Dask is installed (``pip install .[bench]``), a peer on the same data in the same run:
+Dask distributed's P2P shuffle (``groupby("k").apply(f, shuffle_method="p2p")`` on a
+``LocalCluster`` of 2 workers x 1 thread), beside arrowbeat's ``group_apply`` of the largest
+uniform cell with default partitions: ``RESULT vs_dask_p2p=<dask / arrowbeat>``.
+
+    .venv/bin/python -m benchmarks.shuffle_matrix [--rows 400000,4000000,20000000] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from benchmarks.shuffle_vs_spark import PeakMemory
+from tests import conftest as _env  # loopback, venv python everywhere, test-run marker
+from tests.spark.session import build_session, stop_session
+
+KEYS = 5003
+SUMMARY = "k int, n bigint, sx double"
+PARTIAL = "rows bigint, sx double"
+
+
+def summarize(table: pa.Table) -> pa.Table:
+    """One row per key group: its key, rows and the sum of x."""
+    return pa.table(
+        {
+            "k": pa.array([table.column("k")[0].as_py()], pa.int32()),
+            "n": pa.array([table.num_rows], pa.int64()),
+            "sx": pa.array([pc.sum(table.column("x")).as_py()], pa.float64()),
+        }
+    )
+
+
+def partial(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One row per partition: rows and the sum of x (streaming)."""
+    rows, sx = 0, 0.0
+    for batch in batches:
+        rows += batch.num_rows
+        sx += pc.sum(batch.column("x")).as_py() or 0.0
+    yield pa.record_batch({"rows": pa.array([rows], pa.int64()), "sx": pa.array([sx], pa.float64())})
+
+
+def key_expr(kind: str) -> str:
+    uniform = f"CASE WHEN id % 997 = 0 THEN NULL ELSE CAST(pmod(hash(id), {KEYS}) AS INT) END"
+    if kind == "uniform":
+        return uniform
+    return f"CASE WHEN pmod(hash(id, 7), 10) < 6 THEN 0 ELSE {uniform} END"  # one key: 60% of rows
+
+
+def best(step: Callable[[], Any], repeat: int) -> tuple[float, int]:
+    """Fastest of ``repeat`` runs, and the highest peak executor memory seen."""
+    times, peaks = [], []
+    for _ in range(repeat):
+        with PeakMemory() as memory:
+            started = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - started)
+        peaks.append(memory.peak)
+    return min(times), max(peaks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="400000,4000000,20000000", help="comma-separated row counts")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per side and cell; the best counts")
+    parser.add_argument("--worker-mb", type=int, default=2048, help="M of local-cluster[2,1,M]")
+    parser.add_argument("--no-dask", action="store_true", help="skip the Dask P2P peer")
+    args = parser.parse_args()
+    sizes = [int(r) for r in args.rows.split(",")]
+
+    from arrow_shuffle import group_apply, partition_apply, release
+
+    scratch = _env._SCRATCH
+    load_before = os.getloadavg()
+    spark = build_session(
+        f"local-cluster[2,1,{args.worker_mb}]",
+        scratch,
+        "shuffle-matrix",
+        conf={
+            "spark.executor.memory": "1g",
+            "spark.sql.shuffle.partitions": "200",  # Spark's default (build_session sets 4)
+            "spark.arrowbeat.shuffle.dir": str(scratch / "shuffle"),
+            "spark.arrowbeat.tables.path": str(scratch / "tables"),
+        },
+    )
+    cells: list[dict[str, Any]] = []
+    arrow_uniform_default: dict[int, float] = {}
+    try:
+        warm = spark.range(0, 20_000, numPartitions=2).selectExpr(
+            f"{key_expr('uniform')} AS k", "cast(id AS double) * 0.5 AS x"
+        )
+        for step in (
+            lambda: warm.groupBy("k").applyInArrow(summarize, SUMMARY).collect(),
+            lambda: release(out) if (out := group_apply(warm, ["k"], summarize, SUMMARY)).collect() else 0,
+        ):
+            step()
+        for rows in sizes:
+            for keys in ("uniform", "hot"):
+                df = (
+                    spark.range(0, rows, numPartitions=8)
+                    .selectExpr(
+                        f"{key_expr(keys)} AS k",
+                        "cast(id % 1000 AS double) * 0.5 AS x",
+                        "CASE WHEN id % 13 = 0 THEN NULL ELSE concat('ключ-', id % 211, '-é') END AS s",
+                    )
+                    .cache()
+                )
+                df.count()
+                for partitions in ("default", "8"):
+                    n = None if partitions == "default" else 8
+                    for op in ("group", "repart"):
+                        spark_step, arrow_step = _steps(df, op, n, group_apply, partition_apply, release)
+                        arrow_s, arrow_mem = best(arrow_step, args.repeat)  # first: see shuffle_vs_spark
+                        spark_s, spark_mem = best(spark_step, args.repeat)
+                        cell = {
+                            "rows": rows,
+                            "keys": keys,
+                            "partitions": partitions,
+                            "op": op,
+                            "spark_s": spark_s,
+                            "arrow_s": arrow_s,
+                            "ratio": spark_s / arrow_s,
+                            "spark_mem": spark_mem,
+                            "arrow_mem": arrow_mem,
+                        }
+                        cells.append(cell)
+                        if keys == "uniform" and partitions == "default" and op == "group":
+                            arrow_uniform_default[rows] = arrow_s
+                        print(
+                            f"rows={rows:>10,} keys={keys:7s} partitions={partitions:7s} op={op:6s} "
+                            f"spark {spark_s:7.2f} s  arrowbeat {arrow_s:7.2f} s  "
+                            f"ratio {cell['ratio']:5.2f}  "
+                            f"peak MiB spark {spark_mem / 2**20:6.0f} arrowbeat {arrow_mem / 2**20:6.0f}",
+                            flush=True,
+                        )
+                df.unpersist()
+    finally:
+        stop_session(spark)
+    dask_ratio = None
+    if not args.no_dask and arrow_uniform_default:
+        rows = max(arrow_uniform_default)
+        dask_s = _dask_p2p(rows)
+        if dask_s is not None:
+            dask_ratio = dask_s / arrow_uniform_default[rows]
+            print(
+                f"dask p2p group apply, {rows:,} rows uniform: {dask_s:.2f} s "
+                f"(arrowbeat {arrow_uniform_default[rows]:.2f} s)"
+            )
+    shutil.rmtree(scratch, ignore_errors=True)
+
+    ratios = [c["ratio"] for c in cells]
+    worst = min(cells, key=lambda c: c["ratio"])
+    mem_ratio = max(c["arrow_mem"] / c["spark_mem"] for c in cells)
+    load_after = os.getloadavg()
+    print()
+    print(
+        f"{len(cells)} cells, best of {args.repeat}; load average before {load_before[0]:.2f}, "
+        f"after {load_after[0]:.2f} (2 cores)"
+    )
+    print(
+        f"worst cell: rows={worst['rows']:,} keys={worst['keys']} partitions={worst['partitions']} "
+        f"op={worst['op']}"
+    )
+    big = [c["ratio"] for c in cells if c["rows"] >= 20_000_000]
+    print(f"RESULT worst_cell_ratio={min(ratios):.3f}")
+    print(f"RESULT median_cell_ratio={statistics.median(ratios):.3f}")
+    if big:
+        print(f"RESULT min_20m_cell_ratio={min(big):.3f}")
+    print(f"RESULT max_peak_mem_ratio={mem_ratio:.3f}")
+    if dask_ratio is not None:
+        print(f"RESULT vs_dask_p2p={dask_ratio:.3f}")
+
+
+def _steps(
+    df: Any, op: str, n: int | None, group_apply: Any, partition_apply: Any, release: Any
+) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """The Spark and the arrowbeat side of one cell; each arrowbeat run releases its shuffle."""
+    if op == "group":
+
+        def spark_step() -> Any:
+            return df.groupBy("k").applyInArrow(summarize, SUMMARY).collect()
+
+        def arrow_step() -> Any:
+            out = group_apply(df, ["k"], summarize, SUMMARY, num_partitions=n)
+            try:
+                return out.collect()
+            finally:
+                release(out)
+
+    else:
+
+        def spark_step() -> Any:
+            shuffled = df.repartition("k") if n is None else df.repartition(n, "k")
+            return shuffled.mapInArrow(partial, PARTIAL).collect()
+
+        def arrow_step() -> Any:
+            out = partition_apply(df, n, ["k"], partial, PARTIAL)
+            try:
+                return out.collect()
+            finally:
+                release(out)
+
+    return spark_step, arrow_step
+
+
+def _spark_hash(ids: Any) -> Any:
+    """``arrow_shuffle.spark.adaptive.spark_hash_long`` over a numpy array of int64, vectorised."""
+    import numpy as np
+
+    m = np.uint64(0xFFFFFFFF)
+
+    def rotl(x: Any, r: int) -> Any:
+        return ((x << np.uint64(r)) | (x >> np.uint64(32 - r))) & m
+
+    def mix_k1(k1: Any) -> Any:
+        return (rotl((k1 * np.uint64(0xCC9E2D51)) & m, 15) * np.uint64(0x1B873593)) & m
+
+    def mix_h1(h1: Any, k1: Any) -> Any:
+        return (rotl(h1 ^ k1, 13) * np.uint64(5) + np.uint64(0xE6546B64)) & m
+
+    u = ids.view(np.uint64)
+    h1 = mix_h1(np.full(len(ids), 42, dtype=np.uint64), mix_k1(u & m))
+    h1 = mix_h1(h1, mix_k1(u >> np.uint64(32))) ^ np.uint64(8)
+    h1 ^= h1 >> np.uint64(16)
+    h1 = (h1 * np.uint64(0x85EBCA6B)) & m
+    h1 ^= h1 >> np.uint64(13)
+    h1 = (h1 * np.uint64(0xC2B2AE35)) & m
+    h1 ^= h1 >> np.uint64(16)
+    return h1.astype(np.int64) - ((h1 >> np.uint64(31)).astype(np.int64) << 32)
+
+
+def _dask_p2p(rows: int) -> float | None:
+    """Dask distributed's P2P shuffle on the same data (generated with the same formulas)."""
+    try:
+        import dask.dataframe as dd
+        import numpy as np
+        import pandas as pd
+        from distributed import Client, LocalCluster
+    except ImportError:
+        print("dask is not installed (pip install .[bench]): no Dask P2P peer in this run")
+        return None
+
+    ids = np.arange(rows, dtype=np.int64)
+    k = np.mod(_spark_hash(ids), KEYS).astype("float64")  # Spark's pmod(hash(id), 5003)
+    k[ids % 997 == 0] = np.nan
+    frame = pd.DataFrame({"k": k, "x": (ids % 1000).astype("float64") * 0.5})
+
+    def summarize_pandas(group: pd.DataFrame) -> pd.DataFrame:
+        return pd.DataFrame({"n": [len(group)], "sx": [group["x"].sum()]})
+
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster),
+    ):
+        ddf = dd.from_pandas(frame, npartitions=8).persist()
+        ddf.count().compute()
+        meta = pd.DataFrame({"n": pd.Series(dtype="int64"), "sx": pd.Series(dtype="float64")})
+        times = []
+        for _ in range(2):
+            started = time.perf_counter()
+            ddf.groupby("k", dropna=False).apply(summarize_pandas, meta=meta, shuffle_method="p2p").compute()
+            times.append(time.perf_counter() - started)
+    return min(times)
+
+
+if __name__ == "__main__":
+    main()

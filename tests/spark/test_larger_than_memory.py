@@ -1,0 +1,109 @@
+"""Issue 14, item 5: a shuffle of data four times the executors' memory completes exactly, spilling.
+
+``local-cluster[2,1,1024]`` with ``spark.executor.memory=512m``; ~2.2 GB of Arrow data (10 M rows of
+~220 bytes), 60% of the rows under one key. Map tasks keep at most ``spark.arrowbeat.shuffle.mapMemory``
+in memory and write the rest as runs of their output file; the reducer of the hot key streams it
+(``partition_apply`` sees batches, never the whole partition). A sampler follows every process
+under the executor JVMs (Python workers and agents): none may grow anywhere near the data.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from pyspark.sql import SparkSession
+
+from arrow_shuffle import partition_apply, shuffle_of
+from tests.procs import ours
+from tests.spark.session import build_session, stop_session
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+ROWS = 10_000_000
+PAD = 200
+EXECUTOR_MEMORY = 512 << 20
+WORKER_RSS_BOUND = 700 << 20
+"""Far under the 2.2 GB shuffled, and under what one executor's share (1.1 GB) would need if held."""
+
+
+@pytest.fixture(scope="module")
+def spark(scratch: Path) -> Iterator[SparkSession]:
+    session = build_session(
+        "local-cluster[2,1,1024]",
+        scratch,
+        "test-larger-than-memory",
+        conf={
+            "spark.arrowbeat.shuffle.dir": str(scratch / "big-shuffle"),
+            "spark.arrowbeat.tables.path": str(scratch / "big-tables"),
+            "spark.arrowbeat.shuffle.mapMemory": "32m",
+            "spark.sql.execution.arrow.maxRecordsPerBatch": "4096",
+        },
+    )
+    yield session
+    stop_session(session)
+
+
+class RssSampler:
+    """Peak RSS of every process below the executor JVMs (not the JVMs: their heap is Spark's)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.peak_cmd = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.2):
+            for jvm in ours("CoarseGrainedExecutorBackend"):
+                try:
+                    children = jvm.children(recursive=True)
+                except psutil.Error:
+                    continue
+                for child in children:
+                    try:
+                        rss = child.memory_info().rss
+                        if rss > self.peak:
+                            self.peak, self.peak_cmd = rss, " ".join(child.cmdline())[:120]
+                    except psutil.Error:
+                        continue
+
+
+def _count(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Per reduce task: rows, the sum of ids and the hot key's rows, streaming."""
+    rows = hot = total = 0
+    for batch in batches:
+        rows += batch.num_rows
+        total += pc.sum(batch.column("id")).as_py() or 0
+        hot += pc.sum(pc.equal(batch.column("k"), 0)).as_py() or 0
+    yield pa.record_batch({"rows": [rows], "ids": [total], "hot": [hot]})
+
+
+def test_a_shuffle_four_times_executor_memory_completes_exactly_spilling(spark: SparkSession) -> None:
+    df = spark.range(0, ROWS, numPartitions=8).selectExpr(
+        "id", "CASE WHEN id % 10 < 6 THEN 0 ELSE id % 1000 END AS k", f"repeat('x', {PAD}) AS pad"
+    )
+    assert ROWS * (PAD + 16) >= 4 * EXECUTOR_MEMORY
+    out = partition_apply(df, 4, ["k"], _count, "rows bigint, ids bigint, hot bigint")
+    with RssSampler() as sampler, shuffle_of(out) as handle:
+        got = out.collect()
+        writes = [r for r in handle.reports() if r["side"] == "write"]
+    assert sum(r.rows for r in got) == ROWS
+    assert sum(r.ids for r in got) == ROWS * (ROWS - 1) // 2
+    assert sorted(r.hot for r in got)[-1] == ROWS * 6 // 10  # the hot key: one reducer, all of it
+    assert sum(w["bytes"] for w in writes) >= 4 * EXECUTOR_MEMORY
+    assert all(w["spill_bytes"] > 0 for w in writes)  # each map task wrote runs beyond its memory
+    assert 0 < sampler.peak < WORKER_RSS_BOUND, (sampler.peak, sampler.peak_cmd)
