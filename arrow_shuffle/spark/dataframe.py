@@ -16,6 +16,12 @@ and reduce tasks in one stage, streaming under credits (``pipelined``). A DataFr
 ``map_in_arrow`` is *chained*: its function runs inside the map task, so generated batches never
 become JVM rows at all.
 
+Partition counts follow Spark's: an explicit count in ``repartition``/``partition_apply`` is kept
+exactly; otherwise (and for ``group_apply`` always) the count is an upper bound, and with
+``spark.arrowbeat.shuffle.adaptive`` on the map side runs when the function is called and contiguous
+reduce partitions are packed into tasks by their real sizes (``adaptive``, ``_coalesced``), as AQE
+packs a ``groupBy``'s between query stages.
+
 Settings are read through ``spark_plugin.config`` (``from_spark_conf``), the one declaration of
 every ``spark.arrowbeat.*`` key: the application's ``SparkConf``, with the session's runtime conf
 winning for the keys settable per query (``readHostLocalDisk``). A bad setting raises that
