@@ -85,22 +85,15 @@ def settings_from_sql_conf(conf: Mapping[str, str], default_parallelism: int) ->
     return CoalesceSettings(advisory, min_size, first, max(1, min_partitions))
 
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1 << 10,
-    "m": 1 << 20,
-    "mb": 1 << 20,
-    "g": 1 << 30,
-    "gb": 1 << 30,
-}
+_UNITS = {"": 1, "b": 1}
+for _power, _letter in enumerate("kmgtp", start=1):
+    _UNITS[_letter] = _UNITS[_letter + "b"] = 1 << (10 * _power)
 
 
 def _bytes(text: str) -> int:
     """A Spark byte-size string (``64m``, ``67108864``, ``1MB``)."""
     value = text.strip().lower()
-    digits = value.rstrip("kmgb")
+    digits = value.rstrip("kmgtpb")
     unit = value[len(digits) :]
     if not digits.isdigit() or unit not in _UNITS:
         raise ValueError(f"{text!r} is not a byte size like 64m")

@@ -228,6 +228,9 @@ class MapOutputService:
         self.ttl_s = ttl_s
         self._on_outputs_lost = on_outputs_lost
         self._lost_reported = False
+        self._deleted: set[int] = set()
+        """Shuffles whose outputs this agent deleted on purpose (release, TTL): their files are
+        gone, but not *lost*; a reader of one gets an error, and the executor is not replaced."""
         self._clock = clock
         self.dir = executor_dir(root, app_id, executor_id)
         # Staged streams never wait on the reader for long stretches by design, but a reducer may
@@ -453,6 +456,7 @@ class MapOutputService:
             self.unstage(pid)
         with self._lock:
             self._last_read.pop(_folder(shuffle_id), None)
+            self._deleted.add(shuffle_id)
         return _remove_tree(os.path.join(self.dir, _folder(shuffle_id)))
 
     def sweep(self) -> int:
@@ -477,9 +481,11 @@ class MapOutputService:
                 if last_read is not None:
                     idle = min(idle, self._clock.monotonic() - last_read)
                 if idle > self.ttl_s:
-                    freed += _remove_tree(path)
                     with self._lock:
                         self._last_read.pop(name, None)
+                        with contextlib.suppress(ValueError):
+                            self._deleted.add(int(name[1:]))
+                    freed += _remove_tree(path)
         return freed
 
     def report_lost(self, shuffle_id: int, paths: Sequence[str]) -> bool:
@@ -492,9 +498,7 @@ class MapOutputService:
             _refused.warning(self.dir, "refused a report of lost map outputs: %s", exc)
             raise
         missing = self._missing(real)
-        if missing:
-            self._outputs_lost(shuffle_id, missing)
-        return bool(missing)
+        return bool(missing) and self._outputs_lost(shuffle_id, missing)
 
     @staticmethod
     def _missing(paths: Iterable[str]) -> list[str]:
@@ -506,7 +510,18 @@ class MapOutputService:
                 missing.append(path)
         return missing
 
-    def _outputs_lost(self, shuffle_id: int, missing: list[str]) -> None:
+    def _outputs_lost(self, shuffle_id: int, missing: list[str]) -> bool:
+        """Whether ``missing`` are lost (and the JVM told), not deleted here on purpose."""
+        with self._lock:
+            deleted = shuffle_id in self._deleted
+        if deleted:  # released or swept here: gone on purpose, nothing for Spark to recompute
+            log.warning(
+                "a reader asked for map outputs of shuffle %s, which this agent released or swept "
+                "(spark.arrowbeat.shuffle.ttl): %s",
+                shuffle_id,
+                missing[:5],
+            )
+            return False
         log.warning(
             "map outputs of shuffle %s are gone from executor %s: %s",
             shuffle_id,
@@ -520,6 +535,7 @@ class MapOutputService:
                 self._on_outputs_lost("files-missing")
             except Exception:  # the caller's hook must not turn a lost file into a hung stage
                 log.exception("on_outputs_lost failed")
+        return True
 
     def disk_bytes(self) -> int:
         total = 0

@@ -247,10 +247,18 @@ def release(df: DataFrame) -> int:
 
 
 # -- building the plan ---------------------------------------------------------------------------
-_next_shuffle_id = itertools.count(1)
-"""Shuffle ids of this driver process: Spark's own ``nextShuffleId`` scheme. One driver plans every
-shuffle of its application and the application id namespaces everything on disk and on the wire,
-so ids can never collide (random ids could, and did at 31 bits)."""
+def _new_shuffle_id(spark: SparkSession) -> int:
+    """An id from the SparkContext's own shuffle-id counter (``SparkContext.newShuffleId``, public in
+    the JVM's bytecode): unique within the application, also across Python processes sharing one
+    SparkContext (notebooks); the application id namespaces everything on disk and on the wire.
+    Random ids could collide (they did at 31 bits)."""
+    try:
+        return int(spark.sparkContext._jsc.sc().newShuffleId())
+    except Exception:  # a Spark without it: this process's own counter, still unique per driver
+        return next(_next_shuffle_id)
+
+
+_next_shuffle_id = itertools.count(1 << 30)
 
 
 def _key(field: str) -> str:
@@ -314,7 +322,7 @@ def _plan(
     settings = shuffle_settings(spark)
     plan = ShufflePlan(
         app_id=spark.sparkContext.applicationId,
-        shuffle_id=next(_next_shuffle_id),
+        shuffle_id=_new_shuffle_id(spark),
         root=settings.shuffle_dir,  # resolved on each executor (shuffle_root), as its user
         secret=settings.secret,
         key_columns=tuple(key_columns),
@@ -332,7 +340,16 @@ def _plan(
 def _seconds(text: str) -> float:
     """A Spark duration (``5s``, ``500ms``, ``1m``; a bare number is seconds), for Spark's own keys."""
     value = text.strip().lower()
-    for unit, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("min", 60.0)):
+    units = (
+        ("us", 1e-6),
+        ("ms", 0.001),
+        ("s", 1.0),
+        ("min", 60.0),
+        ("m", 60.0),
+        ("h", 3600.0),
+        ("d", 86400.0),
+    )
+    for unit, scale in units:
         if value.endswith(unit) and value[: -len(unit)].replace(".", "", 1).isdigit():
             return float(value[: -len(unit)]) * scale
     try:
@@ -453,15 +470,20 @@ def _coalesced(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    settings = settings_from_sql_conf(_sql_conf(spark), spark.sparkContext.defaultParallelism)
     statuses = statuses.persist(StorageLevel.MEMORY_AND_DISK)
     handle.persisted = statuses
     sizes = [0] * plan.num_partitions
-    # One stage: the map tasks themselves, their (map, reduce) sizes collected as they are cached
-    # (an aggregation would add a shuffle and a stage for a few thousand numbers).
-    table = statuses.select("reduce", "bytes").toArrow()
+    try:
+        # One stage: the map tasks themselves, their (map, reduce) sizes collected as they are
+        # cached (an aggregation would add a shuffle and a stage for a few thousand numbers).
+        table = statuses.select("reduce", "bytes").toArrow()
+    except BaseException:
+        handle.release()  # nobody gets a handle to this shuffle: its outputs go now
+        raise
     for reducer, size in zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True):
         sizes[int(reducer)] += int(size or 0)
-    groups = coalesce(sizes, settings_from_sql_conf(_sql_conf(spark), spark.sparkContext.defaultParallelism))
+    groups = coalesce(sizes, settings)
     keys = route_keys(len(groups))
     per_reducer = [keys[task] for task, group in enumerate(groups) for _ in group]
     handle.groups = groups

@@ -407,7 +407,8 @@ def lost_outputs(
             with MapOutputClient(
                 (host, port), plan.secret, f"agent {host}:{port}", transport=client_transport(plan)
             ) as client:
-                if client.report_lost(plan.shuffle_id, paths[:1000]):
+                chunks = [paths[i : i + 1000] for i in range(0, len(paths), 1000)]
+                if any([client.report_lost(plan.shuffle_id, chunk) for chunk in chunks]):
                     answering.append((host, port))
         except ShuffleError:
             continue  # the agent is gone: its JVM reported the loss when it died

@@ -92,3 +92,19 @@ def test_a_failing_hook_does_not_break_the_agent(tmp_path: Path) -> None:
             assert client.metrics()["shuffle_streams_open"] == 0  # still serving
     finally:
         svc.close()
+
+
+def test_outputs_the_agent_deleted_on_purpose_are_not_lost(
+    service: MapOutputService, lost: list[str]
+) -> None:
+    """Released or swept by the TTL: a late reader gets an error, the executor is not replaced."""
+    path, segments = write_map(service, 4, 0)
+    assert service.release_shuffle(4) > 0 and not os.path.exists(path)
+    with MapOutputClient(service.control_address, SECRET, "test") as client:
+        assert client.report_lost(4, [path]) is False
+        with pytest.raises(ShuffleError, match="are gone"):
+            client.stage(4, 0, SCHEMA, [(path, segments)])
+    assert lost == []
+    other, _ = write_map(service, 5, 0)  # a shuffle this agent never deleted: lost, as before
+    os.unlink(other)
+    assert service.report_lost(5, [other]) is True and lost == ["files-missing"]

@@ -28,6 +28,13 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   private static final long LOST_WINDOW_MS = 600_000;
   private static final String LOST = "arrowbeat-outputs-lost";
   private final java.util.ArrayDeque<Long> lostReplacements = new java.util.ArrayDeque<>();
+  private final java.util.concurrent.ExecutorService replacer =
+      java.util.concurrent.Executors.newSingleThreadExecutor(
+          runnable -> {
+            Thread thread = new Thread(runnable, "arrowbeat-replace-executor");
+            thread.setDaemon(true);
+            return thread;
+          });
 
   private volatile Sidecar sidecar;
   private volatile boolean shuttingDown;
@@ -162,8 +169,13 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
         || "driver".equals(words[1])
         || !Command.REASON.matcher(words[2]).matches()) {
       LOG.warn("arrowbeat driver plugin ignored a malformed message from an executor");
-      return null;
+      return Boolean.FALSE;
     }
+    SparkContext context = sc;
+    if (context == null) {
+      return Boolean.FALSE;
+    }
+    Long charged;
     synchronized (lostReplacements) {
       long now = System.currentTimeMillis();
       while (!lostReplacements.isEmpty() && now - lostReplacements.peekFirst() > LOST_WINDOW_MS) {
@@ -173,15 +185,30 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
         LOG.error("arrowbeat: executor {} lost its map outputs ({}), but {} executors were already "
             + "replaced for that in the last {} s; not replacing it (readers of its outputs will "
             + "fail)", words[1], words[2], lostReplacements.size(), LOST_WINDOW_MS / 1000);
-        return null;
+        return Boolean.FALSE;
       }
-      lostReplacements.addLast(now);
+      charged = now;
+      lostReplacements.addLast(charged);
     }
-    SparkContext context = sc;
-    boolean accepted = context != null && context.killAndReplaceExecutor(words[1]);
-    LOG.warn("arrowbeat: executor {} lost its map outputs ({}); asked Spark to replace it: {}",
-        words[1], words[2], accepted ? "accepted" : "refused by the scheduler backend");
-    return null;
+    // Off the RPC thread that delivered the message: a kill waits on the cluster manager (Spark's
+    // HeartbeatReceiver kills from its own thread for the same reason).
+    replacer.execute(
+        () -> {
+          boolean accepted = false;
+          try {
+            accepted = context.killAndReplaceExecutor(words[1]);
+          } catch (RuntimeException e) {
+            LOG.warn("arrowbeat: replacing executor {} failed: {}", words[1], e.toString());
+          }
+          if (!accepted) { // only replacements that happen use up the budget
+            synchronized (lostReplacements) {
+              lostReplacements.removeLastOccurrence(charged);
+            }
+          }
+          LOG.warn("arrowbeat: executor {} lost its map outputs ({}); asked Spark to replace it: {}",
+              words[1], words[2], accepted ? "accepted" : "refused by the scheduler backend");
+        });
+    return Boolean.TRUE;
   }
 
   /**
@@ -200,6 +227,7 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   @Override
   public void shutdown() {
     shuttingDown = true;
+    replacer.shutdownNow();
     if (sidecar != null) {
       try {
         sidecar.stop(Launch.STOP_GRACE_MS);

@@ -18,6 +18,8 @@ import org.slf4j.LoggerFactory;
 public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
   private static final Logger LOG = LoggerFactory.getLogger(ArrowBeatExecutorPlugin.class);
   private final AtomicInteger runningTasks = new AtomicInteger();
+  /** Tasks ever started here: without one, this executor cannot hold map outputs. */
+  private final AtomicInteger tasksStarted = new AtomicInteger();
   private final java.util.concurrent.atomic.AtomicBoolean lostReported =
       new java.util.concurrent.atomic.AtomicBoolean();
   private Sidecar sidecar;
@@ -57,7 +59,15 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
                   executorId, command.verb());
             }
           });
-      sidecar.onUnexpectedExit(() -> reportLost(ctx, executorId, "agent-exited"));
+      sidecar.onUnexpectedExit(
+          () -> {
+            if (tasksStarted.get() > 0) {
+              reportLost(ctx, executorId, "agent-exited");
+            } else { // no task ran here, so no map output can be lost: the executor runs on
+              LOG.error("arrowbeat agent of executor {} exited; no task ran here, so no map "
+                  + "outputs are lost; the executor runs on without it", executorId);
+            }
+          });
       sidecar.startPulses(Launch.pulseMs(sidecar.info()), runningTasks::get);
       if (appId.isEmpty()) {
         sendAppIdWhenAssigned(sidecar);
@@ -84,11 +94,15 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
     }
     LOG.error("arrowbeat map outputs of executor {} are lost ({}); asking Spark to replace the "
         + "executor so their map partitions are recomputed", executorId, reason);
+    boolean taken = false;
     try {
-      ctx.send(ArrowBeatDriverPlugin.lostMessage(executorId, reason));
+      taken = Boolean.TRUE.equals(ctx.ask(ArrowBeatDriverPlugin.lostMessage(executorId, reason)));
     } catch (Exception e) {
       LOG.error("arrowbeat could not tell the driver that executor {} lost its outputs: {}",
           executorId, e.toString());
+    }
+    if (!taken) { // refused or unreachable: a later loss may ask again
+      lostReported.set(false);
     }
   }
 
@@ -135,6 +149,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
 
   @Override
   public void onTaskStart() {
+    tasksStarted.incrementAndGet();
     runningTasks.incrementAndGet();
   }
 
