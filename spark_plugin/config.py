@@ -31,16 +31,17 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|min|h|d)?\s*$")
 _UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-def parse_duration(text: str) -> float:
-    """Spark's time format, in seconds: ``500ms``, ``2s``, ``1min``; a bare number is milliseconds."""
+def parse_duration(text: str, bare_unit: str = "ms") -> float:
+    """Spark's time format, in seconds: ``500ms``, ``2s``, ``1min``; a bare number is in
+    ``bare_unit`` (milliseconds for arrowbeat's keys; Spark reads some of its own keys in seconds)."""
     match = _DURATION.match(text)
     if not match:
         raise ValueError(text)
     number, unit = match.groups()
-    return float(number) * _UNIT_SECONDS[unit or "ms"]
+    return float(number) * _UNIT_SECONDS[unit or bare_unit]
 
 
-_BYTES = re.compile(r"^\s*(\d+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
+_BYTES = re.compile(r"^\s*(\d+)\s*([kmgtp]?)b?\s*$", re.IGNORECASE)
 
 
 def parse_bytes(text: str) -> int:
@@ -49,7 +50,7 @@ def parse_bytes(text: str) -> int:
     if not match:
         raise ValueError(text)
     number, unit = match.groups()
-    return int(number) << (10 * " kmgt".index(unit.lower() or " "))
+    return int(number) << (10 * " kmgtp".index(unit.lower() or " "))
 
 
 def _parse_int(text: str) -> int:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from arrow_shuffle.errors import ShuffleConfigError
+from spark_plugin.config import parse_bytes
 
 SMALL_GROUP_FACTOR = 0.2
 """A last group under this fraction of the target is merged into the group before it ..."""
@@ -75,29 +76,14 @@ def settings_from_sql_conf(conf: Mapping[str, str], default_parallelism: int) ->
     """The coalescing settings from the session's SQL conf (Spark's keys and defaults)."""
     prefix = "spark.sql.adaptive."
     try:
-        advisory = _bytes(conf.get(prefix + "advisoryPartitionSizeInBytes", "64m"))
-        min_size = _bytes(conf.get(prefix + "coalescePartitions.minPartitionSize", "1m"))
+        advisory = parse_bytes(conf.get(prefix + "advisoryPartitionSizeInBytes", "64m"))
+        min_size = parse_bytes(conf.get(prefix + "coalescePartitions.minPartitionSize", "1m"))
         first = conf.get(prefix + "coalescePartitions.parallelismFirst", "true").strip().lower() == "true"
         explicit = conf.get(prefix + "coalescePartitions.minPartitionNum", "")
         min_partitions = int(explicit) if explicit else default_parallelism
     except ValueError as exc:
         raise ShuffleConfigError(f"cannot read Spark's adaptive coalescing settings: {exc}") from exc
     return CoalesceSettings(advisory, min_size, first, max(1, min_partitions))
-
-
-_UNITS = {"": 1, "b": 1}
-for _power, _letter in enumerate("kmgtp", start=1):
-    _UNITS[_letter] = _UNITS[_letter + "b"] = 1 << (10 * _power)
-
-
-def _bytes(text: str) -> int:
-    """A Spark byte-size string (``64m``, ``67108864``, ``1MB``)."""
-    value = text.strip().lower()
-    digits = value.rstrip("kmgtpb")
-    unit = value[len(digits) :]
-    if not digits.isdigit() or unit not in _UNITS:
-        raise ValueError(f"{text!r} is not a byte size like 64m")
-    return int(digits) * _UNITS[unit]
 
 
 # -- routing status rows to reduce tasks -----------------------------------------------------------

@@ -68,7 +68,7 @@ from arrow_shuffle.spark.tasks import (
     reduce_function,
     server_transport,
 )
-from spark_plugin.config import OPTIONS, ArrowBeatConfig, from_spark_conf
+from spark_plugin.config import OPTIONS, ArrowBeatConfig, from_spark_conf, parse_duration
 from spark_plugin.errors import ConfigError
 from spark_plugin.tls import from_config as tls_from_config
 
@@ -331,29 +331,17 @@ def _plan(
         route_keys=route_keys(num_partitions),
         memory_bytes=settings.shuffle_map_memory_bytes,
         read_host_local=settings.shuffle_read_host_local,
-        lost_wait_s=_seconds(spark.sparkContext.getConf().get("spark.shuffle.io.retryWait", "5s") or "5s"),
+        lost_wait_s=_retry_wait_s(spark),
         tls=tls_from_config(settings),  # the driver's SparkConf holds what the executors got
     )
     return spark, plan, settings
 
 
-def _seconds(text: str) -> float:
-    """A Spark duration (``5s``, ``500ms``, ``1m``; a bare number is seconds), for Spark's own keys."""
-    value = text.strip().lower()
-    units = (
-        ("us", 1e-6),
-        ("ms", 0.001),
-        ("s", 1.0),
-        ("min", 60.0),
-        ("m", 60.0),
-        ("h", 3600.0),
-        ("d", 86400.0),
-    )
-    for unit, scale in units:
-        if value.endswith(unit) and value[: -len(unit)].replace(".", "", 1).isdigit():
-            return float(value[: -len(unit)]) * scale
+def _retry_wait_s(spark: SparkSession) -> float:
+    """``spark.shuffle.io.retryWait`` (Spark reads it in seconds: a bare number is seconds)."""
+    text = spark.sparkContext.getConf().get("spark.shuffle.io.retryWait", "5s") or "5s"
     try:
-        return float(value)
+        return parse_duration(text, bare_unit="s")
     except ValueError:
         raise ConfigError([f"spark.shuffle.io.retryWait={text!r}: expected a duration like 5s"]) from None
 
