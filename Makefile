@@ -17,7 +17,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup setup-python setup-jvm prereqs prereqs-python prereqs-jvm demo test lint typecheck unit \
-	proto bench bench-readme clean
+	proto bench bench-readme clean wheel
 # Set-up in two parts: Python (venv + pip: all `unit`, `lint` and `typecheck` need) and the JVM
 # side on top (the Delta jars via Maven, the launcher via javac) for Spark, `test`, `demo`, `bench`.
 setup: setup-python setup-jvm
@@ -49,18 +49,24 @@ $(LAUNCHER_JAR): $(LAUNCHER_SRC) $(VENV)/.installed
 	jar --create --file $@ -C $(CACHE)/launcher/classes .
 
 DEMO_WORK := $(abspath $(CACHE))/demo
+# local-cluster Workers keep executor dirs in $SPARK_HOME/work (inside the pyspark package; they
+# ignore SPARK_WORKER_DIR): the demo removes the ones its applications made.
+SPARK_PACKAGE_WORK = "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "work"))')"
 demo: setup
-	@mkdir -p $(DEMO_WORK)
-	SPARK_WORKER_DIR=$(DEMO_WORK)/work $(VENV)/bin/spark-submit $$($(PY) -m spark_plugin conf) \
+	@mkdir -p $(DEMO_WORK) && touch $(DEMO_WORK)/.started
+	$(VENV)/bin/spark-submit $$($(PY) -m spark_plugin conf) \
 	  --master 'local-cluster[2,1,1024]' --conf spark.executor.memory=512m --conf spark.driver.memory=1g \
 	  --conf spark.ui.enabled=false --conf spark.log.level=WARN --conf spark.sql.warehouse.dir=$(DEMO_WORK)/warehouse \
 	  --conf spark.driver.extraJavaOptions=-Dderby.system.home=$(DEMO_WORK) \
 	  jobs/demo.py
-	SPARK_WORKER_DIR=$(DEMO_WORK)/work $(VENV)/bin/spark-submit $$($(PY) -m spark_plugin conf) \
+	$(VENV)/bin/spark-submit $$($(PY) -m spark_plugin conf) \
 	  --master 'local-cluster[2,1,1024]' --conf spark.executor.memory=512m --conf spark.driver.memory=1g \
 	  --conf spark.ui.enabled=false --conf spark.log.level=WARN --conf spark.sql.warehouse.dir=$(DEMO_WORK)/warehouse \
 	  --conf spark.driver.extraJavaOptions=-Dderby.system.home=$(DEMO_WORK) \
 	  jobs/arrow_pipeline.py --rows 2000000
+	$(PY) -m spark_plugin.cli report --tables $(DEMO_WORK)/warehouse/arrowbeat --app latest -o $(DEMO_WORK)/report.html
+	@find $(SPARK_PACKAGE_WORK) -mindepth 1 -maxdepth 1 -name 'app-*' -newer $(DEMO_WORK)/.started \
+	  -exec rm -rf {} + 2>/dev/null || true
 
 lint: setup-python
 	$(VENV)/bin/ruff check .
@@ -73,8 +79,20 @@ typecheck: setup-python
 unit: setup-python
 	$(PY) -m pytest -q -m 'not spark' tests
 
-test: setup lint
+test: setup lint $(CACHE)/.chromium
 	$(PY) -m pytest -q -rs tests
+
+# The live page's browser test needs a headless Chromium (Debian's package; root or sudo -n).
+$(CACHE)/.chromium:
+	@mkdir -p $(CACHE)
+	bash scripts/install_chromium.sh
+	@touch $@
+
+# `make wheel`: dist/arrowbeat-*.whl, the launcher jar inside (build_backend/ compiles it with javac
+# against the pyspark of pip's isolated build environment; needs a JDK 17+). `pip install` it anywhere.
+wheel: prereqs-jvm $(VENV)/.installed
+	rm -rf build  # setuptools reuses build/lib: a module deleted since must not ship
+	$(PY) -m pip wheel --no-deps -w dist .
 
 proto: $(VENV)/.installed
 	$(PY) -m scripts.gen_protos
@@ -83,7 +101,7 @@ proto: $(VENV)/.installed
 # saves each one's output as .cache/bench/<name>.txt (only when it succeeds) and rewrites the
 # README's benchmark table from the RESULT lines saved there. They take long: minutes each, the
 # soak SOAK_MINUTES (default 10).
-BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark shuffle_matrix
+BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark shuffle_matrix stuck_tasks cluster_faults
 BENCH ?= $(BENCHES)
 SOAK_MINUTES ?= 10
 BENCH_DIR := $(CACHE)/bench

@@ -51,6 +51,7 @@ from .monitor import HeartbeatMonitor, MonitorState
 from .payload import (
     Payload,
     PayloadProvider,
+    WorkProgress,
     pulse_file_provider,
     rss_provider,
     slots_provider,
@@ -107,6 +108,7 @@ __all__ = [
     "SystemClock",
     "ThreadScheduler",
     "UnknownExecutorError",
+    "WorkProgress",
     "io_loop",
     "one_line",
     "pulse_file_provider",

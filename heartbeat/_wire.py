@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ._proto import heartbeat_pb2 as pb
 from ._text import MAX_METRIC_NAME_CHARS, check_text
 from .errors import (
@@ -12,7 +14,7 @@ from .errors import (
     StaleInstanceError,
     UnknownExecutorError,
 )
-from .payload import Payload
+from .payload import Payload, WorkProgress
 from .resource_manager import ExecutorInfo
 
 SERVICE_NAME = "arrowbeat.heartbeat.ResourceManager"
@@ -23,6 +25,10 @@ CALL_TOKEN_KEY = "x-arrowbeat-call"  # a unary call's token (``_auth.call_token`
 CALL_PROOF_KEY = "x-arrowbeat-proof"  # the RM's proof on a unary reply, in trailing metadata
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_METRICS = 256
+MAX_WORK = 256
+"""Most units of work one payload describes (the agent puts stuck and idlest first)."""
+MAX_WORK_LABEL_CHARS = 256
+MAX_WHERE_CHARS = 4096
 UNKNOWN = -1
 
 
@@ -41,6 +47,12 @@ def payload_to_proto(payload: Payload) -> pb.Payload:
         rss_bytes=num(payload.rss_bytes),
         jvm_pulse_age_ms=num(payload.jvm_pulse_age_ms),
         metrics=payload.metrics,
+        work=[
+            pb.WorkProgress(
+                id=w.id, label=w.label, running_s=w.running_s, idle_s=w.idle_s, stuck=w.stuck, where=w.where
+            )
+            for w in payload.work[:MAX_WORK]
+        ],
     )
 
 
@@ -51,6 +63,16 @@ def payload_from_proto(message: pb.Payload) -> Payload:
         )
     for name in message.metrics:  # recorded in the history tables: checked like ids
         check_text("metric name", name, MAX_METRIC_NAME_CHARS)
+    if len(message.work) > MAX_WORK:
+        raise MalformedMessageError(
+            f"payload has {len(message.work)} units of work; at most {MAX_WORK} allowed"
+        )
+    for w in message.work:  # recorded in the history tables: checked like ids
+        check_text("work id", w.id)
+        check_text("work label", w.label, MAX_WORK_LABEL_CHARS)
+        check_text("work where", w.where, MAX_WHERE_CHARS, allow_empty=True)
+        if not (math.isfinite(w.running_s) and math.isfinite(w.idle_s)) or min(w.running_s, w.idle_s) < 0:
+            raise MalformedMessageError(f"work {w.id}: running_s and idle_s must be finite and >= 0")
 
     def opt(value: int) -> int | None:
         return None if value < 0 else value
@@ -62,6 +84,9 @@ def payload_from_proto(message: pb.Payload) -> Payload:
         rss_bytes=opt(message.rss_bytes),
         jvm_pulse_age_ms=opt(message.jvm_pulse_age_ms),
         metrics=dict(message.metrics),
+        work=tuple(
+            WorkProgress(w.id, w.label, w.running_s, w.idle_s, w.stuck, w.where) for w in message.work
+        ),
     )
 
 

@@ -23,11 +23,27 @@ log = logging.getLogger(__name__)
 
 
 class EventKind(enum.Enum):
+    """What happened to an executor. The first five are the agent's own protocol; the last three
+    are the cluster manager's view (Spark's, told by the driver plugin), so a reader can tell an
+    executor Spark let go on purpose from one that crashed, and one that never had an agent."""
+
     REGISTERED = "REGISTERED"
     REREGISTERED = "REREGISTERED"
     HEARTBEAT_TIMEOUT = "HEARTBEAT_TIMEOUT"
     UNREACHABLE = "UNREACHABLE"
     UNREGISTERED = "UNREGISTERED"
+    SPARK_REMOVED = "SPARK_REMOVED"
+    """Spark removed the executor on purpose (idle under dynamic allocation, decommissioned,
+    replaced at arrowbeat's request, the application stopping); the detail says which."""
+    SPARK_LOST = "SPARK_LOST"
+    """Spark lost the executor (its process exited or crashed, its host or connection was lost)."""
+    UNMONITORED = "UNMONITORED"
+    """Spark runs the executor but no agent registered for it in time (its agent did not start)."""
+    TASK_STUCK = "TASK_STUCK"
+    """A unit of work on the executor (a task attempt) made no progress for the stuck timeout;
+    the detail names it and where it waits (``WorkProgress`` in the payload)."""
+    TASK_RESUMED = "TASK_RESUMED"
+    """A stuck unit of work progressed again or ended; the detail says which."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,9 @@
 
 A provider is any callable returning a mapping of figure names to numbers. The well-known names
 (``PAYLOAD_FIELDS``) land in their typed fields; every other name goes to ``metrics`` (e.g.
-shuffle buffer-pool figures). A provider that raises is logged once and skipped, so a broken
+shuffle buffer-pool figures). A provider may instead return a sequence of ``WorkProgress``: the
+units of work the executor runs (Spark task attempts) and whether each advances, so the RM side
+can tell a stuck one from a slow one. A provider that raises is logged once and skipped, so a broken
 metric never silences the heartbeat that proves liveness.
 """
 
@@ -17,7 +19,24 @@ from .clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
-PayloadProvider = Callable[[], Mapping[str, float | int | None]]
+
+@dataclass(frozen=True, slots=True)
+class WorkProgress:
+    """One unit of work running on the executor (a task attempt) and its progress."""
+
+    id: str
+    label: str
+    """What it is, for people: ``stage 3.0 partition 5 attempt 0 (task 42)``."""
+    running_s: float
+    idle_s: float
+    """Seconds since it last progressed (its threads' CPU time advanced)."""
+    stuck: bool = False
+    """Idle past the executor's stuck-task timeout."""
+    where: str = ""
+    """Where it is stuck (a one-line stack excerpt, or why none could be taken), when stuck."""
+
+
+PayloadProvider = Callable[[], Mapping[str, float | int | None] | Sequence[WorkProgress]]
 
 PAYLOAD_FIELDS = ("slots_total", "slots_busy", "running_tasks", "rss_bytes", "jvm_pulse_age_ms")
 
@@ -32,12 +51,14 @@ class Payload:
     rss_bytes: int | None = None
     jvm_pulse_age_ms: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    work: tuple[WorkProgress, ...] = ()
 
 
 def collect_payload(providers: Sequence[PayloadProvider], failed: set[int] | None = None) -> Payload:
     """Merge every provider's figures; later providers win on a clash."""
     typed: dict[str, int] = {}
     metrics: dict[str, float] = {}
+    work: list[WorkProgress] = []
     for index, provider in enumerate(providers):
         try:
             figures = provider()
@@ -47,6 +68,9 @@ def collect_payload(providers: Sequence[PayloadProvider], failed: set[int] | Non
                 if failed is not None:
                     failed.add(index)
             continue
+        if not isinstance(figures, Mapping):
+            work.extend(figures)
+            continue
         for name, value in figures.items():
             if value is None:
                 continue
@@ -54,7 +78,7 @@ def collect_payload(providers: Sequence[PayloadProvider], failed: set[int] | Non
                 typed[name] = int(value)
             else:
                 metrics[name] = float(value)
-    return Payload(metrics=metrics, **typed)
+    return Payload(metrics=metrics, work=tuple(work), **typed)
 
 
 def slots_provider(total: int, busy: Callable[[], int] | None = None) -> PayloadProvider:

@@ -8,6 +8,12 @@ for a heartbeat every interval through that agent's ``AgentLink``. Time comes fr
 timestamps it records (registration, last heartbeat, events); ``rm_server`` is its gRPC
 transport, and the agent side has the same split (``agent_core`` / ``agent_session``).
 
+Beside the agents' own word, the core keeps the cluster manager's view (Spark's, which the
+driver plugin forwards): an executor the cluster manager started is *expected* (``expect``); if no
+agent registers for it in time it is reported and listed UNMONITORED instead of being silently
+missing, and a removal by the cluster manager is recorded as such (``cluster_removed``), so an
+executor let go on purpose does not read as a crash.
+
 All methods are meant to run on one thread (the server's loop); a lock still guards the table
 so ``executors()`` can be read from any thread.
 """
@@ -22,13 +28,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ._text import MAX_REASON_CHARS, check_text, excerpt
+from ._text import MAX_REASON_CHARS, check_text, clean_reason, excerpt
 from .clock import Clock
 from .errors import StaleEpochError, StaleInstanceError, UnknownExecutorError
 from .events import Event, EventKind, ExecutorEvent, HeartbeatRecord
 from .monitor import HeartbeatMonitor
 from .payload import Payload
-from .scheduler import Scheduler
+from .scheduler import Cancellable, Scheduler
 from .services import HeartbeatServices
 
 log = logging.getLogger(__name__)
@@ -108,6 +114,16 @@ class _Registration:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class _Expected:
+    """An executor the cluster manager started whose agent has not registered (yet)."""
+
+    host: str
+    added_at: float  # wall clock
+    timer: Cancellable | None = None
+    unmonitored: bool = False
+
+
 @dataclass(frozen=True)
 class Registered:
     epoch: str
@@ -139,6 +155,9 @@ class ResourceManagerCore:
         self._seen: set[str] = set(known_executors)
         self._ended: collections.deque[str] = collections.deque()
         self._max_ended = max_ended
+        self._expected: dict[str, _Expected] = {}
+        self._removed_on_purpose: dict[str, str] = {}
+        self._scheduler = scheduler
         self._stopped = False
         self._sender = services.create_heartbeat_manager_sender(RM_ID, self, scheduler, clock, spread)
 
@@ -149,6 +168,9 @@ class ResourceManagerCore:
         """Stop requesting and emitting; idempotent."""
         with self._lock:
             self._stopped = True
+            timers = [e.timer for e in self._expected.values() if e.timer is not None]
+        for timer in timers:
+            timer.cancel()
         self._sender.stop()
 
     # ---- messages from agents -------------------------------------------------------------
@@ -191,6 +213,9 @@ class ResourceManagerCore:
             )
             kind = EventKind.REREGISTERED if executor_id in self._seen else EventKind.REGISTERED
             self._seen.add(executor_id)
+            expected = self._expected.pop(executor_id, None)
+        if expected is not None and expected.timer is not None:
+            expected.timer.cancel()
         if current is not None and current.state == "RUNNING":
             # Its own status: the replaced agent must stop, not register again and replace the
             # newer one in turn (two live agents given one executor id would flap forever).
@@ -201,6 +226,8 @@ class ResourceManagerCore:
                 f"one (instance {instance_id}, host {host or '?'}, pid {pid or '?'})",
             )
         detail = "" if current is None else f"replaces instance {current.instance_id}"
+        if expected is not None and expected.unmonitored:
+            detail = "its agent registered after the executor was reported unmonitored"
         self._emit(kind, executor_id, host, instance_id, detail)
         return Registered(self.epoch, instance_id, resumed=False)
 
@@ -234,6 +261,69 @@ class ResourceManagerCore:
         registration = self._registrations.get(executor_id)
         if registration is not None and registration.target.link is link:
             registration.monitor.report_rpc_failure()
+
+    # ---- the cluster manager's view (Spark's, forwarded by the driver plugin) -------------
+
+    def expect(self, executor_id: str, host: str, within_s: float) -> None:
+        """The cluster manager started ``executor_id`` on ``host``: unless an agent registers for
+        it within ``within_s`` (on the injected scheduler's clock), it is reported UNMONITORED,
+        once, and listed with that state. Nothing happens for an executor that an agent
+        registered for already (the cluster manager's word may come late) or that is expected."""
+        check_text("executor_id", executor_id)
+        check_text("host", host, allow_empty=True)
+        with self._lock:
+            if self._stopped or executor_id in self._registrations or executor_id in self._expected:
+                return
+            expected = _Expected(host, self._clock.time())
+            self._expected[executor_id] = expected
+        expected.timer = self._scheduler.schedule(
+            within_s,
+            lambda: self._unmonitored(
+                executor_id, f"no agent registered within {within_s:g} s after the executor started"
+            ),
+        )
+
+    def agent_not_started(self, executor_id: str, reason: str) -> None:
+        """The executor's side says its agent could not start: UNMONITORED now, with ``reason``,
+        rather than after the ``expect`` bound (if no agent registered for it meanwhile)."""
+        check_text("executor_id", executor_id)
+        with self._lock:
+            if self._stopped or executor_id in self._registrations:
+                return
+            self._expected.setdefault(executor_id, _Expected("", self._clock.time()))
+        self._unmonitored(executor_id, f"its agent did not start: {clean_reason(reason)}")
+
+    def cluster_removed(self, executor_id: str, kind: EventKind, detail: str) -> None:
+        """The cluster manager removed ``executor_id``: recorded as ``kind`` (``SPARK_REMOVED`` when
+        on purpose, ``SPARK_LOST`` when lost) with ``detail`` (cut to the reason limit). After a
+        removal on purpose, the agent's own end (it unregisters as its JVM stops, or goes
+        silent) carries that removal in its detail, so it does not read as a crash."""
+        if kind not in (EventKind.SPARK_REMOVED, EventKind.SPARK_LOST):
+            raise ValueError(f"a removal is SPARK_REMOVED or SPARK_LOST, not {kind.value}")
+        check_text("executor_id", executor_id)
+        detail = clean_reason(detail)
+        with self._lock:
+            expected = self._expected.pop(executor_id, None)
+            registration = self._registrations.get(executor_id)
+            if kind is EventKind.SPARK_REMOVED:
+                self._removed_on_purpose[executor_id] = detail
+                while len(self._removed_on_purpose) > self._max_ended:
+                    del self._removed_on_purpose[next(iter(self._removed_on_purpose))]
+        if expected is not None and expected.timer is not None:
+            expected.timer.cancel()
+        host = registration.host if registration else expected.host if expected else ""
+        self._emit(kind, executor_id, host, registration.instance_id if registration else "", detail)
+
+    def _unmonitored(self, executor_id: str, detail: str) -> None:
+        with self._lock:
+            expected = self._expected.get(executor_id)
+            if expected is None or expected.unmonitored or executor_id in self._registrations:
+                return
+            expected.unmonitored = True
+            timer, expected.timer = expected.timer, None
+        if timer is not None:
+            timer.cancel()
+        self._emit(EventKind.UNMONITORED, executor_id, expected.host, "", detail)
 
     # ---- HeartbeatListener ----------------------------------------------------------------
 
@@ -270,8 +360,11 @@ class ResourceManagerCore:
     # ---- queries --------------------------------------------------------------------------
 
     def executors(self) -> list[ExecutorInfo]:
+        """Every registration (live or ended), then every executor the cluster manager runs
+        without an agent (state ``UNMONITORED``, no instance; ``registered_at`` is when the
+        cluster manager started it)."""
         with self._lock:
-            return [
+            registered = [
                 ExecutorInfo(
                     r.executor_id,
                     r.host,
@@ -285,6 +378,12 @@ class ResourceManagerCore:
                 )
                 for r in self._registrations.values()
             ]
+            unmonitored = [
+                ExecutorInfo(executor_id, e.host, "", "UNMONITORED", e.added_at, None, None, None)
+                for executor_id, e in self._expected.items()
+                if e.unmonitored
+            ]
+        return registered + unmonitored
 
     def last_heartbeat_from(self, executor_id: str) -> float | None:
         """``clock.monotonic()`` reading at the last heartbeat from a live registration."""
@@ -320,6 +419,9 @@ class ResourceManagerCore:
                 return
             registration.state = state
             self._forget_old_ended(registration.executor_id)
+            removal = self._removed_on_purpose.get(registration.executor_id)
+        if removal is not None:  # the agent's end follows from it: say so
+            detail = f"{detail}; the executor was {removal}"
         self._sender.unmonitor_if(registration.executor_id, registration.monitor)
         if close is not None:
             registration.target.link.close(*close)

@@ -26,6 +26,7 @@ import collections
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import Future
 from typing import Any, NoReturn
 
 import grpc
@@ -56,7 +57,7 @@ from .errors import (
     MalformedMessageError,
     ProtocolVersionError,
 )
-from .events import EventBus, Subscriber
+from .events import EventBus, EventKind, Subscriber
 from .resource_manager import ExecutorInfo, ResourceManagerCore
 from .scheduler import LoopScheduler
 from .services import HeartbeatServices
@@ -207,6 +208,32 @@ class ResourceManagerServer:
 
     def executors(self) -> list[ExecutorInfo]:
         return [] if self._core is None else self._core.executors()
+
+    # ---- the cluster manager's view: from any thread, applied in order on the RM's loop ----
+
+    def executor_started(self, executor_id: str, host: str, within_s: float) -> None:
+        """The cluster manager started ``executor_id``; see ``ResourceManagerCore.expect``."""
+        self._on_loop("an executor start", lambda core: core.expect(executor_id, host, within_s))
+
+    def agent_not_started(self, executor_id: str, reason: str) -> None:
+        """``executor_id``'s agent could not start; see ``ResourceManagerCore.agent_not_started``."""
+        self._on_loop("an agent's failed start", lambda core: core.agent_not_started(executor_id, reason))
+
+    def executor_removed(self, executor_id: str, kind: EventKind, detail: str) -> None:
+        """The cluster manager removed ``executor_id``; see ``ResourceManagerCore.cluster_removed``."""
+        self._on_loop("an executor removal", lambda core: core.cluster_removed(executor_id, kind, detail))
+
+    def _on_loop(self, what: str, apply: Callable[[ResourceManagerCore], None]) -> None:
+        """Runs ``apply`` on the core from the loop, without waiting; a failure is logged."""
+
+        async def run() -> None:
+            apply(self._require_core())
+
+        def done(future: Future[None]) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                log.warning("the RM did not take %s: %s", what, one_line(repr(future.exception())))
+
+        submit(run()).add_done_callback(done)
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving; idempotent. Events published before are delivered, none after."""

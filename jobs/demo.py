@@ -26,8 +26,6 @@ from typing import Any
 import psutil
 from pyspark.sql import SparkSession
 
-from arrow_shuffle.spark.agent_client import announced_agents
-from arrow_shuffle.spark.agent_service import shuffle_root as resolve_shuffle_root
 from heartbeat.admin import list_executors
 from spark_plugin.config import ConfigError, from_spark_conf, parse_duration, tables_root
 from spark_plugin.jobs import executor_health
@@ -117,17 +115,8 @@ def main(argv: list[str] | None = None) -> int:
 
     wait_for(lambda: len(running_agents()) >= expected, 60)
     agents = running_agents()
-    shuffle_root = resolve_shuffle_root(config.shuffle_dir)
-    wait_for(lambda: len(announced_agents(shuffle_root, sc.applicationId)) >= len(agents), 10)
-    served = {a.executor_id: a for a in announced_agents(shuffle_root, sc.applicationId)}
     for e in agents:
-        where = served.get(e.executor_id)
-        serves = (
-            f", shuffle data {where.host}:{where.data_port}, control {where.host}:{where.control_port}"
-            if where
-            else ""
-        )
-        print(f"   executor {e.executor_id}: agent pid {e.pid} on {e.host}{serves}, state {e.state}")
+        print(f"   executor {e.executor_id}: agent pid {e.pid} on {e.host}, state {e.state}")
     if len(agents) < expected:
         problems.append(f"only {len(agents)} of {expected} executor agents registered")
 

@@ -1,7 +1,9 @@
 """Executor health, live: per executor and 1-minute window, from the ``heartbeats`` Delta table.
 
 For each (app, executor, window): heartbeat count, the largest gap between consecutive heartbeats,
-p95 round-trip time, and a flag when that gap exceeds the heartbeat timeout. Results are upserted
+p95 round-trip time, the executor JVM's garbage-collection time (``gc_ms``: GC pressure beside the
+gaps; a gap with as much GC was a collection, see ``REREGISTERED`` details), and a flag when that
+gap exceeds the heartbeat timeout. Results are upserted
 into a Delta ``executor_health`` table, so a window is visible (and corrected) as soon as its
 heartbeats arrive rather than only after a watermark closes it.
 
@@ -32,6 +34,8 @@ def health_of(heartbeats: Any, timeout_s: float) -> Any:
             F.count("*").alias("heartbeats"),
             F.max("gap_ms").alias("max_gap_ms"),
             F.percentile_approx("rtt_ms", 0.95).alias("p95_rtt_ms"),
+            F.sum("gc_ms").alias("gc_ms"),
+            F.max("gc_ms").alias("max_gc_ms"),
         )
         .select(
             "app_id",
@@ -41,6 +45,8 @@ def health_of(heartbeats: Any, timeout_s: float) -> Any:
             "heartbeats",
             "max_gap_ms",
             "p95_rtt_ms",
+            "gc_ms",
+            "max_gc_ms",
             (F.coalesce(F.col("max_gap_ms"), F.lit(0.0)) > timeout_s * 1000).alias("gap_exceeds_timeout"),
         )
     )

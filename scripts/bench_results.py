@@ -36,6 +36,10 @@ BENCHMARKS: dict[str, str] = {
     "shuffle_matrix": "arrowbeat vs Spark on everyday settings: rows x partitions (default 200 + AQE, "
     "8) x keys (uniform, 60% hot) x {groupBy.applyInArrow, repartition.mapInArrow}, every cell; "
     "Dask P2P as a peer (ratios: other / arrowbeat)",
+    "stuck_tasks": "hung UDFs beside CPU-bound ones, GC pauses under and over the heartbeat timeout, "
+    "SIGSTOPs: stuck-task detection, false positives, gaps told apart",
+    "cluster_faults": "a standalone cluster, two Workers as hosts: a whole host frozen (arrowbeat 1 s / 5 s) "
+    "and a host killed mid-shuffle (time to the exact result vs the same job without a kill)",
 }
 """Every benchmark of ``make bench``, in table order, with what it compares (the prose part)."""
 

@@ -1,4 +1,5 @@
-"""``python -m spark_plugin conf`` prints spark-submit flags; ``config-docs`` prints the key table."""
+"""``python -m spark_plugin conf`` prints spark-submit flags; ``pack`` packs this venv for executors
+without arrowbeat (and prints the flags that ship it); ``config-docs`` prints the key table."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     conf = sub.add_parser("conf", help="print the spark-submit flags that turn arrowbeat on")
     conf.add_argument("--python", help="interpreter for arrowbeat's processes (default: this one)")
     conf.add_argument("--no-delta", action="store_true", help="leave Delta's session extension off")
+    conf.add_argument("--archive", help="executors run this packed environment (see `pack`)")
+    pack = sub.add_parser("pack", help="pack this venv (arrowbeat installed from a wheel) for executors")
+    pack.add_argument("-o", "--output", required=True, help="the archive to write: .tar.gz, .tgz or .tar")
+    pack.add_argument("--no-delta", action="store_true", help="leave Delta out of the printed flags")
     docs = sub.add_parser("config-docs", help="print the table of spark.arrowbeat.* keys (Markdown)")
     docs.add_argument("--write", metavar="README", help="replace the table between the markers in this file")
     args = parser.parse_args(argv)
@@ -33,10 +38,28 @@ def main(argv: list[str] | None = None) -> int:
             print(docs_table())
         return 0
     try:
-        print(shlex.join(submit_flags(args.python, delta=not args.no_delta)))
+        if args.command == "pack":
+            return _pack(Path(args.output), delta=not args.no_delta)
+        print(shlex.join(submit_flags(args.python, delta=not args.no_delta, archive=args.archive)))
     except SetupError as exc:
         print(f"arrowbeat: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _pack(output: Path, delta: bool) -> int:
+    """Packs, then prints the spark-submit flags (stdout) and what executors need (stderr)."""
+    from spark_plugin.pack import pack
+
+    packed = pack(output)
+    flags = submit_flags(delta=delta, archive=str(packed.archive))
+    print(
+        f"arrowbeat: wrote {packed.archive} ({packed.size_bytes / 2**20:.0f} MiB, {packed.files} entries); "
+        f"executors need the Python it was made from at {packed.base_python}. Flags (also: "
+        f"`python -m spark_plugin conf --archive {shlex.quote(str(packed.archive))}`):",
+        file=sys.stderr,
+    )
+    print(shlex.join(flags))
     return 0
 
 

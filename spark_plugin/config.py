@@ -137,7 +137,18 @@ OPTIONS: tuple[Option, ...] = (
         "",
         "a path to a Python 3.11+ interpreter",
         "Interpreter for arrowbeat's processes; empty means `PYSPARK_PYTHON`, then "
-        "`spark.pyspark.python`. It must have arrowbeat installed.",
+        "`spark.pyspark.python`. It must have arrowbeat installed. A relative path (`./env/bin/python` "
+        "of `--archives env.tar.gz#env`) is resolved against the working directory of the process "
+        "that launches it (an executor's own); an executor without it runs on without an agent.",
+        _parse_str,
+    ),
+    Option(
+        "spark.arrowbeat.driver.python",
+        "driver_python",
+        "",
+        "a path to a Python 3.11+ interpreter",
+        "Interpreter for arrowbeat's driver-side process; empty means `spark.arrowbeat.python`'s. Set "
+        "it when that is a packed environment's path that only executors have (client mode).",
         _parse_str,
     ),
     Option(
@@ -175,6 +186,25 @@ OPTIONS: tuple[Option, ...] = (
         _parse_int,
     ),
     Option(
+        "spark.arrowbeat.ui.enabled",
+        "ui_enabled",
+        "true",
+        "true or false",
+        "Serve the live page (executors' liveness, RTT, slots, memory, lifecycle events) over HTTP "
+        "from the driver-side process, on the ResourceManager's host (HTTPS with its certificate when "
+        "`spark.arrowbeat.ssl.enabled`). Its URL with the access token is logged at start-up; "
+        "`spark.arrowbeat.ui.url` (no token) is set in the SparkConf.",
+        parse_bool,
+    ),
+    Option(
+        "spark.arrowbeat.ui.port",
+        "ui_port",
+        "0",
+        "an integer port, 0 to 65535",
+        "Port of the live page; 0 picks a free one.",
+        _parse_int,
+    ),
+    Option(
         "spark.arrowbeat.heartbeat.interval",
         "heartbeat_interval_s",
         "1s",
@@ -203,9 +233,15 @@ OPTIONS: tuple[Option, ...] = (
         "spark.arrowbeat.tables.path",
         "tables_path",
         "",
-        "a local directory path",
-        "Where the Delta history tables (heartbeats, executor_events) live; empty means an "
-        "`arrowbeat` folder under `spark.sql.warehouse.dir`.",
+        "a directory path (`file:` too), or `s3a://bucket/path`, "
+        "`abfss://container@account.dfs.core.windows.net/path`, `gs://bucket/path`, `hdfs://host/path`",
+        "Where the Delta history tables (heartbeats, executor_events, shuffle_metrics) live; empty means "
+        "an `arrowbeat` folder under `spark.sql.warehouse.dir`. On a cluster, storage every reader "
+        "sees: a shared mount or an object store. The driver-side process writes with delta-rs, "
+        "taking credentials and endpoint from the application's `spark.hadoop.fs.s3a.*`, "
+        "`spark.hadoop.fs.azure.account.key.<account>.dfs.core.windows.net` or "
+        "`spark.hadoop.google.cloud.auth.service.account.json.keyfile` (never logged); Spark's readers "
+        "use the URI as written (`s3a://` needs Spark's `hadoop-aws` jars).",
         _parse_str,
     ),
     Option(
@@ -243,6 +279,26 @@ OPTIONS: tuple[Option, ...] = (
         _choice("record", "kill"),
     ),
     Option(
+        "spark.arrowbeat.stuckTask.timeout",
+        "stuck_task_timeout_s",
+        "10min",
+        "a duration like 10min, 30s; 0 turns it off",
+        "A running task whose threads (its JVM thread and its Python worker) use no CPU for this "
+        "long is recorded as `TASK_STUCK` in `executor_events`, with where it waits (its stacks); a "
+        "slow but busy task never is. Python stacks and worker CPU need arrowbeat's worker daemon "
+        "(`spark.python.daemon.module`, set by `conf` when the workers run arrowbeat's Python).",
+        parse_duration,
+    ),
+    Option(
+        "spark.arrowbeat.onStuckTask",
+        "on_stuck_task",
+        "record",
+        "record or kill",
+        "What a stuck task does besides being recorded: `kill` asks Spark to kill that task "
+        "attempt (`SparkContext.killTaskAttempt`), which Spark then runs again.",
+        _choice("record", "kill"),
+    ),
+    Option(
         "spark.arrowbeat.log.level",
         "log_level",
         "info",
@@ -256,10 +312,22 @@ OPTIONS: tuple[Option, ...] = (
         "",
         "a local directory path",
         "Root of the Arrow shuffle's map-output files on every executor (and of the agents' discovery "
-        "files); empty means `arrowbeat-<uid>` in the system temp directory. Created 0700 if absent; "
-        "refused (the error names it) if it is a symlink, owned by another user or writable by group "
-        "or others. Must be the same setting on driver and executors.",
+        "files), overriding the default: empty means each executor's own Spark local directories "
+        "(`spark.local.dir`, `SPARK_LOCAL_DIRS`, YARN's `LOCAL_DIRS`, a Worker's dirs, as Spark resolved "
+        "them), where Spark keeps its shuffle files; map outputs are spread over all of them. When set, "
+        "it must be a path every executor host has. Created 0700 if absent; refused (the error names it) "
+        "if it is a symlink, owned by another user or writable by group or others.",
         _parse_str,
+    ),
+    Option(
+        "spark.arrowbeat.shuffle.port",
+        "shuffle_port",
+        "0",
+        "an integer port, 0 to 65535",
+        "First port the executor agents' shuffle servers bind (for firewalls): each agent takes the "
+        "first free one from here for data and the next free one for control, trying 32 ports (so up "
+        "to 16 executors per host); 0 picks free ports.",
+        _parse_int,
     ),
     Option(
         "spark.arrowbeat.shuffle.ttl",
@@ -372,6 +440,15 @@ OPTIONS: tuple[Option, ...] = (
         internal=True,
     ),
     Option(
+        "spark.arrowbeat.ui.url",
+        "ui_url",
+        "",
+        "an http:// URL",
+        "Set by arrowbeat on the driver: the live page's address, without its access token.",
+        _parse_str,
+        internal=True,
+    ),
+    Option(
         "spark.arrowbeat.driver.pid",
         "driver_pid",
         "0",
@@ -410,11 +487,14 @@ class ArrowBeatConfig:
     """Parsed, validated settings; one attribute per :data:`OPTIONS` entry."""
 
     python: str
+    driver_python: str
     startup_timeout_s: float
     secret: str = field(repr=False)
     """Never in ``repr``/``str`` (nor, by the plugin, in any log, argv, environment or file)."""
     rm_host: str
     rm_port: int
+    ui_enabled: bool
+    ui_port: int
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     rpc_failure_threshold: int
@@ -423,8 +503,11 @@ class ArrowBeatConfig:
     tables_compact_interval_s: float
     tables_retention_s: float
     on_heartbeat_timeout: str
+    stuck_task_timeout_s: float
+    on_stuck_task: str
     log_level: str
     shuffle_dir: str
+    shuffle_port: int
     shuffle_ttl_s: float
     shuffle_map_memory_bytes: int
     shuffle_agent_memory_bytes: int
@@ -436,6 +519,7 @@ class ArrowBeatConfig:
     ssl_trust_store: str
     ssl_server_name: str
     rm_address: str
+    ui_url: str
     driver_pid: int
     ssl_generated_cert: str = field(repr=False)
     ssl_generated_key: str = field(repr=False)
@@ -461,8 +545,9 @@ def _check_ranges(c: ArrowBeatConfig) -> list[str]:
         problems.append("spark.arrowbeat.startupTimeout must be > 0")
     if c.secret and len(c.secret) < 16:
         problems.append("spark.arrowbeat.authenticate.secret must have at least 16 characters")
-    if not 0 <= c.rm_port <= 65535:
-        problems.append(f"spark.arrowbeat.rm.port={c.rm_port}: expected an integer port, 0 to 65535")
+    for key, port in (("rm.port", c.rm_port), ("shuffle.port", c.shuffle_port), ("ui.port", c.ui_port)):
+        if not 0 <= port <= 65535:
+            problems.append(f"spark.arrowbeat.{key}={port}: expected an integer port, 0 to 65535")
     if c.heartbeat_interval_s <= 0:
         problems.append("spark.arrowbeat.heartbeat.interval must be > 0")
     if c.heartbeat_interval_s >= c.heartbeat_timeout_s:
@@ -540,6 +625,94 @@ def _check_ssl(c: ArrowBeatConfig) -> list[str]:
     return problems
 
 
+TABLES_SCHEMES: dict[str, str] = {
+    "file": "file",
+    "s3a": "s3",
+    "s3": "s3",
+    "abfss": "abfss",
+    "abfs": "abfs",
+    "gs": "gs",
+    "hdfs": "hdfs",
+    "viewfs": "viewfs",
+}
+"""The URI schemes ``tables.path`` takes (as Spark/Hadoop spell them) and the scheme delta-rs
+writes each with (``spark_plugin.history.storage``); both sides read every one of them."""
+
+_URI_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_AUTHORITY = {
+    "s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
+    "abfss": re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{1,62}@[a-z0-9]{3,24}\.dfs\.[A-Za-z0-9.-]+"),
+    "gs": re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"),
+    "hdfs": re.compile(r"[A-Za-z0-9.\-]*(?::\d{1,5})?"),
+}
+_AUTHORITY.update(abfs=_AUTHORITY["abfss"], viewfs=_AUTHORITY["hdfs"])
+
+
+def local_tables_path(text: str) -> Path | None:
+    """The directory a local (or mounted, shared) ``tables.path`` names: a bare path, or ``file:/p``,
+    ``file:///p``, ``file://localhost/p``; None for any other URI."""
+    match = _URI_SCHEME.match(text)
+    if match is None or match.group(1).lower() != "file":
+        return None if match else Path(text)
+    rest = text[match.end() :]
+    if rest.startswith("//"):
+        host, _, path = rest[2:].partition("/")
+        return Path("/" + path) if host in ("", "localhost") else None
+    return Path(rest)
+
+
+def tables_path_problem(key: str, text: str) -> str | None:
+    """Why ``text`` cannot be ``key`` (``tables.path`` or the warehouse it defaults under), or None.
+    The message never repeats a ``user:secret@`` part: it names the key and the expected form."""
+    match = _URI_SCHEME.match(text)
+    if match is None:
+        return None
+    scheme = match.group(1).lower()
+    if scheme not in TABLES_SCHEMES:
+        known = ", ".join(f"{s}://" for s in TABLES_SCHEMES)
+        return (
+            f"{key}: the scheme {scheme}:// is not one delta-rs (which writes the tables) and Spark both "
+            f"read; use one of {known} or a directory path"
+            + (
+                " (for Azure Blob Storage, the ADLS Gen2 endpoint: abfss://)"
+                if scheme.startswith("wasb")
+                else ""
+            )
+            + (" (s3a:// is Hadoop's S3 client)" if scheme == "s3n" else "")
+        )
+    if scheme == "file":
+        if local_tables_path(text) is None:
+            return f"{key}: a file: URI must name a path on this host (file:/path or file:///path)"
+        return None
+    rest = text[match.end() :]
+    if not rest.startswith("//"):
+        return f"{key}: expected {scheme}://<authority>/<path>"
+    authority, _, _path = rest[2:].partition("/")
+    userinfo, at, _host = authority.rpartition("@")
+    if at and (scheme not in ("abfss", "abfs") or ":" in userinfo):
+        return (
+            f"{key}: credentials do not belong in the URI ({scheme}://<user>:<secret>@...): set them as "
+            "the application's spark.hadoop.* settings"
+        )
+    delta = TABLES_SCHEMES[scheme]
+    if not _AUTHORITY[delta].fullmatch(authority):
+        form = {
+            "s3": "s3a://<bucket>/<path>",
+            "abfss": f"{scheme}://<container>@<account>.dfs.core.windows.net/<path>",
+            "abfs": f"{scheme}://<container>@<account>.dfs.core.windows.net/<path>",
+            "gs": "gs://<bucket>/<path>",
+            "hdfs": f"{scheme}://<namenode>[:port]/<path>",
+            "viewfs": f"{scheme}://<cluster>/<path>",
+        }[delta]
+        return f"{key}: expected {form}"
+    return None
+
+
+def _check_tables(c: ArrowBeatConfig) -> list[str]:
+    problem = tables_path_problem("spark.arrowbeat.tables.path", c.tables_path)
+    return [problem] if problem else []
+
+
 _REDACTED_FIELDS = frozenset({"secret", "ssl_generated_cert", "ssl_generated_key"})
 """Fields whose values no error message shows (the certificate too: it is not secret, but a
 malformed one may be a key pasted into the wrong setting)."""
@@ -563,6 +736,7 @@ def load(settings: Mapping[str, str]) -> ArrowBeatConfig:
     config = ArrowBeatConfig(**values)
     problems.extend(_check_ranges(config))
     problems.extend(_check_ssl(config))
+    problems.extend(_check_tables(config))
     if problems:
         raise ConfigError(problems)
     return config
@@ -601,12 +775,18 @@ def from_spark_conf(
     return load(settings)
 
 
-def tables_root(config: ArrowBeatConfig, settings: Mapping[str, str]) -> Path:
-    """``spark.arrowbeat.tables.path``, else ``<spark.sql.warehouse.dir>/arrowbeat``."""
+def tables_root(config: ArrowBeatConfig, settings: Mapping[str, str]) -> Path | str:
+    """``spark.arrowbeat.tables.path``, else ``<spark.sql.warehouse.dir>/arrowbeat``, as Spark's
+    readers name it: a ``Path`` for a directory (a local or shared mount), the URI itself for an
+    object store or HDFS (``spark_plugin.history.storage.locate`` spells it for delta-rs)."""
     if config.tables_path:
-        return Path(config.tables_path.removeprefix("file:"))
+        local = local_tables_path(config.tables_path)
+        return local if local is not None else config.tables_path.rstrip("/")
     warehouse = settings.get("spark.sql.warehouse.dir") or "spark-warehouse"
-    return Path(warehouse.removeprefix("file:")).absolute() / "arrowbeat"
+    local = local_tables_path(warehouse)
+    if local is None:
+        return f"{warehouse.rstrip('/')}/arrowbeat"
+    return local.absolute() / "arrowbeat"
 
 
 def docs_table() -> str:

@@ -2,7 +2,8 @@
 
 Start-up happens here, in one place and in order (Flink's ``ClusterEntrypoint.initializeServices``):
 settings from the JVM, validated config, history tables, heartbeat services, the ResourceManager's
-gRPC server, then the ready line with its address. Shutdown runs in reverse when the JVM goes away.
+gRPC server, Spark's own view of its executors (``spark_view``, lines from the JVM's listener),
+then the ready line with its address. Shutdown runs in reverse when the JVM goes away.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load, tables_root
+from heartbeat.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.history.wire_text import MAX_ID_CHARS, wire_text
+from spark_plugin.plugin_metrics import LivenessTally, MetricsReporter, driver_figures
 from spark_plugin.sidecar import (
     JvmChannel,
     JvmLink,
@@ -24,6 +27,10 @@ from spark_plugin.sidecar import (
     setup_logging,
     wait_for_exit,
 )
+from spark_plugin.task_events import TaskEvents
+
+if TYPE_CHECKING:
+    from heartbeat import ExecutorEvent
 
 log = logging.getLogger("arrowbeat.driver")
 
@@ -32,34 +39,72 @@ def rm_host(config: ArrowBeatConfig, settings: dict[str, str]) -> str:
     return config.rm_host or settings.get("spark.driver.host") or "127.0.0.1"
 
 
+def register_within_s(config: ArrowBeatConfig) -> float:
+    """How long after Spark added an executor its agent may take to register before the executor
+    is reported UNMONITORED: the JVM waits up to the startup timeout for the agent's ready line,
+    and a started agent registers within a heartbeat timeout."""
+    return config.startup_timeout_s + config.heartbeat_timeout_s
+
+
+def dynamic_allocation(settings: dict[str, str]) -> bool:
+    """Spark's ``spark.dynamicAllocation.enabled``, which the DriverPlugin hands over: with it, an
+    executor the driver killed was released as idle."""
+    return settings.get("spark.dynamicAllocation.enabled", "").strip().lower() == "true"
+
+
 class EventRouter:
     """The RM's subscriber: history rows, a log line per lifecycle event, the optional kill.
 
     Every text of an event came from the wire (the agent chose its id, host and unregister
     reason): it is logged only through :func:`wire_text`, and the history rows pass it too. A
-    kill goes to the JVM only for an id of Spark's form (``JvmChannel.kill_executor``)."""
+    kill goes to the JVM only for an id of Spark's form (``JvmChannel.kill_executor``). Heartbeats
+    also pass ``task_events.TaskEvents``: stuck and resumed tasks, explained re-registrations
+    (held until the next heartbeat), GC time per interval."""
 
     def __init__(
-        self, app_id: Callable[[], str], history: Any, kill: Callable[[str], None] | None = None
+        self,
+        app_id: Callable[[], str],
+        history: Any,
+        kill: Callable[[str], None] | None = None,
+        tasks: TaskEvents | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._app_id = app_id
         self._history = history
         self._kill = kill
+        self._tasks = tasks or TaskEvents()
+        self._clock = clock
         self._last_beat: dict[str, float] = {}
 
     def __call__(self, event: object) -> None:
-        from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord
-        from spark_plugin.history import EXECUTOR_EVENTS, HEARTBEATS, event_row, heartbeat_row
+        from heartbeat import ExecutorEvent, HeartbeatRecord
+        from spark_plugin.history import HEARTBEATS, heartbeat_row
 
         if isinstance(event, HeartbeatRecord):
             previous = self._last_beat.get(event.executor_id)
             self._last_beat[event.executor_id] = event.ts
             gap_ms = None if previous is None else (event.ts - previous) * 1000.0
+            derived, gc_s = self._tasks.on_heartbeat(event, self._clock.monotonic())
             if self._history is not None:
-                self._history.append(HEARTBEATS.name, heartbeat_row(self._app_id(), event, gap_ms))
+                gc_ms = None if gc_s is None else gc_s * 1000.0
+                self._history.append(HEARTBEATS.name, heartbeat_row(self._app_id(), event, gap_ms, gc_ms))
+            for one in derived:
+                self._record(one)
             return
-        if not isinstance(event, ExecutorEvent):
-            return
+        if isinstance(event, ExecutorEvent):
+            for one in self._tasks.on_event(event, self._clock.monotonic()):
+                self._record(one)
+
+    def close(self) -> None:
+        """Records what is still held (a re-registration waiting for its heartbeat): call before
+        the history writer stops."""
+        for one in self._tasks.close():
+            self._record(one)
+
+    def _record(self, event: ExecutorEvent) -> None:
+        from heartbeat import EventKind
+        from spark_plugin.history import EXECUTOR_EVENTS, event_row
+
         log.info(
             "executor %s (%s, instance %s): %s %s",
             wire_text(event.executor_id, MAX_ID_CHARS),
@@ -79,9 +124,9 @@ class EventRouter:
 
 def open_history(config: ArrowBeatConfig, settings: dict[str, str]) -> tuple[Any, list[str]]:
     """The history writer and the executors this application's history knows; on a bad path, (None, [])."""
-    from spark_plugin.history import HistoryTableError, HistoryWriter, known_executors
+    from spark_plugin.history import HistoryTableError, HistoryWriter, known_executors, tables_location
 
-    root = tables_root(config, settings)
+    root = tables_location(config, settings)  # str(root): the Spark-side URI, no credentials
     writer = HistoryWriter(
         root, config.tables_flush_interval_s, config.tables_compact_interval_s, config.tables_retention_s
     )
@@ -132,14 +177,39 @@ def main() -> int:
         server_credentials=None if material is None else tls.grpc_server_credentials(material),
     )
     app_id = settings.get("spark.app.id", "")
-    rm.subscribe(
-        EventRouter(
-            lambda: link.app_id(app_id),
-            history,
-            kill=channel.kill_executor if config.on_heartbeat_timeout == "kill" else None,
-        )
+    router = EventRouter(
+        lambda: link.app_id(app_id),
+        history,
+        kill=channel.kill_executor if config.on_heartbeat_timeout == "kill" else None,
+        tasks=TaskEvents(
+            kill_task=channel.kill_task if config.on_stuck_task == "kill" else None,
+            # A heartbeat follows a registration within an interval, or a few under heavy load.
+            hold_s=max(5.0, 5 * config.heartbeat_interval_s),
+        ),
     )
+    rm.subscribe(router)
+    tally = LivenessTally()
+    rm.subscribe(tally)
     address = rm.start()
+    page = None
+    if config.ui_enabled:  # the live page: its own thread and loop, its URL logged (live_page)
+        from spark_plugin.live_page import start_live_page
+
+        page = start_live_page(
+            config.secret,
+            rm.executors,
+            rm.subscribe,
+            host=rm_host(config, settings),
+            port=config.ui_port,
+            interval_s=config.heartbeat_interval_s,
+            timeout_s=config.heartbeat_timeout_s,
+            app_id=lambda: link.app_id(app_id),
+            rm_address=address,
+            ssl_context=None if material is None else tls.server_context(material),  # HTTPS with TLS on
+        )
+    from spark_plugin.spark_view import SparkView
+
+    link.on_executor_lines(SparkView(rm, register_within_s(config), dynamic_allocation(settings)))
     link.start()
     channel.announce_ready(
         address=address,
@@ -147,11 +217,24 @@ def main() -> int:
         epoch=rm.epoch,
         pulse_ms=int(config.heartbeat_interval_s * 1000),
         **({} if material is None else tls.ready_fields(material)),  # the JVM hands them on
+        **({} if page is None else {"ui_url": page.url}),  # no token: the SparkConf shows it
     )
     log.info("ResourceManager serving on %s%s", address, "" if material is None else f" (TLS, {material})")
+    metrics = MetricsReporter(
+        lambda: driver_figures(
+            rm.executors(), tally, None if history is None else history.stats(), SYSTEM_CLOCK.time()
+        ),
+        lambda snapshot, figures: channel.metrics(snapshot, figures, "driver"),
+        config.heartbeat_interval_s,
+    )
+    metrics.start()  # the gauges of Spark's metrics system (plugin_metrics)
     reason = wait_for_exit(link)
     log.info("stopping (%s)", reason)
+    metrics.stop()
+    if page is not None:
+        page.stop()
     rm.stop()
+    router.close()  # after the RM's last event, before the history's last commit
     if history is not None:
         history.stop()
     return 0

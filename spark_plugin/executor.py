@@ -17,12 +17,13 @@ import psutil
 
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ShuffleError
-from arrow_shuffle.spark.agent_service import MapOutputService, shuffle_root
+from arrow_shuffle.spark.agent_service import MapOutputService, shuffle_roots
 from arrow_shuffle.transport import TcpTransport
 from heartbeat import AgentThread, PayloadProvider, rss_provider, slots_provider
 from spark_plugin import tls
 from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load
 from spark_plugin.errors import JvmCommandError
+from spark_plugin.plugin_metrics import MetricsReporter, executor_figures
 from spark_plugin.sidecar import (
     JvmChannel,
     JvmLink,
@@ -31,6 +32,7 @@ from spark_plugin.sidecar import (
     setup_logging,
     wait_for_exit,
 )
+from spark_plugin.task_watch import TaskWatch, labelled_workers
 
 log = logging.getLogger("arrowbeat.agent")
 
@@ -87,6 +89,8 @@ def main() -> int:
         channel_credentials=None if material is None else tls.grpc_channel_credentials(material),
         channel_options=() if material is None else tls.grpc_channel_options(material),
     )
+    tasks = task_watch(config, settings, link, channel)
+    payload += [tasks.work, tasks.metrics]
     transport = None if material is None else TcpTransport(server_context=tls.server_context(material))
     shuffle = LazyShuffleService(config, settings, executor_id, host, transport, _reporter(channel))
     payload.append(shuffle.metrics)
@@ -99,11 +103,42 @@ def main() -> int:
         rm=config.rm_address,
         pulse_ms=max(50, int(config.heartbeat_interval_s * 1000 / 2)),
     )
+    metrics = MetricsReporter(
+        lambda: executor_figures(shuffle.metrics()),
+        lambda snapshot, figures: channel.metrics(snapshot, figures, "executor"),
+        config.heartbeat_interval_s,
+    )
+    metrics.start()  # the agent's shuffle figures as Spark metrics (plugin_metrics)
     reason = wait_for_exit(link)
     log.info("agent for executor %s stopping (%s)", executor_id, reason)
+    metrics.stop()
     agent.stop(reason=reason)
     shuffle.close()
     return 0
+
+
+def task_watch(
+    config: ArrowBeatConfig, settings: dict[str, str], link: JvmLink, channel: JvmChannel
+) -> TaskWatch:
+    """Whether each running task progresses (``task_watch``), fed by the JVM's ``tasks`` lines."""
+    jvm_pid = int(settings.get("arrowbeat.executor.jvm.pid", "0") or 0)
+    local_dirs = [d for d in settings.get("arrowbeat.executor.local.dirs", "").split(",") if d]
+    watch = TaskWatch(
+        timeout_s=config.stuck_task_timeout_s,
+        interval_s=max(0.05, config.heartbeat_interval_s / 2),  # the JVM's pulse interval
+        workers=labelled_workers(jvm_pid, os.getpid()),
+        ask_jvm_stack=channel.jstack,
+        local_dir=local_dirs[0] if local_dirs else "",
+    )
+
+    def on_line(line: str) -> None:
+        if line.startswith("stack "):
+            watch.on_stack_line(line)
+        else:
+            watch.on_line(line)
+
+    link.on_task_lines(on_line)
+    return watch
 
 
 def _reporter(channel: JvmChannel) -> Callable[[str], None]:
@@ -196,13 +231,15 @@ def start_shuffle_service(
             app_id=settings.get("spark.app.id", "") or "app",
             executor_id=executor_id,
             secret=config.secret,
-            root=shuffle_root(config.shuffle_dir),
+            # This executor's own local dirs, as its JVM resolved them (never a driver's path).
+            root=shuffle_roots(config.shuffle_dir, settings.get("arrowbeat.executor.local.dirs", "")),
             jvm_pid=int(settings.get("arrowbeat.executor.jvm.pid", "0") or 0),
             host=host,
             config=ShuffleConfig(network_memory_bytes=config.shuffle_agent_memory_bytes),
             ttl_s=config.shuffle_ttl_s,
             transport=transport,
             on_outputs_lost=on_outputs_lost,
+            port=config.shuffle_port,
         )
     except (OSError, ShuffleError) as exc:
         log.error("Arrow shuffle service not started on executor %s: %s", executor_id, exc)

@@ -14,25 +14,49 @@ from spark_plugin.errors import SetupError
 
 PLUGIN_CLASS = "arrowbeat.ArrowBeatPlugin"
 DELTA_VERSION = "4.0.1"
+DELTA_PACKAGE = f"io.delta:delta-spark_2.13:{DELTA_VERSION}"
+LAUNCHER_JAR = "arrowbeat-launcher.jar"
+# Where a wheel carries the launcher jar (the build hook in build_backend/ compiles it there).
+PACKAGE_JARS = Path(__file__).resolve().parent / "jars"
 _ROOT = Path(__file__).resolve().parent.parent
+# Where `make setup` puts the jars in a source checkout.
+_CACHE = _ROOT / ".cache"
 
 
 def jar_paths() -> list[str]:
-    """The launcher jar and the Delta jars: ``$ARROWBEAT_JARS`` (comma-separated) or the set-up cache."""
+    """The jars for ``--jars``: the launcher, and Delta's when a local copy exists.
+
+    One rule, first match wins: ``$ARROWBEAT_JARS`` (comma-separated, taken as given); else the
+    launcher jar inside this package (``spark_plugin/jars/``, where a wheel puts it); else the
+    source checkout's ``.cache/launcher/`` (where ``make setup`` builds it; the checkout's editable
+    install finds it there, and its package dir never holds a jar). The Delta jars are added when
+    the checkout's ``.cache/jars/`` has them; an installed wheel has none, and Spark resolves Delta
+    itself (see :func:`delta_package`)."""
     override = os.environ.get("ARROWBEAT_JARS")
     if override:
         jars = [p for p in override.split(",") if p]
-    else:
-        cache = _ROOT / ".cache"
-        jars = [
-            str(cache / "launcher" / "arrowbeat-launcher.jar"),
-            str(cache / "jars" / f"delta-spark_2.13-{DELTA_VERSION}.jar"),
-            str(cache / "jars" / f"delta-storage-{DELTA_VERSION}.jar"),
-        ]
-    missing = [j for j in jars if not Path(j).is_file()]
-    if missing:
-        raise SetupError(f"missing {', '.join(missing)}: run `make setup` in {_ROOT} (or set ARROWBEAT_JARS)")
-    return jars
+        missing = [j for j in jars if not Path(j).is_file()]
+        if missing:
+            raise SetupError(f"ARROWBEAT_JARS names missing files: {', '.join(missing)}")
+        return jars
+    candidates = [PACKAGE_JARS / LAUNCHER_JAR, _CACHE / "launcher" / LAUNCHER_JAR]
+    launcher = next((c for c in candidates if c.is_file()), None)
+    if launcher is None:
+        raise SetupError(
+            f"the arrowbeat launcher jar is missing: looked for {' and '.join(map(str, candidates))}. "
+            "Install arrowbeat from a wheel (`pip install arrowbeat-*.whl` carries it), run "
+            "`make setup` in a source checkout, or set ARROWBEAT_JARS"
+        )
+    delta = [
+        _CACHE / "jars" / f"{name}-{DELTA_VERSION}.jar" for name in ("delta-spark_2.13", "delta-storage")
+    ]
+    return [str(launcher)] + ([str(j) for j in delta] if all(j.is_file() for j in delta) else [])
+
+
+def delta_package(jars: list[str]) -> str | None:
+    """Delta's Maven coordinate for ``spark.jars.packages`` when ``jars`` carry no Delta jar:
+    Spark then fetches it (and what it depends on) through its own Ivy resolution."""
+    return None if any("delta-spark" in Path(j).name for j in jars) else DELTA_PACKAGE
 
 
 PYTHON_DAEMON_MODULE = "spark_plugin.python_daemon"
@@ -47,20 +71,48 @@ def workers_run_arrowbeat_python(python: str) -> bool:
     return bool(workers) and os.path.abspath(str(workers)) == os.path.abspath(python)
 
 
-def spark_settings(python: str | None = None, delta: bool = True) -> list[tuple[str, str]]:
+PACKED_ENV_NAME = "env"
+PACKED_PYTHON = f"./{PACKED_ENV_NAME}/bin/python"
+
+
+def packed_env_settings(archive: str, driver_python: str | None = None) -> list[tuple[str, str]]:
+    """Executors run ``archive`` (a ``python -m spark_plugin pack`` environment), unpacked by Spark
+    as ``./env`` in each executor's working directory: PySpark's workers and arrowbeat's agent use
+    its ``./env/bin/python``. The driver side (client mode: no archive is unpacked there) keeps
+    ``driver_python`` (default: this interpreter) for PySpark and arrowbeat alike."""
+    driver_python = driver_python or sys.executable
+    return [
+        ("spark.archives", f"{Path(archive).absolute()}#{PACKED_ENV_NAME}"),
+        ("spark.pyspark.python", PACKED_PYTHON),
+        ("spark.pyspark.driver.python", driver_python),
+        ("spark.arrowbeat.python", PACKED_PYTHON),
+        ("spark.arrowbeat.driver.python", driver_python),
+    ]
+
+
+def spark_settings(
+    python: str | None = None, delta: bool = True, archive: str | None = None
+) -> list[tuple[str, str]]:
     """The Spark conf entries that turn arrowbeat (and Delta) on.
 
     When the workers run arrowbeat's Python, also its worker daemon (``python_daemon``), which
     saves every Python task of the application a re-read of ``pyspark.zip`` on Python < 3.12.
-    Otherwise the daemon stays PySpark's: a module the workers cannot import would fail them all."""
-    python = python or os.environ.get("PYSPARK_PYTHON") or sys.executable
-    settings = [
-        ("spark.jars", ",".join(jar_paths())),
-        ("spark.plugins", PLUGIN_CLASS),
-        ("spark.arrowbeat.python", python),
-    ]
-    if workers_run_arrowbeat_python(python):
+    Otherwise the daemon stays PySpark's: a module the workers cannot import would fail them all.
+    With ``archive`` (a packed environment, see :func:`packed_env_settings`) the workers run it,
+    and ``python`` is the driver side's interpreter."""
+    jars = jar_paths()
+    settings = [("spark.jars", ",".join(jars)), ("spark.plugins", PLUGIN_CLASS)]
+    if archive:
+        settings += packed_env_settings(archive, python)
         settings.append(("spark.python.daemon.module", PYTHON_DAEMON_MODULE))
+    else:
+        python = python or os.environ.get("PYSPARK_PYTHON") or sys.executable
+        settings.append(("spark.arrowbeat.python", python))
+        if workers_run_arrowbeat_python(python):
+            settings.append(("spark.python.daemon.module", PYTHON_DAEMON_MODULE))
+    package = delta_package(jars)
+    if delta and package:
+        settings.append(("spark.jars.packages", package))
     if delta:
         settings += [
             ("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension"),
@@ -69,16 +121,25 @@ def spark_settings(python: str | None = None, delta: bool = True) -> list[tuple[
     return settings
 
 
-def submit_flags(python: str | None = None, delta: bool = True) -> list[str]:
-    """``spark-submit`` arguments: ``--jars ...`` then one ``--conf key=value`` per setting."""
+_SUBMIT_OPTIONS = {
+    "spark.jars": "--jars",
+    "spark.jars.packages": "--packages",
+    "spark.archives": "--archives",
+}
+
+
+def submit_flags(python: str | None = None, delta: bool = True, archive: str | None = None) -> list[str]:
+    """``spark-submit`` arguments: ``--jars``/``--packages``/``--archives`` for the settings that
+    spark-submit has an option for, one ``--conf key=value`` for each other."""
     flags: list[str] = []
-    for key, value in spark_settings(python, delta):
-        flags += ["--jars", value] if key == "spark.jars" else ["--conf", f"{key}={value}"]
+    for key, value in spark_settings(python, delta, archive):
+        option = _SUBMIT_OPTIONS.get(key)
+        flags += [option, value] if option else ["--conf", f"{key}={value}"]
     return flags
 
 
-def configure(builder: Any, python: str | None = None, delta: bool = True) -> Any:
+def configure(builder: Any, python: str | None = None, delta: bool = True, archive: str | None = None) -> Any:
     """Adds arrowbeat (and Delta) to a ``SparkSession.Builder``; returns the builder for chaining."""
-    for key, value in spark_settings(python, delta):
+    for key, value in spark_settings(python, delta, archive):
         builder = builder.config(key, value)
     return builder

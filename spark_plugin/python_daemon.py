@@ -8,6 +8,9 @@ after task; two fixed costs per task dominated short Arrow tasks here (~250 ms a
    (``gc.freeze``, the pre-fork server idiom) before the first fork leaves the collector only the
    objects workers create themselves; it also keeps the shared pages shared (no GC header writes).
 
+It also labels each worker with the task it runs (``worker_label``), so the executor's agent can
+tell whether a task's Python side progresses and, when it is stuck, show its stack.
+
 ``python -m spark_plugin conf`` and ``configure`` set it when the executors' Python
 (``PYSPARK_PYTHON``) is arrowbeat's own, which has this module. Nothing may be printed to stdout
 before ``manager()``: PySpark reads the daemon's port from there.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import gc
 import importlib
 
+from spark_plugin.worker_label import label_task
 from spark_plugin.zip_imports import skip_unchanged_archives
 
 PRELOADED = ("pyspark.worker", "pyspark.sql.pandas.serializers", "pyarrow", "pandas")
@@ -38,10 +42,34 @@ def preload_and_freeze() -> list[str]:
     return loaded
 
 
+def label_workers_by_task() -> bool:
+    """Wraps ``pyspark.worker.setup_spark_files``, which a worker calls for every task right after
+    it read the task's context, so the worker labels itself with the task (``worker_label``)."""
+    try:
+        import pyspark.worker as worker
+        from pyspark.taskcontext import TaskContext
+    except ImportError:
+        return False
+    original = getattr(worker, "setup_spark_files", None)
+    if original is None or getattr(original, "_arrowbeat_labels", False):
+        return False
+
+    def setup_spark_files(infile: object) -> object:
+        task = TaskContext.get()
+        if task is not None:
+            label_task(task.taskAttemptId())
+        return original(infile)
+
+    setup_spark_files._arrowbeat_labels = True  # type: ignore[attr-defined]
+    setattr(worker, "setup_spark_files", setup_spark_files)  # noqa: B010 (pyspark's untyped global)
+    return True
+
+
 skip_unchanged_archives()
 
 if __name__ == "__main__":
     from pyspark import daemon  # reads the worker module from argv at import
 
     preload_and_freeze()
+    label_workers_by_task()
     daemon.manager()  # type: ignore[no-untyped-call]

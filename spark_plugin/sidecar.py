@@ -9,16 +9,20 @@ The hosting JVM (driver or executor) starts this process with a pipe on stdin an
 3. writes a pulse line ``p <running_tasks>`` every pulse interval. A pulse proves the JVM itself
    runs: a SIGSTOPped or GC-frozen JVM stops pulsing although this process still would answer;
    the driver (and the driver's own executor in local mode, which starts before it) also sends
-   ``app <application id>`` once Spark has assigned one;
+   ``app <application id>`` once Spark has assigned one, and the driver Spark's own view of its
+   executors, ``executor-...`` lines (``spark_plugin.spark_view``), handed to
+   :meth:`JvmLink.on_executor_lines`;
 4. writes ``stop`` and closes the pipe to stop us. The kernel closes it too when the JVM dies, even
-   by SIGKILL, so EOF is our only exit signal and no orphan survives its JVM; EOF without ``stop``
-   means the JVM died.
+   by SIGKILL, so EOF is our only exit signal and no orphan survives its JVM. A JVM shutting down
+   (SIGTERM or ``System.exit``, as when a cluster manager ends an executor it released) writes
+   ``exiting`` first; EOF without ``stop`` or ``exiting`` means the JVM died (SIGKILL, a crash).
 
 Back to the JVM go two channels that never mix. The **protocol channel** is the process's
 original stdout, which :meth:`JvmChannel.claim_stdout` moves to a private descriptor first thing
 at start-up (descriptor 1 then points at stderr, so a stray ``print`` or a library writing to
 stdout lands in the log): it carries the ready line and validated commands only
-(:meth:`JvmChannel.kill_executor`). The **log** is stderr (:func:`setup_logging`), which the
+(:meth:`JvmChannel.kill_executor`), and once per heartbeat interval the figures for Spark's metrics
+system (:meth:`JvmChannel.metrics`). The **log** is stderr (:func:`setup_logging`), which the
 JVM copies to its own log and never reads for commands, so a log line that looks like a command
 (a reason from the wire, say) is only ever logged. The JVM validates every protocol line again.
 """
@@ -31,7 +35,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import BinaryIO
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
@@ -45,18 +49,29 @@ LOST_REASON = re.compile(r"[a-z][a-z-]{0,31}")
 """What ``outputs-lost`` may carry (``Command.REASON`` on the JVM side)."""
 EXECUTOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """An executor id the JVM accepts in ``kill-executor`` (``launcher/.../Command.java``)."""
+EXECUTOR_LINES = "executor-"
+"""The prefix of the driver JVM's lines about Spark's executors (``spark_plugin.spark_view``)."""
+TASK_LINES = ("tasks ", "stack ")
+"""The executor JVM's lines about its running tasks (``spark_plugin.task_watch``)."""
 _READY_KEY = re.compile(r"[a-z_]{1,32}")
 _READY_VALUE = re.compile(r"[!-~]{1,256}")
 _READY_BASE64 = re.compile(r"[A-Za-z0-9+/=]{1,1024}")
 _READY_BASE64_KEYS = frozenset({"ssl_cert", "ssl_key_secret"})
 """Ready fields that carry DER as base64 (``tls.ready_fields``): longer values, a narrower set."""
-_SECRET_KEY = re.compile(r"secret|password|token|access[.]?key", re.IGNORECASE)
-"""Setting keys whose values are secrets: Spark's default ``spark.redaction.regex``."""
+_SECRET_KEY = re.compile(r"secret|password|token|access[.]?key|account[.]key", re.IGNORECASE)
+"""Setting keys whose values are secrets: Spark's default ``spark.redaction.regex``, and the ABFS
+account key (``spark.hadoop.fs.azure.account.key.<account>...``), which that regex misses."""
 REDACTED = "<redacted>"
 log = logging.getLogger("arrowbeat.sidecar")
 
 
-def _unescape(text: str) -> str:
+def _task_id(task_id: int) -> int:
+    if isinstance(task_id, bool) or not isinstance(task_id, int) or not 0 <= task_id < 10**18:
+        raise JvmCommandError(f"{task_id!r} is not a task attempt id")
+    return task_id
+
+
+def unescape_line(text: str) -> str:
     out: list[str] = []
     chars = iter(text)
     for ch in chars:
@@ -81,10 +96,24 @@ class JvmLink:
         self._running_tasks = 0
         self._app_id = ""
         self.stop_requested = threading.Event()
+        self.jvm_exiting = threading.Event()
+        """Set once the JVM said it is shutting down (its shutdown hook ran)."""
         self.gone = threading.Event()
         self.app_assigned = threading.Event()
         """Set once the JVM sent ``app <application id>``."""
         self._thread: threading.Thread | None = None
+        self._executor_lines: Callable[[str], None] | None = None
+        self._task_lines: Callable[[str], None] | None = None
+
+    def on_executor_lines(self, handler: Callable[[str], None]) -> None:
+        """``executor-...`` lines (Spark's view of its executors) go to ``handler``, on the link's
+        thread, in order; without a handler they are dropped. Set it before :meth:`start`."""
+        self._executor_lines = handler
+
+    def on_task_lines(self, handler: Callable[[str], None]) -> None:
+        """``tasks ...`` and ``stack ...`` lines (the executor JVM's ``TaskWatch``) go to ``handler``,
+        on the link's thread, in order; they count as pulses too. Set it before :meth:`start`."""
+        self._task_lines = handler
 
     def read_settings(self) -> dict[str, str]:
         """Reads the settings block; raises :class:`SettingsTruncatedError` (an ``EOFError``) if the
@@ -105,7 +134,7 @@ class JvmLink:
                 raise MalformedSettingsError(
                     f"malformed settings line {number} from the JVM ({len(line)} characters, no tab)"
                 )
-            settings[_unescape(key)] = _unescape(value)
+            settings[unescape_line(key)] = unescape_line(value)
 
     def start(self) -> None:
         """Follows pulses on a daemon thread until EOF, which sets :attr:`gone`."""
@@ -124,9 +153,27 @@ class JvmLink:
             self.gone.set()
 
     def _on_pulse(self, line: str) -> None:
+        if line.startswith(EXECUTOR_LINES):
+            handler = self._executor_lines
+            if handler is not None:
+                try:
+                    handler(line)
+                except Exception:  # one bad line must not end the link (EOF is our exit signal)
+                    log.exception("a Spark-view line from the JVM could not be applied")
+            return
+        if line.startswith(TASK_LINES):
+            task_handler = self._task_lines
+            if task_handler is not None:
+                try:
+                    task_handler(line)
+                except Exception:  # as above: the link must outlive one bad line
+                    log.exception("a task line from the JVM could not be applied")
         parts = line.split()
         if parts == ["stop"]:
             self.stop_requested.set()
+            return
+        if parts == ["exiting"]:
+            self.jvm_exiting.set()
             return
         if len(parts) == 2 and parts[0] == "app":
             with self._lock:
@@ -200,6 +247,24 @@ class JvmChannel:
             raise JvmCommandError(f"no outputs-lost with reason {reason[:40]!r}: expected [a-z-]")
         self._write(f"{COMMAND} {OUTPUTS_LOST} {reason}")
 
+    def jstack(self, task_id: int) -> None:
+        """Asks the executor JVM for the stack of running task ``task_id``'s thread (its reply is
+        a ``stack`` line on stdin, see :meth:`JvmLink.on_task_lines`)."""
+        self._write(f"{COMMAND} jstack {_task_id(task_id)}")
+
+    def kill_task(self, task_id: int) -> None:
+        """Asks the driver JVM to have Spark kill task attempt ``task_id`` (Spark runs it again)."""
+        self._write(f"{COMMAND} kill-task {_task_id(task_id)}")
+
+    def metrics(self, snapshot: int, figures: Mapping[str, float | None], role: str) -> None:
+        """One snapshot of figures for the JVM plugin's gauges in Spark's metrics system
+        (``spark_plugin.plugin_metrics``): names the JVM of ``role`` takes, numbers only, split into
+        bounded lines; anything else raises :class:`JvmCommandError` and nothing is written."""
+        from spark_plugin.plugin_metrics import encode
+
+        for line in encode(snapshot, figures, role):
+            self._write(line)
+
     def _write(self, line: str) -> None:
         data = f"{line}\n".encode("ascii")
         with self._lock:
@@ -264,4 +329,8 @@ def wait_for_exit(link: JvmLink) -> str:
     link.gone.wait()
     if reason:
         return reason[0]
-    return "stopped by the JVM" if link.stop_requested.is_set() else "the JVM exited unexpectedly"
+    if link.stop_requested.is_set():
+        return "stopped by the JVM"
+    if link.jvm_exiting.is_set():
+        return "the JVM shut down (SIGTERM or exit)"
+    return "the JVM exited unexpectedly"

@@ -32,6 +32,36 @@ os.environ["SPARK_LOCAL_DIRS"] = str(_SCRATCH / "local")
 os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 
 
+def _local_cluster_work() -> Path:
+    """Where ``local-cluster`` Workers put executor dirs: ``$SPARK_HOME/work``, inside the pyspark
+    package (they ignore ``SPARK_WORKER_DIR``); each run removes its own."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "work"
+
+
+_WORK_BEFORE = set(os.listdir(_local_cluster_work())) if _local_cluster_work().is_dir() else set()
+
+
+def remove_own_work_dirs() -> list[str]:
+    """Delete the executor dirs ``local-cluster`` applications of this run left in site-packages
+    (those that appeared since the run started and no live process works in); returns them."""
+    import psutil
+
+    work = _local_cluster_work()
+    if not work.is_dir():
+        return []
+    new = [work / name for name in os.listdir(work) if name not in _WORK_BEFORE]
+    busy: set[Path] = set()
+    for proc in psutil.process_iter(["cwd"]):
+        cwd = proc.info.get("cwd") or ""
+        busy.update(d for d in new if cwd.startswith(f"{d}{os.sep}") or cwd == str(d))
+    removed = [d for d in new if d not in busy]
+    for d in removed:
+        shutil.rmtree(d, ignore_errors=True)
+    return [d.name for d in removed]
+
+
 @pytest.fixture(scope="session")
 def scratch() -> Path:
     """A per-run folder for warehouses, tables and logs."""
@@ -46,4 +76,5 @@ def no_process_left_behind() -> Iterator[None]:
     leftovers = [" ".join(p.cmdline())[:160] for p in ours()]
     end(ours())
     shutil.rmtree(_SCRATCH, ignore_errors=True)
+    remove_own_work_dirs()
     assert gone, f"processes left running after the tests: {leftovers}"

@@ -63,6 +63,12 @@ class AgentInfo:
     data_port: int
     control_port: int
     dir: str
+    spread: tuple[str, ...] = ()
+    """Its folders on Spark's other local dirs of the executor (map outputs are spread over all)."""
+
+    @property
+    def output_dirs(self) -> tuple[str, ...]:
+        return (self.dir, *self.spread)
 
     @property
     def data_address(self) -> tuple[str, int]:
@@ -124,7 +130,18 @@ def read_agent_file(path: str, app: str) -> AgentInfo:
             f"discovery file {path}: dir is not executor {executor_id}'s folder in {app}: not trusted"
         )
     data_port, control_port = _port(data, "data_port", path), _port(data, "control_port", path)
-    return AgentInfo(executor_id, host, data_port, control_port, folder)
+    spread = data.get("spread", [])
+    if not isinstance(spread, list) or not all(
+        isinstance(d, str)
+        and os.path.isabs(d)
+        and os.path.basename(d) == executor_id
+        and os.path.basename(os.path.dirname(d)) == os.path.basename(app)
+        for d in spread
+    ):
+        raise UnsafePathError(
+            f"discovery file {path}: spread is not a list of executor {executor_id}'s folders: not trusted"
+        )
+    return AgentInfo(executor_id, host, data_port, control_port, folder, tuple(spread))
 
 
 def _agents_folder(root: str, app_id: str) -> str | None:
@@ -134,14 +151,18 @@ def _agents_folder(root: str, app_id: str) -> str | None:
         check_root(root)
         check_private_dir(app)
         return check_private_dir(os.path.join(app, AGENTS))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no agent there (a local dir the agent skipped)
         return None
 
 
-def announced_agents(root: str, app_id: str) -> list[AgentInfo]:
-    """Every agent of the application that announced itself on this host, by executor id.
+def announced_agents(root: str | Sequence[str], app_id: str) -> list[AgentInfo]:
+    """Every agent of the application that announced itself under ``root`` (or any of several
+    roots), by executor id.
 
     Untrusted folders or files are left out, with a warning at most once a minute."""
+    if not isinstance(root, str):
+        by_id = {a.executor_id: a for r in root for a in announced_agents(r, app_id)}
+        return [by_id[e] for e in sorted(by_id)]
     try:
         folder = _agents_folder(root, app_id)
     except UnsafePathError as exc:
@@ -162,8 +183,11 @@ def announced_agents(root: str, app_id: str) -> list[AgentInfo]:
     return sorted(found, key=lambda a: a.executor_id)
 
 
-def find_agent(root: str, app_id: str, wait_s: float = 10.0, clock: Clock = SYSTEM_CLOCK) -> AgentInfo:
-    """The agent of the executor JVM this process descends from.
+def find_agent(
+    root: str | Sequence[str], app_id: str, wait_s: float = 10.0, clock: Clock = SYSTEM_CLOCK
+) -> AgentInfo:
+    """The agent of the executor JVM this process descends from, announced under ``root`` (or
+    any of this executor's roots, ``agent_service.shuffle_roots``).
 
     Waits up to ``wait_s`` (on ``clock.monotonic()``) for its discovery file: the agent of the
     driver's own executor (local mode) starts its map-output service only once the driver has an
@@ -175,26 +199,47 @@ def find_agent(root: str, app_id: str, wait_s: float = 10.0, clock: Clock = SYST
         if pid <= 1:
             break
         ancestors.append(pid)
-    app = app_dir(root, app_id)
+    roots = [root] if isinstance(root, str) else list(root)
     deadline = clock.monotonic() + wait_s
     while True:
-        # An unsafe root or folder is UnsafePathError at once: no agent of ours can be there.
-        for pid in ancestors if _agents_folder(root, app_id) is not None else []:
-            path = agent_file(root, app_id, pid)
-            try:
-                return read_agent_file(path, app)
-            except FileNotFoundError:
-                continue
-            except UnsafePathError as exc:
-                _ignored.warning(os.path.dirname(path), "ignoring an untrusted discovery file: %s", exc)
+        for one in roots:
+            found = _find_in(one, app_id, ancestors, only_root=len(roots) == 1)
+            if found is not None:
+                return found
         if clock.monotonic() >= deadline:
             break
         time.sleep(0.05)
+    looked = ", ".join(agent_file(r, app_id, 0)[:-6] + "<pid>.json" for r in roots)
     raise ShuffleConfigError(
-        f"no arrowbeat agent found for this executor (looked for {agent_file(root, app_id, 0)[:-6]}"
-        f"<pid>.json for ancestors {ancestors}); run with spark.plugins=arrowbeat.ArrowBeatPlugin and the "
-        "same spark.arrowbeat.shuffle.dir on driver and executors"
+        f"no arrowbeat agent found for this executor (looked for {looked} for ancestors {ancestors}); "
+        "run with spark.plugins=arrowbeat.ArrowBeatPlugin (its agent may have failed to start: see the "
+        "executor's log); a spark.arrowbeat.shuffle.dir must be the same path on every host"
     )
+
+
+def _find_in(root: str, app_id: str, ancestors: list[int], only_root: bool) -> AgentInfo | None:
+    """The announcement of one of ``ancestors`` under ``root``. An unsafe root is
+    ``UnsafePathError`` at once when it is the only one (no agent of ours can be there), else
+    skipped with a warning."""
+    try:
+        folder = _agents_folder(root, app_id)
+    except UnsafePathError as exc:
+        if only_root:
+            raise
+        _ignored.warning(root, "ignoring arrowbeat discovery files under %s: %s", root, exc)
+        return None
+    if folder is None:
+        return None
+    app = app_dir(root, app_id)
+    for pid in ancestors:
+        path = agent_file(root, app_id, pid)
+        try:
+            return read_agent_file(path, app)
+        except FileNotFoundError:
+            continue
+        except UnsafePathError as exc:
+            _ignored.warning(os.path.dirname(path), "ignoring an untrusted discovery file: %s", exc)
+    return None
 
 
 class MapOutputClient:

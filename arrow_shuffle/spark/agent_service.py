@@ -26,10 +26,19 @@ One per executor agent, living exactly as long as the agent (and so the executor
 - a discovery file ``<root>/<app>/agents/<jvm pid>.json`` so Python workers, children of the
   same executor JVM, find it by walking their parent chain (``agent_client.find_agent``).
 
-Files are private (``arrow_shuffle.private_files``): the root (``shuffle_root``: the setting, else
-``arrowbeat-<uid>`` in the temp dir) is ours and writable by nobody else, every directory below it
-0700, every file 0600 created without following links; ids become path components only through
-``check_id``; ``stage`` serves only files whose real path is inside this agent's directory.
+Where (``shuffle_roots``): on each executor's own local disks, found from the executor's side and
+never from a path computed on the driver. By default Spark's local directories of that executor
+(its block manager's folders, where Spark keeps its own shuffle files: ``spark.local.dir``,
+``SPARK_LOCAL_DIRS``, YARN's ``LOCAL_DIRS``, a Worker's ``SPARK_EXECUTOR_DIRS`` as Spark resolved
+them), ``arrowbeat/`` in each. The JVM plugin hands them to the agent; PySpark hands the same list
+to every Python worker of the executor as ``SPARK_LOCAL_DIRS``. With several, map outputs are
+spread over them (a hash of shuffle and map partition, as Spark spreads its files); one that is
+missing or not writable is skipped with a warning. ``spark.arrowbeat.shuffle.dir`` overrides them.
+
+Files are private (``arrow_shuffle.private_files``): a root is ours and writable by nobody else,
+every directory below it 0700, every file 0600 created without following links; ids become path
+components only through ``check_id``; ``stage`` serves only files whose real path is inside one of
+this agent's directories.
 
 Time comes from an injected ``heartbeat.clock.Clock``: ``monotonic()`` ages staged streams and
 times a shuffle's last read (both ends measured in this process), ``time()`` only ages files,
@@ -42,6 +51,7 @@ one of its streams is staged.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -49,9 +59,10 @@ import shutil
 import stat
 import tempfile
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -90,6 +101,7 @@ from arrow_shuffle.partition_server import PartitionServer
 from arrow_shuffle.private_files import (
     LogLimiter,
     check_id,
+    check_private_dir,
     make_private_dir,
     private_root,
     resolve_inside,
@@ -152,12 +164,31 @@ def default_root() -> str:
     return os.path.join(tempfile.gettempdir(), f"arrowbeat-{os.geteuid()}")
 
 
-def shuffle_root(configured: str = "") -> str:
-    """The shuffle root: ``spark.arrowbeat.shuffle.dir`` if set, else ``default_root()``.
+LOCAL_DIRS_ENV = "SPARK_LOCAL_DIRS"
+"""What PySpark sets, in every Python worker's environment, to its executor's block manager
+folders (comma-separated, the same list and order the JVM plugin hands the agent)."""
+ROOT_FOLDER = "arrowbeat"
+"""Our folder in each of Spark's local directories."""
 
-    The one place the root is resolved, called where it is used (agent, its Python workers, the
-    driver for its own host), so each process resolves it as the user it runs as."""
-    return os.path.abspath(configured) if configured else default_root()
+
+def shuffle_roots(configured: str = "", local_dirs: str | None = None) -> list[str]:
+    """The shuffle roots of this executor, the first one preferred.
+
+    ``spark.arrowbeat.shuffle.dir`` if set (one root, the same path on every host); else
+    ``arrowbeat/`` in each of Spark's local directories of this executor: ``local_dirs`` as the JVM
+    handed them to the agent, or ``$SPARK_LOCAL_DIRS`` in a Python worker (PySpark's own setting);
+    else (a process Spark did not start, e.g. a test) ``default_root()``. The one place roots are
+    resolved, called where they are used, so each process resolves them as the user it runs as."""
+    if configured:
+        return [os.path.abspath(configured)]
+    listed = os.environ.get(LOCAL_DIRS_ENV, "") if local_dirs is None else local_dirs
+    roots = [os.path.join(os.path.abspath(d), ROOT_FOLDER) for d in listed.split(",") if d.strip()]
+    return list(dict.fromkeys(roots)) or [default_root()]
+
+
+def shuffle_root(configured: str = "") -> str:
+    """The preferred root of ``shuffle_roots``."""
+    return shuffle_roots(configured)[0]
 
 
 def app_dir(root: str, app_id: str) -> str:
@@ -178,6 +209,96 @@ def executor_dir(root: str, app_id: str, executor_id: str) -> str:
     make_private_dir(app)
     make_private_dir(os.path.join(app, AGENTS))
     return make_private_dir(os.path.join(app, executor_id))
+
+
+def usable_executor_dirs(roots: Sequence[str], app_id: str, executor_id: str) -> list[tuple[str, str]]:
+    """``(root, executor_dir)`` for every root that can hold this executor's outputs, in order.
+
+    Of several, a root that is missing and cannot be created, not writable, or not safe is skipped
+    with a warning naming it (Spark skips a bad local dir the same way); none usable is an error
+    naming each and why. A single root's problem is raised as it is (``UnsafePathError``, ...)."""
+    usable, problems = [], []
+    for root in roots:
+        if len(roots) == 1:
+            return [(os.path.abspath(root), executor_dir(root, app_id, executor_id))]
+        try:
+            folder = executor_dir(root, app_id, executor_id)
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise PermissionError(f"{folder} is not writable")
+            usable.append((os.path.abspath(root), folder))
+        except UnsafeIdError:
+            raise
+        except (OSError, UnsafePathError) as exc:
+            problems.append(f"{root}: {exc}")
+            log.warning("shuffle root %s not used on executor %s: %s", root, executor_id, exc)
+    if not usable:
+        raise ShuffleConfigError(
+            f"no usable shuffle directory for executor {executor_id}: {'; '.join(problems)}; "
+            "check Spark's local dirs (spark.local.dir, SPARK_LOCAL_DIRS) or spark.arrowbeat.shuffle.dir"
+        )
+    return usable
+
+
+PORT_TRIES = 32
+"""Ports ``bind_from`` tries from the configured one: two per agent, so 16 executors per host."""
+_S = TypeVar("_S")
+
+
+def bind_from(port: int, bind: Callable[[int], _S], last: int = 0) -> _S:
+    """``bind(port)``, or with the next port while the port is taken, up to ``last`` (default
+    ``port + PORT_TRIES - 1``, so an agent's two ports stay in the window a firewall opens); port
+    0 (any free port) is bound once. The error names the range and the key that sets it."""
+    if port == 0:
+        return bind(0)
+    end = min(last or port + PORT_TRIES - 1, 65535) + 1
+    for candidate in range(port, end):
+        try:
+            return bind(candidate)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise ShuffleConfigError(
+        f"no free port in {port}..{end - 1} for the shuffle agent (spark.arrowbeat.shuffle.port): "
+        "too many executors on this host, or the ports are taken by others"
+    )
+
+
+def spread_dir(dirs: Sequence[str], shuffle_id: int, map_index: int) -> str:
+    """The directory of ``dirs`` a map output of (shuffle, map partition) goes to: a stable hash,
+    so a shuffle's files spread over every local disk the executor has."""
+    return dirs[zlib.crc32(f"{shuffle_id}/{map_index}".encode()) % len(dirs)]
+
+
+def owned_output(path: object, app_id: str, executor_id: str, shuffle_id: int) -> str:
+    """The real path of a map-output file named by a status row, if, links resolved, it has our
+    layout ``<root>/<app>/<executor>/s<shuffle>/<name>.arrows``, is a regular file, and its shuffle
+    and executor folders are private to us. A host-local reader reads another executor's file only
+    through this: a row naming anything else is refused (``UnsafePathError``), not read. (The root
+    itself may sit behind a link, as a YARN or macOS local dir often does.)"""
+    if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
+        raise UnsafePathError(f"{path!r} is not an absolute map-output path")
+    real = os.path.realpath(path)
+    shuffle_folder = os.path.dirname(real)
+    owner = os.path.dirname(shuffle_folder)
+    expected = (_folder(shuffle_id), check_id(executor_id, "executor id"), check_id(app_id, "application id"))
+    found = (
+        os.path.basename(shuffle_folder),
+        os.path.basename(owner),
+        os.path.basename(os.path.dirname(owner)),
+    )
+    refused = UnsafePathError(
+        f"{path} is not a map output of shuffle {shuffle_id} of executor {executor_id}: refused"
+    )
+    if found != expected or not real.endswith(".arrows"):
+        raise refused
+    try:
+        if not stat.S_ISREG(os.lstat(real).st_mode):
+            raise refused
+    except FileNotFoundError:
+        pass  # gone: the read fails and reports it lost
+    check_private_dir(shuffle_folder)
+    check_private_dir(owner)
+    return real
 
 
 @dataclass
@@ -206,7 +327,7 @@ class MapOutputService:
         app_id: str,
         executor_id: str,
         secret: str | bytes,
-        root: str,
+        root: str | Sequence[str],
         jvm_pid: int,
         host: str = "127.0.0.1",
         config: ShuffleConfig | None = None,
@@ -214,8 +335,12 @@ class MapOutputService:
         clock: Clock = SYSTEM_CLOCK,
         transport: Transport | None = None,
         on_outputs_lost: Callable[[str], None] | None = None,
+        port: int = 0,
     ) -> None:
-        """``transport``: how the data and control servers accept (TLS when it carries a server
+        """``port``: 0 for free ports, else the first of the range the data and then the control
+        server take the first free ports of (``bind_from``: pinned ports for firewalls).
+        ``root``: the shuffle root, or this executor's roots (``shuffle_roots``; unusable ones
+        skipped). ``transport``: how the data and control servers accept (TLS when it carries a server
         context, see ``TcpTransport``); plain TCP by default. ``on_outputs_lost(reason)`` is called
         (once per service, from a control thread) when map-output files of ours are found missing;
         ``reason`` is a token, ``"files-missing"``."""
@@ -223,7 +348,9 @@ class MapOutputService:
             raise ShuffleConfigError("the map-output service needs the application secret")
         self.app_id = app_id
         self.executor_id = executor_id
-        self.root = root
+        usable = usable_executor_dirs([root] if isinstance(root, str) else root, app_id, executor_id)
+        self.root = usable[0][0]
+        """The root holding the discovery file and ``dir``."""
         self.jvm_pid = jvm_pid
         self.ttl_s = ttl_s
         self._on_outputs_lost = on_outputs_lost
@@ -232,7 +359,9 @@ class MapOutputService:
         """Shuffles whose outputs this agent deleted on purpose (release, TTL): their files are
         gone, but not *lost*; a reader of one gets an error, and the executor is not replaced."""
         self._clock = clock
-        self.dir = executor_dir(root, app_id, executor_id)
+        self.dir = usable[0][1]
+        self.dirs = tuple(folder for _, folder in usable)
+        """Every directory map outputs of this executor may be in (``dir`` first)."""
         # Staged streams never wait on the reader for long stretches by design, but a reducer may
         # run a slow user function between batches: a generous bound, not a hang.
         config = config or ShuffleConfig(network_memory_bytes=32 << 20)
@@ -242,7 +371,9 @@ class MapOutputService:
             partition_pool_share=min(config.partition_pool_share, STREAM_POOL_SHARE),
         )
         self.pool = NetworkBufferPool.from_config(self.config.network_memory_bytes, self.config.buffer_size)
-        self.server = PartitionServer(secret, app_id, host, 0, self.config, transport)
+        self.server = bind_from(
+            port, lambda p: PartitionServer(secret, app_id, host, p, self.config, transport)
+        )
         self._lock = threading.Lock()
         self._staged: dict[PartitionId, _Staged] = {}
         self._next_token = 1
@@ -255,12 +386,30 @@ class MapOutputService:
         self._counters = {
             "streams_staged": 0.0,
             "bytes_staged": 0.0,
+            "blocked_on_credit_s": 0.0,
+            "spill_bytes": 0.0,
             "shuffles_released": 0.0,
             "streams_expired": 0.0,
             "streams_wait_timeouts": 0.0,
         }
         self._threads: list[threading.Thread] = []
-        self.control = ControlServer(
+        try:  # the control port: the next free one after the data port, inside the same window
+            self.control = bind_from(
+                port and self.server.address[1] + 1,
+                lambda p: self._control_server(secret, host, p, clock, transport),
+                last=port + PORT_TRIES - 1,
+            )
+        except BaseException:
+            self.server.close()
+            raise
+        self._reaper = threading.Thread(target=self._reap_loop, name="shuffle-stage-reaper", daemon=True)
+        self._reaper.start()
+        self._announce()
+
+    def _control_server(
+        self, secret: str | bytes, host: str, port: int, clock: Clock, transport: Transport | None
+    ) -> ControlServer:
+        return ControlServer(
             secret,
             AGENT_CONTROL,
             {
@@ -271,16 +420,13 @@ class MapOutputService:
                 "report_lost": self._report_lost,
             },
             host,
-            0,
+            port,
             config=self.config,
             max_connections=128,
             clock=clock,
             transport=transport,
             logger=log,
         )
-        self._reaper = threading.Thread(target=self._reap_loop, name="shuffle-stage-reaper", daemon=True)
-        self._reaper.start()
-        self._announce()
 
     # -- addresses ------------------------------------------------------------------------------
     @property
@@ -298,6 +444,7 @@ class MapOutputService:
             "data_port": self.data_address[1],
             "control_port": self.control_address[1],
             "dir": self.dir,
+            "spread": list(self.dirs[1:]),
             "pid": os.getpid(),
         }
         # Atomic (temp name, then rename): a worker never reads half a file.
@@ -313,7 +460,7 @@ class MapOutputService:
         (``UnsafePathError`` otherwise, logged at most once a minute), and the resolved path is
         what is read."""
         try:
-            files = [(resolve_inside(self.dir, path), segments) for path, segments in files]
+            files = [(self._inside(path), segments) for path, segments in files]
         except UnsafePathError as exc:
             _refused.warning(self.dir, "refused to stage map outputs: %s", exc)
             raise
@@ -377,7 +524,10 @@ class MapOutputService:
                     writer.write(batch, subpartition=0)
             writer.finish()
             with self._lock:
-                self._counters["bytes_staged"] += partition.stats().bytes_written
+                stats = partition.stats()
+                self._counters["bytes_staged"] += stats.bytes_written
+                self._counters["blocked_on_credit_s"] += stats.blocked_on_credit_s
+                self._counters["spill_bytes"] += stats.spill_bytes
         except BaseException as exc:  # the reader went away, a file was released, ...: end the stream
             writer.abort(f"staging the map outputs failed: {exc}")  # the reader is told why
             self._end_early(pid, partition, exc, "")
@@ -457,7 +607,14 @@ class MapOutputService:
         with self._lock:
             self._last_read.pop(_folder(shuffle_id), None)
             self._deleted.add(shuffle_id)
-        return _remove_tree(os.path.join(self.dir, _folder(shuffle_id)))
+        return sum(_remove_tree(os.path.join(folder, _folder(shuffle_id))) for folder in self.dirs)
+
+    def _inside(self, path: object) -> str:
+        """The real path of ``path`` if it lies in one of this agent's directories."""
+        for folder in self.dirs[1:]:
+            with contextlib.suppress(UnsafePathError):
+                return resolve_inside(folder, path)
+        return resolve_inside(self.dir, path)
 
     def sweep(self) -> int:
         """TTL: delete the map outputs of shuffles idle for ``ttl_s``; returns the bytes freed.
@@ -466,26 +623,28 @@ class MapOutputService:
         host-local read (``note_read``) since: wall time against the folder's and files' newest
         modification time, the only clock the file system keeps. A shuffle with a staged stream
         is in use and never swept, however old."""
+        names: set[str] = set()
+        for folder in self.dirs:
+            with contextlib.suppress(FileNotFoundError):
+                names.update(n for n in os.listdir(folder) if n.startswith("s"))
         freed = 0
-        with contextlib.suppress(FileNotFoundError):
-            for name in os.listdir(self.dir):
-                if not name.startswith("s"):
-                    continue
-                path = os.path.join(self.dir, name)
+        for name in sorted(names):
+            paths = [os.path.join(folder, name) for folder in self.dirs]
+            with self._lock:
+                busy = any(_folder(s.shuffle_id) == name for s in self._staged.values())
+                last_read = self._last_read.get(name)
+            if busy:
+                continue
+            # One shuffle, one age: its folders on every local dir count together.
+            idle = self._clock.time() - max(_newest_mtime(p) for p in paths)
+            if last_read is not None:
+                idle = min(idle, self._clock.monotonic() - last_read)
+            if idle > self.ttl_s:
                 with self._lock:
-                    busy = any(_folder(s.shuffle_id) == name for s in self._staged.values())
-                    last_read = self._last_read.get(name)
-                if busy:
-                    continue
-                idle = self._clock.time() - _newest_mtime(path)
-                if last_read is not None:
-                    idle = min(idle, self._clock.monotonic() - last_read)
-                if idle > self.ttl_s:
-                    with self._lock:
-                        self._last_read.pop(name, None)
-                        with contextlib.suppress(ValueError):
-                            self._deleted.add(int(name[1:]))
-                    freed += _remove_tree(path)
+                    self._last_read.pop(name, None)
+                    with contextlib.suppress(ValueError):
+                        self._deleted.add(int(name[1:]))
+                freed += sum(_remove_tree(p) for p in paths)
         return freed
 
     def report_lost(self, shuffle_id: int, paths: Sequence[str]) -> bool:
@@ -493,7 +652,7 @@ class MapOutputService:
         directory, else ``UnsafePathError`` before any is looked at) is missing; if so
         ``on_outputs_lost`` is told."""
         try:
-            real = [resolve_inside(self.dir, path) for path in paths]
+            real = [self._inside(path) for path in paths]
         except UnsafePathError as exc:
             _refused.warning(self.dir, "refused a report of lost map outputs: %s", exc)
             raise
@@ -539,10 +698,11 @@ class MapOutputService:
 
     def disk_bytes(self) -> int:
         total = 0
-        for folder, _, files in os.walk(self.dir):
-            for name in files:
-                with contextlib.suppress(FileNotFoundError):
-                    total += os.path.getsize(os.path.join(folder, name))
+        for top in self.dirs:
+            for folder, _, files in os.walk(top):
+                for name in files:
+                    with contextlib.suppress(FileNotFoundError):
+                        total += os.path.getsize(os.path.join(folder, name))
         return total
 
     def metrics(self) -> dict[str, float]:
@@ -581,11 +741,12 @@ class MapOutputService:
         self.server.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(agent_file(self.root, self.app_id, self.jvm_pid))
-        _remove_tree(self.dir)
+        for mine in self.dirs:
+            _remove_tree(mine)
         # The application's folders go with its last agent (rmdir fails while others remain).
         for folder in (
             os.path.dirname(agent_file(self.root, self.app_id, 0)),
-            app_dir(self.root, self.app_id),
+            *(os.path.dirname(mine) for mine in self.dirs),
         ):
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
@@ -617,7 +778,11 @@ def _folder(shuffle_id: int) -> str:
 
 
 def _newest_mtime(path: str) -> float:
-    newest = os.lstat(path).st_mtime
+    """Newest modification time in ``path``'s tree; ``-inf`` if it does not exist."""
+    try:
+        newest = os.lstat(path).st_mtime
+    except FileNotFoundError:
+        return float("-inf")
     for folder, _, files in os.walk(path):
         for name in files:
             with contextlib.suppress(FileNotFoundError):

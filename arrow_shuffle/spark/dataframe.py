@@ -54,8 +54,7 @@ from pyspark.sql.types import StructType
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
 from arrow_shuffle.spark.adaptive import coalesce, route_keys, settings_from_sql_conf
-from arrow_shuffle.spark.agent_client import MapOutputClient, announced_agents
-from arrow_shuffle.spark.agent_service import shuffle_root
+from arrow_shuffle.spark.agent_client import MapOutputClient
 from arrow_shuffle.spark.map_output import check_keys
 from arrow_shuffle.spark.tasks import (
     STATUS_DDL,
@@ -170,13 +169,16 @@ class ShuffleHandle:
             return len(fresh)
 
     def release(self) -> int:
-        """Delete this shuffle's data in every agent that holds some; returns bytes freed."""
+        """Delete this shuffle's data in every agent that reported some; returns bytes freed.
+
+        Only agents the map tasks named: the driver knows no path of an executor's disks. Files
+        of an attempt that never reported go with the TTL sweep or their executor."""
         with self._lock:
             if self.released:
                 return 0
             self.released = True
         freed = 0
-        for address in sorted(self.agents() | _local_agents(self.plan)):
+        for address in sorted(self.agents()):
             try:
                 with MapOutputClient(
                     address,
@@ -223,12 +225,6 @@ def _flush_at_exit() -> None:
     for handle in list(_LIVE):
         with contextlib.suppress(Exception):  # best effort: the session may be gone
             handle.flush_metrics()
-
-
-def _local_agents(plan: ShufflePlan) -> set[tuple[str, int]]:
-    """Agents announced on this host (executors that ran no task of this shuffle hold nothing,
-    but a task that failed before reporting may have left a file)."""
-    return {agent.control_address for agent in announced_agents(shuffle_root(plan.root), plan.app_id)}
 
 
 def shuffle_of(df: DataFrame) -> ShuffleHandle:
@@ -323,7 +319,7 @@ def _plan(
     plan = ShufflePlan(
         app_id=spark.sparkContext.applicationId,
         shuffle_id=_new_shuffle_id(spark),
-        root=settings.shuffle_dir,  # resolved on each executor (shuffle_root), as its user
+        root=settings.shuffle_dir,  # resolved on each executor (shuffle_roots), as its user
         secret=settings.secret,
         key_columns=tuple(key_columns),
         num_partitions=num_partitions,

@@ -24,9 +24,11 @@ and map partitions), and its retry goes through the same path.
 
 Task timings come from an injected ``heartbeat.clock.Clock`` (monotonic).
 
-Paths: the shuffle root is resolved where the task runs (``agent_service.shuffle_root``); every
-id in a map output's name passes ``check_id``; the map task writes only into its agent's folder
-after checking it is private; a host-local read opens only a path inside the application's folder.
+Paths: the shuffle roots are resolved where the task runs (``agent_service.shuffle_roots``: the
+executor's own local dirs, never a path computed on the driver); every id in a map output's name
+passes ``check_id``; the map task writes only into one of its agent's folders (spread over the
+executor's local dirs) after checking it is private; a host-local read opens only a map output of
+the status row's executor and shuffle (``agent_service.owned_output``).
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import MapOutputLostError, SchemaMismatchError, ShuffleError
 from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.private_files import check_id, check_private_dir, resolve_inside
+from arrow_shuffle.private_files import check_id, check_private_dir
 from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, find_agent
-from arrow_shuffle.spark.agent_service import app_dir, note_read, shuffle_root
+from arrow_shuffle.spark.agent_service import note_read, owned_output, shuffle_roots, spread_dir
 from arrow_shuffle.spark.grouping import iter_groups
 from arrow_shuffle.spark.map_output import MapOutputWriter, read_segments
 from arrow_shuffle.transport import TcpTransport, Transport
@@ -178,10 +180,10 @@ def map_function(
             batches = _checked(pre(batches), plan.schema, "the chained mapInArrow function")
         started = clock.monotonic()
         map_index, attempt, stage = _task()
-        agent = find_agent(shuffle_root(plan.root), plan.app_id, clock=clock)
+        agent = find_agent(shuffle_roots(plan.root), plan.app_id, clock=clock)
         name = f"m{check_id(map_index, 'map partition')}-{check_id(attempt, 'task attempt')}"
         path = os.path.join(
-            check_private_dir(agent.dir),
+            check_private_dir(spread_dir(agent.output_dirs, plan.shuffle_id, map_index)),
             f"s{check_id(plan.shuffle_id, 'shuffle id')}",
             f"{name}-{uuid.uuid4().hex[:8]}.arrows",
         )
@@ -300,10 +302,10 @@ def read_partitions(
         else:
             streamed[s["executor"]].append(s)
     label = _label(plan, reducers)
-    app = app_dir(shuffle_root(plan.root), plan.app_id)
     touched: set[str] = set()
     for s in from_files:
-        path = resolve_inside(app, s["path"])  # a status row naming another path is refused, not read
+        # A status row naming anything but a map output of its executor is refused, not read.
+        path = owned_output(s["path"], plan.app_id, s["executor"], plan.shuffle_id)
         if os.path.dirname(path) not in touched:  # the owner's TTL counts reads, disk ones too
             touched.add(os.path.dirname(path))
             note_read(path)
@@ -474,7 +476,7 @@ def reduce_function(
         by_reducer = statuses_by_reducer(status_batches)
         if not by_reducer:
             return
-        me = find_agent(shuffle_root(plan.root), plan.app_id, clock=clock)
+        me = find_agent(shuffle_roots(plan.root), plan.app_id, clock=clock)
         _, attempt, _ = _task()
         reducers = sorted(by_reducer)
         started = clock.monotonic()

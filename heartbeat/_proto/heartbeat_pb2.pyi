@@ -129,7 +129,7 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, epoch: _Optional[str] = ..., instance_id: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class Payload(_message.Message):
-    __slots__ = ("slots_total", "slots_busy", "running_tasks", "rss_bytes", "jvm_pulse_age_ms", "metrics")
+    __slots__ = ("slots_total", "slots_busy", "running_tasks", "rss_bytes", "jvm_pulse_age_ms", "metrics", "work")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -143,13 +143,31 @@ class Payload(_message.Message):
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     JVM_PULSE_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    WORK_FIELD_NUMBER: _ClassVar[int]
     slots_total: int
     slots_busy: int
     running_tasks: int
     rss_bytes: int
     jvm_pulse_age_ms: int
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, slots_total: _Optional[int] = ..., slots_busy: _Optional[int] = ..., running_tasks: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., jvm_pulse_age_ms: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    work: _containers.RepeatedCompositeFieldContainer[WorkProgress]
+    def __init__(self, slots_total: _Optional[int] = ..., slots_busy: _Optional[int] = ..., running_tasks: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., jvm_pulse_age_ms: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., work: _Optional[_Iterable[_Union[WorkProgress, _Mapping]]] = ...) -> None: ...
+
+class WorkProgress(_message.Message):
+    __slots__ = ("id", "label", "running_s", "idle_s", "stuck", "where")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_S_FIELD_NUMBER: _ClassVar[int]
+    IDLE_S_FIELD_NUMBER: _ClassVar[int]
+    STUCK_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    label: str
+    running_s: float
+    idle_s: float
+    stuck: bool
+    where: str
+    def __init__(self, id: _Optional[str] = ..., label: _Optional[str] = ..., running_s: _Optional[float] = ..., idle_s: _Optional[float] = ..., stuck: bool = ..., where: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("epoch", "instance_id", "seq", "payload")

@@ -9,6 +9,7 @@ use it without loading the plugin's processes."""
 
 from spark_plugin.errors import HistoryTableError, IncompatibleTableError, TablePathError
 from spark_plugin.history.recovery import KnownExecutor, known_executors
+from spark_plugin.history.storage import TablesLocation, locate, tables_location
 from spark_plugin.history.tables import EXECUTOR_EVENTS, HEARTBEATS, TABLES
 from spark_plugin.history.wire_text import wire_text
 from spark_plugin.history.writer import HistoryWriter, event_row, heartbeat_row
@@ -22,8 +23,11 @@ __all__ = [
     "IncompatibleTableError",
     "KnownExecutor",
     "TablePathError",
+    "TablesLocation",
     "event_row",
     "heartbeat_row",
     "known_executors",
+    "locate",
+    "tables_location",
     "wire_text",
 ]

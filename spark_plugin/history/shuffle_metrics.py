@@ -18,14 +18,18 @@ import pyarrow as pa
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.config import from_spark_conf, tables_root
+from spark_plugin.errors import TablePathError
+from spark_plugin.history.storage import TablesLocation, locate
 from spark_plugin.history.tables import SHUFFLE_METRICS, open_table
 
 
-def tables_root_of(spark: Any) -> Path:
-    """``spark.arrowbeat.tables.path`` of this application, as the RM resolves it (raises
-    ``ConfigError`` for a malformed or unknown ``spark.arrowbeat.*`` entry)."""
+def tables_root_of(spark: Any) -> Path | TablesLocation:
+    """``spark.arrowbeat.tables.path`` of this application, as the RM resolves it: a directory,
+    or a located URI with the application's ``spark.hadoop.*`` credentials (raises ``ConfigError``
+    for a malformed or unknown ``spark.arrowbeat.*`` entry)."""
     entries = [(str(k), str(v)) for k, v in spark.sparkContext.getConf().getAll()]
-    return tables_root(from_spark_conf(entries), dict(entries))
+    root = tables_root(from_spark_conf(entries), dict(entries))
+    return root if isinstance(root, Path) else locate(root, dict(entries))
 
 
 def rows_of(
@@ -64,7 +68,7 @@ def rows_of(
 
 
 def append_rows(
-    root: Path,
+    root: TablesLocation | Path | str,
     app_id: str,
     shuffle_id: int,
     reports: Sequence[dict[str, Any]],
@@ -73,5 +77,14 @@ def append_rows(
     """Appends the reports as one commit to ``root/shuffle_metrics`` (created on first use)."""
     from deltalake import write_deltalake
 
-    path = open_table(root, SHUFFLE_METRICS)
-    write_deltalake(path, rows_of(app_id, shuffle_id, reports, clock), mode="append")
+    location = locate(root)
+    path = open_table(location, SHUFFLE_METRICS)
+    rows = rows_of(app_id, shuffle_id, reports, clock)
+    try:
+        write_deltalake(path, rows, mode="append", storage_options=location.options())
+    except Exception as exc:
+        if location.local is not None:
+            raise
+        raise TablePathError(  # delta-rs's text may quote a credential: scrubbed, not chained
+            f"cannot append to {location.spark_uri(SHUFFLE_METRICS.name)}: {location.scrub(exc)}"
+        ) from None

@@ -9,16 +9,23 @@ Schemas (one row per heartbeat received / per lifecycle event):
 ``heartbeats``: app_id, executor_id, host, instance_id, ts (UTC timestamp), rtt_ms, gap_ms (time
 since the previous heartbeat of the same executor, null for its first; the RM sees each executor's
 heartbeats in order, a streaming query cannot), jvm_pulse_age_ms, slots_total, slots_busy,
-running_tasks, rss_bytes.
+running_tasks, rss_bytes, gc_ms (the executor JVM's garbage-collection time since the previous
+heartbeat, null when unknown).
 
 ``executor_events``: app_id, executor_id, host, instance_id, ts, event (REGISTERED, REREGISTERED,
-HEARTBEAT_TIMEOUT, UNREACHABLE, UNREGISTERED), detail.
+HEARTBEAT_TIMEOUT, UNREACHABLE, UNREGISTERED; Spark's view: SPARK_REMOVED, SPARK_LOST,
+UNMONITORED; tasks: TASK_STUCK, TASK_RESUMED), detail.
+
+A table written by an older arrowbeat that lacks only columns added since (nullable, at the end)
+gets them added when opened; any other difference is refused.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -28,6 +35,7 @@ from spark_plugin.config import declared_default
 from spark_plugin.errors import HistoryTableError as HistoryTableError
 from spark_plugin.errors import IncompatibleTableError as IncompatibleTableError
 from spark_plugin.errors import TablePathError as TablePathError
+from spark_plugin.history.storage import TablesLocation, locate
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -73,6 +81,7 @@ HEARTBEATS = TableSpec(
             ("slots_busy", pa.int64()),
             ("running_tasks", pa.int64()),
             ("rss_bytes", pa.int64()),
+            ("gc_ms", pa.float64()),  # added in 0.2: older tables get it when opened
         ]
     ),
 )
@@ -128,12 +137,17 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
     return a == b or (a in strings and b in strings)
 
 
-def open_table(root: Path, spec: TableSpec, retention_s: float = DEFAULT_RETENTION_S) -> str:
-    """Creates ``root/<name>`` as a Delta table, or checks an existing one (and sets its retention);
-    returns its path."""
+def open_table(
+    root: TablesLocation | Path | str, spec: TableSpec, retention_s: float = DEFAULT_RETENTION_S
+) -> str:
+    """Creates ``<root>/<name>`` as a Delta table, or checks an existing one (and sets its
+    retention); returns the table's URI as delta-rs opens it (with ``locate(root).options()``)."""
+    location = locate(root)
+    if location.local is None:
+        return _open_remote(location, spec, retention_s)
     from deltalake import DeltaTable
 
-    path = root / spec.name
+    path = location.local / spec.name
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".arrowbeat-write-probe"
@@ -155,17 +169,67 @@ def open_table(root: Path, spec: TableSpec, retention_s: float = DEFAULT_RETENTI
         existing = table.schema().to_arrow()
     except Exception as exc:  # delta-rs raises several unrelated types for a damaged log
         raise TablePathError(f"{path} holds a corrupt Delta table ({exc}): repair or move it") from exc
+    _check_schema(table, existing, str(path), spec, retention_s)
+    return str(path)
+
+
+def _open_remote(location: TablesLocation, spec: TableSpec, retention_s: float) -> str:
+    """:func:`open_table` on an object store or HDFS: no directory to probe, and every message
+    scrubbed of the location's credentials (the delta-rs error is not chained: it may quote them)."""
+    from deltalake import DeltaTable
+
+    uri, shown, options = location.table_uri(spec.name), location.spark_uri(spec.name), location.options()
+    try:
+        # Created unless one is there (then a no-op); not ``is_deltatable``, whose S3 requests
+        # never leave the process in deltalake 1.6 (they time out).
+        DeltaTable.create(
+            uri,
+            schema=spec.schema,
+            mode="ignore",
+            configuration=table_properties(retention_s),
+            storage_options=options,
+        )
+        table = DeltaTable(uri, storage_options=options)
+        existing = table.schema().to_arrow()
+    except Exception as exc:  # credentials, endpoint, bucket, network: delta-rs's many error types
+        raise TablePathError(
+            f"cannot open or create the arrowbeat table {shown} (spark.arrowbeat.tables.path, with the "
+            f"application's spark.hadoop.* credentials): {_one_line(location.scrub(exc))}"
+        ) from None
+    _check_schema(table, existing, shown, spec, retention_s)
+    return uri
+
+
+def _one_line(text: str) -> str:
+    """delta-rs's error chains span lines and carry terminal colours: one plain line for a log."""
+    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", text).split())[:2000]
+
+
+def _check_schema(table: Any, existing: Any, shown: str, spec: TableSpec, retention_s: float) -> None:
+    """Refuses a table with another schema; sets the table's retention if it changed."""
     have = _fields(pa.schema(existing))
     want = _fields(spec.schema)
+    newer = [n for n in list(want)[len(have) :] if n not in have and list(have) == list(want)[: len(have)]]
+    if newer:  # an older arrowbeat's table: the columns added since (nullable, at the end) are added
+        from deltalake.schema import Field
+
+        try:
+            table.alter.add_columns([Field.from_arrow(spec.schema.field(n)) for n in newer])
+        except Exception as exc:  # another driver may have added them a moment ago: look again
+            table.update_incremental()
+            if any(n not in _fields(pa.schema(table.schema().to_arrow())) for n in newer):
+                raise IncompatibleTableError(
+                    f"cannot add columns {newer} to the Delta table at {shown}: {exc}"
+                ) from None
+        have = _fields(pa.schema(table.schema().to_arrow()))
     wrong = [n for n, t in want.items() if n not in have or not _same_type(have[n], t)]
     extra = [n for n in have if n not in want]
     if wrong or extra:
         raise IncompatibleTableError(
-            f"the Delta table at {path} does not have arrowbeat's {spec.name} schema "
+            f"the Delta table at {shown} does not have arrowbeat's {spec.name} schema "
             f"(missing or different: {wrong or 'none'}; unexpected: {extra or 'none'}); arrowbeat will "
             "not write into it: point spark.arrowbeat.tables.path elsewhere"
         )
     wanted = table_properties(retention_s)
     if any(table.metadata().configuration.get(k) != v for k, v in wanted.items()):
         table.alter.set_table_properties(wanted)  # a restart with another retention setting
-    return str(path)

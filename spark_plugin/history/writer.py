@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.config import declared_default
+from spark_plugin.history.storage import TablesLocation, locate
 from spark_plugin.history.tables import (
     DEFAULT_RETENTION_S,
     EXECUTOR_EVENTS,
@@ -56,16 +57,21 @@ class _Pending:
     dropped: int = 0
     rejected: int = 0
     commits: int = 0
+    failures: int = 0
+    """Batches whose commit failed every attempt (their rows stayed buffered)."""
     batch: int = 0
     """Number of the next batch; committed batch numbers are in the table's transaction log."""
 
 
 class HistoryWriter:
-    """Appends rows to the history tables under ``root`` in batches, from one flusher thread."""
+    """Appends rows to the history tables under ``root`` in batches, from one flusher thread.
+
+    ``root`` is a directory, or a :class:`TablesLocation` (``storage.tables_location``) that
+    carries an object store's URI and credentials; a bare URI string gets no credentials."""
 
     def __init__(
         self,
-        root: Path,
+        root: TablesLocation | Path | str,
         flush_interval_s: float,
         compact_interval_s: float = DEFAULT_COMPACT_INTERVAL_S,
         retention_s: float = DEFAULT_RETENTION_S,
@@ -74,6 +80,8 @@ class HistoryWriter:
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.root = root
+        self.location = locate(root)
+        self._options = self.location.options()
         self._flush_interval_s = flush_interval_s
         self._compact_interval_s = compact_interval_s
         self._retention_s = retention_s
@@ -93,7 +101,7 @@ class HistoryWriter:
     def open(self) -> None:
         """Creates or checks every table; raises :class:`HistoryTableError` naming the path."""
         for spec in TABLES:
-            path = open_table(self.root, spec, self._retention_s)
+            path = open_table(self.location, spec, self._retention_s)
             self._tables[spec.name] = _Pending(spec, path, deque())
 
     def start(self) -> None:
@@ -120,8 +128,11 @@ class HistoryWriter:
         while not self._stop.wait(wait_s):
             try:
                 wait_s = self.run_due()
-            except Exception:  # keep flushing: one bad cycle must not end history
-                log.exception("history flush failed; rows stay buffered")
+            except Exception as exc:  # keep flushing: one bad cycle must not end history
+                if self.location.secrets():  # no traceback: delta-rs's text may quote credentials
+                    log.error("history flush failed; rows stay buffered: %s", self.location.scrub(exc))
+                else:
+                    log.exception("history flush failed; rows stay buffered")
                 wait_s = self._flush_interval_s
 
     def run_due(self) -> float:
@@ -159,7 +170,13 @@ class HistoryWriter:
         marker = CommitProperties(app_transactions=[Transaction(self.writer_id, pending.batch)])
         for attempt in range(1, self._attempts + 1):
             try:
-                write_deltalake(pending.path, batch, mode="append", commit_properties=marker)
+                write_deltalake(
+                    pending.path,
+                    batch,
+                    mode="append",
+                    commit_properties=marker,
+                    storage_options=self._options,
+                )
                 pending.commits += 1
                 return
             except Exception as exc:  # commit conflicts, I/O errors: retry, then keep the rows
@@ -168,7 +185,7 @@ class HistoryWriter:
                         "batch %d of %s landed although its commit raised (%s)",
                         pending.batch,
                         pending.path,
-                        exc,
+                        self.location.scrub(exc),
                     )
                     pending.commits += 1
                     return
@@ -178,8 +195,9 @@ class HistoryWriter:
                         len(rows),
                         pending.path,
                         attempt,
-                        exc,
+                        self.location.scrub(exc),
                     )
+                    pending.failures += 1
                     break
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -195,7 +213,9 @@ class HistoryWriter:
         from deltalake import DeltaTable
 
         try:
-            version = DeltaTable(pending.path).transaction_version(self.writer_id)
+            version = DeltaTable(pending.path, storage_options=self._options).transaction_version(
+                self.writer_id
+            )
         except Exception:
             return False
         return version is not None and version >= pending.batch
@@ -225,14 +245,16 @@ class HistoryWriter:
         with self._flush_lock:
             for pending in self._tables.values():
                 try:
-                    table = DeltaTable(pending.path)
+                    table = DeltaTable(pending.path, storage_options=self._options)
                     table.optimize.compact()
-                    table = DeltaTable(pending.path)
+                    table = DeltaTable(pending.path, storage_options=self._options)
                     table.create_checkpoint()
                     table.cleanup_metadata()
                     table.vacuum(dry_run=False)
                 except Exception as exc:  # a concurrent writer or reader may win; try next time
-                    log.info("maintenance of %s skipped this round: %s", pending.path, exc)
+                    log.info(
+                        "maintenance of %s skipped this round: %s", pending.path, self.location.scrub(exc)
+                    )
 
     def stats(self) -> Mapping[str, Mapping[str, int]]:
         with self._lock:
@@ -242,6 +264,7 @@ class HistoryWriter:
                     "dropped": p.dropped,
                     "rejected": p.rejected,
                     "commits": p.commits,
+                    "failures": p.failures,
                 }
                 for name, p in self._tables.items()
             }
@@ -259,8 +282,9 @@ def utc(ts: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(ts, tz=dt.UTC)
 
 
-def heartbeat_row(app_id: str, record: Any, gap_ms: float | None) -> Row:
-    """A ``heartbeats`` row from a :class:`heartbeat.HeartbeatRecord`."""
+def heartbeat_row(app_id: str, record: Any, gap_ms: float | None, gc_ms: float | None = None) -> Row:
+    """A ``heartbeats`` row from a :class:`heartbeat.HeartbeatRecord`; ``gc_ms``: the JVM's GC time
+    since the previous heartbeat (``task_events.TaskEvents.on_heartbeat``)."""
     payload = record.payload
     return {
         "app_id": app_id,
@@ -275,6 +299,7 @@ def heartbeat_row(app_id: str, record: Any, gap_ms: float | None) -> Row:
         "slots_busy": _int(payload, "slots_busy"),
         "running_tasks": _int(payload, "running_tasks"),
         "rss_bytes": _int(payload, "rss_bytes"),
+        "gc_ms": gc_ms,
     }
 
 

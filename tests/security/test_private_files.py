@@ -31,7 +31,13 @@ from arrow_shuffle.private_files import (
 )
 from arrow_shuffle.spark import agent_client, agent_service
 from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, announced_agents, find_agent
-from arrow_shuffle.spark.agent_service import MapOutputService, agent_file, default_root, shuffle_root
+from arrow_shuffle.spark.agent_service import (
+    MapOutputService,
+    agent_file,
+    default_root,
+    shuffle_root,
+    shuffle_roots,
+)
 from arrow_shuffle.spark.map_output import MapOutputWriter
 from arrow_shuffle.spark.tasks import ReadStats, ShufflePlan, map_function, read_partitions
 from arrow_shuffle.spill import SpillFile
@@ -160,10 +166,21 @@ def test_every_path_under_the_root_is_private_after_a_map_task_and_discovery(
     assert sum(b.num_rows for b in got) == int(statuses[0].column("rows")[0].as_py())
 
 
-def test_the_default_root_is_per_user_and_resolved_in_one_place() -> None:
+def test_roots_are_the_executors_own_local_dirs_and_resolved_in_one_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A Python worker: PySpark sets SPARK_LOCAL_DIRS to its executor's block manager folders.
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", "/disk1/blockmgr-a,/disk2/blockmgr-b")
+    assert shuffle_roots("") == ["/disk1/blockmgr-a/arrowbeat", "/disk2/blockmgr-b/arrowbeat"]
+    assert shuffle_root("") == "/disk1/blockmgr-a/arrowbeat"
+    # The agent: what its JVM handed over wins over its own environment.
+    assert shuffle_roots("", "/d3/blockmgr-c,,/d3/blockmgr-c") == ["/d3/blockmgr-c/arrowbeat"]
+    # The override: one root, the same on every host.
+    assert shuffle_roots("relative/dir", "/d3/x") == [os.path.abspath("relative/dir")]
+    # Not under Spark at all: the per-user default.
+    monkeypatch.delenv("SPARK_LOCAL_DIRS")
     assert Path(default_root()).name == f"arrowbeat-{os.geteuid()}"
-    assert shuffle_root("") == default_root()
-    assert shuffle_root("relative/dir") == os.path.abspath("relative/dir")
+    assert shuffle_roots("") == [default_root()]
 
 
 def test_a_spill_file_is_private_and_a_planted_link_is_refused(tmp_path: Path) -> None:
@@ -476,20 +493,35 @@ def test_stage_serves_only_files_inside_the_agents_folder(
         client.unstage(client.stage(2, 0, SCHEMA, [(str(own / "m0.arrows"), segments)]))  # ours: served
 
 
-def test_a_host_local_read_of_a_path_outside_the_application_is_refused(
+def test_a_host_local_read_of_anything_but_its_executors_map_output_is_refused(
     service: MapOutputService, tmp_path: Path
 ) -> None:
-    other = tmp_path / "other.arrows"
-    writer = MapOutputWriter(str(other), SCHEMA, ["k"], 1, 1 << 20)
-    writer.write(data(10))
-    outs = writer.finish()
+    """A status row names a file on another executor's disks (the driver never knew those paths):
+    it is read only if it has the layout of a map output of that executor and shuffle."""
+
+    def map_output(path: Path) -> dict[str, Any]:
+        writer = MapOutputWriter(str(path), SCHEMA, ["k"], 1, 1 << 20)
+        writer.write(data(10))
+        outs = writer.finish()
+        status = {"map": 0, "attempt": "1.0.0", "executor": "3", "host": "127.0.0.1", "data_port": 1}
+        status.update({"control_port": 1, "path": str(path), "segments": json.dumps(outs[0].segments)})
+        status["bytes"] = outs[0].bytes
+        return status
+
     plan = ShufflePlan(APP, 3, service.root, SECRET, ("k",), 1, SCHEMA.serialize().to_pybytes(), (0,))
-    status = {"map": 0, "attempt": "1.0.0", "executor": "3", "host": "127.0.0.1", "data_port": 1}
-    status.update({"control_port": 1, "path": str(other), "segments": json.dumps(outs[0].segments)})
-    status["bytes"] = outs[0].bytes
-    me = AgentInfo("3", "127.0.0.1", 0, 0, service.dir)
-    with pytest.raises(UnsafePathError, match=f"{re.escape(str(other))}.* is not inside"):
-        list(read_partitions(plan, {0: [status]}, me, ReadStats()))
+    me = AgentInfo("4", "127.0.0.1", 0, 0, "")  # another executor on the same host
+    own = Path(service.dir) / "s3"
+    loose = map_output(tmp_path / "other.arrows")
+    wrong_shuffle = map_output(Path(service.dir) / "s2" / "m0.arrows")
+    link = own / "m1.arrows"
+    own.mkdir(mode=0o700, exist_ok=True)
+    link.symlink_to(tmp_path / "other.arrows")
+    through_link = dict(loose, path=str(link))
+    for status in (loose, wrong_shuffle, through_link):
+        with pytest.raises(UnsafePathError, match=r"is not a map output of shuffle 3 of executor 3"):
+            list(read_partitions(plan, {0: [status]}, me, ReadStats()))
+    good = map_output(own / "m0.arrows")
+    assert sum(b.num_rows for b in read_partitions(plan, {0: [good]}, me, ReadStats())) == 10
 
 
 def test_resolve_inside_is_not_fooled_by_a_common_prefix(tmp_path: Path) -> None:

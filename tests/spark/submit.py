@@ -47,6 +47,7 @@ class SubmittedApp:
         scratch: Path,
         conf: dict[str, str] | None = None,
         args: list[str] | None = None,
+        main_class: str | None = None,
     ) -> None:
         self.marker = uuid.uuid4().hex
         self.log_path = scratch / f"spark-submit-{self.marker[:8]}.log"
@@ -61,6 +62,8 @@ class SubmittedApp:
         command = [SPARK_SUBMIT, "--master", master, *printed_flags()]
         for key, value in base.items():
             command += ["--conf", f"{key}={value}"]
+        if main_class:  # ``app`` is then a jar (standalone cluster mode takes no .py file)
+            command += ["--class", main_class]
         command += [str(app), *(args or [])]
         env = dict(os.environ, **{APP_MARKER: self.marker})
         self._log = self.log_path.open("wb")

@@ -218,6 +218,9 @@ def test_executor_health_job_flags_the_frozen_executor(
     healthy = health.where(f"executor_id = '{scenario.frozen}' AND NOT gap_exceeds_timeout").collect()
     assert all(r["max_gap_ms"] is None or r["max_gap_ms"] <= TIMEOUT_S * 1000 for r in healthy)
     assert all(r["p95_rtt_ms"] >= 0 for r in health.collect())
+    # GC time per window, from the JVM's collectors (the JVMs start with a few young collections).
+    assert all(r["gc_ms"] is None or r["gc_ms"] >= r["max_gc_ms"] >= 0 for r in health.collect())
+    assert any(r["gc_ms"] is not None for r in health.collect())
 
 
 def test_lifecycle_feed_prints_every_event(

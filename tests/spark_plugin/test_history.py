@@ -173,7 +173,13 @@ def test_the_buffer_is_bounded_and_counts_what_it_drops(tmp_path: Path) -> None:
     writer.open()
     for second in range(7):
         writer.append(EXECUTOR_EVENTS.name, event("1", "REGISTERED", second))
-    assert writer.stats()[EXECUTOR_EVENTS.name] == {"buffered": 5, "dropped": 2, "rejected": 0, "commits": 0}
+    assert writer.stats()[EXECUTOR_EVENTS.name] == {
+        "buffered": 5,
+        "dropped": 2,
+        "rejected": 0,
+        "commits": 0,
+        "failures": 0,
+    }
     writer.flush()
     instances = DeltaTable(str(tmp_path / EXECUTOR_EVENTS.name)).to_pyarrow_table()["instance_id"].to_pylist()
     assert sorted(instances) == [f"i-1-{s}" for s in range(2, 7)]  # the oldest went first
@@ -201,6 +207,7 @@ def test_a_failed_commit_keeps_the_rows_for_the_next_flush(tmp_path: Path) -> No
     (log_dir / "00000000000000000000.json").write_text("{broken")
     writer.flush()
     assert writer.buffered(EXECUTOR_EVENTS.name) == 1
+    assert writer.stats()[EXECUTOR_EVENTS.name]["failures"] == 1  # history.commitFailures
     for f in log_dir.iterdir():
         f.unlink()
     log_dir.rmdir()
@@ -321,6 +328,12 @@ def test_a_restarted_rm_recovers_the_executors_it_knew(tmp_path: Path) -> None:
         event("3", "REGISTERED", 4),
         event("3", "HEARTBEAT_TIMEOUT", 5),
         event("9", "REGISTERED", 6, app_id="another-app"),
+        event("4", "REGISTERED", 7),
+        event("4", "SPARK_REMOVED", 8),  # idle under dynamic allocation
+        event("5", "REGISTERED", 9),
+        event("5", "SPARK_LOST", 10),
+        event("6", "UNMONITORED", 11),  # no agent ever came: not one to expect back
+        event("1", "TASK_STUCK", 12),  # about a task, not the agent
     ]:
         writer.append(EXECUTOR_EVENTS.name, row)
     writer.stop()

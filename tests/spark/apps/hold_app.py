@@ -58,6 +58,7 @@ def main() -> int:
     known = executor_ids(spark)
     info = {
         "rm_address": sc.getConf().get("spark.arrowbeat.rm.address", None),
+        "ui_url": sc.getConf().get("spark.arrowbeat.ui.url", None),
         "sum": total,
         "executors": len(known),
     }

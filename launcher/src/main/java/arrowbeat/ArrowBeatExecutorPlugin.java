@@ -22,7 +22,28 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
   private final AtomicInteger tasksStarted = new AtomicInteger();
   private final java.util.concurrent.atomic.AtomicBoolean lostReported =
       new java.util.concurrent.atomic.AtomicBoolean();
+  private final TaskWatch taskWatch = new TaskWatch();
   private Sidecar sidecar;
+  private Thread watchReporter;
+
+  /**
+   * This executor's own local directories as Spark resolved them (its block manager's folders),
+   * joined with commas exactly as PySpark hands them to Python workers in SPARK_LOCAL_DIRS: agent
+   * and workers find one another there, with no path computed on the driver. Empty if unknown.
+   */
+  static String localDirs() {
+    try {
+      java.io.File[] dirs = SparkEnv.get().blockManager().diskBlockManager().localDirs();
+      StringBuilder joined = new StringBuilder();
+      for (java.io.File dir : dirs) {
+        joined.append(joined.length() == 0 ? "" : ",").append(dir.getPath());
+      }
+      return joined.toString();
+    } catch (RuntimeException e) {
+      LOG.warn("arrowbeat: Spark's local dirs of this executor are unknown ({})", e.toString());
+      return "";
+    }
+  }
 
   @Override
   public void init(PluginContext ctx, Map<String, String> extraConf) {
@@ -34,6 +55,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
         return;
       }
       SparkConf conf = ctx.conf();
+      PluginMetrics metrics = PluginMetrics.forExecutor(ctx.metricRegistry());
       Map<String, String> settings = new LinkedHashMap<>(extraConf);
       String appId = conf.get("spark.app.id", "");
       settings.put("spark.app.id", appId);
@@ -41,6 +63,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
       settings.put("arrowbeat.executor.host", executorHost(ctx));
       settings.put("arrowbeat.executor.cores", conf.get("spark.executor.cores", "1"));
       settings.put("arrowbeat.executor.jvm.pid", String.valueOf(ProcessHandle.current().pid()));
+      settings.put("arrowbeat.executor.local.dirs", localDirs());
       sidecar =
           Sidecar.start(
               "agent-" + ctx.executorID(),
@@ -48,12 +71,17 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
               settings,
               Launch.startupTimeoutMs(conf));
       String executorId = ctx.executorID();
-      // An agent may say one thing only: its executor's map outputs are gone. Anything else
-      // (kill-executor included) is refused and logged.
+      sidecar.onMetrics(metrics::accept); // the agent's shuffle figures, as Spark metrics
+      // An agent may say two things only: its executor's map outputs are gone, or it wants the
+      // stack of one running task's thread. Anything else (kill-executor included) is refused.
       sidecar.onCommand(
           command -> {
             if (Command.OUTPUTS_LOST.equals(command.verb())) {
               reportLost(ctx, executorId, command.argument());
+            } else if (Command.JSTACK.equals(command.verb())) {
+              String stack = taskWatch.stackOf(Long.parseLong(command.argument()));
+              sendLine("stack " + command.argument() + " "
+                  + (stack == null ? "-" : Sidecar.escape(stack)));
             } else {
               LOG.warn("arrowbeat agent of executor {} may not give command {}; ignored",
                   executorId, command.verb());
@@ -68,17 +96,65 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
                   + "outputs are lost; the executor runs on without it", executorId);
             }
           });
-      sidecar.startPulses(Launch.pulseMs(sidecar.info()), runningTasks::get);
+      long pulseMs = Launch.pulseMs(sidecar.info());
+      sidecar.startPulses(pulseMs, runningTasks::get);
+      startWatchReports(pulseMs);
       if (appId.isEmpty()) {
         sendAppIdWhenAssigned(sidecar);
       }
     } catch (Throwable t) {
       LOG.error("arrowbeat agent did not start on executor {}; the executor runs on without it: {}",
           ctx.executorID(), t.getMessage());
+      tellDriverNotStarted(ctx, t);
       if (sidecar != null) {
         sidecar.stop(0);
         sidecar = null;
       }
+    }
+  }
+
+  /**
+   * One {@link TaskWatch} line per pulse interval: the agent judges from it whether each running
+   * task progresses, and what a gap in the lines was (GC, a stopped process).
+   */
+  private void startWatchReports(long intervalMs) {
+    if (intervalMs <= 0) {
+      return;
+    }
+    watchReporter =
+        new Thread(
+            () -> {
+              try {
+                while (!Thread.currentThread().isInterrupted()) {
+                  sendLine(taskWatch.line());
+                  Thread.sleep(intervalMs);
+                }
+              } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+              } catch (RuntimeException e) {
+                LOG.warn("arrowbeat task watch stopped: {}", e.toString());
+              }
+            },
+            "arrowbeat-task-watch");
+    watchReporter.setDaemon(true);
+    watchReporter.start();
+  }
+
+  /** The driver shows this executor unmonitored at once (not after the registration bound). */
+  private static void tellDriverNotStarted(PluginContext ctx, Throwable why) {
+    String reason =
+        why instanceof Launch.MissingInterpreterException ? "interpreter-missing" : "start-failed";
+    try {
+      ctx.send(ArrowBeatDriverPlugin.agentNotStartedMessage(ctx.executorID(), reason));
+    } catch (Throwable t) {
+      LOG.debug("arrowbeat could not tell the driver: {}", t.toString());
+    }
+  }
+
+  private void sendLine(String line) {
+    Sidecar agent = sidecar;
+    if (agent != null) {
+      agent.send(line);
     }
   }
 
@@ -151,20 +227,26 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
   public void onTaskStart() {
     tasksStarted.incrementAndGet();
     runningTasks.incrementAndGet();
+    taskWatch.started();
   }
 
   @Override
   public void onTaskSucceeded() {
     runningTasks.decrementAndGet();
+    taskWatch.ended();
   }
 
   @Override
   public void onTaskFailed(org.apache.spark.TaskFailedReason failureReason) {
     runningTasks.decrementAndGet();
+    taskWatch.ended();
   }
 
   @Override
   public void shutdown() {
+    if (watchReporter != null) {
+      watchReporter.interrupt();
+    }
     if (sidecar != null) {
       try {
         sidecar.stop(Launch.STOP_GRACE_MS);

@@ -11,12 +11,18 @@ import java.util.regex.Pattern;
  * <p>The grammar: {@code ARROWBEAT-CMD kill-executor <executor id>} (from the driver-side process
  * only), the id 1-64 characters of {@code [A-Za-z0-9._-]} starting with a letter or digit, never
  * Spark's {@code driver}; and {@code ARROWBEAT-CMD outputs-lost <reason>} (from an agent only, about
- * its own executor), the reason 1-32 characters of {@code [a-z-]}.
+ * its own executor), the reason 1-32 characters of {@code [a-z-]}; {@code ARROWBEAT-CMD jstack <task>}
+ * (from an agent: the stack of one of its executor's running tasks) and {@code ARROWBEAT-CMD
+ * kill-task <task>} (from the driver-side process: a stuck task attempt), the task attempt id 1-18
+ * digits.
  */
 record Command(String verb, String argument) {
   static final String PREFIX = "ARROWBEAT-CMD";
   static final String KILL_EXECUTOR = "kill-executor";
   static final String OUTPUTS_LOST = "outputs-lost";
+  static final String JSTACK = "jstack";
+  static final String KILL_TASK = "kill-task";
+  static final Pattern TASK_ID = Pattern.compile("[0-9]{1,18}");
   static final Pattern REASON = Pattern.compile("[a-z][a-z-]{0,31}");
   static final int MAX_LINE_CHARS = 256;
   static final Pattern EXECUTOR_ID = Pattern.compile("[A-Za-z0-9][A-Za-z0-9._-]{0,63}");
@@ -37,6 +43,10 @@ record Command(String verb, String argument) {
     }
     if (words[1].equals(OUTPUTS_LOST) && REASON.matcher(words[2]).matches()) {
       return new Command(OUTPUTS_LOST, words[2]);
+    }
+    if ((words[1].equals(JSTACK) || words[1].equals(KILL_TASK))
+        && TASK_ID.matcher(words[2]).matches()) {
+      return new Command(words[1], words[2]);
     }
     return null;
   }

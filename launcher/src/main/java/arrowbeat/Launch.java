@@ -1,5 +1,8 @@
 package arrowbeat;
 
+import java.io.File;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.security.SecureRandom;
 import java.util.ArrayList;
 import java.util.HexFormat;
@@ -23,21 +26,84 @@ final class Launch {
 
   private Launch() {}
 
-  /** The interpreter: spark.arrowbeat.python, else PYSPARK_PYTHON, else spark.pyspark.python. */
+  static final String PYTHON = "spark.arrowbeat.python";
+  static final String DRIVER_PYTHON = "spark.arrowbeat.driver.python";
+  /** The driver-side process's module: it takes {@link #DRIVER_PYTHON} first. */
+  static final String DRIVER_MODULE = "spark_plugin.driver";
+
+  /** An interpreter as configured, and where it came from (a key or a variable) for messages. */
+  record Interpreter(String source, String path) {}
+
+  /** No interpreter at the configured path here: the process is not started; the message says why. */
+  static final class MissingInterpreterException extends IllegalStateException {
+    MissingInterpreterException(String message) {
+      super(message);
+    }
+  }
+
+  /**
+   * {@code python -u -m module}, with the interpreter resolved where it will run: see {@link
+   * #interpreter} and {@link #resolve}. Throws {@link MissingInterpreterException} (one line naming
+   * the key, the path and this process's working directory) when it does not exist here.
+   */
   static List<String> command(SparkConf conf, String module) {
-    String python = conf.get("spark.arrowbeat.python", "");
-    if (python.isEmpty()) {
-      python = System.getenv().getOrDefault("PYSPARK_PYTHON", "");
-    }
-    if (python.isEmpty()) {
-      python = conf.get("spark.pyspark.python", "python3");
-    }
+    Interpreter interpreter = interpreter(conf, DRIVER_MODULE.equals(module), System.getenv());
+    String python =
+        resolve(interpreter, Path.of(System.getProperty("user.dir", ".")), System.getenv("PATH"));
     List<String> command = new ArrayList<>();
     command.add(python);
     command.add("-u");
     command.add("-m");
     command.add(module);
     return command;
+  }
+
+  /**
+   * The interpreter: for the driver-side process spark.arrowbeat.driver.python first (a packed
+   * environment's relative path in spark.arrowbeat.python exists only on executors); then
+   * spark.arrowbeat.python, else PYSPARK_PYTHON, else spark.pyspark.python, else python3.
+   */
+  static Interpreter interpreter(SparkConf conf, boolean driver, Map<String, String> env) {
+    if (driver && !conf.get(DRIVER_PYTHON, "").isEmpty()) {
+      return new Interpreter(DRIVER_PYTHON, conf.get(DRIVER_PYTHON));
+    }
+    if (!conf.get(PYTHON, "").isEmpty()) {
+      return new Interpreter(PYTHON, conf.get(PYTHON));
+    }
+    String fromEnv = env.getOrDefault("PYSPARK_PYTHON", "");
+    if (!fromEnv.isEmpty()) {
+      return new Interpreter("PYSPARK_PYTHON", fromEnv);
+    }
+    return new Interpreter("spark.pyspark.python", conf.get("spark.pyspark.python", "python3"));
+  }
+
+  /**
+   * The interpreter's path as this process will start it. A path with a slash is taken relative to
+   * {@code workDir} (the working directory the child is started in: an executor's own, where Spark
+   * unpacks {@code --archives}) and must be an executable file there; a bare name must be one on
+   * {@code searchPath}. Checked here so a missing interpreter is one clear log line, not a failed
+   * start with a stack trace.
+   */
+  static String resolve(Interpreter interpreter, Path workDir, String searchPath) {
+    String path = interpreter.path();
+    if (path.contains("/")) {
+      Path resolved = workDir.resolve(path);
+      if (!Files.isRegularFile(resolved) || !Files.isExecutable(resolved)) {
+        throw new MissingInterpreterException(
+            String.format(
+                "%s=%s: no executable Python at %s (relative paths are resolved against the "
+                    + "working directory %s)",
+                interpreter.source(), path, resolved, workDir));
+      }
+      return resolved.toString();
+    }
+    for (String dir : (searchPath == null ? "" : searchPath).split(File.pathSeparator)) {
+      if (!dir.isEmpty() && Files.isExecutable(Path.of(dir, path))) {
+        return path;
+      }
+    }
+    throw new MissingInterpreterException(
+        String.format("%s=%s: no such executable on the PATH (%s)", interpreter.source(), path, searchPath));
   }
 
   /** Every spark.arrowbeat.* key plus the application's identity. */

@@ -14,7 +14,7 @@ import java.util.regex.Pattern;
  */
 final class Redactor {
   /** Setting keys whose values are secrets (Spark's default {@code spark.redaction.regex}). */
-  static final Pattern SECRET_KEY = Pattern.compile("(?i)secret|password|token|access[.]?key");
+  static final Pattern SECRET_KEY = Pattern.compile("(?i)secret|password|token|access[.]?key|account[.]key");
 
   private static final int MIN_SECRET_CHARS = 6;
   private final List<String> secrets = new CopyOnWriteArrayList<>();

@@ -23,14 +23,16 @@ import org.slf4j.LoggerFactory;
  * child's stdin as {@code key<TAB>value} lines closed by an empty line, so secrets never appear in
  * argv or the environment. From then on the JVM writes one pulse line per pulse interval: it proves
  * this JVM is not frozen. EOF on stdin means the JVM is gone (even after SIGKILL, since the kernel
- * closes the pipe), and the child exits.
+ * closes the pipe), and the child exits. A JVM that shuts down (SIGTERM, {@code System.exit}: how a
+ * cluster manager ends an executor it released) first writes {@code exiting}, so the child can tell
+ * that end from a crash; {@code stop} is an orderly stop by the plugin.
  *
  * <p>Two channels come back, kept apart: the child's <b>stdout is its protocol channel</b> (one
  * {@code ARROWBEAT-READY k=v ...} line, then {@link Command} lines: the child's Python side moves
  * its own stdout onto stderr at start-up, so no print or library output lands here), and its
  * <b>stderr is its log</b>, copied line by line to the JVM's log and never parsed. A log line that
  * looks like a command is only ever logged. Every protocol line is validated: anything that is not
- * a well-formed ready line or known command is logged (rate-limited) and ignored.
+ * a well-formed ready line, known command or {@link PluginMetrics} line is logged (rate-limited) and ignored.
  */
 final class Sidecar {
   static final String READY = "ARROWBEAT-READY";
@@ -59,9 +61,11 @@ final class Sidecar {
   private final CompletableFuture<Map<String, String>> ready = new CompletableFuture<>();
   private volatile boolean stopping;
   private volatile Consumer<Command> commands;
+  private volatile java.util.function.Predicate<String> metrics;
   private volatile Runnable onUnexpectedExit = () -> {};
   private Thread logPump;
   private Thread pulser;
+  private final Thread exitNotice = new Thread(() -> send("exiting"), "arrowbeat-exiting");
 
   private Sidecar(String name, Process process, Redactor redactor) {
     this.name = name;
@@ -84,6 +88,7 @@ final class Sidecar {
     sidecar.startLogPump();
     sidecar.startProtocolPump();
     sidecar.writeSettings(settings);
+    Runtime.getRuntime().addShutdownHook(sidecar.exitNotice);
     try {
       Map<String, String> info = sidecar.ready.get(readyTimeoutMs, TimeUnit.MILLISECONDS);
       Map<String, String> shown = new HashMap<>(info);
@@ -122,7 +127,8 @@ final class Sidecar {
     stdin.flush();
   }
 
-  private static String escape(String s) {
+  /** One line of text for the child: backslash, newline and tab escaped (its unescape_line). */
+  static String escape(String s) {
     return s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t");
   }
 
@@ -167,6 +173,7 @@ final class Sidecar {
                 LOG.debug("arrowbeat {} protocol channel closed: {}", name, e.toString());
               }
               awaitExit();
+              forgetExitNotice();
               ready.completeExceptionally(
                   new IllegalStateException("process exited before it was ready"));
               if (!stopping) {
@@ -206,6 +213,13 @@ final class Sidecar {
           redactor.learn(key); // before anything could log it
         }
         ready.complete(info);
+      }
+      return;
+    }
+    if (line.startsWith(PluginMetrics.PREFIX + " ")) {
+      java.util.function.Predicate<String> sink = metrics;
+      if (sink == null || !sink.test(line)) {
+        refuse("a malformed metrics line, or one it may not give", line);
       }
       return;
     }
@@ -287,6 +301,14 @@ final class Sidecar {
   }
 
   /**
+   * {@link PluginMetrics} lines from the child go to {@code sink}, which applies a valid one and
+   * returns false for anything else (then refused, as a malformed command is).
+   */
+  void onMetrics(java.util.function.Predicate<String> sink) {
+    metrics = sink;
+  }
+
+  /**
    * Writes a pulse line {@code p <running tasks>} every {@code intervalMs}; stops when the child's
    * stdin breaks.
    */
@@ -330,6 +352,7 @@ final class Sidecar {
   /** Closes stdin (the child's signal to stop), then escalates to SIGTERM and SIGKILL. */
   void stop(long graceMs) {
     stopping = true;
+    forgetExitNotice();
     if (pulser != null) {
       pulser.interrupt();
     }
@@ -350,6 +373,15 @@ final class Sidecar {
     } catch (InterruptedException e) {
       process.destroyForcibly();
       Thread.currentThread().interrupt();
+    }
+  }
+
+  /** The shutdown hook is for a live child only; during the JVM's shutdown it cannot be removed. */
+  private void forgetExitNotice() {
+    try {
+      Runtime.getRuntime().removeShutdownHook(exitNotice);
+    } catch (IllegalStateException e) {
+      LOG.debug("arrowbeat {}: the JVM is shutting down", name);
     }
   }
 

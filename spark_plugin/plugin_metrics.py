@@ -1,0 +1,270 @@
+"""arrowbeat's figures in Spark's metrics system, sent over the launcher's protocol channel.
+
+The JVM plugins register Dropwizard gauges through ``PluginContext.metricRegistry()``
+(``launcher/.../PluginMetrics.java``), so every sink Spark is configured with (the driver UI's
+``PrometheusServlet``, JMX, CSV, ...) shows them under the plugin's source
+``plugin.arrowbeat.ArrowBeatPlugin``. The values live here, in the Python processes; once per
+heartbeat interval each writes its figures to the JVM as one or more lines
+
+    ARROWBEAT-METRICS <snapshot> name=value name=value ...
+
+on its protocol channel. ``<snapshot>`` numbers the set (every line of one set carries the same
+number); names come from a fixed list per role (``DRIVER_METRICS``, ``EXECUTOR_METRICS``, and on
+the driver ``executor.<id>.heartbeatAgeMs`` / ``executor.<id>.rttMs``); values are decimal numbers.
+The JVM refuses any other line (rate-limited log) and keeps the latest value of each name. A
+per-executor name missing from a whole snapshot is removed, so an executor that went leaves no
+gauge behind.
+
+A name ending in ``AgeMs`` is an age at send time: the JVM adds the time since the line arrived.
+So a frozen executor's heartbeat age keeps growing between lines, and keeps growing if this
+driver-side process itself stalls (then the RM hears nobody, which the age then says); the
+driver's own ``metricsLineAgeMs`` gauge shows how long ago the last line came.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from spark_plugin.errors import JvmCommandError
+
+log = logging.getLogger("arrowbeat.metrics")
+
+PREFIX = "ARROWBEAT-METRICS"
+MAX_LINE_BYTES = 1900
+"""Below the JVM's protocol line bound (2048 bytes, ``Sidecar.MAX_PROTOCOL_LINE_BYTES``)."""
+MAX_FIELDS = 64
+"""Fields per line (``PluginMetrics.MAX_FIELDS``)."""
+
+DRIVER_METRICS = frozenset(
+    {
+        "executors.running",
+        "executors.timedOut",
+        "executors.unreachable",
+        "executors.unmonitored",
+        "events.heartbeatTimeout",
+        "events.unreachable",
+        "events.reregistered",
+        "history.rowsBuffered",
+        "history.rowsDropped",
+        "history.commitFailures",
+    }
+)
+"""The driver's fixed names (``PluginMetrics.DRIVER`` on the JVM side)."""
+PER_EXECUTOR = ("heartbeatAgeMs", "rttMs")
+EXECUTOR_METRICS = frozenset(
+    {
+        "shuffle.poolUsedBytes",
+        "shuffle.bytesServed",
+        "shuffle.poolWaitMs",
+        "shuffle.creditWaitMs",
+        "shuffle.spillBytes",
+        "shuffle.diskBytes",
+        "shuffle.streamsOpen",
+    }
+)
+"""An executor's names (``PluginMetrics.EXECUTOR`` on the JVM side)."""
+
+_PER_EXECUTOR_NAME = re.compile(r"executor\.[A-Za-z0-9][A-Za-z0-9_-]{0,63}\.(?:heartbeatAgeMs|rttMs)")
+_VALUE = re.compile(r"-?[0-9]{1,18}(?:\.[0-9]{1,9})?")
+
+# The agent's payload figures (``MapOutputService.metrics``) behind each executor metric, and the
+# factor to its unit. creditWaitMs and spillBytes appear once the agent reports them.
+_EXECUTOR_SOURCES: dict[str, tuple[str, float]] = {
+    "shuffle.poolUsedBytes": ("shuffle_pool_used_bytes", 1.0),
+    "shuffle.bytesServed": ("shuffle_bytes_staged", 1.0),
+    "shuffle.poolWaitMs": ("shuffle_stream_wait_total_s", 1000.0),
+    "shuffle.creditWaitMs": ("shuffle_blocked_on_credit_s", 1000.0),
+    "shuffle.spillBytes": ("shuffle_spill_bytes", 1.0),
+    "shuffle.diskBytes": ("shuffle_disk_bytes", 1.0),
+    "shuffle.streamsOpen": ("shuffle_streams_open", 1.0),
+}
+
+_STATE_METRICS = {
+    "RUNNING": "executors.running",
+    "TIMEOUT": "executors.timedOut",
+    "UNREACHABLE": "executors.unreachable",
+    "UNMONITORED": "executors.unmonitored",
+}
+_WATCHED_STATES = ("RUNNING", "TIMEOUT", "UNREACHABLE")
+"""Executors that get per-executor gauges: live ones, and silent ones Spark has not removed."""
+
+
+def allowed(role: str, name: str) -> bool:
+    """Whether the JVM of ``role`` (``driver`` or ``executor``) takes ``name``."""
+    if role == "driver":
+        return name in DRIVER_METRICS or _PER_EXECUTOR_NAME.fullmatch(name) is not None
+    if role == "executor":
+        return name in EXECUTOR_METRICS
+    raise ValueError(f"no metrics role {role!r}")
+
+
+def number(value: float) -> str:
+    """``value`` as the protocol writes it: decimal, at most 3 fractional digits; a value that is
+    not finite or too large has no form, and raises ``JvmCommandError``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise JvmCommandError(f"metric value {value!r} is not a finite number")
+    text = f"{value:.3f}".rstrip("0").rstrip(".")
+    text = "0" if text in ("", "-0") else text
+    if not _VALUE.fullmatch(text):
+        raise JvmCommandError(f"metric value {value!r} is out of range")
+    return text
+
+
+def encode(snapshot: int, figures: Mapping[str, float | None], role: str) -> list[str]:
+    """The lines of one snapshot, each within ``MAX_LINE_BYTES`` and ``MAX_FIELDS``. An unknown
+    value (None, NaN) is left out; a name the JVM would refuse raises ``JvmCommandError`` and
+    nothing is encoded (a bug here, not an input problem)."""
+    if isinstance(snapshot, bool) or not isinstance(snapshot, int) or not 0 <= snapshot < 10**18:
+        raise JvmCommandError(f"{snapshot!r} is not a snapshot number")
+    fields = []
+    for name, value in figures.items():
+        if not allowed(role, name):
+            raise JvmCommandError(f"{role} metric name {name[:80]!r} is not one the JVM takes")
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        fields.append(f"{name}={number(value)}")
+    head = f"{PREFIX} {snapshot}"
+    lines: list[str] = []
+    current: list[str] = []
+    size = len(head)
+    for field in fields:
+        if current and (size + 1 + len(field) > MAX_LINE_BYTES or len(current) == MAX_FIELDS):
+            lines.append(" ".join([head, *current]))
+            current, size = [], len(head)
+        current.append(field)
+        size += 1 + len(field)
+    if current or not lines:
+        lines.append(" ".join([head, *current]))
+    return lines
+
+
+class LivenessTally:
+    """An RM subscriber: counts HEARTBEAT_TIMEOUT, UNREACHABLE and REREGISTERED events, and
+    remembers executors that went (unregistered, or removed by Spark), whose gauges go too.
+    Events arrive on the RM's event thread; readers call from the reporter's."""
+
+    def __init__(self, max_gone: int = 10_000) -> None:
+        self._lock = threading.Lock()
+        self._counts = {"events.heartbeatTimeout": 0, "events.unreachable": 0, "events.reregistered": 0}
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._max_gone = max_gone
+
+    def __call__(self, event: object) -> None:
+        from heartbeat import EventKind, ExecutorEvent
+
+        if not isinstance(event, ExecutorEvent):
+            return
+        counted = {
+            EventKind.HEARTBEAT_TIMEOUT: "events.heartbeatTimeout",
+            EventKind.UNREACHABLE: "events.unreachable",
+            EventKind.REREGISTERED: "events.reregistered",
+        }.get(event.kind)
+        with self._lock:
+            if counted is not None:
+                self._counts[counted] += 1
+            if event.kind in (EventKind.UNREGISTERED, EventKind.SPARK_REMOVED, EventKind.SPARK_LOST):
+                self._gone[event.executor_id] = None
+                while len(self._gone) > self._max_gone:
+                    self._gone.popitem(last=False)
+            elif event.kind in (EventKind.REGISTERED, EventKind.REREGISTERED):
+                self._gone.pop(event.executor_id, None)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def gone(self, executor_id: str) -> bool:
+        with self._lock:
+            return executor_id in self._gone
+
+
+def driver_figures(
+    executors: Iterable[Any],
+    tally: LivenessTally,
+    history_stats: Mapping[str, Mapping[str, int]] | None,
+    now: float,
+) -> dict[str, float | None]:
+    """The driver's snapshot from the RM's listing (``ExecutorInfo``s; times are wall-clock
+    seconds, ``now`` too): executors per state, each watched executor's heartbeat age (since its
+    registration if it never answered) and last RTT, event counts and the history writer's
+    buffered, dropped and (when it counts them) failed commits."""
+    figures: dict[str, float | None] = dict.fromkeys(_STATE_METRICS.values(), 0.0)
+    for info in executors:
+        name = _STATE_METRICS.get(info.state)
+        if name is not None:
+            figures[name] = (figures[name] or 0.0) + 1
+        if info.state not in _WATCHED_STATES or tally.gone(info.executor_id):
+            continue
+        if _PER_EXECUTOR_NAME.fullmatch(f"executor.{info.executor_id}.rttMs") is None:
+            continue  # an id with dots or other characters a metric name cannot carry
+        heard = info.last_heartbeat if info.last_heartbeat is not None else info.registered_at
+        figures[f"executor.{info.executor_id}.heartbeatAgeMs"] = max(0.0, (now - heard) * 1000.0)
+        figures[f"executor.{info.executor_id}.rttMs"] = info.last_rtt_ms
+    figures.update({name: float(count) for name, count in tally.counts().items()})
+    if history_stats is not None:
+        tables = list(history_stats.values())
+        figures["history.rowsBuffered"] = float(sum(t.get("buffered", 0) for t in tables))
+        figures["history.rowsDropped"] = float(sum(t.get("dropped", 0) for t in tables))
+        if any("failures" in t for t in tables):  # once the writer counts failed commits
+            figures["history.commitFailures"] = float(sum(t.get("failures", 0) for t in tables))
+    return figures
+
+
+def executor_figures(agent_metrics: Mapping[str, float]) -> dict[str, float | None]:
+    """An executor's snapshot from its agent's shuffle figures (``MapOutputService.metrics``);
+    figures the agent does not report (no shuffle service yet) are left out."""
+    figures: dict[str, float | None] = {}
+    for name, (source, factor) in _EXECUTOR_SOURCES.items():
+        value = agent_metrics.get(source)
+        if value is not None:
+            figures[name] = float(value) * factor
+    return figures
+
+
+class MetricsReporter:
+    """Sends one snapshot per interval on a daemon thread, the first one interval after
+    :meth:`start` (the JVM installs its handler once the ready line arrived). A failing
+    snapshot is logged once and skipped: metrics never end the process."""
+
+    def __init__(
+        self,
+        figures: Callable[[], Mapping[str, float | None]],
+        send: Callable[[int, Mapping[str, float | None]], None],
+        interval_s: float,
+    ) -> None:
+        self._figures = figures
+        self._send = send
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._snapshot = 0
+        self._warned = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="plugin-metrics", daemon=True)
+        self._thread.start()
+
+    def send_one(self) -> None:
+        """One snapshot now (the loop's step; tests call it directly)."""
+        self._snapshot += 1
+        try:
+            self._send(self._snapshot, self._figures())
+        except Exception:
+            if not self._warned:
+                log.warning("a metrics snapshot for Spark's metrics system failed", exc_info=True)
+                self._warned = True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.send_one()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

@@ -1,0 +1,503 @@
+"""The agent's view of its executor's running tasks: does each progress, where is a stuck one, and
+what was a gap in the JVM's lines (issue 17).
+
+Facts come from the executor JVM (``TaskWatch.java``: one ``tasks ...`` line per pulse with each
+running task's thread CPU time, and the JVM's GC and process CPU totals) and from the Python
+workers, which arrowbeat's worker daemon labels with the task they run (``worker_label``). A task
+*progresses* while the CPU time of its JVM thread or of its Python worker advances (more than
+``MIN_PROGRESS_CPU_S`` or ``MIN_PROGRESS_SHARE`` of the elapsed time, so a thread that only polls
+does not count); a slow but busy task always does. One idle for ``timeout_s`` is *stuck*: its
+stacks are taken once, off the link thread (the Python one by ``SIGUSR2`` to its labelled worker,
+whose ``faulthandler`` writes a private file; the JVM one by asking the JVM, ``jstack <task>``),
+and the heartbeat payload carries it (``WorkProgress``); the driver side records ``TASK_STUCK``.
+
+A gap between lines (the JVM paused: GC, ``SIGSTOP``, a frozen VM) is explained from the JVM's own
+figures across it, and resets every task's idle time: a paused executor is not a stuck task.
+
+Time is ``clock.monotonic()`` of an injected ``heartbeat.clock.Clock`` (only the waits for a stack,
+real I/O, are on real time); processes are looked up through an injectable ``workers`` function,
+so the decisions are tested without Spark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import psutil
+
+from heartbeat import WorkProgress, one_line
+from heartbeat.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.worker_label import LABEL_PREFIX, STACK_SIGNAL, stack_path
+
+log = logging.getLogger("arrowbeat.agent.tasks")
+
+MIN_PROGRESS_CPU_S = 0.005
+MIN_PROGRESS_SHARE = 0.02
+"""A task progressed over a sample if its CPU time grew by more than both (5 ms, 2% of the time
+between samples): a busy task grows by nearly all of it, a blocked one by nothing or a poll's
+worth."""
+MAX_REPORTED = 64
+"""Most tasks one payload lists (stuck ones and the idlest first); the rest are counted."""
+MAX_WHERE_CHARS = 1500
+STACK_WAIT_S = 2.0
+"""How long a stack may take to arrive (Python: the signal handler's file; JVM: the reply)."""
+_TASK = re.compile(r"^(\d+):(\d+):(\d+):(\d+):(\d+):(-?\d+):(\d+)$")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSample:
+    task_id: int
+    stage: int
+    stage_attempt: int
+    partition: int
+    attempt: int
+    jvm_cpu_s: float
+    """CPU time of the task's JVM thread; negative if unknown."""
+    running_s: float
+
+    @property
+    def label(self) -> str:
+        return (
+            f"stage {self.stage}.{self.stage_attempt} partition {self.partition} "
+            f"attempt {self.attempt} (task {self.task_id})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JvmSample:
+    gc_count: int
+    gc_s: float
+    cpu_s: float
+    """Process CPU time; negative if unknown."""
+    jvm_s: float
+    """The JVM's monotonic clock when it wrote the line: gaps are measured on it."""
+    tasks: tuple[TaskSample, ...]
+
+
+def parse_tasks_line(line: str) -> JvmSample:
+    """A ``tasks <gc count> <gc ms> <cpu ms> <jvm clock ms> [<task>:<stage>:<stage attempt>:
+    <partition>:<attempt>:<thread cpu ms>:<running ms> ...]`` line (``TaskWatch.java``);
+    ``ValueError`` if it is not one."""
+    words = line.split()
+    if len(words) < 5 or words[0] != "tasks":
+        raise ValueError(f"not a tasks line: {line[:80]!r}")
+    gc_count, gc_ms, cpu_ms, jvm_ms = int(words[1]), int(words[2]), int(words[3]), int(words[4])
+    tasks = []
+    for word in words[5:]:
+        match = _TASK.match(word)
+        if match is None:
+            raise ValueError(f"not a task in a tasks line: {word[:80]!r}")
+        tid, stage, stage_attempt, partition, attempt, cpu, running = (int(g) for g in match.groups())
+        tasks.append(
+            TaskSample(
+                tid,
+                stage,
+                stage_attempt,
+                partition,
+                attempt,
+                cpu / 1000.0 if cpu >= 0 else -1.0,
+                running / 1000.0,
+            )
+        )
+    cpu_s = cpu_ms / 1000.0 if cpu_ms >= 0 else -1.0
+    return JvmSample(gc_count, gc_ms / 1000.0, cpu_s, jvm_ms / 1000.0, tuple(tasks))
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """The JVM's lines stopped for ``seconds``; what its own figures say happened meanwhile."""
+
+    seconds: float
+    gc_s: float
+    cpu_s: float
+    """Negative if unknown."""
+
+    @property
+    def cause(self) -> str:
+        return explain_gap(self.seconds, self.gc_s, self.cpu_s)
+
+
+def explain_gap(seconds: float, gc_s: float, cpu_s: float) -> str:
+    """``garbage collection``, ``process stopped`` or ``unknown``, with the evidence.
+
+    GC covering at least half of the gap is a GC pause; no GC and (almost) no CPU at all is a
+    stopped process (``SIGSTOP``, a frozen VM or container); anything else is not known."""
+    evidence = f"{gc_s:.2f}s of GC and {'?' if cpu_s < 0 else f'{cpu_s:.2f}s'} of CPU in a {seconds:.2f}s gap"
+    if gc_s >= 0.5 * seconds:
+        return f"garbage collection ({evidence})"
+    if gc_s < 0.05 * seconds and 0 <= cpu_s < 0.05 * seconds:
+        return f"process stopped: no GC, no CPU ({evidence})"
+    return f"unknown ({evidence})"
+
+
+@dataclass
+class _Task:
+    sample: TaskSample
+    cpu_s: float
+    """JVM thread CPU plus Python worker CPU when last compared."""
+    last_progress: float
+    seen: float
+    stuck: bool = False
+    where: str = ""
+    inspecting: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessCpu:
+    """One process under the executor JVM (the agent's tree left out) and its CPU seconds."""
+
+    pid: int
+    task: int | None
+    """The task of the labelled worker it is, or descends from (a UDF's subprocess); None if none."""
+    cpu_s: float
+    labelled: bool = False
+    """It is the labelled worker itself (the one a stack is asked of)."""
+
+
+WorkerScan = Callable[[], list[ProcessCpu]]
+
+
+def labelled_workers(jvm_pid: int, agent_pid: int) -> WorkerScan:
+    """Every process under ``jvm_pid`` but the agent and its children, each with the task of the
+    worker labelled by ``worker_label`` it is or descends from, and its CPU time."""
+
+    def scan() -> list[ProcessCpu]:
+        try:
+            children = psutil.Process(jvm_pid).children(recursive=True)
+        except psutil.Error:
+            return []
+        parents: dict[int, int] = {}
+        labels: dict[int, int] = {}
+        cpu: dict[int, float] = {}
+        for proc in children:
+            try:
+                parents[proc.pid] = proc.ppid()
+                name = proc.name()
+                if name.startswith(LABEL_PREFIX) and name[len(LABEL_PREFIX) :].isdigit():
+                    labels[proc.pid] = int(name[len(LABEL_PREFIX) :])
+                times = proc.cpu_times()
+                cpu[proc.pid] = times.user + times.system
+            except psutil.Error:
+                continue
+        found = []
+        for pid, seconds in cpu.items():
+            task, walker = None, pid
+            while walker in parents and walker != agent_pid:
+                if task is None and walker in labels:
+                    task = labels[walker]
+                walker = parents[walker]
+            if walker == agent_pid:
+                continue  # the agent, or one of its children
+            found.append(ProcessCpu(pid, task, seconds, pid in labels))
+        return found
+
+    return scan
+
+
+class TaskWatch:
+    """Progress of the executor's running tasks, fed by the JVM's lines (on the link's thread)."""
+
+    def __init__(
+        self,
+        timeout_s: float,
+        interval_s: float,
+        workers: WorkerScan,
+        ask_jvm_stack: Callable[[int], None] | None = None,
+        local_dir: str = "",
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        """``timeout_s``: idle time after which a task is stuck (0: never). ``interval_s``: the
+        JVM's line interval; a gap is a silence longer than twice that. ``ask_jvm_stack(task)``
+        sends ``jstack <task>`` to the JVM (its reply comes to :meth:`on_stack_line`).
+        ``local_dir``: the executor's first Spark local dir (where workers put stack files)."""
+        self.timeout_s = timeout_s
+        self.interval_s = interval_s
+        self._workers = workers
+        self._ask_jvm_stack = ask_jvm_stack
+        self._local_dir = local_dir
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tasks: dict[int, _Task] = {}
+        self._last: JvmSample | None = None
+        self._cpu_rate = 0.0
+        """The JVM's CPU seconds per second between its last two lines (before a gap)."""
+        self._process_cpu: dict[int, float] = {}
+        self._jvm_stacks: dict[int, str] = {}
+        self._stack_arrived = threading.Condition(self._lock)
+        self.last_gap: Gap | None = None
+        self.gaps = 0
+
+    # -- fed by the link ------------------------------------------------------------------------
+    def on_line(self, line: str) -> None:
+        """A ``tasks ...`` line from the JVM; a malformed one is logged and skipped."""
+        try:
+            sample = parse_tasks_line(line)
+        except ValueError as exc:
+            log.warning("ignoring a line from the JVM: %s", exc)
+            return
+        now = self._clock.monotonic()
+        processes = self._scan() if sample.tasks and self.timeout_s > 0 else None
+        to_inspect: list[tuple[_Task, int | None]] = []
+        with self._lock:
+            gap = self._gap(sample)
+            grew, labelled, others = self._python_progress(processes)
+            running = {t.task_id for t in sample.tasks}
+            for tid in list(self._tasks):
+                if tid not in running:
+                    del self._tasks[tid]
+            for task_sample in sample.tasks:
+                task = self._tasks.get(task_sample.task_id)
+                jvm_cpu = max(task_sample.jvm_cpu_s, 0.0)
+                if task is None:
+                    self._tasks[task_sample.task_id] = _Task(task_sample, jvm_cpu, now, now)
+                    continue
+                if gap is not None:  # a paused executor is not a stuck task: the pause is not idle time
+                    task.last_progress += gap.seconds
+                # A task without a labelled worker may be served by an unlabelled one (PySpark's
+                # own daemon): any CPU of the unlabelled processes counts for it.
+                python = grew.get(task_sample.task_id, 0.0) if task_sample.task_id in labelled else others
+                elapsed = now - task.seen
+                unknown = processes is None and self.timeout_s > 0  # the scan failed: no verdict
+                if unknown or (jvm_cpu - task.cpu_s) + python > max(
+                    MIN_PROGRESS_CPU_S, MIN_PROGRESS_SHARE * elapsed
+                ):
+                    task.last_progress = now
+                    task.stuck, task.where = False, ""
+                task.sample, task.cpu_s, task.seen = task_sample, jvm_cpu, now
+                if (
+                    self.timeout_s > 0
+                    and not task.stuck
+                    and not task.inspecting
+                    and now - task.last_progress >= self.timeout_s
+                ):
+                    task.inspecting = True
+                    to_inspect.append((task, labelled.get(task_sample.task_id)))
+            self._last = sample
+        for task, worker in to_inspect:
+            threading.Thread(
+                target=self._inspect, args=(task, worker), name="stuck-task", daemon=True
+            ).start()
+
+    def _python_progress(
+        self, processes: list[ProcessCpu] | None
+    ) -> tuple[dict[int, float], dict[int, int], float]:
+        """CPU seconds each task's Python processes used since the last scan (only processes seen
+        in both: one that appears or goes is no progress), the labelled worker of each task, and
+        the CPU the unlabelled processes used."""
+        if processes is None:
+            return {}, {}, 0.0
+        grew: dict[int, float] = {}
+        labelled: dict[int, int] = {}
+        others = 0.0
+        for proc in processes:
+            before = self._process_cpu.get(proc.pid)
+            delta = 0.0 if before is None else max(0.0, proc.cpu_s - before)
+            if proc.task is None:
+                others += delta
+                continue
+            grew[proc.task] = grew.get(proc.task, 0.0) + delta
+            if proc.labelled:
+                labelled[proc.task] = proc.pid
+        self._process_cpu = {proc.pid: proc.cpu_s for proc in processes}
+        return grew, labelled, others
+
+    def on_stack_line(self, line: str) -> None:
+        """The JVM's reply ``stack <task> <escaped text>`` (``-`` when the task is not running)."""
+        from spark_plugin.sidecar import unescape_line
+
+        words = line.split(" ", 2)
+        if len(words) != 3 or words[0] != "stack" or not words[1].isdigit():
+            log.warning("ignoring a malformed stack line from the JVM")
+            return
+        with self._lock:
+            self._jvm_stacks[int(words[1])] = unescape_line(words[2])
+            self._stack_arrived.notify_all()
+
+    def _gap(self, sample: JvmSample) -> Gap | None:
+        """The gap before ``sample`` if the JVM's lines stopped for more than two intervals, on the
+        JVM's own clock (an agent that read them late saw no gap of the JVM's). The CPU of one
+        normal interval is taken off: the work done between the last line and the pause."""
+        previous = self._last
+        if previous is None:
+            return None
+        elapsed = sample.jvm_s - previous.jvm_s
+        known = sample.cpu_s >= 0 and previous.cpu_s >= 0
+        if elapsed <= 2 * self.interval_s:
+            if known and elapsed > 0:
+                self._cpu_rate = max(0.0, sample.cpu_s - previous.cpu_s) / elapsed
+            return None
+        cpu = max(0.0, sample.cpu_s - previous.cpu_s - self._cpu_rate * self.interval_s) if known else -1.0
+        gap = Gap(elapsed, max(0.0, sample.gc_s - previous.gc_s), cpu)
+        self.last_gap = gap
+        self.gaps += 1
+        log.info("executor JVM was silent: %s", gap.cause)
+        return gap
+
+    def _scan(self) -> list[ProcessCpu] | None:
+        try:
+            return self._workers()
+        except Exception:  # a scan that fails leaves the JVM's figures to judge by
+            log.debug("scanning the Python workers failed", exc_info=True)
+            return None
+
+    # -- a stuck task ---------------------------------------------------------------------------
+    def _inspect(self, task: _Task, worker: int | None) -> None:
+        """Take the stuck task's stacks; if it ended or moved on meanwhile, nothing is recorded."""
+        tid = task.sample.task_id
+        python = (
+            self._python_stack(worker, tid)
+            if worker is not None
+            else (
+                "Python stack unavailable: no Python worker labelled with this task (a JVM-only task, or "
+                "the workers do not run arrowbeat's daemon, spark.python.daemon.module)"
+            )
+        )
+        jvm = self._jvm_stack(tid)
+        where = one_line(f"{python}; {jvm}", MAX_WHERE_CHARS)  # any character a thread name may hold
+        with self._lock:
+            task.inspecting = False
+            current = self._tasks.get(tid)
+            if current is not task or self._clock.monotonic() - task.last_progress < self.timeout_s:
+                return  # ended, or progressed while we looked: no event
+            task.stuck, task.where = True, where
+        log.warning("task %s makes no progress: %s", task.sample.label, where)
+
+    def _python_stack(self, pid: int, task_id: int) -> str:
+        if not self._local_dir:
+            return "Python stack unavailable: the executor's local dirs are unknown"
+        path = stack_path(self._local_dir, pid)
+        try:
+            start = os.stat(path).st_size
+        except OSError as exc:
+            return f"Python stack unavailable: no stack file for worker {pid} ({exc.strerror})"
+        if not handles_stack_signal(pid, task_id):  # a pid reused since the scan: never signal it
+            return f"Python stack unavailable: worker {pid} no longer serves the task"
+        try:
+            os.kill(pid, STACK_SIGNAL)
+        except OSError as exc:
+            return f"Python stack unavailable: worker {pid} cannot be signalled ({exc.strerror})"
+        deadline = time.monotonic() + STACK_WAIT_S  # real waiting on a real file, whatever the clock
+        text, size = "", start
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                now_size = os.stat(path).st_size
+                if now_size > start and now_size == size:  # written and no longer growing
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        f.seek(start)
+                        text = f.read(1 << 16)
+                    break
+                size = now_size
+            threading.Event().wait(0.05)
+        if not text:
+            return f"Python stack unavailable: worker {pid} wrote none within {STACK_WAIT_S:g}s"
+        return "Python: " + compact_python_stack(text)
+
+    def _jvm_stack(self, task_id: int) -> str:
+        if self._ask_jvm_stack is None:
+            return "JVM stack unavailable: no link to the JVM"
+        with self._lock:
+            self._jvm_stacks.pop(task_id, None)
+        try:
+            self._ask_jvm_stack(task_id)
+        except Exception as exc:
+            return f"JVM stack unavailable: {exc}"
+        with self._lock:
+            self._stack_arrived.wait_for(lambda: task_id in self._jvm_stacks, timeout=STACK_WAIT_S)
+            text = self._jvm_stacks.pop(task_id, None)
+        if text is None:
+            return f"JVM stack unavailable: no answer within {STACK_WAIT_S:g}s"
+        if text == "-":
+            return "JVM stack unavailable: the task ended"
+        return "JVM: " + compact_jvm_stack(text)
+
+    # -- for the heartbeat payload --------------------------------------------------------------
+    def work(self) -> list[WorkProgress]:
+        """The running tasks for the payload: stuck ones and the idlest first, at most
+        ``MAX_REPORTED`` (the rest counted in :meth:`metrics`)."""
+        now = self._clock.monotonic()
+        with self._lock:
+            tasks = sorted(self._tasks.values(), key=lambda t: (not t.stuck, t.last_progress))
+            return [
+                WorkProgress(
+                    str(t.sample.task_id),
+                    t.sample.label,
+                    round(t.sample.running_s + (now - t.seen), 3),
+                    round(max(0.0, now - t.last_progress), 3),
+                    t.stuck,
+                    t.where,
+                )
+                for t in tasks[:MAX_REPORTED]
+            ]
+
+    def metrics(self) -> dict[str, float]:
+        """The JVM's GC and CPU totals and the last gap, for the payload's metrics."""
+        with self._lock:
+            last, tasks = self._last, len(self._tasks)
+        figures: dict[str, float] = {"tasks_unreported": float(max(0, tasks - MAX_REPORTED))}
+        if last is not None:
+            figures["jvm_gc_count"] = float(last.gc_count)
+            figures["jvm_gc_s"] = last.gc_s
+            if last.cpu_s >= 0:
+                figures["jvm_cpu_s"] = last.cpu_s
+        gap = self.last_gap
+        if gap is not None:
+            figures.update(
+                jvm_gaps=float(self.gaps),
+                jvm_gap_s=gap.seconds,
+                jvm_gap_gc_s=gap.gc_s,
+                jvm_gap_cpu_s=gap.cpu_s,
+            )
+        return figures
+
+
+def handles_stack_signal(pid: int, task_id: int) -> bool:
+    """Is ``pid`` still the worker labelled with ``task_id``, with a handler for the stack signal
+    (``SigCgt`` in ``/proc/<pid>/status``)? Without one the signal would end the process."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return False
+    caught = int(fields.get("SigCgt", "0").strip() or "0", 16)
+    name = fields.get("Name", "").strip()
+    return name == f"{LABEL_PREFIX}{task_id}"[:15] and bool(caught >> (int(STACK_SIGNAL) - 1) & 1)
+
+
+def compact_python_stack(text: str, frames: int = 8) -> str:
+    """A ``faulthandler`` dump as one line: the frames of the thread running the task (the one
+    in ``pyspark/worker.py``, else the first), innermost first: ``func (file:line) < ...``."""
+    blocks: list[list[tuple[str, str, str]]] = []
+    for raw in text.splitlines():
+        if raw.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append([])
+            continue
+        match = _FRAME.match(raw)
+        if match is not None:
+            if not blocks:
+                blocks.append([])
+            blocks[-1].append((match["func"], os.path.basename(match["file"]), match["line"]))
+    if not blocks:
+        return text.strip().splitlines()[0][:200] if text.strip() else "(empty)"
+    chosen = next((b for b in blocks if any(f == "worker.py" for _, f, _ in b)), blocks[0])
+    return _join(f"{func} ({name}:{line})" for func, name, line in chosen[:frames])
+
+
+def compact_jvm_stack(text: str, frames: int = 6) -> str:
+    """The JVM's ``thread "..." STATE [on lock]`` header and its innermost frames, one line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return "(empty)"
+    head, rest = lines[0], [line.removeprefix("at ") for line in lines[1 : frames + 1]]
+    return f"{head}: {_join(rest)}" if rest else head
+
+
+def _join(parts: Iterable[str]) -> str:
+    return " < ".join(parts)

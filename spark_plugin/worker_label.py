@@ -1,0 +1,66 @@
+"""Inside a PySpark Python worker: say which task it runs, and be ready to say where it is.
+
+``python_daemon`` (arrowbeat's worker daemon) calls :func:`label_task` when a task starts in a
+worker. The worker's kernel name (``/proc/<pid>/comm``) becomes ``abt<task attempt id>``, so the
+executor's agent finds the worker that serves a task and reads its CPU time; and ``faulthandler``
+is registered on ``SIGUSR2`` to write the stack of every thread to a private file, so the agent can
+show where a stuck task waits, even when its thread is blocked in C (``faulthandler`` writes from
+the signal handler, without the GIL). The agent signals only a worker whose label and stack file
+exist (without the handler, ``SIGUSR2`` would end it).
+
+Kept tiny: it is imported by every worker; nothing here may print to stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import os
+import signal
+from typing import IO
+
+LABEL_PREFIX = "abt"
+"""``/proc/<pid>/comm`` of a worker running a task: ``abt<task attempt id>`` (15 characters at most)."""
+STACKS_FOLDER = "arrowbeat-stacks"
+"""The folder, in the executor's first Spark local dir, of the workers' stack files."""
+STACK_SIGNAL = signal.SIGUSR2
+_PR_SET_NAME = 15
+
+_stack_file: IO[str] | None = None
+
+
+def stack_path(local_dir: str, pid: int) -> str:
+    return os.path.join(local_dir, STACKS_FOLDER, f"{int(pid)}.txt")
+
+
+def _ready_for_stacks() -> bool:
+    """Once per worker: the private stack file opened and the handler registered."""
+    global _stack_file
+    if _stack_file is not None:
+        return True
+    local_dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d]
+    if not local_dirs:
+        return False
+    from arrow_shuffle.private_files import create_private_file, make_private_dir
+
+    folder = make_private_dir(os.path.join(local_dirs[0], STACKS_FOLDER))
+    path = os.path.join(folder, f"{os.getpid()}.txt")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a reused pid's old file
+    stream = os.fdopen(create_private_file(path), "a", encoding="utf-8")
+    faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True, chain=False)
+    _stack_file = stream
+    return True
+
+
+def label_task(task_attempt_id: int) -> None:
+    """Mark this worker as serving ``task_attempt_id``. Best effort: never fails the task."""
+    try:
+        if not _ready_for_stacks():
+            return
+        name = f"{LABEL_PREFIX}{int(task_attempt_id)}"[:15].encode()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    except Exception:  # a worker without a label is only watched less closely
+        return

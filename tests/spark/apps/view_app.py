@@ -1,0 +1,74 @@
+"""A spark-submit application driven by command files, for ``test_spark_view``.
+
+``view_app.py COMMANDS_DIR``. Prints ``APP-READY {json}`` (RM address), then runs the commands
+the test writes as files ``1``, ``2``, ... in COMMANDS_DIR (spark-submit does not hand its stdin
+to the Python driver): ``job`` runs a short job and prints ``JOB-DONE {json}``; ``hold`` starts,
+in the background, a job of two tasks that wait for the file ``go`` in COMMANDS_DIR (executors
+busy until then: dynamic allocation asks for them and keeps them) and prints ``HOLD-DONE {json}``
+when it ends; ``stop`` stops the session.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+
+def wait_for(go: str, x: int) -> int:
+    """A task that runs until the test says go (bounded, so nothing waits forever)."""
+    deadline = time.monotonic() + 600
+    while not Path(go).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return x
+
+
+def commands(directory: Path) -> Iterator[str]:
+    """The commands in order, each once it is written (bounded: nothing waits forever)."""
+    deadline = time.monotonic() + 900
+    number = 1
+    while time.monotonic() < deadline:
+        path = directory / str(number)
+        if path.exists():
+            number += 1
+            yield path.read_text().strip()
+        else:
+            time.sleep(0.05)
+
+
+def main() -> int:
+    directory = Path(sys.argv[1])
+    go = str(directory / "go")
+    spark = SparkSession.builder.getOrCreate()
+    sc = spark.sparkContext
+    print(
+        "APP-READY " + json.dumps({"rm_address": sc.getConf().get("spark.arrowbeat.rm.address")}), flush=True
+    )
+
+    def hold() -> None:
+        total = sc.parallelize(range(2), 2).map(lambda x: wait_for(go, x)).sum()
+        print("HOLD-DONE " + json.dumps({"sum": total}), flush=True)
+
+    holder = None
+    for command in commands(directory):
+        if command == "job":
+            total = sc.parallelize(range(100), 2).map(lambda x: x * 2).sum()
+            print("JOB-DONE " + json.dumps({"sum": total}), flush=True)
+        elif command == "hold":
+            holder = threading.Thread(target=hold, daemon=True)
+            holder.start()
+        elif command == "stop":
+            break
+    if holder is not None:
+        holder.join(300)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

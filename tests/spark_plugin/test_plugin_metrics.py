@@ -1,0 +1,234 @@
+"""The metrics line protocol (``spark_plugin.plugin_metrics``) on both sides: what the Python
+processes encode, and what the JVM's ``PluginMetrics`` accepts and refuses (a small Java check
+compiled against the launcher jar and fed lines on stdin)."""
+
+from __future__ import annotations
+
+import io
+import math
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from heartbeat import EventKind, ExecutorEvent
+from spark_plugin.errors import JvmCommandError
+from spark_plugin.plugin_metrics import (
+    MAX_FIELDS,
+    MAX_LINE_BYTES,
+    PREFIX,
+    LivenessTally,
+    MetricsReporter,
+    driver_figures,
+    encode,
+    executor_figures,
+    number,
+)
+from spark_plugin.sidecar import JvmChannel
+
+ROOT = Path(__file__).parents[2]
+LAUNCHER_JAR = ROOT / ".cache" / "launcher" / "arrowbeat-launcher.jar"
+
+
+@dataclass(frozen=True)
+class Info:
+    """The fields of ``heartbeat.ExecutorInfo`` that the figures read."""
+
+    executor_id: str
+    state: str
+    registered_at: float
+    last_heartbeat: float | None
+    last_rtt_ms: float | None
+
+
+def event(kind: EventKind, executor_id: str) -> ExecutorEvent:
+    return ExecutorEvent(kind, executor_id, "h", "i", 0.0, "")
+
+
+def test_numbers_are_decimal_and_bounded() -> None:
+    assert [number(v) for v in (2, 2.0, 0.5, 1234.56789, -0.0001, 0)] == [
+        "2",
+        "2",
+        "0.5",
+        "1234.568",
+        "0",
+        "0",
+    ]
+    for bad in (math.inf, math.nan, 10.0**18, True, "1"):
+        with pytest.raises(JvmCommandError):
+            number(bad)  # type: ignore[arg-type]
+
+
+def test_a_snapshot_is_split_into_bounded_lines_with_one_number() -> None:
+    figures: dict[str, float | None] = {f"executor.{i}.heartbeatAgeMs": 1000.0 + i for i in range(300)}
+    figures["executors.running"] = 300
+    figures["executor.9999.rttMs"] = None  # unknown: left out
+    lines = encode(7, figures, "driver")
+    assert len(lines) > 1
+    fields = [f for line in lines for f in line.split(" ")[2:]]
+    assert all(line.startswith(f"{PREFIX} 7 ") for line in lines)
+    assert all(len(line) <= MAX_LINE_BYTES and len(line.split(" ")) - 2 <= MAX_FIELDS for line in lines)
+    assert len(fields) == 301 and "executors.running=300" in fields
+    assert not any(f.startswith("executor.9999.") for f in fields)
+
+
+@pytest.mark.parametrize(
+    ("name", "role"),
+    [
+        ("executors.running", "executor"),  # a driver name from an executor
+        ("shuffle.poolUsedBytes", "driver"),
+        ("executor.1.heartbeatAgeMs", "executor"),
+        ("executor.1.2.rttMs", "driver"),  # dots in an id
+        ("executor.1.rssBytes", "driver"),
+        ("executors.running x", "driver"),
+        ("executors.running=1", "driver"),
+    ],
+)
+def test_names_the_jvm_would_refuse_are_never_encoded(name: str, role: str) -> None:
+    with pytest.raises(JvmCommandError):
+        encode(1, {name: 1.0}, role)
+
+
+def test_driver_figures_count_states_and_age_each_watched_executor() -> None:
+    tally = LivenessTally()
+    for kind, executor in [
+        (EventKind.REGISTERED, "1"),
+        (EventKind.HEARTBEAT_TIMEOUT, "1"),
+        (EventKind.REREGISTERED, "1"),
+        (EventKind.UNREACHABLE, "3"),
+        (EventKind.SPARK_LOST, "3"),
+    ]:
+        tally(event(kind, executor))
+    executors = [
+        Info("1", "RUNNING", 90.0, 99.5, 1.25),
+        Info("2", "TIMEOUT", 90.0, 95.0, 2.0),
+        Info("3", "UNREACHABLE", 90.0, 96.0, 3.0),  # Spark lost it: no gauges
+        Info("4", "RUNNING", 98.0, None, None),  # never answered: aged from its registration
+        Info("5", "UNMONITORED", 97.0, None, None),
+        Info("6", "UNREGISTERED", 90.0, 91.0, 1.0),
+    ]
+    stats = {"heartbeats": {"buffered": 3, "dropped": 1}, "executor_events": {"buffered": 2, "dropped": 0}}
+    figures = driver_figures(executors, tally, stats, now=100.0)
+    assert figures == {
+        "executors.running": 2.0,
+        "executors.timedOut": 1.0,
+        "executors.unreachable": 1.0,
+        "executors.unmonitored": 1.0,
+        "executor.1.heartbeatAgeMs": 500.0,
+        "executor.1.rttMs": 1.25,
+        "executor.2.heartbeatAgeMs": 5000.0,
+        "executor.2.rttMs": 2.0,
+        "executor.4.heartbeatAgeMs": 2000.0,
+        "executor.4.rttMs": None,
+        "events.heartbeatTimeout": 1.0,
+        "events.unreachable": 1.0,
+        "events.reregistered": 1.0,
+        "history.rowsBuffered": 5.0,
+        "history.rowsDropped": 1.0,
+    }
+    encode(1, figures, "driver")  # every name is one the JVM takes
+
+
+def test_executor_figures_map_the_agents_shuffle_figures() -> None:
+    agent = {
+        "shuffle_pool_used_bytes": 4096.0,
+        "shuffle_bytes_staged": 10.0,
+        "shuffle_stream_wait_total_s": 0.25,
+    }
+    assert executor_figures(agent) == {
+        "shuffle.poolUsedBytes": 4096.0,
+        "shuffle.bytesServed": 10.0,
+        "shuffle.poolWaitMs": 250.0,
+    }
+    assert executor_figures({}) == {}
+    encode(1, executor_figures(agent), "executor")
+
+
+def test_the_reporter_numbers_snapshots_and_survives_a_failing_one() -> None:
+    out = io.BytesIO()
+    channel = JvmChannel(out)
+    calls: Iterator[dict[str, float | None] | Exception] = iter(
+        [{"executors.running": 1.0}, RuntimeError("boom"), {"executors.running": 2.0}]
+    )
+
+    def figures() -> dict[str, float | None]:
+        item = next(calls)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    reporter = MetricsReporter(figures, lambda n, f: channel.metrics(n, f, "driver"), 60.0)
+    for _ in range(3):
+        reporter.send_one()
+    assert out.getvalue().decode().splitlines() == [
+        f"{PREFIX} 1 executors.running=1",
+        f"{PREFIX} 3 executors.running=2",
+    ]
+
+
+@pytest.fixture(scope="module")
+def java_check(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The command running ``PluginMetricsCheck`` against the launcher jar and Spark's jars."""
+    if shutil.which("javac") is None or not LAUNCHER_JAR.exists():
+        pytest.skip("needs javac and the launcher jar (make .cache/launcher/arrowbeat-launcher.jar)")
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    classpath = ":".join([str(LAUNCHER_JAR), str(jars / "*")])
+    classes = tmp_path_factory.mktemp("metrics-check")
+    source = Path(__file__).parent / "java" / "PluginMetricsCheck.java"
+    subprocess.run(
+        ["javac", "--release", "17", "-cp", classpath, "-d", str(classes), str(source)], check=True
+    )
+    return ["java", "-cp", f"{classes}:{classpath}", "arrowbeat.PluginMetricsCheck"]
+
+
+def run_check(command: list[str], lines: list[str]) -> list[str]:
+    done = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_jvm_accepts_what_python_encodes_and_refuses_anything_else(java_check: list[str]) -> None:
+    good = encode(
+        1, {"executors.running": 2, "executor.7.rttMs": 1.5, "executor.7.heartbeatAgeMs": 10}, "driver"
+    )
+    bad = [
+        f"{PREFIX} 2 executors.running=1e3",  # numbers only, no exponent
+        f"{PREFIX} 2 executors.running=NaN",
+        f"{PREFIX} 2 executors.running=1 executors.running=2",  # a name twice
+        f"{PREFIX} 2 shuffle.poolUsedBytes=1",  # an executor's name on the driver
+        f"{PREFIX} 2 executor.7.rssBytes=1",
+        f"{PREFIX} 2 executor.a.b.rttMs=1",
+        f"{PREFIX} x executors.running=1",
+        f"{PREFIX} 2",
+        f"{PREFIX} 2 executors.running=1 ",  # an empty field
+        f"{PREFIX}  2 executors.running=1",
+        f"{PREFIX} 2 " + " ".join(f"executor.{i}.rttMs=1" for i in range(MAX_FIELDS + 1)),
+        "ARROWBEAT-METRICSX 2 executors.running=1",
+    ]
+    answers = run_check(
+        java_check, [*good, *bad, "=executors.running", "=executor.7.rttMs", "=executor.0.rttMs"]
+    )
+    assert answers[: len(good)] == ["accepted"] * len(good)
+    assert answers[len(good) : -3] == ["refused"] * len(bad)
+    assert answers[-3:] == ["2.0", "1.5", "absent"]  # nothing of a refused line was applied
+
+
+def test_the_jvm_drops_an_executor_missing_from_a_whole_snapshot_and_ages_grow(java_check: list[str]) -> None:
+    lines = [
+        f"{PREFIX} 1 executor.1.heartbeatAgeMs=100 executor.2.heartbeatAgeMs=100",
+        f"{PREFIX} 2 executor.1.heartbeatAgeMs=100",  # snapshot 1 was complete: both stay
+        "=executor.2.heartbeatAgeMs",
+        f"{PREFIX} 3 executor.1.heartbeatAgeMs=100",  # snapshot 2 lacked executor 2: it goes
+        "=executor.2.heartbeatAgeMs",
+        "=executor.1.heartbeatAgeMs",
+    ]
+    answers = run_check(java_check, lines)
+    assert answers[:2] == ["accepted", "accepted"]
+    assert float(answers[2]) >= 100.0
+    assert answers[3:5] == ["accepted", "absent"]
+    assert float(answers[5]) >= 100.0  # an age: the time since the line arrived is added

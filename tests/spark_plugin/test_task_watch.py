@@ -1,0 +1,335 @@
+"""The agent's judgement of its executor's tasks (``spark_plugin.task_watch``), without Spark: a
+``ManualClock`` stands for time, lines are what ``TaskWatch.java`` writes, and the Python worker
+of the last test is a real process labelled the way arrowbeat's worker daemon labels one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from heartbeat.clock import ManualClock
+from spark_plugin.task_watch import (
+    MAX_REPORTED,
+    ProcessCpu,
+    TaskWatch,
+    compact_jvm_stack,
+    compact_python_stack,
+    explain_gap,
+    handles_stack_signal,
+    labelled_workers,
+    parse_tasks_line,
+)
+from spark_plugin.worker_label import STACKS_FOLDER
+from tests.procs import wait_until
+
+INTERVAL = 0.25
+
+
+JVM_CLOCK: list[ManualClock] = []
+
+
+def line(gc_ms: int, cpu_ms: int, *tasks: tuple[int, int, int]) -> str:
+    """``tasks`` as (task id, thread cpu ms, running ms); stage 3.0, partition = task id, attempt 0.
+    The JVM's clock is the test's ``ManualClock`` (the last one ``watch`` made)."""
+    jvm_ms = int(JVM_CLOCK[-1].monotonic() * 1000)
+    return f"tasks 1 {gc_ms} {cpu_ms} {jvm_ms} " + " ".join(f"{t}:3:0:{t}:0:{c}:{r}" for t, c, r in tasks)
+
+
+def watch(clock: ManualClock, python: list[ProcessCpu] | None = None, **kw: object) -> TaskWatch:
+    """A watch whose process scan returns ``python`` as it is when scanned."""
+    JVM_CLOCK.append(clock)
+    kwargs: dict[str, object] = {"timeout_s": 2.0, "interval_s": INTERVAL, "clock": clock}
+    kwargs.update(kw)
+    return TaskWatch(workers=lambda: list(python or []), **kwargs)  # type: ignore[arg-type]
+
+
+def feed(w: TaskWatch, clock: ManualClock, seconds: float, make: object) -> None:
+    """One line per interval for ``seconds``; ``make(i)`` builds the i-th line."""
+    for i in range(int(seconds / INTERVAL)):
+        clock.jump(INTERVAL)
+        w.on_line(make(i))  # type: ignore[operator]
+
+
+def test_a_tasks_line_is_parsed_and_a_malformed_one_refused() -> None:
+    sample = parse_tasks_line("tasks 7 1200 5300 99000 42:3:1:5:2:870:9100 43:3:1:6:0:-1:10")
+    assert (sample.gc_count, sample.gc_s, sample.cpu_s, sample.jvm_s) == (7, 1.2, 5.3, 99.0)
+    first = sample.tasks[0]
+    assert (first.task_id, first.stage, first.stage_attempt, first.partition, first.attempt) == (
+        42,
+        3,
+        1,
+        5,
+        2,
+    )
+    assert first.jvm_cpu_s == 0.87 and first.running_s == 9.1 and sample.tasks[1].jvm_cpu_s < 0
+    assert first.label == "stage 3.1 partition 5 attempt 2 (task 42)"
+    for bad in (
+        "tasks 1 2 3",
+        "tasks a b c d",
+        "tasks 1 2 3 4 42:3",
+        "pulse 1 2 3 4",
+        "tasks 1 2 3 4 1:2:3:4:5:6:x",
+    ):
+        with pytest.raises(ValueError):
+            parse_tasks_line(bad)
+
+
+def test_a_busy_task_is_never_stuck_and_an_idle_one_is_after_the_timeout() -> None:
+    clock = ManualClock(start=100.0)
+    w = watch(clock, ask_jvm_stack=None)
+    # Task 1 spins (its thread's CPU grows by the interval); task 2 waits (CPU flat).
+    feed(w, clock, 1.5, lambda i: line(0, 0, (1, 250 * (i + 1), 250 * (i + 1)), (2, 40, 250 * (i + 1))))
+    assert not any(p.stuck for p in w.work())
+    feed(w, clock, 1.0, lambda i: line(0, 0, (1, 2000 + 250 * i, 2000), (2, 40, 2000)))
+    assert wait_until(lambda: any(p.stuck for p in w.work()), 10)
+    by_id = {p.id: p for p in w.work()}
+    assert not by_id["1"].stuck and by_id["1"].idle_s < 1.0
+    assert by_id["2"].stuck and by_id["2"].idle_s >= 2.0
+    assert "no Python worker labelled" in by_id["2"].where and "JVM stack unavailable" in by_id["2"].where
+    assert w.work()[0].id == "2"  # stuck first
+
+
+def test_a_python_worker_busy_on_cpu_keeps_its_task_progressing() -> None:
+    """The JVM thread of a Python task waits on its worker: the worker's CPU is the task's."""
+    clock = ManualClock(start=100.0)
+    python: list[ProcessCpu] = []
+    w = watch(clock, python)
+
+    def spin(i: int) -> str:
+        python[:] = [ProcessCpu(4242, 5, 0.25 * (i + 1), labelled=True)]
+        return line(0, 0, (5, 10, 250 * (i + 1)))
+
+    feed(w, clock, 4.0, spin)
+    assert [p.stuck for p in w.work()] == [False]
+    assert w.work()[0].idle_s <= INTERVAL
+
+
+def test_a_slow_poll_is_not_progress() -> None:
+    """A thread that only polls (a millisecond a second) is as good as blocked."""
+    clock = ManualClock(start=0.0)
+    w = watch(clock)
+    feed(w, clock, 3.0, lambda i: line(0, 0, (9, 1 + i // 4, 250 * (i + 1))))
+    assert wait_until(lambda: [p.stuck for p in w.work()] == [True], 10)
+
+
+def test_a_task_that_ends_or_moves_while_inspected_is_not_reported() -> None:
+    clock = ManualClock(start=0.0)
+    asked: list[int] = []
+
+    def ask(task: int) -> None:  # the JVM answers after the task already ended there
+        asked.append(task)
+        w.on_line(line(0, 0))  # task 3 no longer running
+        w.on_stack_line(f"stack {task} -")
+
+    w = watch(clock, ask_jvm_stack=ask)
+    i = 0
+    while not asked and i < 20:  # idle lines until the watch inspects the task (no line after that)
+        i += 1
+        clock.jump(INTERVAL)
+        w.on_line(line(0, 0, (3, 5, 250 * i)))
+        wait_until(lambda: bool(asked), 0.2)
+    assert asked == [3]
+    assert wait_until(lambda: not w._tasks[3].inspecting if 3 in w._tasks else True, 10)
+    assert w.work() == []  # ended while inspected: nothing to report
+
+
+def test_a_jvm_stack_is_asked_for_and_shown_in_one_line() -> None:
+    clock = ManualClock(start=0.0)
+
+    def ask(task: int) -> None:
+        text = (
+            'JVM thread "Executor task launch worker for task 0.0 in stage 3.0 (TID 3)" WAITING on '
+            "java.lang.Object@1\\n  at java.base/java.lang.Object.wait0(Native Method)\\n  at "
+            "org.example.Stuck.run(Stuck.java:12)"
+        )
+        w.on_stack_line(f"stack {task} {text}")
+
+    w = watch(clock, ask_jvm_stack=ask)
+    feed(w, clock, 2.5, lambda i: line(0, 0, (3, 5, 250 * (i + 1))))
+    assert wait_until(lambda: [p.stuck for p in w.work()] == [True], 10)
+    where = w.work()[0].where
+    assert (
+        "JVM: JVM thread" in where and "WAITING" in where and "org.example.Stuck.run(Stuck.java:12)" in where
+    )
+    assert "\n" not in where
+
+
+def test_a_gap_is_explained_and_does_not_make_tasks_stuck() -> None:
+    clock = ManualClock(start=0.0)
+    w = watch(clock)
+    feed(w, clock, 1.0, lambda i: line(100, 1000, (1, 5, 250 * (i + 1))))
+    idle_before = w.work()[0].idle_s
+    clock.jump(5.0)  # the JVM was stopped: no GC, no CPU across the silence
+    w.on_line(line(100, 1001, (1, 5, 6000)))
+    assert w.last_gap is not None and w.last_gap.cause.startswith("process stopped: no GC, no CPU")
+    # The pause is not idle time: the task is as idle as before it.
+    assert [p.stuck for p in w.work()] == [False]
+    assert w.work()[0].idle_s == pytest.approx(idle_before)
+    clock.jump(3.0)  # a GC pause: the collectors' time covers the silence
+    w.on_line(line(2900, 4200, (1, 5, 9000)))
+    assert w.last_gap is not None and w.last_gap.cause.startswith("garbage collection (2.80s of GC")
+    metrics = w.metrics()
+    assert metrics["jvm_gaps"] == 2 and metrics["jvm_gap_gc_s"] == pytest.approx(2.8)
+    assert metrics["jvm_gc_s"] == pytest.approx(2.9)
+
+
+@pytest.mark.parametrize(
+    ("gap", "gc", "cpu", "starts"),
+    [
+        (4.0, 3.9, 7.0, "garbage collection"),
+        (4.0, 0.0, 0.01, "process stopped"),
+        (4.0, 0.5, 2.0, "unknown"),
+        (4.0, 0.0, -1.0, "unknown"),  # no CPU figure: not evidence of a stop
+    ],
+)
+def test_gaps_are_told_apart(gap: float, gc: float, cpu: float, starts: str) -> None:
+    assert explain_gap(gap, gc, cpu).startswith(starts)
+
+
+def test_thousands_of_tasks_stay_within_the_payload_bound() -> None:
+    clock = ManualClock(start=0.0)
+    w = watch(clock)
+    clock.jump(INTERVAL)
+    w.on_line(line(0, 0, *[(t, 1, 100) for t in range(1, 3001)]))
+    assert len(w.work()) == MAX_REPORTED
+    assert w.metrics()["tasks_unreported"] == 3000 - MAX_REPORTED
+
+
+def test_stacks_are_made_one_line() -> None:
+    dump = textwrap.dedent(
+        """\
+        Thread 0x00007f1 (most recent call first):
+          File "/usr/lib/python3.11/selectors.py", line 415 in select
+
+        Current thread 0x00007f2 (most recent call first):
+          File "/usr/lib/python3.11/threading.py", line 327 in wait
+          File "/usr/lib/python3.11/threading.py", line 629 in wait
+          File "/tmp/job.py", line 12 in blocked_udf
+          File "/x/pyspark/worker.py", line 1600 in func
+        """
+    )
+    assert compact_python_stack(dump) == (
+        "wait (threading.py:327) < wait (threading.py:629) < blocked_udf (job.py:12) < func (worker.py:1600)"
+    )
+    assert (
+        compact_jvm_stack('JVM thread "t" RUNNABLE\n  at a.B.c(B.java:1)')
+        == 'JVM thread "t" RUNNABLE: a.B.c(B.java:1)'
+    )
+
+
+def test_a_real_labelled_worker_blocked_in_a_udf_is_found_with_its_stack(tmp_path: Path) -> None:
+    """A real process labelled as arrowbeat's daemon labels a worker (``worker_label.label_task``),
+    blocked in ``threading.Event().wait()`` inside ``blocked_udf``: its CPU is found by its label,
+    and SIGUSR2 makes it write its stack, which names the function."""
+    local = tmp_path / "local"
+    local.mkdir()
+    code = textwrap.dedent(
+        """\
+        import sys, threading
+        from spark_plugin.worker_label import label_task
+
+        def blocked_udf():
+            label_task(77)
+            print("labelled", flush=True)
+            threading.Event().wait()
+
+        blocked_udf()
+        """
+    )
+    env = dict(os.environ, SPARK_LOCAL_DIRS=str(local))
+    worker = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "labelled"
+        assert oct((local / STACKS_FOLDER).stat().st_mode & 0o777) == "0o700"
+        workers = labelled_workers(os.getpid(), agent_pid=-1)  # the worker is our child, as under a JVM
+        assert wait_until(lambda: any(p.task == 77 and p.labelled for p in workers()), 10)
+        clock = ManualClock(start=0.0)
+        w = TaskWatch(timeout_s=1.0, interval_s=INTERVAL, workers=workers, local_dir=str(local), clock=clock)
+        feed(w, clock, 1.5, lambda i: line(0, 0, (77, 3, 250 * (i + 1))))
+        assert wait_until(lambda: [p.stuck for p in w.work()] == [True], 15)
+        where = w.work()[0].where
+        assert "Python: wait (threading.py" in where and "blocked_udf (<string>:7)" in where, where
+        assert worker.poll() is None  # the signal did not end it
+        assert handles_stack_signal(worker.pid, 77) and not handles_stack_signal(worker.pid, 78)
+    finally:
+        worker.kill()
+        worker.wait(timeout=10)
+
+
+def test_an_unlabelled_busy_worker_or_a_udfs_subprocess_keeps_tasks_progressing() -> None:
+    """Workers of PySpark's own daemon carry no label: any CPU of unlabelled processes counts for
+    the tasks without one (never a false stuck); a labelled worker's subprocess counts for its task."""
+    clock = ManualClock(start=0.0)
+    python: list[ProcessCpu] = []
+    w = watch(clock, python)
+
+    def busy(i: int) -> str:
+        python[:] = [
+            ProcessCpu(300, None, 0.25 * i),  # an unlabelled worker, computing
+            ProcessCpu(400, 8, 1.0, labelled=True),  # task 8's worker, waiting ...
+            ProcessCpu(401, 8, 0.25 * i),  # ... on its own subprocess, computing
+        ]
+        return line(0, 0, (6, 5, 250 * i), (8, 5, 250 * i))
+
+    feed(w, clock, 4.0, busy)
+    assert sorted((p.id, p.stuck) for p in w.work()) == [("6", False), ("8", False)]
+    assert max(p.idle_s for p in w.work()) <= INTERVAL
+
+
+def test_a_process_that_appears_is_not_progress() -> None:
+    clock = ManualClock(start=0.0)
+    python: list[ProcessCpu] = []
+    w = watch(clock, python)
+
+    def worker_appears(i: int) -> str:
+        # Task 4's worker is first seen late, with all the CPU it ever used: no progress by itself.
+        python[:] = [ProcessCpu(500 + i, 4, 100.0, labelled=True)]  # a new pid each scan
+        return line(0, 0, (4, 5, 250 * i))
+
+    feed(w, clock, 2.5, worker_appears)
+    assert wait_until(lambda: [p.stuck for p in w.work()] == [True], 10)
+
+
+def test_a_gap_keeps_a_stuck_task_stuck_and_a_late_reading_agent_sees_no_gap() -> None:
+    clock = ManualClock(start=0.0)
+    w = watch(clock)
+    feed(w, clock, 2.5, lambda i: line(0, 0, (2, 5, 250 * i)))
+    assert wait_until(lambda: [p.stuck for p in w.work()] == [True], 10)
+    clock.jump(3.0)  # the JVM paused: its lines stopped
+    w.on_line(line(0, 1, (2, 5, 6000)))
+    assert w.gaps == 1 and [p.stuck for p in w.work()] == [True]  # no resumed-then-stuck-again
+    # The agent itself stalled while the JVM went on: its lines queued, dated a pulse apart.
+    jvm_ms = int(clock.monotonic() * 1000)
+    clock.jump(2.0)
+    for k in range(1, 9):
+        w.on_line(f"tasks 1 0 1 {jvm_ms + 250 * k} 2:3:0:2:0:5:7000")
+    assert w.gaps == 1
+
+
+def test_a_task_that_moves_while_inspected_is_not_reported() -> None:
+    clock = ManualClock(start=0.0)
+
+    def ask(task: int) -> None:  # while its stack is taken, the task's thread uses CPU again
+        clock.jump(INTERVAL)
+        w.on_line(line(0, 0, (3, 900, 3000)))
+        w.on_stack_line(f'stack {task} JVM thread "t" RUNNABLE')
+
+    w = watch(clock, ask_jvm_stack=ask)
+    feed(w, clock, 2.5, lambda i: line(0, 0, (3, 5, 250 * i)))
+    assert wait_until(lambda: not w._tasks[3].inspecting, 10)
+    assert [p.stuck for p in w.work()] == [False]
+
+
+def test_the_stack_signal_goes_only_to_a_labelled_worker_with_the_handler() -> None:
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not handles_stack_signal(plain.pid, 1)  # no handler: SIGUSR2 would end it
+        assert not handles_stack_signal(2**22 + 12345, 1)  # no such process
+    finally:
+        plain.kill()
+        plain.wait(timeout=10)

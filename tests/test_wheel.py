@@ -1,0 +1,100 @@
+"""``pip install`` gives a complete arrowbeat: the wheel carries the launcher jar (compiled from
+``launcher/src`` when it is built) and only the product packages, and from a temp directory its
+venv's ``spark-submit $(python -m spark_plugin conf) ... job.py`` runs with the plugin on.
+
+Slow: a wheel build (javac included) and a venv with every dependency (pip's cache makes it
+quick); see ``tests/installed.py``."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.installed import ROOT, Installed, installed_wheel, spark_lock
+from tests.procs import APP_MARKER, end, ours
+
+__all__ = ["installed_wheel"]  # the session fixture, used by name below
+pytestmark = pytest.mark.slow
+
+PRODUCT = {"heartbeat", "arrow_shuffle", "spark_plugin"}
+JAR = "spark_plugin/jars/arrowbeat-launcher.jar"
+JAVA_17_CLASS_VERSION = 61
+
+
+def test_the_wheel_carries_the_launcher_jar_and_only_the_product(installed_wheel: Installed) -> None:
+    with zipfile.ZipFile(installed_wheel.wheel) as wheel:
+        names = wheel.namelist()
+        jar_bytes = wheel.read(JAR)
+    tops = {name.split("/")[0] for name in names}
+    assert tops - {n for n in tops if n.endswith(".dist-info")} == PRODUCT, sorted(tops)
+    with zipfile.ZipFile(io.BytesIO(jar_bytes)) as jar:
+        classes = {n for n in jar.namelist() if n.endswith(".class")}
+        plugin = jar.read("arrowbeat/ArrowBeatPlugin.class")
+    sources = {p.stem for p in (ROOT / "launcher" / "src" / "main" / "java" / "arrowbeat").glob("*.java")}
+    assert {f"arrowbeat/{s}.class" for s in sources} <= classes
+    assert int.from_bytes(plugin[6:8], "big") == JAVA_17_CLASS_VERSION  # javac --release 17
+
+
+def conf_flags(installed: Installed, cwd: Path) -> list[str]:
+    done = subprocess.run(
+        [str(installed.python), "-m", "spark_plugin", "conf"],
+        cwd=cwd,
+        env=installed.env(),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return shlex.split(done.stdout)
+
+
+def test_conf_of_the_installed_wheel_names_its_jar_and_lets_spark_fetch_delta(
+    installed_wheel: Installed, tmp_path: Path
+) -> None:
+    flags = conf_flags(installed_wheel, tmp_path)
+    assert flags[flags.index("--jars") + 1] == str(installed_wheel.site_packages / JAR)
+    assert flags[flags.index("--packages") + 1] == "io.delta:delta-spark_2.13:4.0.1"
+    assert f"spark.arrowbeat.python={installed_wheel.python}" in flags
+
+
+@pytest.mark.spark
+def test_spark_submit_from_the_installed_wheel_runs_the_plugin(
+    installed_wheel: Installed, tmp_path: Path
+) -> None:
+    """The job (``tests/wheel_job.py``) runs from a temp directory with exactly the printed flags:
+    an agent registers, an Arrow shuffle matches Spark's rows, Delta (fetched by ``--packages``)
+    writes and reads, and arrowbeat is imported from the venv, not the checkout."""
+    job = shutil.copy(ROOT / "tests" / "wheel_job.py", tmp_path / "job.py")
+    marker = uuid.uuid4().hex
+    command = [str(installed_wheel.venv / "bin" / "spark-submit"), *conf_flags(installed_wheel, tmp_path)]
+    command += ["--master", "local[1]", "--conf", "spark.ui.enabled=false", "--conf", "spark.log.level=WARN"]
+    command += ["--conf", f"spark.driver.extraJavaOptions=-Dderby.system.home={tmp_path}", str(job)]
+    with spark_lock():
+        started = time.monotonic()
+        try:
+            done = subprocess.run(
+                command,
+                cwd=tmp_path,
+                env=installed_wheel.env(**{APP_MARKER: marker}),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        finally:
+            end(ours(app=marker))
+        print(f"spark-submit of the installed wheel: {time.monotonic() - started:.1f} s (lock wait excluded)")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("WHEEL-JOB ")]
+    assert done.returncode == 0 and lines, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    report = json.loads(lines[0].removeprefix("WHEEL-JOB "))
+    assert report["rm_address"] and len(report["agents"]) == 1, report
+    assert report["same_rows"] and report["one_partition_per_key"], report
+    assert report["delta_rows"] == 5
+    assert report["spark_plugin"].startswith(str(installed_wheel.site_packages)), report

@@ -1,0 +1,70 @@
+"""A spark-submit job for an installed arrowbeat (tests/test_wheel.py, tests/spark/test_packed_env.py):
+copied to a temp directory and run there, so nothing of the checkout is on its path.
+
+Shows the plugin ran: the RM's address in the conf, ``--executors`` agents registered, an Arrow
+shuffle with the same rows as Spark's and each key in one partition, a Delta table written and
+read (Delta's jars came from ``python -m spark_plugin conf``'s flags). Prints one ``WHEEL-JOB``
+line of JSON, with the interpreters the agents and the Python workers ran (the tests run every
+"host" on this one machine, so the agents' pids can be looked up here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+
+import psutil
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+import spark_plugin
+from arrow_shuffle import repartition
+from heartbeat.admin import list_executors
+from spark_plugin.config import from_spark_conf
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--executors", type=int, default=1)
+    args = parser.parse_args()
+    spark = SparkSession.builder.appName("arrowbeat-installed").getOrCreate()
+    try:
+        config = from_spark_conf(spark.sparkContext.getConf().getAll())
+        assert config.rm_address, "arrowbeat is off: the driver plugin published no RM address"
+        deadline = time.monotonic() + 120
+        agents = list_executors(config.rm_address, config.secret)
+        while len(agents) < args.executors and time.monotonic() < deadline:
+            time.sleep(0.2)
+            agents = list_executors(config.rm_address, config.secret)
+        df = spark.range(4000).withColumn("k", F.col("id") % 13)
+        ours = repartition(df, 4, "k").withColumn("p", F.spark_partition_id()).collect()
+        theirs = df.collect()
+        same_rows = sorted((r.id, r.k) for r in ours) == sorted((r.id, r.k) for r in theirs)
+        one_partition_per_key = len({(r.k, r.p) for r in ours}) == 13
+        with tempfile.TemporaryDirectory() as tmp:
+            spark.range(5).write.format("delta").save(f"{tmp}/t")
+            delta_rows = spark.read.format("delta").load(f"{tmp}/t").count()
+        sc = spark.sparkContext
+        workers = sc.parallelize(range(8), 8).map(lambda _: sys.executable).distinct().collect()
+        report = {
+            "app_id": sc.applicationId,
+            "agent_pythons": sorted(psutil.Process(a.pid).cmdline()[0] for a in agents if a.pid),
+            "worker_pythons": sorted(workers),
+            "rm_address": config.rm_address,
+            "agents": sorted(f"{a.executor_id}@{a.host}" for a in agents),
+            "same_rows": same_rows,
+            "one_partition_per_key": one_partition_per_key,
+            "delta_rows": delta_rows,
+            "spark_plugin": spark_plugin.__file__,
+        }
+        print("WHEEL-JOB " + json.dumps(report), flush=True)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
