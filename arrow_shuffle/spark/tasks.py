@@ -93,7 +93,7 @@ class ShufflePlan:
     shuffle_id: int
     root: str
     """``spark.arrowbeat.shuffle.dir`` as configured ("" for the default), resolved by each task
-    with ``shuffle_root`` on its own executor."""
+    with ``shuffle_roots`` on its own executor."""
     secret: str = field(repr=False)  # repr and str never show it (issue 13)
     key_columns: tuple[str, ...]
     num_partitions: int

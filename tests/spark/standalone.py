@@ -48,17 +48,31 @@ WORKER_HOSTS = ("127.0.0.2", "127.0.0.3")
 START_TIMEOUT_S = 90.0
 Variant = Literal["tmpdir", "private-tmp"]
 
-# Inside the Worker's new mount namespace: a private folder on /tmp, then the shared scratch folder
-# (if it lives under /tmp) mounted back at its own path through the working directory, which still
-# refers to the original folder once /tmp is covered (``/proc/self/cwd`` taken as it is: resolved
-# by name, it would lead into the private folder).
+# Inside the Worker's new mount namespace: a private folder on /tmp, then the folders every host
+# shares (the test scratch folder, the checkout and its venv, where they live under /tmp, as in a
+# CI clone) mounted back at their own paths through descriptors opened before /tmp was covered
+# (``/proc/self/fd/N`` taken as it is: resolved by name, it would lead into the private folder).
+# Arguments: the private folder, three shared folders (repeated if fewer), the command.
 _PRIVATE_TMP = """\
-cd "$1" || exit 97
-mount --bind "$2" /tmp || exit 98
-case "$1" in /tmp/*) mkdir -p "$1" && mount --no-canonicalize --bind /proc/self/cwd "$1" || exit 99;; esac
-shift 2
+exec 3<"$2" 4<"$3" 5<"$4" || exit 97
+mount --bind "$1" /tmp || exit 98
+for shared in "3 $2" "4 $3" "5 $4"; do
+  fd=${shared%% *}; dir=${shared#* }
+  case "$dir" in
+    /tmp/*) mkdir -p "$dir" && mount --no-canonicalize --bind "/proc/self/fd/$fd" "$dir" || exit 99;;
+  esac
+done
+exec 3<&- 4<&- 5<&-
+shift 4
 exec "$@"
 """
+
+
+def shared_folders(scratch: Path) -> list[str]:
+    """The three folders kept visible under a private /tmp: the top folders under /tmp of the
+    scratch folder, the checkout (tests are imported from it) and the venv."""
+    checkout = Path(__file__).resolve().parents[2]
+    return [str(shared_top(scratch)), str(shared_top(checkout)), str(shared_top(Path(sys.prefix)))]
 
 
 def free_port(host: str = MASTER_HOST) -> int:
@@ -74,7 +88,7 @@ def private_tmp_unavailable() -> str:
         private = Path(shared, "private")
         private.mkdir()
         check = f"touch {shlex.quote(shared)}/shared /tmp/private"
-        unshare = [*_unshare(), "sh", "-c", _PRIVATE_TMP, "sh", str(shared_top(Path(shared))), str(private)]
+        unshare = [*_unshare(), "sh", "-c", _PRIVATE_TMP, "sh", str(private), *shared_folders(Path(shared))]
         try:
             done = subprocess.run([*unshare, "sh", "-c", check], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -192,8 +206,15 @@ class StandaloneCluster:
         env.pop("SPARK_LOCAL_DIRS", None)  # like an unconfigured host: Spark falls back to its temp dir
         env["TMPDIR"] = str(worker.tmpdir)
         if self.variant == "private-tmp":
-            shared = str(shared_top(self.root))
-            wrapper = [*_unshare(), "sh", "-c", _PRIVATE_TMP, "sh", shared, str(worker.private_dir)]
+            wrapper = [
+                *_unshare(),
+                "sh",
+                "-c",
+                _PRIVATE_TMP,
+                "sh",
+                str(worker.private_dir),
+                *shared_folders(self.root),
+            ]
             command = [*wrapper, *command]
         else:
             env["JAVA_TOOL_OPTIONS"] = f"-Djava.io.tmpdir={worker.tmpdir}"
