@@ -77,7 +77,7 @@ class TaskEvents:
         out = self.flush(now, keep=record.executor_id)
         state = self._of(record.executor_id)
         metrics = record.payload.metrics
-        out += [self._explained(h, metrics, state.gaps_seen) for h in state.held]
+        out += self._explained(state.held, metrics, state.gaps_seen)
         state.held = []
         state.gaps_seen = metrics.get("jvm_gaps", state.gaps_seen)
         gc_now = metrics.get("jvm_gc_s")
@@ -96,15 +96,24 @@ class TaskEvents:
                 state.held = []
         return out
 
-    def _explained(self, event: ExecutorEvent, metrics: dict[str, float], gaps_seen: float) -> ExecutorEvent:
-        if metrics.get("jvm_gaps", 0.0) > gaps_seen and "jvm_gap_s" in metrics:
-            cause = explain_gap(
-                metrics["jvm_gap_s"], metrics.get("jvm_gap_gc_s", 0.0), metrics.get("jvm_gap_cpu_s", -1.0)
-            )
-            return _with_detail(event, f"gap: {cause}")
-        return _with_detail(
-            event, "gap: no pause of the executor JVM seen by its agent (the agent, its host or the network)"
+    def _explained(
+        self, held: list[ExecutorEvent], metrics: dict[str, float], gaps_seen: float
+    ) -> list[ExecutorEvent]:
+        """The held re-registrations with what the agent says of the JVM's pauses since its last
+        heartbeat. It reports its last pause only: with one pause, that explains every held event
+        (an executor may time out twice in one long collection); with several, only the newest
+        event is explained by it, the others say how many pauses there were."""
+        pauses = int(metrics.get("jvm_gaps", 0.0) - gaps_seen)
+        if pauses <= 0 or "jvm_gap_s" not in metrics:
+            why = "gap: no pause of the executor JVM seen by its agent (the agent, its host or the network)"
+            return [_with_detail(h, why) for h in held]
+        cause = explain_gap(
+            metrics["jvm_gap_s"], metrics.get("jvm_gap_gc_s", 0.0), metrics.get("jvm_gap_cpu_s", -1.0)
         )
+        if pauses == 1:
+            return [_with_detail(h, f"gap: {cause}") for h in held]
+        earlier = f"gap: one of {pauses} JVM pauses before the next heartbeat (the last: {cause})"
+        return [_with_detail(h, earlier) for h in held[:-1]] + [_with_detail(held[-1], f"gap: {cause}")]
 
     def _tasks(self, record: HeartbeatRecord, state: _Executor) -> list[ExecutorEvent]:
         out = []

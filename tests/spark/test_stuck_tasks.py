@@ -97,6 +97,9 @@ def watched(scratch: Path) -> Iterator[Watched]:
         app.wait_for("APP-READY ", 60)
         (base / "go-gc").touch()
         gc = app.wait_for("APP-GC ", 120)
+        # The collection's re-registration recorded (explained by the next heartbeat) before the
+        # stop: the agent reports its last pause, so one heartbeat must come between the two.
+        assert wait_until(lambda: bool(reregistered(rows(tables, "executor_events"))), 30)
         jvm = ours("CoarseGrainedExecutorBackend", app=app.marker)[0]
         timeouts = len(of_kind(rows(tables, "executor_events"), "HEARTBEAT_TIMEOUT"))
         jvm.suspend()

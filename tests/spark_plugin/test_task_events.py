@@ -129,12 +129,23 @@ def test_an_executor_that_flaps_has_every_reregistration_explained_by_its_next_h
     timeout = ExecutorEvent(EventKind.HEARTBEAT_TIMEOUT, "3", "h", "i3", 9.2)
     assert [e.kind for e in events.on_event(timeout, 9.2)] == [EventKind.HEARTBEAT_TIMEOUT]
     assert events.on_event(ExecutorEvent(EventKind.REREGISTERED, "3", "h", "i4", 9.9), 9.9) == []
-    gaps = {"jvm_gaps": 2.0, "jvm_gap_s": 0.9, "jvm_gap_gc_s": 0.85, "jvm_gap_cpu_s": 0.8}
+    gaps = {"jvm_gaps": 1.0, "jvm_gap_s": 0.9, "jvm_gap_gc_s": 0.85, "jvm_gap_cpu_s": 0.8}  # one long GC
     out, _ = events.on_heartbeat(beat(11.0, **gaps), 11.0)
     assert [(e.instance_id, e.detail.startswith("gap: garbage collection")) for e in out] == [
         ("i3", True),
         ("i4", True),
     ]
+
+
+def test_with_several_pauses_only_the_newest_reregistration_gets_the_last_cause() -> None:
+    events = TaskEvents(hold_s=5.0)
+    events.on_heartbeat(beat(1.0, jvm_gaps=0.0), 1.0)
+    events.on_event(ExecutorEvent(EventKind.REREGISTERED, "3", "h", "i3", 9.0), 9.0)
+    events.on_event(ExecutorEvent(EventKind.REREGISTERED, "3", "h", "i4", 9.9), 9.9)
+    stopped = {"jvm_gaps": 2.0, "jvm_gap_s": 0.9, "jvm_gap_gc_s": 0.0, "jvm_gap_cpu_s": 0.0}
+    out, _ = events.on_heartbeat(beat(11.0, **stopped), 11.0)
+    assert out[0].detail.startswith("gap: one of 2 JVM pauses before the next heartbeat (the last: process")
+    assert out[1].detail.startswith("gap: process stopped")
 
 
 def test_held_events_are_not_lost_when_no_heartbeat_comes() -> None:
