@@ -24,6 +24,8 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
 
+from tests.procs import wait_until
+
 
 def spin(seconds: float) -> int:
     deadline, n = time.monotonic() + seconds, 0
@@ -64,9 +66,7 @@ def main() -> int:
 
     small = [pause(args.small_gc) for _ in range(args.rounds)]
     print("APP-STOPS " + json.dumps({"app_id": spark.sparkContext.applicationId}), flush=True)
-    deadline = time.monotonic() + 600
-    while not (scratch / "go-gc").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until((scratch / "go-gc").exists, 600)
     big = []
     for _ in range(args.rounds):
         big.append(pause(args.big_gc))

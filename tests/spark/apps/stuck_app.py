@@ -28,6 +28,8 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
 
+from tests.procs import wait_until
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -57,19 +59,13 @@ def main() -> int:
     print("APP-JOB " + json.dumps(job), flush=True)
     if args.mode == "watch":
         print("APP-READY " + json.dumps({"app_id": sc.applicationId}), flush=True)
-        wait_for_file(scratch / "go-gc")
+        wait_until((scratch / "go-gc").exists, 600)
         expr = f"java_method('GcPause', 'pause', {args.gc_objects})"
         pauses = [int(r[0]) for r in spark.range(0, 1, numPartitions=1).selectExpr(expr).collect()]
         print("APP-GC " + json.dumps({"pause_ms": pauses}), flush=True)
-        wait_for_file(scratch / "go-end")
+        wait_until((scratch / "go-end").exists, 600)
     spark.stop()
     return 0
-
-
-def wait_for_file(path: Path, timeout_s: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def spinning_udf(seconds: float) -> int:

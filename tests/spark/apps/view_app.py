@@ -19,12 +19,12 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from tests.procs import wait_until
+
 
 def wait_for(go: str, x: int) -> int:
     """A task that runs until the test says go (bounded, so nothing waits forever)."""
-    deadline = time.monotonic() + 600
-    while not Path(go).exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(Path(go).exists, 600)
     return x
 
 
