@@ -4,10 +4,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PRIMARY_CELL := spark-4.2
 CACHE := .cache
-DELTA_VERSION := 4.0.1
 JARS := $(CACHE)/jars
-DELTA_JARS := $(JARS)/delta-spark_2.13-$(DELTA_VERSION).jar $(JARS)/delta-storage-$(DELTA_VERSION).jar
+# Delta's jars for every supported Spark minor (one artifact per minor; spark_plugin/compat/versions.py).
+DELTA_JARS := $(JARS)/.delta-jars
 LAUNCHER_JAR := $(CACHE)/launcher/arrowbeat-launcher.jar
 LAUNCHER_SRC := $(shell find launcher/src -name '*.java' 2>/dev/null)
 MVN_DEP := org.apache.maven.plugins:maven-dependency-plugin:3.8.1
@@ -17,7 +18,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup setup-python setup-jvm prereqs prereqs-python prereqs-jvm demo test lint typecheck unit \
-	proto bench bench-readme clean wheel
+	proto bench bench-readme clean wheel matrix cell
 # Set-up in two parts: Python (venv + pip: all `unit`, `lint` and `typecheck` need) and the JVM
 # side on top (the Delta jars via Maven, the launcher via javac) for Spark, `test`, `demo`, `bench`.
 setup: setup-python setup-jvm
@@ -30,23 +31,23 @@ prereqs-python:
 prereqs-jvm:
 	@bash scripts/check_prereqs.sh jvm
 
-$(VENV)/.installed: pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+# The primary cell of the version matrix (scripts/matrix.py): the exact set in its lock file.
+$(VENV)/.installed: pyproject.toml locks/$(PRIMARY_CELL).txt scripts/matrix.py
+	$(PYTHON) -m scripts.matrix venv $(PRIMARY_CELL)
 	@touch $@
 
-$(JARS)/%-$(DELTA_VERSION).jar:
+$(DELTA_JARS): spark_plugin/compat/versions.py
 	@mkdir -p $(JARS)
-	mvn -q -B $(MVN_DEP):copy -Dartifact=io.delta:$*:$(DELTA_VERSION) -DoutputDirectory=$(JARS)
+	for artifact in $$($(PYTHON) -m scripts.matrix delta-jars); do \
+	  mvn -q -B $(MVN_DEP):copy -Dartifact=$$artifact -DoutputDirectory=$(JARS) || exit 1; done
+	@touch $@
 
-# The launcher is compiled from source against the Spark jars that the pyspark wheel ships.
-$(LAUNCHER_JAR): $(LAUNCHER_SRC) $(VENV)/.installed
-	@rm -rf $(CACHE)/launcher/classes && mkdir -p $(CACHE)/launcher/classes
-	javac -nowarn --release 17 -d $(CACHE)/launcher/classes \
-	  -cp "$$($(PY) -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')/*" \
-	  $(LAUNCHER_SRC)
-	jar --create --file $@ -C $(CACHE)/launcher/classes .
+# The launcher is compiled against the oldest supported Spark's API jars (Maven coordinates in
+# build_backend/launcher_classpath.txt), never against the venv's pyspark: one jar runs on every
+# supported Spark. The wheel build (build_backend/) compiles from the same list.
+LAUNCHER_CP := $(CACHE)/launcher/classpath
+$(LAUNCHER_JAR): $(LAUNCHER_SRC) build_backend/launcher_classpath.txt build_backend/launcher_jar.py
+	$(PYTHON) build_backend/launcher_jar.py --classpath-dir $(LAUNCHER_CP) --jar $@
 
 DEMO_WORK := $(abspath $(CACHE))/demo
 # local-cluster Workers keep executor dirs in $SPARK_HOME/work (inside the pyspark package; they
@@ -80,8 +81,19 @@ typecheck: setup-python
 unit: setup-python
 	$(PY) -m pytest -q -m 'not spark' tests
 
+# The whole suite on the primary cell, then the compatibility subset on every other cell.
 test: setup lint $(CACHE)/.chromium
-	$(PY) -m pytest -q -rs tests
+	$(PY) -m pytest -q -rs --durations=15 tests
+	@$(MAKE) --no-print-directory matrix
+
+# The version matrix's other cells (one venv each under .cache/venvs/, from locks/<cell>.txt), each
+# running the tests marked `compat`. `make cell CELL=spark-4.3` runs one.
+matrix: setup-jvm
+	@set -e; for cell in $$($(PYTHON) -m scripts.matrix list); do $(PYTHON) -m scripts.matrix run $$cell; done
+
+CELL ?= spark-4.3
+cell: setup-jvm
+	$(PYTHON) -m scripts.matrix run $(CELL)
 
 # The live page's browser test needs a headless Chromium (Debian's package; root or sudo -n).
 $(CACHE)/.chromium:
@@ -90,10 +102,10 @@ $(CACHE)/.chromium:
 	@touch $@
 
 # `make wheel`: dist/arrowbeat-*.whl, the launcher jar inside (build_backend/ compiles it with javac
-# against the pyspark of pip's isolated build environment; needs a JDK 17+). `pip install` it anywhere.
-wheel: prereqs-jvm $(VENV)/.installed
+# against the Spark API jars Maven fetches; needs a JDK 17+ and Maven). `pip install` it anywhere.
+wheel: prereqs-jvm $(VENV)/.installed $(LAUNCHER_JAR)
 	rm -rf build  # setuptools reuses build/lib: a module deleted since must not ship
-	$(PY) -m pip wheel --no-deps -w dist .
+	ARROWBEAT_LAUNCHER_CLASSPATH=$(abspath $(LAUNCHER_CP)) $(PY) -m pip wheel --no-deps -w dist .
 
 proto: $(VENV)/.installed
 	$(PY) -m scripts.gen_protos

@@ -108,6 +108,8 @@ def hash_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     ``key_type_problem`` refuses.
     """
     if isinstance(column, pa.ChunkedArray):  # one array: strings are hashed once per distinct value
+        if column.num_chunks > 1 and _holds_float16_dictionary(column.type):
+            return np.concatenate([hash_column(chunk) for chunk in column.chunks])
         column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     kind = column.type
     if pa.types.is_dictionary(kind):  # each dictionary value once, then a gather
@@ -161,6 +163,15 @@ def hash_column(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         return hashed
     result: np.ndarray = np.where(valid, hashed, _NULL_HASH)
     return result
+
+
+def _holds_float16_dictionary(kind: pa.DataType) -> bool:
+    """Chunks holding ``dictionary<halffloat>`` (at any depth) are hashed one by one, each against
+    its own dictionaries: pyarrow 26's dictionary unification (``combine_chunks``) writes those
+    values' bits back as numbers (-0.0, bits 0x8000, becomes 32768.0), so equal keys would hash apart."""
+    if pa.types.is_dictionary(kind):
+        return pa.types.is_float16(kind.value_type) or _holds_float16_dictionary(kind.value_type)
+    return any(_holds_float16_dictionary(kind.field(i).type) for i in range(kind.num_fields))
 
 
 def _filled_int64(column: pa.Array) -> np.ndarray:

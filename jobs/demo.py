@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ def wait_for(what: Callable[[], Any], timeout_s: float, interval_s: float = 0.1)
     return None
 
 
-def slow_batches(batches: Iterable[Any]) -> Iterable[Any]:
+def slow_batches(batches: Iterator[Any]) -> Iterator[Any]:
     """A deliberately slow Arrow stage, so the job is still running while an executor is frozen."""
     for batch in batches:
         time.sleep(0.25)

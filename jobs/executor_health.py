@@ -17,6 +17,7 @@ import argparse
 import sys
 from typing import Any
 
+from spark_plugin import extras
 from spark_plugin.config import OPTIONS_BY_KEY, parse_duration
 from spark_plugin.jobs.common import add_table_args, trigger_of
 
@@ -54,6 +55,8 @@ def health_of(heartbeats: Any, timeout_s: float) -> Any:
 
 def upsert_into(output: str) -> Any:
     """A ``foreachBatch`` function merging each micro-batch's windows into the Delta table."""
+
+    extras.require("delta")
 
     def upsert(batch: Any, _batch_id: int) -> None:
         from delta.tables import DeltaTable

@@ -10,9 +10,9 @@ case "$part" in python|jvm|all) ;; *) fail "unknown part '$part': expected pytho
 
 if [ "$part" != jvm ]; then
   PY="${PYTHON:-python3}"
-  command -v "$PY" >/dev/null 2>&1 || fail "no '$PY' on PATH: install Python 3.11 or 3.12 (e.g. apt-get install python3.11 python3.11-venv) or set PYTHON=/path/to/python3.11"
-  "$PY" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 12) else 1)' \
-    || fail "$("$PY" -V 2>&1) does not fit: arrowbeat needs Python 3.11 or 3.12 (set PYTHON=/path/to/python3.11)"
+  command -v "$PY" >/dev/null 2>&1 || fail "no '$PY' on PATH: install Python 3.11 to 3.13 (e.g. apt-get install python3.11 python3.11-venv) or set PYTHON=/path/to/python3.11"
+  "$PY" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 13) else 1)' \
+    || fail "$("$PY" -V 2>&1) does not fit: arrowbeat needs Python 3.11 to 3.13 (set PYTHON=/path/to/python3.11)"
   "$PY" -c 'import venv, ensurepip' 2>/dev/null || fail "Python's venv/ensurepip module is missing: apt-get install python3-venv"
 fi
 
@@ -21,6 +21,6 @@ if [ "$part" != python ]; then
   command -v javac >/dev/null 2>&1 || fail "no 'javac' on PATH (a JRE is not enough): install a JDK 17 or 21 (e.g. apt-get install openjdk-17-jdk-headless)"
   jv=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
   case "$jv" in 17|21) ;; *) fail "Java $jv does not fit: Spark 4.0 needs Java 17 or 21 (set JAVA_HOME / PATH to one)";; esac
-  command -v mvn >/dev/null 2>&1 || fail "no 'mvn' on PATH: install Maven 3.6+ (e.g. apt-get install maven); it fetches the Delta jars"
+  command -v mvn >/dev/null 2>&1 || fail "no 'mvn' on PATH: install Maven 3.6+ (e.g. apt-get install maven); it fetches the Delta jars and the launcher's Spark API jars"
 fi
 exit 0

@@ -8,9 +8,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from spark_plugin.compat import versions
 from spark_plugin.config import docs_table
 from spark_plugin.errors import SetupError
-from spark_plugin.launch import submit_flags
+from spark_plugin.launch import notices, submit_flags
 
 TABLE_BEGIN, TABLE_END = "<!-- config-table -->", "<!-- /config-table -->"
 
@@ -37,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(docs_table())
         return 0
+    support = versions.spark_support(versions.running_spark_version())
+    if not support.runs:
+        print(f"arrowbeat: {support.message}", file=sys.stderr)
+        return 2
+    for notice in notices(delta=not args.no_delta):
+        print(f"arrowbeat: {notice}", file=sys.stderr)
     try:
         if args.command == "pack":
             return _pack(Path(args.output), delta=not args.no_delta)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from heartbeat.errors import HeartbeatAuthenticationError, HeartbeatError, ProtocolVersionError
+from spark_plugin import extras
 from spark_plugin.errors import PluginError
 from spark_plugin.history import EXECUTOR_EVENTS, HEARTBEATS, TablesLocation, locate
 from spark_plugin.history.tables import SHUFFLE_METRICS
@@ -573,7 +574,8 @@ def _vacuum(location: TablesLocation, name: str, args: argparse.Namespace) -> No
     verb = "would remove" if args.dry_run else "removed"
     print(f"{name}: vacuuming files removed longer ago than {retention} ...", flush=True)
     started = time.monotonic()
-    removed = table.vacuum(dry_run=args.dry_run)
+    # full: also the files whose tombstones a checkpoint already dropped (else they stay forever)
+    removed = table.vacuum(dry_run=args.dry_run, full=True)
     if not args.dry_run:
         table.cleanup_metadata()
     print(f"{name}: {verb} {len(removed)} files in {time.monotonic() - started:.1f} s", flush=True)
@@ -583,7 +585,9 @@ def _vacuum(location: TablesLocation, name: str, args: argparse.Namespace) -> No
 
 
 def _report(args: argparse.Namespace) -> int:
-
+    no_plots = extras.missing("report")
+    if no_plots:
+        raise CliError(no_plots)
     location = _location(args)
     timeout_s = args.timeout if args.timeout is not None else DEFAULT_TIMEOUT_S
     app_id, history = write_report(location, args.app, args.output, timeout_s, max(1, args.max_plots))

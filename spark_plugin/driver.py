@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
+from spark_plugin import extras
+from spark_plugin.compat import versions
 from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.history.wire_text import MAX_ID_CHARS, wire_text
@@ -25,6 +27,7 @@ from spark_plugin.sidecar import (
     exit_process,
     secret_values,
     setup_logging,
+    unavailable_internals,
     wait_for_exit,
 )
 from spark_plugin.task_events import TaskEvents
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
     from heartbeat import ExecutorEvent
 
 log = logging.getLogger("arrowbeat.driver")
+SPARK_VERSION_SETTING = "arrowbeat.spark.version"
+"""The running Spark's version, which the JVM's driver plugin adds to the settings it hands over."""
 
 
 def rm_host(config: ArrowBeatConfig, settings: dict[str, str]) -> str:
@@ -177,10 +182,17 @@ def main() -> int:
         server_credentials=None if material is None else tls.grpc_server_credentials(material),
     )
     app_id = settings.get("spark.app.id", "")
+    no_kill = unavailable_internals(settings).get("kill-and-replace-executor")
+    if config.on_heartbeat_timeout == "kill" and no_kill:
+        log.warning("arrowbeat: spark.arrowbeat.onHeartbeatTimeout=kill is off on this Spark: %s", no_kill)
+    spark_support = versions.spark_support(settings.get(SPARK_VERSION_SETTING, ""))
+    for problem in [spark_support.message or "", *versions.library_problems()]:
+        if problem:
+            log.warning("arrowbeat: %s", problem)
     router = EventRouter(
         lambda: link.app_id(app_id),
         history,
-        kill=channel.kill_executor if config.on_heartbeat_timeout == "kill" else None,
+        kill=channel.kill_executor if config.on_heartbeat_timeout == "kill" and not no_kill else None,
         tasks=TaskEvents(
             kill_task=channel.kill_task if config.on_stuck_task == "kill" else None,
             # A heartbeat follows a registration within an interval, or a few under heavy load.
@@ -192,7 +204,10 @@ def main() -> int:
     rm.subscribe(tally)
     address = rm.start()
     page = None
-    if config.ui_enabled:  # the live page: its own thread and loop, its URL logged (live_page)
+    no_live_page = extras.missing("live") if config.ui_enabled else None
+    if no_live_page:
+        log.warning("arrowbeat: %s; monitoring runs on without it", no_live_page)
+    elif config.ui_enabled:  # the live page: its own thread and loop, its URL logged (live_page)
         from spark_plugin.live_page import start_live_page
 
         page = start_live_page(

@@ -5,40 +5,29 @@ Both come from one list of ``(key, value)`` pairs, so the two ways cannot drift 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from spark_plugin.compat import versions
 from spark_plugin.errors import SetupError
 
 PLUGIN_CLASS = "arrowbeat.ArrowBeatPlugin"
-DELTA_VERSION = "4.0.1"
-DELTA_PACKAGE = f"io.delta:delta-spark_2.13:{DELTA_VERSION}"
 LAUNCHER_JAR = "arrowbeat-launcher.jar"
 # Where a wheel carries the launcher jar (the build hook in build_backend/ compiles it there).
 PACKAGE_JARS = Path(__file__).resolve().parent / "jars"
 _ROOT = Path(__file__).resolve().parent.parent
 # Where `make setup` puts the jars in a source checkout.
 _CACHE = _ROOT / ".cache"
+_log = logging.getLogger(__name__)
 
 
-def jar_paths() -> list[str]:
-    """The jars for ``--jars``: the launcher, and Delta's when a local copy exists.
-
-    One rule, first match wins: ``$ARROWBEAT_JARS`` (comma-separated, taken as given); else the
-    launcher jar inside this package (``spark_plugin/jars/``, where a wheel puts it); else the
-    source checkout's ``.cache/launcher/`` (where ``make setup`` builds it; the checkout's editable
-    install finds it there, and its package dir never holds a jar). The Delta jars are added when
-    the checkout's ``.cache/jars/`` has them; an installed wheel has none, and Spark resolves Delta
-    itself (see :func:`delta_package`)."""
-    override = os.environ.get("ARROWBEAT_JARS")
-    if override:
-        jars = [p for p in override.split(",") if p]
-        missing = [j for j in jars if not Path(j).is_file()]
-        if missing:
-            raise SetupError(f"ARROWBEAT_JARS names missing files: {', '.join(missing)}")
-        return jars
+def launcher_jar() -> str:
+    """The launcher jar. First match wins: the jar inside this package (``spark_plugin/jars/``,
+    where a wheel puts it); else the source checkout's ``.cache/launcher/`` (where ``make setup``
+    builds it; the checkout's editable install finds it there, its package dir never holds a jar)."""
     candidates = [PACKAGE_JARS / LAUNCHER_JAR, _CACHE / "launcher" / LAUNCHER_JAR]
     launcher = next((c for c in candidates if c.is_file()), None)
     if launcher is None:
@@ -47,16 +36,45 @@ def jar_paths() -> list[str]:
             "Install arrowbeat from a wheel (`pip install arrowbeat-*.whl` carries it), run "
             "`make setup` in a source checkout, or set ARROWBEAT_JARS"
         )
-    delta = [
-        _CACHE / "jars" / f"{name}-{DELTA_VERSION}.jar" for name in ("delta-spark_2.13", "delta-storage")
-    ]
-    return [str(launcher)] + ([str(j) for j in delta] if all(j.is_file() for j in delta) else [])
+    return str(launcher)
 
 
-def delta_package(jars: list[str]) -> str | None:
-    """Delta's Maven coordinate for ``spark.jars.packages`` when ``jars`` carry no Delta jar:
-    Spark then fetches it (and what it depends on) through its own Ivy resolution."""
-    return None if any("delta-spark" in Path(j).name for j in jars) else DELTA_PACKAGE
+def jar_paths(spark_version: str | None = None) -> list[str]:
+    """The jars for ``--jars``: the launcher, and Delta's for this Spark when a local copy exists.
+
+    ``$ARROWBEAT_JARS`` (comma-separated) is taken as given. Otherwise the launcher
+    (:func:`launcher_jar`), plus the Delta jars that match ``spark_version`` (default: the Spark
+    that ``spark-submit`` runs) when the checkout's ``.cache/jars/`` has them; an installed wheel
+    has none, and Spark resolves Delta itself (see :func:`delta_package`)."""
+    override = os.environ.get("ARROWBEAT_JARS")
+    if override:
+        jars = [p for p in override.split(",") if p]
+        missing = [j for j in jars if not Path(j).is_file()]
+        if missing:
+            raise SetupError(f"ARROWBEAT_JARS names missing files: {', '.join(missing)}")
+        return jars
+    delta = versions.delta_jars(spark_version or versions.running_spark_version())
+    local = [_CACHE / "jars" / name for name in delta.file_names()]
+    have_delta = bool(local) and all(j.is_file() for j in local)
+    return [launcher_jar()] + ([str(j) for j in local] if have_delta else [])
+
+
+def delta_package(jars: list[str], spark_version: str | None = None) -> str | None:
+    """Delta's Maven coordinates for ``spark.jars.packages`` when ``jars`` carry no Delta jar
+    (Spark then fetches them through its own Ivy resolution); None when they do, or when this Spark
+    has no Delta release (:func:`spark_plugin.compat.versions.delta_jars` says why)."""
+    if any("delta-spark" in Path(j).name for j in jars):
+        return None
+    delta = versions.delta_jars(spark_version or versions.running_spark_version())
+    return delta.coordinates[0] if delta.available else None
+
+
+def notices(delta: bool = True, spark_version: str | None = None) -> list[str]:
+    """What a user should know about this Spark before starting: a Spark outside the supported
+    minors, a missing Delta release for it (when Delta was asked for), too old pyarrow or pandas."""
+    version = spark_version or versions.running_spark_version()
+    found = [versions.spark_support(version).message, versions.delta_jars(version).reason if delta else None]
+    return [n for n in found if n] + versions.library_problems()
 
 
 PYTHON_DAEMON_MODULE = "spark_plugin.python_daemon"
@@ -100,7 +118,8 @@ def spark_settings(
     Otherwise the daemon stays PySpark's: a module the workers cannot import would fail them all.
     With ``archive`` (a packed environment, see :func:`packed_env_settings`) the workers run it,
     and ``python`` is the driver side's interpreter."""
-    jars = jar_paths()
+    spark_version = versions.running_spark_version()
+    jars = jar_paths(spark_version)
     settings = [("spark.jars", ",".join(jars)), ("spark.plugins", PLUGIN_CLASS)]
     if archive:
         settings += packed_env_settings(archive, python)
@@ -110,7 +129,9 @@ def spark_settings(
         settings.append(("spark.arrowbeat.python", python))
         if workers_run_arrowbeat_python(python):
             settings.append(("spark.python.daemon.module", PYTHON_DAEMON_MODULE))
-    package = delta_package(jars)
+    # No Delta release for this Spark: its session extension would not load (notices() says so).
+    delta = delta and versions.delta_jars(spark_version).available
+    package = delta_package(jars, spark_version)
     if delta and package:
         settings.append(("spark.jars.packages", package))
     if delta:
@@ -139,7 +160,10 @@ def submit_flags(python: str | None = None, delta: bool = True, archive: str | N
 
 
 def configure(builder: Any, python: str | None = None, delta: bool = True, archive: str | None = None) -> Any:
-    """Adds arrowbeat (and Delta) to a ``SparkSession.Builder``; returns the builder for chaining."""
+    """Adds arrowbeat (and Delta) to a ``SparkSession.Builder``; returns the builder for chaining.
+    What :func:`notices` finds is logged as warnings."""
+    for notice in notices(delta):
+        _log.warning("arrowbeat: %s", notice)
     for key, value in spark_settings(python, delta, archive):
         builder = builder.config(key, value)
     return builder

@@ -3,7 +3,9 @@
 The hosting JVM (driver or executor) starts this process with a pipe on stdin and:
 
 1. writes the settings as ``key<TAB>value`` lines closed by an empty line (secrets never go
-   through argv or the environment, which ``ps`` and ``/proc`` show);
+   through argv or the environment, which ``ps`` and ``/proc`` show); among them, one
+   ``arrowbeat.jvm.unavailable.<name>`` per Spark internal the launcher could not use on this
+   Spark (:func:`unavailable_internals`);
 2. waits for one line ``ARROWBEAT-READY k=v ...`` on the protocol channel
    (:meth:`JvmChannel.announce_ready`);
 3. writes a pulse line ``p <running_tasks>`` every pulse interval. A pulse proves the JVM itself
@@ -53,6 +55,8 @@ EXECUTOR_LINES = "executor-"
 """The prefix of the driver JVM's lines about Spark's executors (``spark_plugin.spark_view``)."""
 TASK_LINES = ("tasks ", "stack ")
 """The executor JVM's lines about its running tasks (``spark_plugin.task_watch``)."""
+JVM_UNAVAILABLE = "arrowbeat.jvm.unavailable."
+"""Settings key prefix: a Spark internal the launcher could not use (``SparkInternals.SETTING_PREFIX``)."""
 _READY_KEY = re.compile(r"[a-z_]{1,32}")
 _READY_VALUE = re.compile(r"[!-~]{1,256}")
 _READY_BASE64 = re.compile(r"[A-Za-z0-9+/=]{1,1024}")
@@ -69,6 +73,14 @@ def _task_id(task_id: int) -> int:
     if isinstance(task_id, bool) or not isinstance(task_id, int) or not 0 <= task_id < 10**18:
         raise JvmCommandError(f"{task_id!r} is not a task attempt id")
     return task_id
+
+
+def unavailable_internals(settings: Mapping[str, str]) -> dict[str, str]:
+    """The Spark internals the hosting JVM found unavailable on this Spark, name to why (the
+    launcher's ``compat/SparkInternals.java``, which logged each once with what arrowbeat does
+    without it): ``executor-local-dirs`` and ``executor-host`` for an agent,
+    ``kill-and-replace-executor`` for the driver-side process. Empty on every supported Spark."""
+    return {k[len(JVM_UNAVAILABLE) :]: v for k, v in settings.items() if k.startswith(JVM_UNAVAILABLE)}
 
 
 def unescape_line(text: str) -> str:

@@ -8,6 +8,13 @@ show where a stuck task waits, even when its thread is blocked in C (``faulthand
 the signal handler, without the GIL). The agent signals only a worker whose label and stack file
 exist (without the handler, ``SIGUSR2`` would end it).
 
+Beside Spark's own worker tools (``spark.python.worker.faulthandler.enabled``: ``faulthandler.enable``
+on fatal signals into its own file; 4.1+ ``tracebackDumpIntervalSeconds``: a repeating
+``faulthandler.dump_traceback_later`` to stderr): this module only ever *registers* its one user
+signal, never enables, disables, cancels or unregisters anything, so whatever Spark armed stays
+armed. Should something else already handle ``SIGUSR2`` in the worker, arrowbeat's handler chains
+to it rather than replace it.
+
 Kept tiny: it is imported by every worker; nothing here may print to stdout.
 """
 
@@ -49,9 +56,20 @@ def _ready_for_stacks() -> bool:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a reused pid's old file
     stream = os.fdopen(create_private_file(path), "a", encoding="utf-8")
-    faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True, chain=False)
+    faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True, chain=_signal_caught(STACK_SIGNAL))
     _stack_file = stream
     return True
+
+
+def _signal_caught(signum: int) -> bool:
+    """Does this process already run a handler for ``signum`` (``SigCgt``, whoever installed it:
+    Python's ``signal`` or native code)? Then arrowbeat's handler calls it after its dump."""
+    try:
+        with open("/proc/self/status") as f:
+            caught = next((line.split(":", 1)[1] for line in f if line.startswith("SigCgt:")), "0")
+    except OSError:
+        return False
+    return bool(int(caught.strip() or "0", 16) >> (int(signum) - 1) & 1)
 
 
 def label_task(task_attempt_id: int) -> None:

@@ -100,7 +100,15 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     venv = base / "venv"
     timed(timings, "venv", [sys.executable, "-m", "venv", str(venv)])
     installed = Installed(wheel, venv, timings)
-    timed(timings, "pip install", [str(installed.python), "-m", "pip", "install", "-q", str(wheel)], cwd=base)
+    # The primary cell's exact set (as CI tests it); what pip resolves without it, for every
+    # supported pyspark, is tests/test_wheel.py's business.
+    lock = ROOT / "locks" / "spark-4.2.txt"
+    timed(
+        timings,
+        "pip install",
+        [str(installed.python), "-m", "pip", "install", "-q", "-c", str(lock), str(wheel)],
+        cwd=base,
+    )
     print(f"installed the wheel: {timings}")
     return installed
 

@@ -98,7 +98,7 @@ def _layer(module: str) -> str:
         return "shuffle-spark"
     if module.startswith("arrow_shuffle"):
         return "engine"
-    if module in FOUNDATION_MODULES or module.startswith("spark_plugin.history"):
+    if module in FOUNDATION_MODULES or module.startswith(("spark_plugin.history", "spark_plugin.compat")):
         return "plugin-foundation"
     return "plugin-processes"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from spark_plugin import launch, pack
+from spark_plugin.compat import versions
 from spark_plugin.errors import SetupError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,30 +87,61 @@ def test_a_missing_launcher_jar_names_where_it_was_looked_for(no_jars: tuple[Pat
     assert str(cache / "launcher" / "arrowbeat-launcher.jar") in str(caught.value)
 
 
+@pytest.fixture
+def spark_42(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(versions, "running_spark_version", lambda: "4.2.1")
+
+
 def test_the_package_jar_comes_first_and_delta_is_fetched_by_spark_without_a_local_copy(
-    no_jars: tuple[Path, Path],
+    no_jars: tuple[Path, Path], spark_42: None
 ) -> None:
     package, cache = no_jars
     touch(cache / "launcher" / "arrowbeat-launcher.jar")
     installed = touch(package / "arrowbeat-launcher.jar")
     assert launch.jar_paths() == [str(installed)]
     settings = dict(launch.spark_settings(python="/venv/bin/python"))
-    assert settings["spark.jars.packages"] == f"io.delta:delta-spark_2.13:{launch.DELTA_VERSION}"
+    assert settings["spark.jars.packages"] == f"io.delta:delta-spark_4.2_2.13:{versions.DELTA_RELEASE}"
     assert "spark.jars.packages" not in dict(launch.spark_settings(python="/venv/bin/python", delta=False))
     flags = launch.submit_flags(python="/venv/bin/python")
     assert flags[:2] == ["--jars", str(installed)]
-    assert flags[flags.index("--packages") + 1] == launch.DELTA_PACKAGE
+    assert flags[flags.index("--packages") + 1] == f"io.delta:delta-spark_4.2_2.13:{versions.DELTA_RELEASE}"
 
 
-def test_the_checkout_cache_with_delta_jars_needs_no_packages(no_jars: tuple[Path, Path]) -> None:
+def test_the_checkout_cache_with_delta_jars_needs_no_packages(
+    no_jars: tuple[Path, Path], spark_42: None
+) -> None:
     _, cache = no_jars
     jars = [
         touch(cache / "launcher" / "arrowbeat-launcher.jar"),
-        touch(cache / "jars" / f"delta-spark_2.13-{launch.DELTA_VERSION}.jar"),
-        touch(cache / "jars" / f"delta-storage-{launch.DELTA_VERSION}.jar"),
+        touch(cache / "jars" / f"delta-spark_4.2_2.13-{versions.DELTA_RELEASE}.jar"),
+        touch(cache / "jars" / f"delta-storage-{versions.DELTA_RELEASE}.jar"),
     ]
+    touch(cache / "jars" / f"delta-spark_4.1_2.13-{versions.DELTA_RELEASE}.jar")  # another Spark's
     assert launch.jar_paths() == [str(j) for j in jars]
     assert "spark.jars.packages" not in dict(launch.spark_settings(python="/venv/bin/python"))
+
+
+def test_each_spark_minor_gets_its_own_delta_artifact(no_jars: tuple[Path, Path]) -> None:
+    touch(no_jars[1] / "launcher" / "arrowbeat-launcher.jar")
+    for spark, artifact in (("4.0.5", "4.0"), ("4.1.4", "4.1"), ("4.2.1", "4.2")):
+        jars = launch.jar_paths(spark)
+        assert (
+            launch.delta_package(jars, spark)
+            == f"io.delta:delta-spark_{artifact}_2.13:{versions.DELTA_RELEASE}"
+        )
+
+
+def test_a_spark_without_a_delta_release_runs_without_delta_and_says_why(
+    no_jars: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    touch(no_jars[1] / "launcher" / "arrowbeat-launcher.jar")
+    monkeypatch.setattr(versions, "running_spark_version", lambda: "4.3.0")
+    settings = dict(launch.spark_settings(python="/venv/bin/python"))
+    assert "spark.jars.packages" not in settings and "spark.sql.extensions" not in settings
+    assert settings["spark.plugins"] == launch.PLUGIN_CLASS  # monitoring and the tables stay on
+    notice = " ".join(launch.notices())
+    assert "no release for Spark 4.3.0" in notice and "delta-rs" in notice
+    assert not [n for n in launch.notices(delta=False) if "Delta" in n]
 
 
 def test_arrowbeat_jars_is_taken_as_given_and_checked(no_jars: tuple[Path, Path], monkeypatch) -> None:

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from spark_plugin.compat import versions
 from tests.installed import ROOT, Installed, installed_wheel, spark_lock
 from tests.procs import APP_MARKER, end, ours
 
 __all__ = ["installed_wheel"]  # the session fixture, used by name below
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.spark]  # builds a wheel (javac) and runs spark-submit
 
 PRODUCT = {"heartbeat", "arrow_shuffle", "spark_plugin"}
 JAR = "spark_plugin/jars/arrowbeat-launcher.jar"
@@ -61,7 +62,13 @@ def test_conf_of_the_installed_wheel_names_its_jar_and_lets_spark_fetch_delta(
 ) -> None:
     flags = conf_flags(installed_wheel, tmp_path)
     assert flags[flags.index("--jars") + 1] == str(installed_wheel.site_packages / JAR)
-    assert flags[flags.index("--packages") + 1] == "io.delta:delta-spark_2.13:4.0.1"
+    spark = subprocess.run(
+        [str(installed_wheel.python), "-c", "import pyspark; print(pyspark.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert flags[flags.index("--packages") + 1] == versions.delta_jars(spark).coordinates[0]
     assert f"spark.arrowbeat.python={installed_wheel.python}" in flags
 
 
@@ -98,3 +105,33 @@ def test_spark_submit_from_the_installed_wheel_runs_the_plugin(
     assert report["same_rows"] and report["one_partition_per_key"], report
     assert report["delta_rows"] == 5
     assert report["spark_plugin"].startswith(str(installed_wheel.site_packages)), report
+
+
+@pytest.mark.parametrize("pyspark", ["4.0.5", "4.1.4", "4.2.1", "4.3.0"])
+def test_the_wheel_resolves_beside_every_supported_pyspark(installed_wheel: Installed, pyspark: str) -> None:
+    """A user's ``pip install pyspark==X arrowbeat-*.whl`` in a fresh venv: pip finds a set for
+    every supported Spark (no ``--no-deps``, nothing downgraded below the user's pick)."""
+    done = subprocess.run(
+        [
+            str(installed_wheel.python),
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "-q",
+            "--report",
+            "-",
+            f"pyspark=={pyspark}",
+            str(installed_wheel.wheel),
+        ],
+        capture_output=True,
+        text=True,
+        env=installed_wheel.env(),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    chosen = {
+        i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(done.stdout)["install"]
+    }
+    assert chosen["pyspark"] == pyspark and "arrowbeat" in chosen, chosen

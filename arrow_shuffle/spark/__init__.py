@@ -15,12 +15,17 @@ Modules, one role each:
 - ``pipelined`` and ``rendezvous``: the pipelined mode (map and reduce tasks in one stage; the
   driver's ``Rendezvous`` tells reducers where map tasks serve).
 - ``grouping``: Spark's grouping semantics over Arrow (nulls with nulls, NaN with NaN).
+- ``session``: what planning needs from the session (conf, application id, shuffle ids, default
+  parallelism), from a classic session's SparkContext or a Spark Connect session's conf and probe
+  jobs.
+- ``local_secret``: the agent hands the application secret to its own executor's workers, for
+  plans made from a Spark Connect session (which never sees it).
 
 Depends on the engine (``arrow_shuffle``), pyspark, ``heartbeat.clock`` and the plugin's
-settings, errors and tables (``spark_plugin.config``, ``spark_plugin.errors``,
-``spark_plugin.history``); the engine never imports this package back. Errors are the engine's
-(``arrow_shuffle.errors``), except a bad ``spark.arrowbeat.*`` setting: ``spark_plugin``'s
-``ConfigError``.
+settings, errors, tables and Connect shim (``spark_plugin.config``, ``spark_plugin.errors``,
+``spark_plugin.history``, ``spark_plugin.compat.connect``); the engine never imports this
+package back. Errors are the engine's (``arrow_shuffle.errors``), except a bad
+``spark.arrowbeat.*`` setting: ``spark_plugin``'s ``ConfigError``.
 """
 
 from arrow_shuffle.spark.dataframe import (

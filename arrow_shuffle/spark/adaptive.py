@@ -15,7 +15,7 @@ Pure functions of sizes and settings, so they are tested without Spark.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from arrow_shuffle.errors import ShuffleConfigError
@@ -72,15 +72,25 @@ def coalesce(sizes: Sequence[int], settings: CoalesceSettings) -> list[range]:
     return groups
 
 
-def settings_from_sql_conf(conf: Mapping[str, str], default_parallelism: int) -> CoalesceSettings:
-    """The coalescing settings from the session's SQL conf (Spark's keys and defaults)."""
+def settings_from_sql_conf(
+    conf: Mapping[str, str], default_parallelism: int | Callable[[], int]
+) -> CoalesceSettings:
+    """The coalescing settings from the session's SQL conf (Spark's keys and defaults).
+
+    ``default_parallelism`` may be a function, called only when the settings need it (with
+    ``parallelismFirst`` and no ``minPartitionNum``): finding it may cost a Spark job."""
     prefix = "spark.sql.adaptive."
     try:
         advisory = parse_bytes(conf.get(prefix + "advisoryPartitionSizeInBytes", "64m"))
         min_size = parse_bytes(conf.get(prefix + "coalescePartitions.minPartitionSize", "1m"))
         first = conf.get(prefix + "coalescePartitions.parallelismFirst", "true").strip().lower() == "true"
         explicit = conf.get(prefix + "coalescePartitions.minPartitionNum", "")
-        min_partitions = int(explicit) if explicit else default_parallelism
+        if explicit:
+            min_partitions = int(explicit)
+        elif not first:
+            min_partitions = 1  # unused: the target is the advisory size
+        else:
+            min_partitions = default_parallelism() if callable(default_parallelism) else default_parallelism
     except ValueError as exc:
         raise ShuffleConfigError(f"cannot read Spark's adaptive coalescing settings: {exc}") from exc
     return CoalesceSettings(advisory, min_size, first, max(1, min_partitions))

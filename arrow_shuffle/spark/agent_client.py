@@ -4,7 +4,8 @@ A Spark Python worker is a child of ``pyspark.daemon``, itself a child of the ex
 agent is another child of that JVM and its ``agent_service.MapOutputService`` writes
 ``<root>/<app>/agents/<jvm pid>.json``. Walking the worker's parent chain (a few steps) finds the
 file with no configuration and no guessing: the parent chain is the one fact that ties a worker
-to its executor. ``MapOutputClient`` then speaks the service's control channel (stage, unstage,
+to its executor. The file also names the agent's secret desk (``secret_of``), for tasks whose
+plan carries no secret. ``MapOutputClient`` then speaks the service's control channel (stage, unstage,
 release, metrics: typed calls of ``agent_service.AGENT_CONTROL`` over an engine
 ``control.ControlClient``); the driver uses it too, to release a shuffle in every agent. A reducer
 whose stream failed asks the agent ``report_lost`` (are these map outputs gone?).
@@ -44,11 +45,13 @@ from arrow_shuffle.errors import (
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.private_files import LogLimiter, check_id, check_private_dir, check_root, read_private_file
 from arrow_shuffle.spark.agent_service import AGENT_CONTROL, AGENTS, agent_file, app_dir
+from arrow_shuffle.spark.local_secret import NAME as DESK_NAME
+from arrow_shuffle.spark.local_secret import ancestors as parent_chain
+from arrow_shuffle.spark.local_secret import secret_from_agent
 from arrow_shuffle.transport import Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
-_MAX_DEPTH = 6
 MAX_AGENT_FILE_BYTES = 4096
 """An announcement is ~200 bytes; anything far larger is not one."""
 _ignored = LogLimiter(log)
@@ -65,6 +68,8 @@ class AgentInfo:
     dir: str
     spread: tuple[str, ...] = ()
     """Its folders on Spark's other local dirs of the executor (map outputs are spread over all)."""
+    secret_socket: str = ""
+    """Its secret desk's name (``local_secret``): where a task whose plan carries no secret gets it."""
 
     @property
     def output_dirs(self) -> tuple[str, ...]:
@@ -77,15 +82,6 @@ class AgentInfo:
     @property
     def control_address(self) -> tuple[str, int]:
         return (self.host, self.control_port)
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            # The command name (field 2) may contain spaces: the ppid follows the last ')'.
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def _field(data: dict[str, object], name: str, kind: type, path: str) -> object:
@@ -141,7 +137,10 @@ def read_agent_file(path: str, app: str) -> AgentInfo:
         raise UnsafePathError(
             f"discovery file {path}: spread is not a list of executor {executor_id}'s folders: not trusted"
         )
-    return AgentInfo(executor_id, host, data_port, control_port, folder, tuple(spread))
+    desk = data.get("secret_socket", "")
+    if not isinstance(desk, str) or (desk and not DESK_NAME.fullmatch(desk)):
+        raise UnsafePathError(f"discovery file {path}: secret_socket is not a desk's name: not trusted")
+    return AgentInfo(executor_id, host, data_port, control_port, folder, tuple(spread), desk)
 
 
 def _agents_folder(root: str, app_id: str) -> str | None:
@@ -192,13 +191,7 @@ def find_agent(
     Waits up to ``wait_s`` (on ``clock.monotonic()``) for its discovery file: the agent of the
     driver's own executor (local mode) starts its map-output service only once the driver has an
     application id."""
-    ancestors = []
-    pid = os.getpid()
-    for _ in range(_MAX_DEPTH):
-        pid = _parent(pid)
-        if pid <= 1:
-            break
-        ancestors.append(pid)
+    ancestors = parent_chain(os.getpid())
     roots = [root] if isinstance(root, str) else list(root)
     deadline = clock.monotonic() + wait_s
     while True:
@@ -240,6 +233,18 @@ def _find_in(root: str, app_id: str, ancestors: list[int], only_root: bool) -> A
         except UnsafePathError as exc:
             _ignored.warning(os.path.dirname(path), "ignoring an untrusted discovery file: %s", exc)
     return None
+
+
+def secret_of(agent: AgentInfo) -> str:
+    """The application secret, from this worker's own agent (``local_secret``): for a task whose
+    plan carries none (made from a Spark Connect session)."""
+    who = f"the shuffle agent of executor {agent.executor_id}"
+    if not agent.secret_socket:
+        raise ShuffleConfigError(
+            f"{who} offers no secret desk (an older arrowbeat on the executors, or its desk failed to "
+            "start: see the executor's log); shuffles from Spark Connect sessions need one"
+        )
+    return secret_from_agent(agent.secret_socket, who)
 
 
 class MapOutputClient:

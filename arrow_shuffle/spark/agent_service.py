@@ -24,7 +24,9 @@ One per executor agent, living exactly as long as the agent (and so the executor
   with the connection's session key after the mutual HMAC handshake; nothing is unpickled),
   spoken by ``agent_client.MapOutputClient``;
 - a discovery file ``<root>/<app>/agents/<jvm pid>.json`` so Python workers, children of the
-  same executor JVM, find it by walking their parent chain (``agent_client.find_agent``).
+  same executor JVM, find it by walking their parent chain (``agent_client.find_agent``);
+- a secret desk (``local_secret.SecretDesk``, named in the discovery file) that hands the
+  application secret to those workers only, for plans made without it (Spark Connect sessions).
 
 Where (``shuffle_roots``): on each executor's own local disks, found from the executor's side and
 never from a path computed on the driver. By default Spark's local directories of that executor
@@ -107,6 +109,7 @@ from arrow_shuffle.private_files import (
     resolve_inside,
     write_private_atomic,
 )
+from arrow_shuffle.spark.local_secret import SecretDesk
 from arrow_shuffle.spark.map_output import Segment, read_segments
 from arrow_shuffle.transport import Transport
 from arrow_shuffle.writer import RecordWriter
@@ -402,6 +405,12 @@ class MapOutputService:
         except BaseException:
             self.server.close()
             raise
+        self._desk: SecretDesk | None = None
+        if jvm_pid > 1:  # workers of plans without a secret (Spark Connect) ask for it here
+            try:
+                self._desk = SecretDesk(secret, jvm_pid)
+            except OSError as exc:
+                log.warning("no secret desk for this executor's workers (Connect shuffles fail): %s", exc)
         self._reaper = threading.Thread(target=self._reap_loop, name="shuffle-stage-reaper", daemon=True)
         self._reaper.start()
         self._announce()
@@ -447,6 +456,8 @@ class MapOutputService:
             "spread": list(self.dirs[1:]),
             "pid": os.getpid(),
         }
+        if self._desk is not None:
+            info["secret_socket"] = self._desk.name
         # Atomic (temp name, then rename): a worker never reads half a file.
         write_private_atomic(agent_file(self.root, self.app_id, self.jvm_pid), json.dumps(info).encode())
 
@@ -735,6 +746,8 @@ class MapOutputService:
             self._closed = True
             pids = list(self._staged)
         self.closed.set()
+        if self._desk is not None:
+            self._desk.close()
         self.control.close()
         for pid in pids:
             self.unstage(pid)

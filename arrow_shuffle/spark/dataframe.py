@@ -28,6 +28,17 @@ winning for the keys settable per query (``readHostLocalDisk``). A bad setting r
 module's ``ConfigError`` naming the key and the expected form; a bad call argument (unknown
 column, ``num_partitions=0``, unknown mode) raises the engine's ``ShuffleConfigError``.
 
+Spark Connect sessions (no SparkContext, no py4j, no accumulators; what the session is comes from
+``spark_plugin.compat.connect``): the application's settings are the session's conf, less the
+entries Spark withholds from clients (the secret: tasks get it from their own agent,
+``tasks.keyed``); a shuffle id is a probe job's stage id, offset above Spark's own shuffle ids
+(``session``); the map side runs when the function is called (as an adaptive shuffle's does) and
+its status rows are the map tasks' reports; ``release`` runs as one task inside the cluster.
+Reduce tasks report nowhere there, so ``shuffle_metrics`` gets the map side's rows only (written
+by ``release()``, not at exit).
+``mode="pipelined"`` and ``spark.arrowbeat.ssl.enabled`` are refused when called, naming what to
+use instead. ``map_in_arrow`` chains the same way on both.
+
 Life cycle: ``shuffle_of(out)`` is the shuffle's handle: ``release()`` (or ``with``) deletes its
 map outputs in every agent that reported one and appends its rows to the ``shuffle_metrics``
 Delta table; agents delete everything when their executor ends, and release forgotten shuffles
@@ -38,25 +49,26 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import logging
 import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from pyspark.accumulators import AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
-from arrow_shuffle.spark.adaptive import coalesce, route_keys, settings_from_sql_conf
+from arrow_shuffle.spark.adaptive import CoalesceSettings, coalesce, route_keys, settings_from_sql_conf
 from arrow_shuffle.spark.agent_client import MapOutputClient
 from arrow_shuffle.spark.map_output import check_keys
+from arrow_shuffle.spark.session import app_id, conf_entries, conf_value, default_parallelism, new_shuffle_id
 from arrow_shuffle.spark.tasks import (
+    REPORT_COLUMNS,
     STATUS_DDL,
     ShufflePlan,
     client_transport,
@@ -65,9 +77,14 @@ from arrow_shuffle.spark.tasks import (
     partition_consumer,
     passthrough,
     reduce_function,
+    release_function,
     server_transport,
+    unreported,
+    write_reports,
 )
-from spark_plugin.config import OPTIONS, ArrowBeatConfig, from_spark_conf, parse_duration
+from spark_plugin.compat.arrow_schema import to_arrow_schema
+from spark_plugin.compat.connect import is_connect, unsupported
+from spark_plugin.config import OPTIONS, ArrowBeatConfig, from_spark_conf, parse_duration, tables_root
 from spark_plugin.errors import ConfigError
 from spark_plugin.tls import from_config as tls_from_config
 
@@ -102,7 +119,10 @@ class ShuffleHandle:
         self.spark = spark
         self.plan = plan
         self.mode = mode
-        self._reports = spark.sparkContext.accumulator([], _ListParam())
+        self.connect = is_connect(spark)
+        """Made from a Spark Connect session: no accumulator, reports from the eager map side."""
+        self._reports = None if self.connect else spark.sparkContext.accumulator([], _ListParam())
+        self._collected: list[dict[str, Any]] = []
         self._written_keys: set[tuple[str, int, str, bool]] = set()
         self._lock = threading.Lock()
         self.released = False
@@ -117,16 +137,29 @@ class ShuffleHandle:
         return self.plan.shuffle_id
 
     def reporter(self) -> Callable[[dict[str, Any]], None]:
+        """What tasks call with their report: an accumulator's ``add``, or on Spark Connect (no
+        accumulators) nothing: the map side's reports come back as its status rows instead."""
         acc = self._reports
+        if acc is None:
+            return unreported
 
         def report(row: dict[str, Any]) -> None:
             acc.add([row])
 
         return report
 
+    def collected(self, reports: Iterable[dict[str, Any]]) -> None:
+        """Reports the driver rebuilt itself (the map side's, from its status rows on Spark Connect)."""
+        with self._lock:
+            self._collected.extend(reports)
+
     def reports(self) -> list[dict[str, Any]]:
-        """Every map and reduce task report received so far (successful task attempts only)."""
-        return list(self._reports.value)
+        """Every map and reduce task report received so far (successful task attempts only).
+
+        On Spark Connect only the map side's, rebuilt from the status rows collected when the
+        shuffle was made: reduce tasks, and map tasks Spark reruns later, report nowhere there."""
+        received = [] if self._reports is None else list(self._reports.value)
+        return received + list(self._collected)
 
     def agents(self) -> set[tuple[str, int]]:
         return {(str(r["control"][0]), int(r["control"][1])) for r in self.reports() if r["control"]}
@@ -138,7 +171,7 @@ class ShuffleHandle:
         DataFrame is evaluated: a second evaluation (or an accumulator update Spark applies twice)
         repeats a key already written and is dropped; a recomputed partition is a row of its own,
         marked ``recomputed``."""
-        from spark_plugin.history.shuffle_metrics import append_rows, tables_root_of
+        from spark_plugin.history.shuffle_metrics import append_rows
 
         with self._lock:
             everything = self.reports()
@@ -162,7 +195,7 @@ class ShuffleHandle:
             if not fresh:
                 return 0
             try:
-                append_rows(tables_root_of(self.spark), self.plan.app_id, self.shuffle_id, fresh)
+                append_rows(_tables_location(self.spark), self.plan.app_id, self.shuffle_id, fresh)
             except BaseException:
                 self._written_keys.difference_update(_metric_key(r) for r in fresh)
                 raise
@@ -177,6 +210,19 @@ class ShuffleHandle:
             if self.released:
                 return 0
             self.released = True
+        freed = self._release_from_cluster() if self.connect else self._release_from_here()
+        if self.persisted is not None:
+            with contextlib.suppress(Exception):  # the session may be stopping
+                self.persisted.unpersist()
+        try:
+            self.flush_metrics()
+        except Exception as exc:  # metrics must never turn a release into a failure
+            log.warning("shuffle_metrics rows of shuffle %s not written: %s", self.shuffle_id, exc)
+        _LIVE.discard(self)
+        return freed
+
+    def _release_from_here(self) -> int:
+        """The driver process calls each agent (it is in the cluster and holds the secret)."""
         freed = 0
         for address in sorted(self.agents()):
             try:
@@ -189,21 +235,40 @@ class ShuffleHandle:
                     freed += client.release(self.shuffle_id)
             except ShuffleError as exc:  # an agent that is gone took its data with it
                 log.info("release of shuffle %s: %s", self.shuffle_id, exc)
-        if self.persisted is not None:
-            with contextlib.suppress(Exception):  # the session may be stopping
-                self.persisted.unpersist()
-        try:
-            self.flush_metrics()
-        except Exception as exc:  # metrics must never turn a release into a failure
-            log.warning("shuffle_metrics rows of shuffle %s not written: %s", self.shuffle_id, exc)
-        _LIVE.discard(self)
         return freed
+
+    def _release_from_cluster(self) -> int:
+        """A Spark Connect client may be outside the cluster and never sees the secret: one task
+        calls the agents instead (``tasks.release_function``), keyed by its own agent."""
+        agents = sorted(self.agents())
+        if not agents:
+            return 0
+        try:
+            table = (
+                self.spark.range(0, 1, numPartitions=1)
+                .mapInArrow(release_function(self.plan, agents), "freed bigint")
+                .toArrow()
+            )
+        except Exception as exc:  # a stopped session: the agents' TTL and exit clean up
+            log.info("release of shuffle %s: its release task did not run: %s", self.shuffle_id, exc)
+            return 0
+        return int(sum(v or 0 for v in table.column("freed").to_pylist()))
 
     def __enter__(self) -> ShuffleHandle:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _tables_location(spark: SparkSession) -> Any:
+    """``spark.arrowbeat.tables.path`` of the application as this session sees it (on Spark
+    Connect, without the conf entries Spark withholds from clients, e.g. cloud credentials)."""
+    from spark_plugin.history.storage import locate
+
+    entries = conf_entries(spark)
+    root = tables_root(from_spark_conf(entries), dict(entries))
+    return root if isinstance(root, Path) else locate(root, dict(entries))
 
 
 def _metric_key(report: dict[str, Any]) -> tuple[str, int, str, bool]:
@@ -222,14 +287,25 @@ _LIVE: weakref.WeakSet[ShuffleHandle] = weakref.WeakSet()
 
 @atexit.register
 def _flush_at_exit() -> None:
+    """Metrics of shuffles never released, written at interpreter exit. Not those of Spark
+    Connect sessions: locating the tables asks the server, and a client's gRPC retries against a
+    server already gone would hold the exit for minutes."""
     for handle in list(_LIVE):
+        if handle.connect:
+            continue
         with contextlib.suppress(Exception):  # best effort: the session may be gone
             handle.flush_metrics()
 
 
+def _attached(df: DataFrame, name: str) -> Any:
+    """What this module attached to ``df`` under ``name``, or None. Read from the instance itself:
+    a Spark Connect DataFrame answers unknown attributes by asking the server for its columns."""
+    return getattr(df, "__dict__", {}).get(name)
+
+
 def shuffle_of(df: DataFrame) -> ShuffleHandle:
     """The shuffle behind a DataFrame returned by this module."""
-    handle = getattr(df, "_arrowbeat_shuffle", None)
+    handle = _attached(df, "_arrowbeat_shuffle")
     if not isinstance(handle, ShuffleHandle):
         raise ShuffleConfigError(
             "this DataFrame was not produced by arrow_shuffle.repartition/group_apply/partition_apply"
@@ -243,20 +319,6 @@ def release(df: DataFrame) -> int:
 
 
 # -- building the plan ---------------------------------------------------------------------------
-def _new_shuffle_id(spark: SparkSession) -> int:
-    """An id from the SparkContext's own shuffle-id counter (``SparkContext.newShuffleId``, public in
-    the JVM's bytecode): unique within the application, also across Python processes sharing one
-    SparkContext (notebooks); the application id namespaces everything on disk and on the wire.
-    Random ids could collide (they did at 31 bits)."""
-    try:
-        return int(spark.sparkContext._jsc.sc().newShuffleId())
-    except Exception:  # a Spark without it: this process's own counter, still unique per driver
-        return next(_next_shuffle_id)
-
-
-_next_shuffle_id = itertools.count(1 << 30)
-
-
 def _key(field: str) -> str:
     """The declared ``spark.arrowbeat.*`` key of an ``ArrowBeatConfig`` field."""
     return next(o.key for o in OPTIONS if o.field == field)
@@ -274,8 +336,10 @@ def shuffle_settings(spark: SparkSession) -> ArrowBeatConfig:
         value = spark.conf.get(key, None)
         if value:
             overrides[key] = str(value)
-    settings = from_spark_conf(spark.sparkContext.getConf().getAll(), overrides)
-    if not settings.secret:
+    settings = from_spark_conf(conf_entries(spark), overrides)
+    # Spark Connect never shows a client the secret: the driver-side process's address says the
+    # plugin is on, and the tasks get the secret from their agents.
+    if not settings.secret and not (is_connect(spark) and settings.rm_address):
         raise ConfigError(
             [
                 f"{_key('secret')} is unset: arrowbeat is not on in this application; "
@@ -316,11 +380,19 @@ def _plan(
     schema = to_arrow_schema(df.schema)
     check_keys(schema, list(key_columns))
     settings = shuffle_settings(spark)
+    if settings.ssl_enabled and is_connect(spark):
+        raise ShuffleConfigError(
+            unsupported(
+                "an arrowbeat shuffle with spark.arrowbeat.ssl.enabled=true",
+                "Spark Connect withholds the TLS key from clients and the tasks could not rebuild it",
+                "use a classic SparkSession for it, or Spark's own shuffle (df.repartition, groupBy)",
+            )
+        )
     plan = ShufflePlan(
-        app_id=spark.sparkContext.applicationId,
-        shuffle_id=_new_shuffle_id(spark),
+        app_id=app_id(spark),
+        shuffle_id=new_shuffle_id(spark),
         root=settings.shuffle_dir,  # resolved on each executor (shuffle_roots), as its user
-        secret=settings.secret,
+        secret=settings.secret,  # empty on Spark Connect: the tasks ask their agents (tasks.keyed)
         key_columns=tuple(key_columns),
         num_partitions=num_partitions,
         schema_ipc=schema.serialize().to_pybytes(),
@@ -335,7 +407,7 @@ def _plan(
 
 def _retry_wait_s(spark: SparkSession) -> float:
     """``spark.shuffle.io.retryWait`` (Spark reads it in seconds: a bare number is seconds)."""
-    text = spark.sparkContext.getConf().get("spark.shuffle.io.retryWait", "5s") or "5s"
+    text = conf_value(spark, "spark.shuffle.io.retryWait", "5s")
     try:
         return parse_duration(text, bare_unit="s")
     except ValueError:
@@ -405,6 +477,33 @@ def _check_pipelined(spark: SparkSession, source: DataFrame, num_partitions: int
     return maps
 
 
+def _reducer_rows(spark: SparkSession, num_partitions: int) -> DataFrame:
+    """One row per reduce task, in a plan that reports no output partitioning.
+
+    ``spark.range`` reports ``SinglePartition`` for one partition, and so does a one-partition map
+    side; Spark 4.1+ (``spark.sql.unionOutputPartitioning``, on by default) then runs a union of
+    such children partition by partition, putting the map task and its reducer in ONE task, which
+    waits on itself. An RDD scan reports an unknown partitioning, which never matches another, so
+    the union keeps its children's tasks apart on every version."""
+    rows = spark.sparkContext.parallelize([(i,) for i in range(num_partitions)], num_partitions)
+    return spark.createDataFrame(rows, "id bigint")
+
+
+def _check_one_stage(pipelined: DataFrame, maps: int, num_partitions: int) -> None:
+    """Refuse a plan Spark would not run as ``maps + num_partitions`` separate tasks.
+
+    Asks the planned RDD itself, so a future Spark that merges union partitions in a new way is
+    refused with a clear error instead of a map task waiting for reducers that run after it."""
+    tasks = pipelined.rdd.getNumPartitions()
+    if tasks != maps + num_partitions:
+        raise ShuffleConfigError(
+            f"mode='pipelined' needs its {maps} map and {num_partitions} reduce tasks as separate tasks "
+            f"of one stage, but this Spark plans their union as {tasks} tasks (it merges the union's "
+            "partitions, e.g. spark.sql.unionOutputPartitioning), so a map task would wait on reducers "
+            "that cannot run: use mode='materialized'"
+        )
+
+
 def _build(
     df: DataFrame,
     spark: SparkSession,
@@ -417,15 +516,16 @@ def _build(
     handle = ShuffleHandle(spark, plan, mode)
     report = handle.reporter()
     statuses: DataFrame
-    chained = getattr(df, "_arrowbeat_chain", None)
+    chained = _attached(df, "_arrowbeat_chain")
     if mode == "pipelined":
         from arrow_shuffle.spark.pipelined import pipelined_function
 
         source, pre = chained if chained is not None else (df, None)
         maps = _check_pipelined(spark, source, plan.num_partitions)
         fn = pipelined_function(plan, maps, _rendezvous(spark, plan).address, report, consume, pre)
-        reducers = spark.range(0, plan.num_partitions, numPartitions=plan.num_partitions)
+        reducers = _reducer_rows(spark, plan.num_partitions)
         pipelined: DataFrame = source.mapInArrow(fn, out_schema).union(reducers.mapInArrow(fn, out_schema))
+        _check_one_stage(pipelined, maps, plan.num_partitions)
         pipelined._arrowbeat_shuffle = handle  # type: ignore[attr-defined]
         return pipelined
     if chained is not None:  # run the producing mapInArrow inside the map task: no JVM in between
@@ -434,38 +534,59 @@ def _build(
     else:
         statuses = df.mapInArrow(map_function(plan, report), STATUS_DDL)
     tasks = plan.num_partitions
-    if adaptive and plan.num_partitions > 1:
-        statuses, tasks = _coalesced(spark, plan, handle, statuses)
+    coalesced = adaptive and plan.num_partitions > 1
+    if coalesced or handle.connect:  # Spark Connect: the map side's reports are its status rows
+        statuses, tasks = _eager_map_side(spark, plan, handle, statuses, coalesced)
     out = statuses.repartition(tasks, "rk").mapInArrow(reduce_function(plan, report, consume), out_schema)
     out._arrowbeat_shuffle = handle  # type: ignore[attr-defined]
     return out
 
 
-def _coalesced(
-    spark: SparkSession, plan: ShufflePlan, handle: ShuffleHandle, statuses: DataFrame
+def _eager_map_side(
+    spark: SparkSession, plan: ShufflePlan, handle: ShuffleHandle, statuses: DataFrame, coalesced: bool
 ) -> tuple[DataFrame, int]:
-    """Run the map side now and pack contiguous reduce partitions into tasks by their real sizes.
+    """Run the map side now; with ``coalesced``, pack contiguous reduce partitions into tasks by
+    their real sizes. Returns the status rows (re-routed to their coalesced task) and the number
+    of tasks.
 
-    What AQE does between query stages, done between the map side and the reduce side: the map
-    stage runs here, once (its status rows are persisted, so the reduce side and any later
-    evaluation read them instead of rerunning the maps; lost ones are recomputed from lineage,
-    with their map outputs). Returns the status rows re-routed to their coalesced task, and the
-    number of tasks."""
+    Packing is what AQE does between query stages, done between the map side and the reduce
+    side. The map stage runs here, once: its status rows are persisted, so the reduce side and
+    any later evaluation read them instead of rerunning the maps (lost ones are recomputed from
+    lineage, with their map outputs). On Spark Connect the map side always runs here: the rows
+    it collects are also the map tasks' reports (which agents hold outputs to release), since
+    there are no accumulators to carry them."""
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
-    settings = settings_from_sql_conf(_sql_conf(spark), spark.sparkContext.defaultParallelism)
+    settings = None
+    if coalesced:  # read before the maps run: a bad setting must not leave their outputs behind
+        settings = settings_from_sql_conf(_sql_conf(spark), lambda: default_parallelism(spark))
     statuses = statuses.persist(StorageLevel.MEMORY_AND_DISK)
     handle.persisted = statuses
-    sizes = [0] * plan.num_partitions
+    columns = list(REPORT_COLUMNS) if handle.connect else ["reduce", "bytes"]
     try:
-        # One stage: the map tasks themselves, their (map, reduce) sizes collected as they are
+        # One stage: the map tasks themselves, their (map, reduce) rows collected as they are
         # cached (an aggregation would add a shuffle and a stage for a few thousand numbers).
-        table = statuses.select("reduce", "bytes").toArrow()
+        table = statuses.select(*columns).toArrow()
     except BaseException:
         handle.release()  # nobody gets a handle to this shuffle: its outputs go now
         raise
-    for reducer, size in zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True):
+    if handle.connect:
+        handle.collected(write_reports(table))
+    if settings is None:
+        return statuses, plan.num_partitions
+    return _coalesced(plan, handle, statuses, table, settings)
+
+
+def _coalesced(
+    plan: ShufflePlan, handle: ShuffleHandle, statuses: DataFrame, table: pa.Table, settings: CoalesceSettings
+) -> tuple[DataFrame, int]:
+    """The status rows re-routed to contiguous groups of reduce partitions, packed by the sizes
+    in ``table`` (its ``reduce`` and ``bytes`` columns), and the number of groups."""
+    from pyspark.sql import functions as F
+
+    sizes = [0] * plan.num_partitions
+    reducers, bytes_ = table.column("reduce").to_pylist(), table.column("bytes").to_pylist()
+    for reducer, size in zip(reducers, bytes_, strict=True):
         sizes[int(reducer)] += int(size or 0)
     groups = coalesce(sizes, settings)
     keys = route_keys(len(groups))
@@ -491,7 +612,7 @@ def _struct(spark: SparkSession, schema: StructType | str) -> StructType:
 
 def map_in_arrow(
     df: DataFrame,
-    func: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]],
+    func: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     schema: StructType | str,
 ) -> DataFrame:
     """``df.mapInArrow(func, schema)`` that an arrowbeat shuffle after it *chains*.
@@ -514,6 +635,15 @@ def _partitions(
     (``spark.sql.adaptive.coalescePartitions.initialPartitionNum``, else
     ``spark.sql.shuffle.partitions``), as for Spark's shuffles."""
     spark = df.sparkSession
+    if mode == "pipelined" and is_connect(spark):
+        raise ShuffleConfigError(
+            unsupported(
+                "mode='pipelined'",
+                "its map tasks meet their readers at a rendezvous in the driver's Python process, "
+                "which a Spark Connect client is not",
+                "use mode='materialized' (the default)",
+            )
+        )
     n = num_partitions
     if n is None:
         initial = spark.conf.get("spark.sql.adaptive.coalescePartitions.initialPartitionNum", None)

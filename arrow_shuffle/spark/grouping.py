@@ -71,9 +71,7 @@ def _sorted_runs(components: Sequence[pa.Array], n: int) -> tuple[np.ndarray, np
         starts[:1] = True
         return np.arange(n, dtype=np.int64), starts
     table = pa.table({f"c{i}": c for i, c in enumerate(components)})
-    order = pc.sort_indices(
-        table, sort_keys=[(name, "ascending") for name in table.column_names], null_placement="at_end"
-    )
+    order = pc.sort_indices(table, sort_keys=[(name, "ascending") for name in table.column_names])
     starts = np.zeros(n, dtype=bool)
     starts[0] = True
     if n > 1:

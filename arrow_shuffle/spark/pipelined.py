@@ -1,9 +1,13 @@
 """``mode="pipelined"``: map tasks stream to running reduce tasks under credits, in one stage.
 
-Plan: ``df.mapInArrow(fn).union(range(R).mapInArrow(fn))`` is *one* stage of M + R tasks (a union
+Plan: ``df.mapInArrow(fn).union(rows(R).mapInArrow(fn))`` is *one* stage of M + R tasks (a union
 of narrow dependencies), so with M + R free slots all of them run at once and a map task blocked
 on credits has its readers running. The driver refuses up front when M + R exceeds the
 application's slots (Spark's barrier mode, which would guarantee co-scheduling, rejects unions).
+``rows(R)`` is an RDD scan, whose unknown partitioning keeps Spark 4.1+ from zipping the union's
+children partition by partition (``spark.sql.unionOutputPartitioning``: with M = R = 1 both sides
+report ``SinglePartition`` and the map and reduce task would become one task waiting on itself);
+the driver also checks the planned union has M + R partitions and refuses otherwise.
 
 Data path: each map task hosts an engine ``PartitionServer`` with a PIPELINED ``ResultPartition``
 (R subpartitions, bounded buffers: the writer blocks until reducers grant credit) in its own

@@ -22,6 +22,11 @@ a fetch failure, and Spark recomputes exactly the lost map partitions on live ex
 the reads resume; a read that fails fails the task with ``MapOutputLostError`` (naming executor
 and map partitions), and its retry goes through the same path.
 
+Spark Connect: a plan made from a Connect session carries no secret (the client never sees it),
+so a reduce task that streams gets it from its own agent (``keyed``); there being no accumulator
+and no driver inside the cluster, ``write_reports`` rebuilds the map tasks' reports from their
+status rows and ``release_function`` releases a shuffle from a task.
+
 Task timings come from an injected ``heartbeat.clock.Clock`` (monotonic).
 
 Paths: the shuffle roots are resolved where the task runs (``agent_service.shuffle_roots``: the
@@ -42,7 +47,7 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -53,7 +58,7 @@ from arrow_shuffle.errors import MapOutputLostError, SchemaMismatchError, Shuffl
 from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.private_files import check_id, check_private_dir
-from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, find_agent
+from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, find_agent, secret_of
 from arrow_shuffle.spark.agent_service import note_read, owned_output, shuffle_roots, spread_dir
 from arrow_shuffle.spark.grouping import iter_groups
 from arrow_shuffle.spark.map_output import MapOutputWriter, read_segments
@@ -76,11 +81,17 @@ STATUS_SCHEMA = pa.schema(
         ("bytes", pa.int64()),
         ("batches", pa.int64()),
         ("rows", pa.int64()),
+        ("spill_bytes", pa.int64()),
+        ("seconds", pa.float64()),
     ]
 )
+"""One row per (map partition, reduce partition). ``spill_bytes`` and ``seconds`` are the map
+task's own, repeated on each of its rows: with the others they make its write report where no
+accumulator carries one (``write_reports``)."""
 STATUS_DDL = (
     "rk bigint, reduce int, map int, attempt string, executor string, host string, data_port int, "
-    "control_port int, path string, segments string, bytes bigint, batches bigint, rows bigint"
+    "control_port int, path string, segments string, bytes bigint, batches bigint, rows bigint, "
+    "spill_bytes bigint, seconds double"
 )
 
 
@@ -95,6 +106,7 @@ class ShufflePlan:
     """``spark.arrowbeat.shuffle.dir`` as configured ("" for the default), resolved by each task
     with ``shuffle_roots`` on its own executor."""
     secret: str = field(repr=False)  # repr and str never show it (issue 13)
+    """Empty in a plan made from a Spark Connect session: its tasks ask their agent (``keyed``)."""
     key_columns: tuple[str, ...]
     num_partitions: int
     schema_ipc: bytes
@@ -153,6 +165,10 @@ class ReadStats:
 Report = Callable[[dict[str, Any]], None]
 
 
+def unreported(row: dict[str, Any]) -> None:
+    """The ``Report`` of a plan whose reports nobody collects (Spark Connect: no accumulators)."""
+
+
 def _task() -> tuple[int, str, int]:
     """``(partition, "stage.taskAttemptId.attemptNumber", stage)`` of the running task.
 
@@ -198,6 +214,7 @@ def map_function(
         finally:
             # Workers are reused and mimalloc keeps freed pages: hand them back between tasks.
             pa.default_memory_pool().release_unused()
+        seconds = clock.monotonic() - started
         report(
             {
                 "side": "write",
@@ -212,7 +229,7 @@ def map_function(
                 "rows": sum(o.rows for o in outputs),
                 "spill_bytes": writer.spill_bytes,
                 "blocked_s": 0.0,
-                "seconds": clock.monotonic() - started,
+                "seconds": seconds,
             }
         )
         r = plan.num_partitions
@@ -231,11 +248,57 @@ def map_function(
                 pa.array([o.bytes for o in outputs], pa.int64()),
                 pa.array([o.batches for o in outputs], pa.int64()),
                 pa.array([o.rows for o in outputs], pa.int64()),
+                pa.array([writer.spill_bytes] * r, pa.int64()),
+                pa.array([seconds] * r, pa.float64()),
             ],
             schema=STATUS_SCHEMA,
         )
 
     return run
+
+
+REPORT_COLUMNS = (
+    "map",
+    "reduce",
+    "attempt",
+    "executor",
+    "host",
+    "control_port",
+    "bytes",
+    "batches",
+    "rows",
+    "spill_bytes",
+    "seconds",
+)
+"""The status columns ``write_reports`` needs (what a driver collects of an eager map side)."""
+
+
+def write_reports(statuses: pa.Table) -> list[dict[str, Any]]:
+    """The map tasks' write reports, rebuilt from their status rows (``REPORT_COLUMNS``), one per
+    map attempt: what ``map_function`` reports through an accumulator, where there is none."""
+    reports: dict[tuple[int, str], dict[str, Any]] = {}
+    for row in statuses.select(list(REPORT_COLUMNS)).to_pylist():
+        key = (int(row["map"]), str(row["attempt"]))
+        found = reports.get(key)
+        if found is None:
+            found = reports[key] = {
+                "side": "write",
+                "partition": key[0],
+                "attempt": key[1],
+                "stage": int(key[1].split(".")[0]),
+                "recomputed": False,
+                "executor": row["executor"],
+                "control": [row["host"], int(row["control_port"])],
+                "bytes": 0,
+                "batches": 0,
+                "rows": 0,
+                "spill_bytes": int(row["spill_bytes"] or 0),
+                "blocked_s": 0.0,
+                "seconds": float(row["seconds"] or 0.0),
+            }
+        for column in ("bytes", "batches", "rows"):
+            found[column] += int(row[column] or 0)
+    return [reports[k] for k in sorted(reports)]
 
 
 def _checked(batches: Iterable[pa.RecordBatch], schema: pa.Schema, what: str) -> Iterator[pa.RecordBatch]:
@@ -314,6 +377,8 @@ def read_partitions(
                 stats.file_bytes += batch.nbytes
                 yield _count(stats, batch)
         except (OSError, ShuffleError) as exc:
+            with contextlib.suppress(ShuffleError):  # without the secret the owner is not told
+                plan = keyed(plan, me)
             raise lost_outputs(
                 plan,
                 [s],
@@ -322,6 +387,7 @@ def read_partitions(
             ) from exc
     if not streamed:
         return
+    plan = keyed(plan, me)
     clients: list[tuple[MapOutputClient, PartitionId]] = []
     specs = []
     try:
@@ -367,6 +433,42 @@ def read_partitions(
             with contextlib.suppress(ShuffleError):
                 client.unstage(pid)
             client.close()
+
+
+def keyed(plan: ShufflePlan, me: AgentInfo) -> ShufflePlan:
+    """``plan`` with the application secret: its own, or, for a plan made without one (from a
+    Spark Connect session, which never sees it), the one this worker's agent hands it."""
+    if plan.secret:
+        return plan
+    return replace(plan, secret=secret_of(me))
+
+
+def release_function(
+    plan: ShufflePlan, agents: Sequence[tuple[str, int]], clock: Clock = SYSTEM_CLOCK
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A task that releases the shuffle in every agent of ``agents`` and yields the bytes freed.
+
+    How a driver that cannot reach the agents itself (a Spark Connect client: outside the
+    cluster, without the secret) releases a shuffle: one task, inside the cluster, keyed by its
+    own executor's agent. An agent that is gone took its data with it."""
+
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for _ in batches:  # the one range row that made this task
+            pass
+        keyed_plan = keyed(plan, find_agent(shuffle_roots(plan.root), plan.app_id, clock=clock))
+        transport = client_transport(keyed_plan)
+        freed = 0
+        for host, port in agents:
+            try:
+                with MapOutputClient(
+                    (host, port), keyed_plan.secret, f"agent {host}:{port}", transport=transport
+                ) as client:
+                    freed += client.release(keyed_plan.shuffle_id)
+            except ShuffleError:
+                continue
+        yield pa.record_batch([pa.array([freed], pa.int64())], names=["freed"])
+
+    return run
 
 
 def _files_of(items: Sequence[dict[str, Any]]) -> list[tuple[str, list[tuple[int, int]]]]:

@@ -250,7 +250,11 @@ class HistoryWriter:
                     table = DeltaTable(pending.path, storage_options=self._options)
                     table.create_checkpoint()
                     table.cleanup_metadata()
-                    table.vacuum(dry_run=False)
+                    # full: also the files whose tombstones a checkpoint already dropped (every
+                    # checkpoint, the writes' automatic ones included, leaves out expired tombstones,
+                    # and the commits that held them are then cleaned up); the table's retention
+                    # still protects files younger than it, a concurrent writer's uncommitted ones too
+                    table.vacuum(dry_run=False, full=True)
                 except Exception as exc:  # a concurrent writer or reader may win; try next time
                     log.info(
                         "maintenance of %s skipped this round: %s", pending.path, self.location.scrub(exc)

@@ -11,8 +11,11 @@ from pyspark.sql import SparkSession
 from spark_plugin import configure
 
 
-def build_session(master: str, scratch: Path, name: str, conf: dict[str, str] | None = None) -> SparkSession:
-    """A session on ``master`` with arrowbeat and Delta on, small memory, no UI, dirs in ``scratch``."""
+def build_session(
+    master: str, scratch: Path, name: str, conf: dict[str, str] | None = None, delta: bool = True
+) -> SparkSession:
+    """A session on ``master`` with arrowbeat (and Delta, unless ``delta`` is False) on, small
+    memory, no UI, dirs in ``scratch``."""
     builder: Any = (
         SparkSession.builder.master(master)
         .appName(name)
@@ -23,7 +26,7 @@ def build_session(master: str, scratch: Path, name: str, conf: dict[str, str] | 
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch / 'derby'}")
     )
-    builder = configure(builder)
+    builder = configure(builder, delta=delta)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()  # type: ignore[no-any-return]

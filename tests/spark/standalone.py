@@ -235,7 +235,7 @@ class StandaloneCluster:
     def alive_hosts(self) -> set[str]:
         try:
             workers = self.state().get("workers", [])
-        except OSError:
+        except (OSError, ValueError):  # not serving yet, or an empty page while the Master starts
             return set()
         return {str(w["host"]) for w in workers if w.get("state") == "ALIVE"}
 

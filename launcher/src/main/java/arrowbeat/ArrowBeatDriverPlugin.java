@@ -1,5 +1,7 @@
 package arrowbeat;
 
+import arrowbeat.compat.SparkInternals;
+import arrowbeat.compat.SparkInternals.Internal;
 import java.util.HashMap;
 import java.util.Map;
 import java.util.regex.Pattern;
@@ -61,16 +63,43 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   private SparkContext sc;
   private SparkConf conf;
   private Map<String, String> settings;
+  /** The driver-side internals this Spark lacks, for the driver-side process (key to why). */
+  private Map<String, String> unavailable = Map.of();
   private String appId;
   private int restarts;
+
+  /** The running Spark's version, for the driver-side process's support check. */
+  static final String SPARK_VERSION = "arrowbeat.spark.version";
+
+  /** Can this jar's plugin run on Spark {@code version} at all (Spark 4 or later)? */
+  static boolean runsOn(String version) {
+    java.util.regex.Matcher major = Pattern.compile("^(\\d+)\\.").matcher(version);
+    return major.find() && Integer.parseInt(major.group(1)) >= 4;
+  }
 
   @Override
   public Map<String, String> init(SparkContext sc, PluginContext ctx) {
     Map<String, String> executorSettings = new HashMap<>();
+    if (!runsOn(sc.version())) {
+      // Before anything Spark 4-specific is touched. The supported minors are Python's to judge
+      // (spark_plugin/compat/versions.py, told the version below); a Spark before 4 cannot host
+      // this jar's plugin at all (Scala 2.13, Spark 4's plugin API).
+      LOG.error("arrowbeat supports Spark 4.0 to 4.3; this is Spark {}: arrowbeat stays off for this "
+          + "application (its jobs run as without it)", sc.version());
+      return executorSettings;
+    }
     try {
       this.sc = sc;
       conf = ctx.conf();
+      // Looked up first: the one warning about a missing internal comes before anything it affects.
+      unavailable = SparkInternals.unavailableSettings(Internal.KILL_AND_REPLACE_EXECUTOR);
+      LOG.info("arrowbeat driver plugin on Spark {}: {}", SparkInternals.sparkVersion(),
+          unavailable.isEmpty()
+              ? "every Spark internal it uses was found"
+              : "unavailable: "
+                  + String.join(", ", unavailable.keySet()).replace(SparkInternals.SETTING_PREFIX, ""));
       settings = Launch.settings(conf);
+      settings.put(SPARK_VERSION, sc.version());
       settings.put("spark.driver.host", conf.get("spark.driver.host", ""));
       settings.put("spark.dynamicAllocation.enabled", conf.get("spark.dynamicAllocation.enabled", "false"));
       String secret = settings.get(Launch.SECRET);
@@ -140,7 +169,7 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
         Sidecar.start(
             "driver",
             Launch.command(conf, "spark_plugin.driver"),
-            withHadoopSettings(settings),
+            driverSideSettings(settings),
             Launch.startupTimeoutMs(conf));
     started.onCommand(command -> handle(sc, command));
     started.onMetrics(metrics::accept);
@@ -154,16 +183,18 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   /**
    * The driver-side process writes the history tables, maybe to s3a/abfss/gs/hdfs: it gets the
    * application's {@code spark.hadoop.*} storage settings (credentials among them; the Sidecar's
-   * Redactor learns them from this map). The executors do not: {@link #init} hands them
+   * Redactor learns them from this map), and which driver-side Spark internals are unavailable
+   * ({@link SparkInternals#SETTING_PREFIX}). The executors get neither: {@link #init} hands them
    * {@link #settings} without these.
    */
-  private Map<String, String> withHadoopSettings(Map<String, String> base) {
+  private Map<String, String> driverSideSettings(Map<String, String> base) {
     Map<String, String> all = new java.util.LinkedHashMap<>(base);
     for (scala.Tuple2<String, String> kv : conf.getAll()) {
       if (kv._1().startsWith("spark.hadoop.")) {
         all.put(kv._1(), kv._2());
       }
     }
+    all.putAll(unavailable);
     return all;
   }
 
@@ -341,14 +372,14 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
     // HeartbeatReceiver kills from its own thread for the same reason).
     replacer.execute(
         () -> {
-          boolean accepted = replace(context, words[1]);
-          if (!accepted) { // only replacements that happen use up the budget
+          Replacement outcome = replace(context, words[1]);
+          if (outcome != Replacement.ACCEPTED) { // only replacements that happen use up the budget
             synchronized (lostReplacements) {
               lostReplacements.removeLastOccurrence(charged);
             }
           }
           LOG.warn("arrowbeat: executor {} lost its map outputs ({}); asked Spark to replace it: {}",
-              words[1], words[2], accepted ? "accepted" : "refused by the scheduler backend");
+              words[1], words[2], outcome.text);
         });
     return Boolean.TRUE;
   }
@@ -361,9 +392,8 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
    */
   private void handle(SparkContext sc, Command command) {
     if (Command.KILL_EXECUTOR.equals(command.verb())) {
-      boolean accepted = replace(sc, command.argument());
       LOG.warn("arrowbeat asked Spark to kill and replace executor {}: {}", command.argument(),
-          accepted ? "accepted" : "refused by the scheduler backend");
+          replace(sc, command.argument()).text);
     } else if (Command.KILL_TASK.equals(command.verb())) {
       long taskId = Long.parseLong(command.argument());
       // Off the protocol pump: killTaskAttempt takes the task scheduler's lock.
@@ -390,18 +420,34 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
    * Kill-and-replace, remembered so that Spark's removal of the executor is recorded as a
    * replacement arrowbeat asked for, not as a crash.
    */
-  private boolean replace(SparkContext context, String executorId) {
+  private Replacement replace(SparkContext context, String executorId) {
     replacing.add(executorId);
-    boolean accepted = false;
+    Replacement outcome = Replacement.REFUSED;
     try {
-      accepted = context.killAndReplaceExecutor(executorId);
+      outcome = SparkInternals.killAndReplaceExecutor(context, executorId)
+          .map(accepted -> accepted ? Replacement.ACCEPTED : Replacement.REFUSED)
+          .orElse(Replacement.UNAVAILABLE);
     } catch (RuntimeException e) {
       LOG.warn("arrowbeat: replacing executor {} failed: {}", executorId, e.toString());
     }
-    if (!accepted) {
+    if (outcome != Replacement.ACCEPTED) {
       replacing.remove(executorId);
     }
-    return accepted;
+    return outcome;
+  }
+
+  /** What became of a request to replace an executor, as the log says it. */
+  private enum Replacement {
+    ACCEPTED("accepted"),
+    REFUSED("refused by the scheduler backend"),
+    UNAVAILABLE("not possible on this Spark (" + Internal.KILL_AND_REPLACE_EXECUTOR.key()
+        + " is unavailable: see the warning at start-up)");
+
+    private final String text;
+
+    Replacement(String text) {
+      this.text = text;
+    }
   }
 
   @Override

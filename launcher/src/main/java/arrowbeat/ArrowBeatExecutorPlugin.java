@@ -1,5 +1,7 @@
 package arrowbeat;
 
+import arrowbeat.compat.SparkInternals;
+import arrowbeat.compat.SparkInternals.Internal;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -29,16 +31,12 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
   /**
    * This executor's own local directories as Spark resolved them (its block manager's folders),
    * joined with commas exactly as PySpark hands them to Python workers in SPARK_LOCAL_DIRS: agent
-   * and workers find one another there, with no path computed on the driver. Empty if unknown.
+   * and workers find one another there, with no path computed on the driver. Empty if unknown
+   * (a Spark whose internal changed: {@link SparkInternals} said so once).
    */
   static String localDirs() {
     try {
-      java.io.File[] dirs = SparkEnv.get().blockManager().diskBlockManager().localDirs();
-      StringBuilder joined = new StringBuilder();
-      for (java.io.File dir : dirs) {
-        joined.append(joined.length() == 0 ? "" : ",").append(dir.getPath());
-      }
-      return joined.toString();
+      return String.join(",", SparkInternals.executorLocalDirs().orElse(java.util.List.of()));
     } catch (RuntimeException e) {
       LOG.warn("arrowbeat: Spark's local dirs of this executor are unknown ({})", e.toString());
       return "";
@@ -57,13 +55,21 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
       SparkConf conf = ctx.conf();
       PluginMetrics metrics = PluginMetrics.forExecutor(ctx.metricRegistry());
       Map<String, String> settings = new LinkedHashMap<>(extraConf);
+      // Looked up first, so the one warning about a missing internal precedes what it affects.
+      settings.putAll(
+          SparkInternals.unavailableSettings(Internal.EXECUTOR_LOCAL_DIRS, Internal.EXECUTOR_HOST));
       String appId = conf.get("spark.app.id", "");
       settings.put("spark.app.id", appId);
       settings.put("arrowbeat.executor.id", ctx.executorID());
-      settings.put("arrowbeat.executor.host", executorHost(ctx));
+      Host host = executorHost(ctx);
+      settings.put("arrowbeat.executor.host", host.name());
       settings.put("arrowbeat.executor.cores", conf.get("spark.executor.cores", "1"));
       settings.put("arrowbeat.executor.jvm.pid", String.valueOf(ProcessHandle.current().pid()));
-      settings.put("arrowbeat.executor.local.dirs", localDirs());
+      String localDirs = localDirs();
+      settings.put("arrowbeat.executor.local.dirs", localDirs);
+      LOG.info(
+          "arrowbeat executor plugin on executor {} (Spark {}): host {} (from the {}), local dirs [{}]",
+          ctx.executorID(), SparkInternals.sparkVersion(), host.name(), host.source(), localDirs);
       sidecar =
           Sidecar.start(
               "agent-" + ctx.executorID(),
@@ -182,17 +188,36 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
     }
   }
 
+  /** This executor's host and where it came from (the log line at start-up says which). */
+  record Host(String name, String source) {}
+
   /**
-   * PluginContext.hostname() throws on non-local executors, where the block manager knows the
-   * host; on the driver's own executor (local mode) the block manager has no id yet at plugin init,
-   * and hostname() works.
+   * The host Spark's block manager registered this executor under. Before it has an id (the
+   * driver's own executor in local mode, at plugin init) PluginContext.hostname() works; on other
+   * executors that throws (their RPC environment has no address), and without the block manager's
+   * id (an internal missing) the last resort is what Spark itself starts from: SPARK_LOCAL_HOSTNAME,
+   * SPARK_LOCAL_IP, else this machine's address.
    */
-  private static String executorHost(PluginContext ctx) {
-    SparkEnv env = SparkEnv.get();
-    if (env != null && env.blockManager() != null && env.blockManager().blockManagerId() != null) {
-      return env.blockManager().blockManagerId().host();
+  private static Host executorHost(PluginContext ctx) {
+    java.util.Optional<String> registered = SparkInternals.blockManagerHost();
+    if (registered.isPresent()) {
+      return new Host(registered.get(), "block manager");
     }
-    return ctx.hostname();
+    try {
+      return new Host(ctx.hostname(), "plugin context");
+    } catch (RuntimeException e) {
+      for (String variable : new String[] {"SPARK_LOCAL_HOSTNAME", "SPARK_LOCAL_IP"}) {
+        String value = System.getenv(variable);
+        if (value != null && !value.isEmpty()) {
+          return new Host(value, variable + " variable");
+        }
+      }
+      try {
+        return new Host(java.net.InetAddress.getLocalHost().getHostAddress(), "local address");
+      } catch (java.net.UnknownHostException unknown) {
+        return new Host("localhost", "nothing else known");
+      }
+    }
   }
 
   /**

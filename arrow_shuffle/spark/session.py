@@ -1,0 +1,140 @@
+"""What planning a shuffle needs to know about its session, classic or Spark Connect.
+
+A classic session answers through its SparkContext (py4j). A Spark Connect session has none, so:
+
+- the application's conf is the session's (``spark.conf.getAll``: Spark copies the application's
+  ``SparkConf`` into every session's conf), minus what Spark Connect withholds from clients
+  (``spark.redaction.regex``: the arrowbeat secret, generated TLS keys, cloud credentials);
+- the application id is ``spark.app.id``;
+- a shuffle id comes from a one-task probe job: its stage id is unique in the application
+  (Spark's DAGScheduler numbers stages with one counter), offset by ``STAGE_IDS_FROM`` so it never
+  meets the ids ``SparkContext.newShuffleId`` hands out to classic sessions (counted up from 0);
+- the default parallelism is ``spark.default.parallelism`` if set, else the number of partitions
+  Spark gives ``spark.range`` (its leaf-node default parallelism), counted by the same probe.
+
+Which kind of session it is comes from ``spark_plugin.compat.connect``, never from a version.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
+from spark_plugin.compat.connect import is_connect
+
+log = logging.getLogger("arrowbeat.shuffle")
+
+STAGE_IDS_FROM = 1 << 30
+"""Shuffle ids made from stage ids start here: far above Spark's own shuffle-id counter, and with
+room below 2**31 (ids travel as int32) for 2**30 stages."""
+PROBE_ROWS = 1 << 16
+"""Rows of the parallelism probe's range: every one of its partitions gets some (at most this many)."""
+_PROBE_SCHEMA = "stage bigint, partition int"
+_warned_fallback = False
+
+
+def conf_entries(spark: Any) -> list[tuple[str, str]]:
+    """The application's conf as this session may see it: every entry, or (Spark Connect) every
+    entry Spark does not withhold from clients."""
+    if not is_connect(spark):
+        return [(str(k), str(v)) for k, v in spark.sparkContext.getConf().getAll()]
+    entries = getattr(spark.conf, "getAll", None)
+    if not isinstance(entries, dict):
+        raise ShuffleConfigError(
+            f"this Spark Connect session's conf has no getAll mapping (found {type(entries).__name__}): "
+            "arrowbeat cannot read the application's settings through it"
+        )
+    return [(str(k), str(v)) for k, v in entries.items() if v is not None]
+
+
+def app_id(spark: Any) -> str:
+    """The application id (``spark.app.id`` on Spark Connect)."""
+    if not is_connect(spark):
+        return str(spark.sparkContext.applicationId)
+    found = spark.conf.get("spark.app.id", None)
+    if not found:
+        raise ShuffleConfigError("this Spark Connect session does not show spark.app.id")
+    return str(found)
+
+
+def conf_value(spark: Any, key: str, default: str) -> str:
+    """One entry of the application's conf (``SparkConf`` classic, the session's on Connect)."""
+    if not is_connect(spark):
+        return str(spark.sparkContext.getConf().get(key, default) or default)
+    return str(spark.conf.get(key, default) or default)
+
+
+def _probe(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The probe's task: its stage id and partition (module level: pickled by reference)."""
+    from pyspark import TaskContext
+
+    for _ in batches:
+        pass
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise ShuffleError("the shuffle-id probe ran outside a Spark task")
+    yield pa.record_batch(
+        [pa.array([ctx.stageId()], pa.int64()), pa.array([ctx.partitionId()], pa.int32())],
+        names=["stage", "partition"],
+    )
+
+
+def probe(spark: Any, count_parallelism: bool = False) -> tuple[int, int]:
+    """Run one probe job: ``(a stage id of its own, partitions it had)``.
+
+    With ``count_parallelism`` the job is ``spark.range`` with Spark's default partitioning (one
+    task per partition); else one task."""
+    source = spark.range(0, PROBE_ROWS) if count_parallelism else spark.range(0, 1, numPartitions=1)
+    table = source.mapInArrow(_probe, _PROBE_SCHEMA).toArrow()
+    stages = set(table.column("stage").to_pylist())
+    if len(stages) != 1:
+        raise ShuffleError(f"the shuffle-id probe ran in stages {sorted(stages)}; expected one")
+    return int(stages.pop()), len(set(table.column("partition").to_pylist()))
+
+
+def shuffle_id_from_stage(stage: int) -> int:
+    """A shuffle id made from a stage id (``STAGE_IDS_FROM`` up), or ``ShuffleError`` past int32."""
+    if not 0 <= stage < (1 << 31) - STAGE_IDS_FROM:
+        raise ShuffleError(f"stage id {stage} leaves no room for a shuffle id below 2**31")
+    return STAGE_IDS_FROM + stage
+
+
+def new_shuffle_id(spark: Any) -> int:
+    """A shuffle id unique in the application.
+
+    Classic: the SparkContext's own counter (``SparkContext.newShuffleId``, public in the JVM's
+    bytecode), unique also across Python processes sharing one SparkContext (notebooks). Spark
+    Connect (or a JVM without that method, with one warning): a probe job's stage id, offset.
+    Random ids could collide (they did at 31 bits)."""
+    global _warned_fallback
+    if not is_connect(spark):
+        try:
+            return int(spark.sparkContext._jsc.sc().newShuffleId())
+        except Exception as exc:  # py4j raises its own types; any failure means: not there
+            if not _warned_fallback:
+                _warned_fallback = True
+                log.warning(
+                    "SparkContext.newShuffleId is not callable here (%s): arrowbeat numbers its "
+                    "shuffles by probe-job stage ids instead (one tiny job per shuffle)",
+                    type(exc).__name__,
+                )
+    stage, _ = probe(spark)
+    return shuffle_id_from_stage(stage)
+
+
+def default_parallelism(spark: Any) -> int:
+    """The application's default parallelism, as Spark's adaptive coalescing reads it."""
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    configured = spark.conf.get("spark.default.parallelism", None)
+    if configured:
+        try:
+            return max(1, int(str(configured)))
+        except ValueError:
+            pass  # Spark would refuse it too; count what it really does
+    _, partitions = probe(spark, count_parallelism=True)
+    return partitions
