@@ -87,10 +87,11 @@ test: setup lint $(CACHE)/.chromium
 	@$(MAKE) --no-print-directory matrix
 
 # The version matrix's other cells (one venv each under .cache/venvs/, from locks/<cell>.txt), each
-# running the tests marked `compat`. `make cell CELL=spark-4.3` runs one.
+# running the tests marked `compat`, MATRIX_JOBS cells at a time. `make cell CELL=spark-4.3` runs one.
 matrix: setup-jvm
-	@set -e; for cell in $$($(PYTHON) -m scripts.matrix list); do $(PYTHON) -m scripts.matrix run $$cell; done
+	$(PYTHON) -m scripts.matrix run-all --jobs $(MATRIX_JOBS)
 
+MATRIX_JOBS ?= 3
 CELL ?= spark-4.3
 cell: setup-jvm
 	$(PYTHON) -m scripts.matrix run $(CELL)

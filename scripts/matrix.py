@@ -10,6 +10,7 @@ cells.
     python -m scripts.matrix list                 the cells that run the compatibility subset
     python -m scripts.matrix venv CELL            create or refresh the cell's venv (cached by lock)
     python -m scripts.matrix run CELL [ARGS]      run the subset there (ARGS go to pytest)
+    python -m scripts.matrix run-all [--jobs N]   every non-primary cell, N at a time (default 3)
     python -m scripts.matrix lock CELL            re-resolve locks/CELL.txt from the cell's seeds
     python -m scripts.matrix delta-jars           the Delta jars (Maven coordinates) of every Spark minor
     python -m scripts.matrix table                the README's table of the cells
@@ -29,6 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = ROOT / "locks"
@@ -204,6 +206,43 @@ def run(c: Cell, pytest_args: list[str]) -> int:
     return done.returncode
 
 
+def run_all(cells: list[Cell], jobs: int) -> int:
+    """The compatibility subset of ``cells``, ``jobs`` cells at a time (each a Spark application
+    that mostly waits: on two cores three at once take little longer than one). Each cell's output
+    goes to ``.cache/matrix-logs/<cell>.log`` and is printed whole, in order, once all have run."""
+    for c in cells:
+        venv(c)  # pip, one at a time
+    logs = ROOT / ".cache" / "matrix-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    pending = list(cells)
+    running: list[tuple[Cell, IO[str], subprocess.Popen[bytes]]] = []
+    codes: dict[str, int] = {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            c = pending.pop(0)
+            out = (logs / f"{c.name}.log").open("w")
+            command = [sys.executable, "-m", "scripts.matrix", "run", c.name]
+            running.append(
+                (c, out, subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT))
+            )
+        for item in list(running):
+            if item[2].poll() is not None:
+                item[1].close()
+                codes[item[0].name] = item[2].returncode
+                running.remove(item)
+        time.sleep(0.5)
+    for c in cells:
+        print((logs / f"{c.name}.log").read_text(errors="replace"), end="", flush=True)
+    failed = sorted(name for name, code in codes.items() if code != 0)
+    print(
+        f"== matrix: {len(cells)} cells in {time.monotonic() - started:.0f} s, "
+        + (f"failed: {', '.join(failed)}" if failed else "all passed"),
+        flush=True,
+    )
+    return 1 if failed else 0
+
+
 def locked(c: Cell, package: str) -> str:
     """The version ``c``'s lock pins ``package`` at."""
     for line in c.lock.read_text().splitlines():
@@ -244,12 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("delta-jars")
     for name in ("venv", "lock"):
         sub.add_parser(name).add_argument("cell")
+    every = sub.add_parser("run-all")
+    every.add_argument("--jobs", type=int, default=3, help="cells at a time")
     runner = sub.add_parser("run")
     runner.add_argument("cell")
     runner.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "list":
         print(" ".join(c.name for c in CELLS if not c.primary))
+    elif args.command == "run-all":
+        return run_all([c for c in CELLS if not c.primary], max(1, args.jobs))
     elif args.command == "table":
         print(table())
     elif args.command == "delta-jars":
