@@ -47,7 +47,10 @@ def test_pythons_and_libraries_are_spread_across_the_cells() -> None:
 
 
 def test_every_lock_pins_its_seeds_and_meets_the_declared_ranges() -> None:
-    declared = [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    declared = [
+        Requirement(r)
+        for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    ]
     for cell in matrix.CELLS:
         locked = pins(cell)
         for seed in cell.seeds:
