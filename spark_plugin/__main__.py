@@ -38,11 +38,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(docs_table())
         return 0
-    support = versions.spark_support(versions.running_spark_version())
+    spark_version = versions.running_spark_version()
+    support = versions.spark_support(spark_version)
     if not support.runs:
         print(f"arrowbeat: {support.message}", file=sys.stderr)
         return 2
-    for notice in notices(delta=not args.no_delta):
+    for notice in notices(delta=not args.no_delta, spark_version=spark_version):
         print(f"arrowbeat: {notice}", file=sys.stderr)
     try:
         if args.command == "pack":

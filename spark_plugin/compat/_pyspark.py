@@ -6,7 +6,12 @@ Taken from the imported package, not from pip's metadata: an executor's workers 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 from spark_plugin.compat.versions import parse_version
+
+T = TypeVar("T")
 
 
 def imported_pyspark_version() -> str:
@@ -25,3 +30,13 @@ def minor_of(version: str) -> tuple[int, int] | None:
     except ValueError:
         return None
     return (parsed[0], parsed[1]) if len(parsed) >= 2 else None
+
+
+def recorded_for(table: Mapping[tuple[int, int], T], version: str, what: str) -> tuple[T | None, str]:
+    """``table``'s entry for ``version``'s minor and ``""``, or None and why: the one wording of
+    "a pyspark this shim has no record of" (``what`` names the part, e.g. ``"daemon"``)."""
+    minor = minor_of(version)
+    if minor is not None and minor in table:
+        return table[minor], ""
+    known = ", ".join(f"{a}.{b}" for a, b in table)
+    return None, f"pyspark {version} is not a version whose {what} arrowbeat knows ({known})"

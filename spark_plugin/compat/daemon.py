@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spark_plugin.compat._pyspark import imported_pyspark_version, minor_of
+from spark_plugin.compat._pyspark import imported_pyspark_version, recorded_for
 
 FULL_PRELOAD = ("pyspark.worker", "pyspark.sql.pandas.serializers", "pyarrow", "pandas")
 """What every Arrow task's worker imports anyway; optional ones may be missing."""
@@ -88,13 +88,9 @@ class ForkPlan:
 def fork_plan(daemon: Any, version: str | None = None) -> ForkPlan:
     """The plan for this pyspark ``version`` (default: the imported one) and its ``daemon`` module."""
     version = version or imported_pyspark_version()
-    minor = minor_of(version)
-    before = IMPORTS_WORKER_BEFORE_FORK.get(minor) if minor else None
+    before, unknown = recorded_for(IMPORTS_WORKER_BEFORE_FORK, version, "daemon")
     if before is None:
-        known = ", ".join(f"{a}.{b}" for a, b in IMPORTS_WORKER_BEFORE_FORK)
-        return ForkPlan(
-            (), False, False, f"pyspark {version} is not a version whose daemon arrowbeat knows ({known})"
-        )
+        return ForkPlan((), False, False, unknown)
     if hasattr(daemon, "worker_main") != before:
         recorded = "before" if before else "after"
         return ForkPlan(

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spark_plugin.compat._pyspark import imported_pyspark_version, minor_of
+from spark_plugin.compat._pyspark import imported_pyspark_version, recorded_for
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +64,9 @@ def find_task_start_hook(
     except Exception as exc:  # any failure to import is PySpark's to report, not ours
         return TaskStartHook(None, f"pyspark.worker cannot be imported here ({exc!r})")
     version = version or imported_pyspark_version()
-    minor = minor_of(version)
-    expected = SETUP_SPARK_FILES.get(minor) if minor else None
+    expected, unknown = recorded_for(SETUP_SPARK_FILES, version, "worker")
     if expected is None:
-        known = ", ".join(f"{a}.{b}" for a, b in SETUP_SPARK_FILES)
-        return TaskStartHook(
-            None, f"pyspark {version} is not a version whose worker arrowbeat knows ({known})"
-        )
+        return TaskStartHook(None, unknown)
     current = getattr(worker, HOOK, None)
     if not callable(current):
         return TaskStartHook(None, f"pyspark {version}'s worker has no {HOOK}")

@@ -63,7 +63,8 @@ def test_a_descendant_of_the_jvm_gets_the_secret(desk: SecretDesk) -> None:
 
 
 def test_a_process_outside_the_jvms_tree_is_refused() -> None:
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # not an ancestor
+    # A live process that is not an ancestor of this one: it waits for its stdin to close.
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     serving = SecretDesk(SECRET, other.pid)
     try:
         with pytest.raises(ShuffleAuthenticationError, match="refused this process"):
@@ -71,7 +72,8 @@ def test_a_process_outside_the_jvms_tree_is_refused() -> None:
         assert serving.handed == 0
     finally:
         serving.close()
-        other.kill()
+        assert other.stdin is not None
+        other.stdin.close()
         other.wait(timeout=30)
 
 
