@@ -61,7 +61,7 @@ demo: setup
 	  --conf spark.driver.extraJavaOptions=-Dderby.system.home=$(DEMO_WORK) \
 	  jobs/demo.py
 	@# The liveness report of the demo application (its frozen executor's timeout and re-registration).
-	$(PY) -m spark_plugin.cli report --tables $(DEMO_WORK)/warehouse/arrowbeat --app latest -o $(DEMO_WORK)/report.html
+	$(PY) -m spark_plugin.tools.cli report --tables $(DEMO_WORK)/warehouse/arrowbeat --app latest -o $(DEMO_WORK)/report.html
 	$(VENV)/bin/spark-submit $$($(PY) -m spark_plugin conf) \
 	  --master 'local-cluster[2,1,1024]' --conf spark.executor.memory=512m --conf spark.driver.memory=1g \
 	  --conf spark.ui.enabled=false --conf spark.log.level=WARN --conf spark.sql.warehouse.dir=$(DEMO_WORK)/warehouse \

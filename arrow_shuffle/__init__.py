@@ -1,4 +1,4 @@
-"""Arrow shuffle: a credit-based engine, and (in ``arrow_shuffle.spark``) its PySpark DataFrame API.
+"""Arrow shuffle: a credit-based engine for Arrow record batches; it knows nothing of Spark.
 
 The engine (every module directly in this package) knows nothing of Spark and imports neither
 pyspark nor ``spark_plugin``. A producer writes record batches into a ``ResultPartition``
@@ -17,12 +17,9 @@ peer timeout, time blocked on credit), the gate to its remote channels and their
 and its ``RecordWriter`` (flush timeout). Real waits (condition variables, socket ticks) only
 pace how often a decision is re-read from the clock, so tests drive a ``ManualClock``.
 
-``arrow_shuffle.spark`` holds everything Spark-specific (DataFrame API, task bodies, map-output
-files, the agent's map-output service and its client, the pipelined rendezvous). Its public
-DataFrame API is re-exported here lazily, so ``import arrow_shuffle`` needs no pyspark.
+The PySpark DataFrame API built on this engine (``repartition``, ``group_apply``, ...) lives in
+the plugin, one layer up: ``spark_plugin.shuffle``. Nothing here imports it back.
 """
-
-from typing import TYPE_CHECKING
 
 from arrow_shuffle.buffer_pool import NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
@@ -92,45 +89,31 @@ __all__ = [
     "ShuffleConfig",
     "ShuffleConfigError",
     "ShuffleError",
-    "ShuffleHandle",
     "ShuffleProtocolError",
     "SpillError",
     "column_partitioner",
-    "group_apply",
     "hash_partitioner",
-    "map_in_arrow",
-    "partition_apply",
-    "release",
-    "repartition",
-    "shuffle_of",
 ]
 
-if TYPE_CHECKING:  # the real import is lazy (``__getattr__``): no pyspark for engine users
-    from arrow_shuffle.spark import (
-        ShuffleHandle,
-        group_apply,
-        map_in_arrow,
-        partition_apply,
-        release,
-        repartition,
-        shuffle_of,
-    )
 
-_DATAFRAME_API = (
-    "group_apply",
-    "map_in_arrow",
-    "partition_apply",
-    "release",
-    "repartition",
-    "shuffle_of",
-    "ShuffleHandle",
+_MOVED_TO_PLUGIN = frozenset(
+    {
+        "group_apply",
+        "map_in_arrow",
+        "partition_apply",
+        "release",
+        "repartition",
+        "shuffle_of",
+        "ShuffleHandle",
+    }
 )
 
 
 def __getattr__(name: str) -> object:
-    """The PySpark DataFrame API, imported on first use so ``import arrow_shuffle`` needs no pyspark."""
-    if name in _DATAFRAME_API:
-        from arrow_shuffle import spark
-
-        return getattr(spark, name)
+    """Say where the DataFrame API lives, instead of a bare AttributeError (it never lived in the engine)."""
+    if name in _MOVED_TO_PLUGIN:
+        raise AttributeError(
+            f"arrow_shuffle is the engine only; the PySpark DataFrame API is in spark_plugin.shuffle: "
+            f"from spark_plugin.shuffle import {name}"
+        )
     raise AttributeError(f"module 'arrow_shuffle' has no attribute {name!r}")

@@ -31,7 +31,7 @@ original stays in ``__cause__``::
     └── MapOutputLostError                    (Spark side) map outputs a reduce task needs are gone
 
 Every error about a stream names the partition and the peer (``describe``). The Spark side
-(``arrow_shuffle.spark``) raises classes of this same tree (its control connections map
+(``spark_plugin.shuffle``) raises classes of this same tree (its control connections map
 ``OSError`` to ``PeerLostError`` too); ``MapOutputLostError`` is the one only it raises, chained
 to the engine error or ``OSError`` that revealed the loss. The heartbeat library
 (``heartbeat.errors``) and the plugin (``spark_plugin.errors``, e.g. a wrong
@@ -142,7 +142,7 @@ class UnsafeIdError(UnsafePathError):
 class MapOutputLostError(ShuffleError):
     """Map outputs a reduce task needs are gone (their executor or agent died).
 
-    Raised by ``arrow_shuffle.spark.tasks``, naming the executor and the map partitions; Spark's
+    Raised by ``spark_plugin.shuffle.tasks``, naming the executor and the map partitions; Spark's
     task retry then recomputes them."""
 
 

@@ -7,7 +7,7 @@ the subpartition, as the server does when a remote reader goes away.
 
 "Local" means same process, not same host: a reader in another process on the same host uses a
 ``RemoteInputChannel`` over loopback (the Spark path's host-local reads of map-output files from
-disk are a different thing again, in ``arrow_shuffle.spark.tasks``).
+disk are a different thing again, in ``spark_plugin.shuffle.tasks``).
 """
 
 from __future__ import annotations

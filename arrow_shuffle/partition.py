@@ -6,7 +6,7 @@ buffers stay in memory up to ``blocking_memory_bytes`` and are spilled to disk b
 they hold however much is written; they become readable once finished.
 
 These are the engine's two kinds (Flink's). The Spark DataFrame API does not use BLOCKING: its
-materialised mode writes map-output files (``arrow_shuffle.spark.map_output``) that the agent
+materialised mode writes map-output files (``spark_plugin.shuffle.map_output``) that the agent
 streams through PIPELINED partitions, and its streaming mode uses PIPELINED partitions directly.
 """
 

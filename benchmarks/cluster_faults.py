@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
-from arrow_shuffle import group_apply, shuffle_of
+from spark_plugin.shuffle import group_apply, shuffle_of
 from tests import conftest as _env  # noqa: F401  (loopback, venv python, test-run marker)
 from tests.procs import wait_until
 from tests.spark.history_read import rows

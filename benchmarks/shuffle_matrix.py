@@ -93,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(r) for r in args.rows.split(",")]
 
-    from arrow_shuffle import group_apply, partition_apply, release
+    from spark_plugin.shuffle import group_apply, partition_apply, release
 
     scratch = _env._SCRATCH
     load_before = os.getloadavg()
@@ -229,7 +229,7 @@ def _steps(
 
 
 def _spark_hash(ids: Any) -> Any:
-    """``arrow_shuffle.spark.adaptive.spark_hash_long`` over a numpy array of int64, vectorised."""
+    """``spark_plugin.shuffle.adaptive.spark_hash_long`` over a numpy array of int64, vectorised."""
     import numpy as np
 
     m = np.uint64(0xFFFFFFFF)

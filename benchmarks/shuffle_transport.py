@@ -178,11 +178,11 @@ def _engine_producer(
 
 
 def _tls_transport(material: Any, server: bool) -> Any:
-    """A TLS ``TcpTransport`` for ``material`` (a ``spark_plugin.tls.TlsMaterial``), or None."""
+    """A TLS ``TcpTransport`` for ``material`` (a ``spark_plugin.settings.tls.TlsMaterial``), or None."""
     if material is None:
         return None
     from arrow_shuffle.transport import TcpTransport
-    from spark_plugin import tls
+    from spark_plugin.settings import tls
 
     if server:
         return TcpTransport(server_context=tls.server_context(material))
@@ -221,7 +221,7 @@ def measure_engine(
     producers: int, consumers: int, total_per_producer: int, material: Any = None
 ) -> dict[str, float]:
     """M x N processes; returns aggregate GB/s (payload bytes over wall time) and peak RSS.
-    With ``material`` (``spark_plugin.tls.TlsMaterial``) every stream runs inside TLS."""
+    With ``material`` (``spark_plugin.settings.tls.TlsMaterial``) every stream runs inside TLS."""
     ctx = mp.get_context("spawn")
     go, stop = ctx.Event(), ctx.Event()
     report: Any = ctx.Queue()
@@ -376,7 +376,7 @@ def main() -> None:
         f"exclusive=2 floating={FLOATING}"
     )
 
-    from spark_plugin import tls
+    from spark_plugin.settings import tls
 
     material = tls.generate_self_signed()  # spark.arrowbeat.ssl.enabled's default certificate
     raw, channel, tls_channel, rss = [], [], [], []

@@ -125,7 +125,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from spark_plugin.sidecar import exit_process
+    from spark_plugin.jvm.sidecar import exit_process
 
     start = time.monotonic()
     code = main()

@@ -1,6 +1,6 @@
 """The build backend: setuptools', plus the launcher jar compiled into every wheel.
 
-A wheel must carry ``spark_plugin/jars/arrowbeat-launcher.jar`` (``spark_plugin.launch.jar_paths``
+A wheel must carry ``spark_plugin/jars/arrowbeat-launcher.jar`` (``spark_plugin.jvm.launch.jar_paths``
 finds it there), so ``build_py`` compiles ``launcher/src`` with ``javac --release 17`` against the
 oldest supported Spark's API jars, fetched by Maven (``launcher_jar``: the coordinates are in
 ``launcher_classpath.txt``, the same jars the Makefile uses), never against an installed pyspark:

@@ -62,7 +62,7 @@ def generated(spark: SparkSession, rows: int, parts: int, chained: bool = False)
     """The generated data; ``chained`` marks it for arrowbeat's map-side chaining (same rows)."""
     seeds = spark.range(0, parts, numPartitions=parts)
     if chained:
-        from arrow_shuffle import map_in_arrow
+        from spark_plugin.shuffle import map_in_arrow
 
         return map_in_arrow(seeds, generator(rows, parts), DATA_DDL)
     return seeds.mapInArrow(generator(rows, parts), DATA_DDL)
@@ -97,7 +97,7 @@ def run_noop(df: DataFrame) -> float:
 
 def pipelines(spark: SparkSession, rows: int, parts: int, reducers: int) -> dict[str, Callable[[], float]]:
     """The timed steps by name; each returns seconds. ``cached`` must be built first."""
-    from arrow_shuffle import group_apply, partition_apply, shuffle_of
+    from spark_plugin.shuffle import group_apply, partition_apply, shuffle_of
 
     state: dict[str, Any] = {}
 

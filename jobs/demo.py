@@ -27,8 +27,8 @@ import psutil
 from pyspark.sql import SparkSession
 
 from heartbeat.admin import list_executors
-from spark_plugin.config import ConfigError, from_spark_conf, parse_duration, tables_root
 from spark_plugin.jobs import executor_health
+from spark_plugin.settings.config import ConfigError, from_spark_conf, parse_duration, tables_root
 
 
 def wait_for(what: Callable[[], Any], timeout_s: float, interval_s: float = 0.1) -> Any:

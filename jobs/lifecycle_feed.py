@@ -11,19 +11,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from spark_plugin.history.wire_text import MAX_ID_CHARS, wire_text
+from spark_plugin.history.event_lines import format_event
 from spark_plugin.jobs.common import add_table_args, trigger_of
-
-
-def format_event(row: Any) -> str:
-    """One line per event, whatever the table holds: ids, host and detail (they came from the
-    wire, and the table may predate arrowbeat's own checks) pass ``wire_text``."""
-    detail = f" ({wire_text(row['detail'])})" if row["detail"] else ""
-    return (
-        f"{row['ts'].isoformat(timespec='milliseconds')} {wire_text(row['app_id'], MAX_ID_CHARS)} "
-        f"executor {wire_text(row['executor_id'], MAX_ID_CHARS)} on {wire_text(row['host'], MAX_ID_CHARS)}: "
-        f"{wire_text(row['event'], MAX_ID_CHARS)}{detail}"
-    )
 
 
 def start(

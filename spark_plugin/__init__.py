@@ -3,8 +3,8 @@
 ``configure(SparkSession.builder)`` or ``spark-submit $(python -m spark_plugin conf) ...``.
 """
 
-from spark_plugin.config import ArrowBeatConfig
 from spark_plugin.errors import ConfigError, PluginError
-from spark_plugin.launch import configure, spark_settings, submit_flags
+from spark_plugin.jvm.launch import configure, spark_settings, submit_flags
+from spark_plugin.settings.config import ArrowBeatConfig
 
 __all__ = ["ArrowBeatConfig", "ConfigError", "PluginError", "configure", "spark_settings", "submit_flags"]

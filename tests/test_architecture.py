@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("heartbeat", "arrow_shuffle", "spark_plugin")
+PACKAGES = ("heartbeat", "arrow_shuffle", "spark_plugin", "jobs")
+# setuptools installs jobs/ as ``spark_plugin.jobs`` ([tool.setuptools.package-dir]): an import by
+# that name is an import of the jobs layer, and is checked as one.
+PACKAGE_DIR_ALIASES = {"spark_plugin.jobs": "jobs"}
 
 
 def _module_name(path: Path) -> str:
@@ -24,6 +27,13 @@ def _module_name(path: Path) -> str:
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
+
+
+def _unalias(target: str) -> str:
+    for alias, real in PACKAGE_DIR_ALIASES.items():
+        if target == alias or target.startswith(alias + "."):
+            return real + target[len(alias) :]
+    return target
 
 
 def _modules() -> dict[str, Path]:
@@ -73,6 +83,7 @@ def _graph() -> dict[str, dict[str, int]]:
         tree = ast.parse(path.read_text(), str(path))
         edges: dict[str, int] = {}
         for target, line in _imports(tree, name, path.name == "__init__.py"):
+            target = _unalias(target)
             if target in modules and target != name:
                 edges.setdefault(target, line)
         graph[name] = edges
@@ -85,33 +96,51 @@ def _external_imports(module: str) -> set[str]:
     return {target for target, _ in _imports(tree, module, path.name == "__init__.py")}
 
 
-FOUNDATION_MODULES = ("spark_plugin.config", "spark_plugin.errors", "spark_plugin.tls")
-
-
 def _layer(module: str) -> str:
-    """The layer a module belongs to, bottom first (see README, Contributing)."""
+    """The room a module belongs to (see README, Contributing: the tree, bottom first)."""
+    parts = module.split(".")
     if module == "heartbeat.clock":
         return "clock"
-    if module.startswith("heartbeat"):
-        return "heartbeat"
-    if module.startswith("arrow_shuffle.spark"):
-        return "shuffle-spark"
-    if module.startswith("arrow_shuffle"):
+    if parts[0] in ("heartbeat", "jobs"):
+        return parts[0]
+    if parts[0] == "arrow_shuffle":
         return "engine"
-    if module in FOUNDATION_MODULES or module.startswith(("spark_plugin.history", "spark_plugin.compat")):
-        return "plugin-foundation"
-    return "plugin-processes"
+    if module == "spark_plugin.errors" or parts[1:2] in (["settings"], ["compat"]):
+        return "foundation"
+    if len(parts) == 1 or parts[1] == "__main__":
+        return "entry"
+    return parts[1]  # history, jvm, monitoring, shuffle, tools, processes
 
 
-# What each layer may import (besides itself); anything else is a dependency running the wrong way.
-ALLOWED = {
+# What each room may import (besides itself): anything else is a dependency running the wrong way.
+ALLOWED: dict[str, set[str]] = {
     "clock": set(),
     "heartbeat": {"clock"},
     "engine": {"clock"},
-    "plugin-foundation": {"clock", "heartbeat"},
-    "shuffle-spark": {"clock", "engine", "plugin-foundation"},
-    "plugin-processes": {"clock", "heartbeat", "engine", "shuffle-spark", "plugin-foundation"},
+    "foundation": {"clock", "heartbeat"},
+    "history": {"clock", "heartbeat", "foundation"},
+    "jvm": {"clock", "heartbeat", "engine", "foundation"},
+    "monitoring": {"clock", "heartbeat", "foundation", "history", "jvm"},
+    "shuffle": {"clock", "engine", "foundation", "history"},
+    "tools": {"clock", "heartbeat", "foundation", "history", "jvm"},
+    "processes": {
+        "clock",
+        "heartbeat",
+        "engine",
+        "foundation",
+        "history",
+        "jvm",
+        "monitoring",
+        "shuffle",
+        "tools",
+    },
+    "entry": {"foundation", "jvm", "tools"},
+    "jobs": {"clock", "heartbeat", "foundation", "history", "shuffle", "tools", "entry"},
 }
+
+
+def test_every_module_has_a_room() -> None:
+    assert {m: _layer(m) for m in _modules() if _layer(m) not in ALLOWED} == {}
 
 
 def test_dependencies_run_one_way() -> None:
@@ -121,17 +150,12 @@ def test_dependencies_run_one_way() -> None:
         for target, line in edges.items():
             there = _layer(target)
             if there != here and there not in ALLOWED[here]:
-                # The engine's package facade re-exports the DataFrame API lazily (PEP 562).
-                if module == "arrow_shuffle" and there == "shuffle-spark":
-                    continue
                 wrong.append(f"{module}:{line} ({here}) imports {target} ({there})")
     assert not wrong, "\n".join(wrong)
 
 
 def test_no_import_cycle() -> None:
     graph = _graph()
-    # The package facade's lazy re-export is an edge only when the attribute is used; leave it out.
-    graph["arrow_shuffle"] = {t: n for t, n in graph["arrow_shuffle"].items() if _layer(t) != "shuffle-spark"}
     state: dict[str, int] = {}
     path: list[str] = []
 
@@ -155,8 +179,8 @@ def test_no_import_cycle() -> None:
 def test_tls_material_needs_only_the_config_and_the_clock() -> None:
     """The TLS module is what the heartbeat library's and the engine's callers build contexts
     with: it must stay as light as the config (no history tables, no heartbeat library)."""
-    assert set(_graph()["spark_plugin.tls"]) <= {
-        "spark_plugin.config",
+    assert set(_graph()["spark_plugin.settings.tls"]) <= {
+        "spark_plugin.settings.config",
         "spark_plugin.errors",
         "heartbeat.clock",
     }
@@ -177,25 +201,27 @@ def test_heartbeat_and_engine_import_without_pyspark() -> None:
         "sys.modules['pyspark'] = None; sys.modules['py4j'] = None\n"
         f"for name in {SPARK_FREE!r}: importlib.import_module(name)\n"
         "loaded = sorted(m for m, v in sys.modules.items() if v is not None and "
-        "m.startswith(('pyspark', 'py4j', 'spark_plugin', 'arrow_shuffle.spark')))\n"
+        "m.startswith(('pyspark', 'py4j', 'spark_plugin', 'jobs')))\n"
         "assert not loaded, loaded\n"
-        "import arrow_shuffle\n"
-        "try:\n"
-        "    arrow_shuffle.group_apply\n"
-        "except ImportError:\n"
-        "    pass\n"
-        "else:\n"
-        "    raise SystemExit('the DataFrame API loaded without pyspark')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
 
 def test_dataframe_api_stays_importable_as_documented() -> None:
+    """The README's import line works, and the engine (which never imports the plugin) says where
+    the API went instead of a bare AttributeError."""
     code = (
-        "from arrow_shuffle import group_apply, map_in_arrow, partition_apply, release, repartition\n"
-        "from arrow_shuffle.spark import dataframe\n"
+        "from spark_plugin.shuffle import group_apply, map_in_arrow, partition_apply, release, repartition\n"
+        "from spark_plugin.shuffle import dataframe\n"
         "assert group_apply is dataframe.group_apply\n"
+        "import arrow_shuffle\n"
+        "try:\n"
+        "    arrow_shuffle.group_apply\n"
+        "except AttributeError as exc:\n"
+        "    assert 'spark_plugin.shuffle' in str(exc), exc\n"
+        "else:\n"
+        "    raise SystemExit('the engine re-exports the plugin')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -22,10 +22,11 @@ from typing import IO, Any
 import pytest
 
 from heartbeat import AgentThread, HeartbeatServices, ResourceManagerServer, RetryPolicy
-from spark_plugin import cli, tls
-from spark_plugin.__main__ import main as module_main
 from spark_plugin.history import HistoryWriter
 from spark_plugin.history.shuffle_metrics import append_rows
+from spark_plugin.settings import tls
+from spark_plugin.tools import cli
+from spark_plugin.tools.conf_command import main as module_main
 from tests.procs import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -252,7 +253,7 @@ def test_watch_refreshes_until_sigterm(rm: str) -> None:
     """``--watch`` in a subprocess: it prints refreshed tables and exits 0 on SIGTERM."""
     env = dict(os.environ, ARROWBEAT_SECRET=SECRET)
     with subprocess.Popen(
-        [sys.executable, "-m", "spark_plugin.cli", "executors", "--rm", rm, "--watch", "0.2"],
+        [sys.executable, "-m", "spark_plugin.tools.cli", "executors", "--rm", rm, "--watch", "0.2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -398,7 +399,7 @@ def test_events_follow_prints_new_rows_and_ends_on_sigterm(tables: Path) -> None
         [
             sys.executable,
             "-m",
-            "spark_plugin.cli",
+            "spark_plugin.tools.cli",
             "events",
             "--tables",
             str(tables),

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_plugin import launch, pack
 from spark_plugin.compat import versions
 from spark_plugin.errors import SetupError
+from spark_plugin.jvm import launch
+from spark_plugin.tools import pack
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("heartbeat", "arrow_shuffle", "spark_plugin")

@@ -21,9 +21,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import spark_plugin
-from arrow_shuffle import repartition
 from heartbeat.admin import list_executors
-from spark_plugin.config import from_spark_conf
+from spark_plugin.settings.config import from_spark_conf
+from spark_plugin.shuffle import repartition
 
 
 def main() -> int:

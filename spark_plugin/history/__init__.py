@@ -3,7 +3,7 @@
 Text from the wire (ids, hosts, event details) passes ``wire_text`` before it is recorded (and
 before the driver-side process logs it).
 
-Layering: this package imports only ``spark_plugin.config``, ``spark_plugin.errors`` and
+Layering: this package imports only ``spark_plugin.settings.config``, ``spark_plugin.errors`` and
 ``heartbeat.clock`` of arrowbeat, so the user's driver (the DataFrame API's shuffle metrics) can
 use it without loading the plugin's processes."""
 

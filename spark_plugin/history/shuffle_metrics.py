@@ -17,10 +17,10 @@ from typing import Any
 import pyarrow as pa
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
-from spark_plugin.config import from_spark_conf, tables_root
 from spark_plugin.errors import TablePathError
 from spark_plugin.history.storage import TablesLocation, locate
 from spark_plugin.history.tables import SHUFFLE_METRICS, open_table
+from spark_plugin.settings.config import from_spark_conf, tables_root
 
 
 def tables_root_of(spark: Any) -> Path | TablesLocation:

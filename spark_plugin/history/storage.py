@@ -31,14 +31,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spark_plugin.config import (
+from spark_plugin.errors import TablePathError
+from spark_plugin.settings.config import (
     TABLES_SCHEMES,
     ArrowBeatConfig,
     local_tables_path,
     tables_path_problem,
     tables_root,
 )
-from spark_plugin.errors import TablePathError
 
 HADOOP = "spark.hadoop."
 

@@ -29,13 +29,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_plugin.config import declared_default
-
 # Raised here; declared in the package's one exception tree (spark_plugin.errors).
 from spark_plugin.errors import HistoryTableError as HistoryTableError
 from spark_plugin.errors import IncompatibleTableError as IncompatibleTableError
 from spark_plugin.errors import TablePathError as TablePathError
 from spark_plugin.history.storage import TablesLocation, locate
+from spark_plugin.settings.config import declared_default
 
 TS = pa.timestamp("us", tz="UTC")
 

@@ -30,7 +30,6 @@ from typing import Any
 import pyarrow as pa
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
-from spark_plugin.config import declared_default
 from spark_plugin.history.storage import TablesLocation, locate
 from spark_plugin.history.tables import (
     DEFAULT_RETENTION_S,
@@ -41,6 +40,7 @@ from spark_plugin.history.tables import (
     open_table,
 )
 from spark_plugin.history.wire_text import MAX_DETAIL_CHARS, MAX_ID_CHARS, wire_text
+from spark_plugin.settings.config import declared_default
 
 log = logging.getLogger("arrowbeat.history")
 

@@ -83,6 +83,6 @@ def test_every_exception_of_the_package_lives_in_errors() -> None:
     ]
     assert not defined, defined
     pytest.importorskip("pyspark")
-    from arrow_shuffle.spark import tasks  # the Spark side raises the tree's class
+    from spark_plugin.shuffle import tasks  # the Spark side raises the tree's class
 
     assert vars(tasks)["MapOutputLostError"] is errors.MapOutputLostError

@@ -28,7 +28,7 @@ from arrow_shuffle.acceptor import HANDSHAKE_DEADLINE
 from arrow_shuffle.control import ControlClient, ControlServer
 from arrow_shuffle.errors import PeerLostError, ShuffleAuthenticationError, ShuffleError
 from arrow_shuffle.transport import TcpTransport
-from spark_plugin import tls
+from spark_plugin.settings import tls
 from tests.procs import wait_until
 from tests.security.attack import ECHO, handlers
 
@@ -188,7 +188,7 @@ def _client_hello() -> bytes:
 def test_the_pipelined_rendezvous_inside_tls(
     server_transport: TcpTransport, client_transport: TcpTransport
 ) -> None:
-    from arrow_shuffle.spark.rendezvous import Rendezvous, locate, register
+    from spark_plugin.shuffle.rendezvous import Rendezvous, locate, register
 
     rendezvous = Rendezvous(SECRET, config=FAST, transport=server_transport)
     try:

@@ -43,9 +43,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.functions import col, udf
 from pyspark.sql.pandas.functions import pandas_udf
 
-from arrow_shuffle import group_apply, repartition
 from spark_plugin.compat import versions
-from spark_plugin.launch import PYTHON_DAEMON_MODULE
+from spark_plugin.jvm.launch import PYTHON_DAEMON_MODULE
+from spark_plugin.shuffle import group_apply, repartition
 from tests.procs import ours, wait_until
 from tests.spark.history_read import rows
 from tests.spark.session import build_session, stop_session
@@ -185,8 +185,8 @@ def test_repartition_equals_spark(app: App) -> None:
 def test_each_worker_is_labelled_and_writes_its_stack_beside_sparks_faulthandler(app: App) -> None:
     def inspect_worker(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Imported here: the function travels by value and runs in the worker.
-        from spark_plugin.task_watch import handles_stack_signal
-        from spark_plugin.worker_label import STACK_SIGNAL, stack_path
+        from spark_plugin.jvm.worker_label import STACK_SIGNAL, stack_path
+        from spark_plugin.monitoring.executor_tasks import handles_stack_signal
 
         for _ in batches:
             pass

@@ -11,7 +11,7 @@ import pytest
 
 from heartbeat import AgentThread, HeartbeatError, ResourceManagerServer, RetryPolicy
 from heartbeat.admin import list_executors
-from spark_plugin import tls
+from spark_plugin.settings import tls
 
 from .conftest import FAST, SECRET
 from .fakes import Collector

@@ -1,6 +1,6 @@
 """Settings validation: the library takes a validated ``HeartbeatServices`` only, and an invalid
 setting names the parameter and its allowed range. (The ``spark.arrowbeat.heartbeat.*`` keys are
-declared and parsed in ``spark_plugin.config``, and tested in ``tests/spark_plugin``.)"""
+declared and parsed in ``spark_plugin.settings.config``, and tested in ``tests/spark_plugin``.)"""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_unset_settings_take_the_defaults_and_seconds_are_seconds() -> None:
 
 
 def test_the_library_declares_no_configuration_keys() -> None:
-    """Every spark.arrowbeat.* key is declared once, in spark_plugin.config."""
+    """Every spark.arrowbeat.* key is declared once, in spark_plugin.settings.config."""
     assert not hasattr(HeartbeatServices, "from_conf")
     for name in ("CONFIG_KEYS", "ConfigKey", "CONF_PREFIX"):
         assert not hasattr(heartbeat, name) and not hasattr(heartbeat.services, name)

@@ -18,9 +18,9 @@ import sys
 import pyarrow as pa
 
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.spark.agent_service import MapOutputService
-from arrow_shuffle.spark.map_output import MapOutputWriter
-from arrow_shuffle.spark.rendezvous import Rendezvous
+from spark_plugin.shuffle.agent_service import MapOutputService
+from spark_plugin.shuffle.map_output import MapOutputWriter
+from spark_plugin.shuffle.rendezvous import Rendezvous
 from tests.security.attack import APP
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])

@@ -36,9 +36,9 @@ from arrow_shuffle.errors import (
     ShuffleError,
 )
 from arrow_shuffle.frames import HEADER, MAGIC, ErrorCode, Kind
-from arrow_shuffle.spark.agent_client import MapOutputClient
 from arrow_shuffle.transport import TcpConnection
 from heartbeat.clock import ManualClock
+from spark_plugin.shuffle.agent_client import MapOutputClient
 from tests.procs import wait_until
 from tests.security.agent_proc import SCHEMA
 from tests.security.attack import ECHO, SECRET, RawPeer, handlers

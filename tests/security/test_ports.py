@@ -27,11 +27,11 @@ from arrow_shuffle.control import ControlClient
 from arrow_shuffle.errors import ControlMessageError, ShuffleAuthenticationError
 from arrow_shuffle.frames import ErrorCode, FrameHeader, Kind
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.spark import rendezvous
-from arrow_shuffle.spark.agent_client import MapOutputClient
-from arrow_shuffle.spark.agent_service import AGENT_CONTROL
-from arrow_shuffle.spark.rendezvous import RENDEZVOUS
 from arrow_shuffle.transport import TcpConnection
+from spark_plugin.shuffle import rendezvous
+from spark_plugin.shuffle.agent_client import MapOutputClient
+from spark_plugin.shuffle.agent_service import AGENT_CONTROL
+from spark_plugin.shuffle.rendezvous import RENDEZVOUS
 from tests.security.agent_proc import ROWS, SCHEMA
 from tests.security.attack import (
     APP,

@@ -29,19 +29,19 @@ from arrow_shuffle.private_files import (
     resolve_inside,
     write_private_atomic,
 )
-from arrow_shuffle.spark import agent_client, agent_service
-from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, announced_agents, find_agent
-from arrow_shuffle.spark.agent_service import (
+from arrow_shuffle.spill import SpillFile
+from heartbeat.clock import ManualClock
+from spark_plugin.shuffle import agent_client, agent_service
+from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, announced_agents, find_agent
+from spark_plugin.shuffle.agent_service import (
     MapOutputService,
     agent_file,
     default_root,
     shuffle_root,
     shuffle_roots,
 )
-from arrow_shuffle.spark.map_output import MapOutputWriter
-from arrow_shuffle.spark.tasks import ReadStats, ShufflePlan, map_function, read_partitions
-from arrow_shuffle.spill import SpillFile
-from heartbeat.clock import ManualClock
+from spark_plugin.shuffle.map_output import MapOutputWriter
+from spark_plugin.shuffle.tasks import ReadStats, ShufflePlan, map_function, read_partitions
 
 SECRET = "private-files-test-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])

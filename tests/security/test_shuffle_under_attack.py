@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from arrow_shuffle import group_apply, repartition, shuffle_of
-from arrow_shuffle.spark.agent_client import AgentInfo, announced_agents
+from spark_plugin.shuffle import group_apply, repartition, shuffle_of
+from spark_plugin.shuffle.agent_client import AgentInfo, announced_agents
 from tests.procs import wait_until
 from tests.security.attack import Siege
 from tests.spark.session import build_session, stop_session

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from arrow_shuffle.errors import ShuffleConfigError
-from arrow_shuffle.spark.adaptive import (
+from spark_plugin.shuffle.adaptive import (
     CoalesceSettings,
     coalesce,
     route_keys,

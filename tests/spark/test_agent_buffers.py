@@ -20,9 +20,9 @@ import pytest
 
 from arrow_shuffle import InputGate, NetworkBufferPool, RemoteChannelSpec, ShuffleConfig, ShuffleError
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.spark.agent_service import MapOutputService, note_read
-from arrow_shuffle.spark.map_output import MapOutputWriter
 from heartbeat.clock import ManualClock
+from spark_plugin.shuffle.agent_service import MapOutputService, note_read
+from spark_plugin.shuffle.map_output import MapOutputWriter
 from tests.procs import wait_until
 
 SECRET = "agent-buffers-secret-0123456789"

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 
 from arrow_shuffle import ControlRequestError, MapOutputLostError, ShuffleError
-from arrow_shuffle.spark.agent_client import MapOutputClient
-from arrow_shuffle.spark.agent_service import MapOutputService
-from arrow_shuffle.spark.map_output import MapOutputWriter
+from spark_plugin.shuffle.agent_client import MapOutputClient
+from spark_plugin.shuffle.agent_service import MapOutputService
+from spark_plugin.shuffle.map_output import MapOutputWriter
 
 SECRET = "lost-outputs-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64())])

@@ -23,9 +23,10 @@ import pytest
 from pyspark.errors import PythonException
 from pyspark.sql import DataFrame, SparkSession
 
-from arrow_shuffle import ShuffleConfigError, group_apply, partition_apply, repartition, shuffle_of
-from arrow_shuffle.spark.agent_client import MapOutputClient
+from arrow_shuffle import ShuffleConfigError
 from spark_plugin.errors import ConfigError
+from spark_plugin.shuffle import group_apply, partition_apply, repartition, shuffle_of
+from spark_plugin.shuffle.agent_client import MapOutputClient
 from tests.procs import ours, wait_until
 from tests.spark.session import build_session, stop_session
 
@@ -439,7 +440,7 @@ def test_python_workers_come_from_arrowbeats_daemon(cluster: tuple[SparkSession,
     from spark_plugin.compat.zipimport_cache import find_invalidate_caches
 
     spark, _ = cluster
-    assert spark.sparkContext.getConf().get("spark.python.daemon.module") == "spark_plugin.python_daemon"
+    assert spark.sparkContext.getConf().get("spark.python.daemon.module") == "spark_plugin.jvm.python_daemon"
     zip_patch = find_invalidate_caches()
     plan = fork_plan(pyspark_daemon)
     assert not plan.reason, plan.reason  # every supported minor has its plan recorded
@@ -450,7 +451,7 @@ def test_python_workers_come_from_arrowbeats_daemon(cluster: tuple[SparkSession,
         .collect()
     )
     assert len(facts) == 8
-    assert {r.main for r in facts} == {"spark_plugin.python_daemon"}
+    assert {r.main for r in facts} == {"spark_plugin.jvm.python_daemon"}
     assert {r.patched for r in facts} == {zip_patch.original is not None}, zip_patch.reason
     full = 50_000  # pyspark, pyarrow and pandas frozen: far more objects than this
     if not plan.freeze_in_worker:  # everything preloaded and frozen before the first fork

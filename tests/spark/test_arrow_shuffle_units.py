@@ -1,7 +1,7 @@
 """The DataFrame shuffle's pieces without Spark: map-output files, grouping, the agent's
 ``MapOutputService`` (staging over the real engine transport, release, TTL on a ``ManualClock``),
 agent discovery and the rendezvous (deadlines on a ``ManualClock``), the reduce read, and the
-driver's settings and modes (a fake session: settings come through ``spark_plugin.config``)."""
+driver's settings and modes (a fake session: settings come through ``spark_plugin.settings.config``)."""
 
 from __future__ import annotations
 
@@ -27,20 +27,20 @@ from arrow_shuffle import (
     ShuffleConfigError,
     ShuffleError,
 )
-from arrow_shuffle.spark import dataframe
-from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, find_agent
-from arrow_shuffle.spark.agent_service import MapOutputService
-from arrow_shuffle.spark.grouping import iter_groups
-from arrow_shuffle.spark.map_output import MapOutputWriter, check_keys, read_segments, route
-from arrow_shuffle.spark.tasks import (
+from heartbeat.clock import ManualClock
+from spark_plugin.errors import ConfigError
+from spark_plugin.shuffle import dataframe
+from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, find_agent
+from spark_plugin.shuffle.agent_service import MapOutputService
+from spark_plugin.shuffle.grouping import iter_groups
+from spark_plugin.shuffle.map_output import MapOutputWriter, check_keys, read_segments, route
+from spark_plugin.shuffle.tasks import (
     ReadStats,
     ShufflePlan,
     group_consumer,
     read_partitions,
     reads_from_disk,
 )
-from heartbeat.clock import ManualClock
-from spark_plugin.errors import ConfigError
 from tests.procs import wait_until
 
 SECRET = "unit-test-secret-0123456789"
@@ -343,7 +343,7 @@ def test_find_agent_gives_up_at_its_deadline_naming_where_it_looked(tmp_path: Pa
 
 
 def test_rendezvous_tells_reducers_where_maps_are_and_times_out_on_its_clock() -> None:
-    from arrow_shuffle.spark import rendezvous
+    from spark_plugin.shuffle import rendezvous
 
     clock = WatchedClock()
     driver = rendezvous.Rendezvous(SECRET, clock=clock)

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from spark_plugin.history import locate
-from spark_plugin.report import applications
+from spark_plugin.tools.report import applications
 from tests.procs import ours, wait_until
 from tests.spark.submit import SubmittedApp
 

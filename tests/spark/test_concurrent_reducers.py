@@ -27,16 +27,10 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from arrow_shuffle import (
-    InputGate,
-    NetworkBufferPool,
-    RemoteChannelSpec,
-    ShuffleConfig,
-    repartition,
-    shuffle_of,
-)
-from arrow_shuffle.spark.agent_client import MapOutputClient
-from arrow_shuffle.spark.map_output import MapOutputWriter
+from arrow_shuffle import InputGate, NetworkBufferPool, RemoteChannelSpec, ShuffleConfig
+from spark_plugin.shuffle import repartition, shuffle_of
+from spark_plugin.shuffle.agent_client import MapOutputClient
+from spark_plugin.shuffle.map_output import MapOutputWriter
 from tests.procs import wait_until
 from tests.spark.session import build_session, stop_session
 

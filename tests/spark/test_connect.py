@@ -22,13 +22,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from arrow_shuffle import group_apply, map_in_arrow, partition_apply, repartition, shuffle_of
 from arrow_shuffle.errors import ShuffleConfigError
-from arrow_shuffle.spark.agent_client import MapOutputClient
-from arrow_shuffle.spark.session import STAGE_IDS_FROM
 from heartbeat.admin import list_executors
 from spark_plugin.compat.connect import is_connect
-from spark_plugin.launch import spark_settings
+from spark_plugin.jvm.launch import spark_settings
+from spark_plugin.shuffle import group_apply, map_in_arrow, partition_apply, repartition, shuffle_of
+from spark_plugin.shuffle.agent_client import MapOutputClient
+from spark_plugin.shuffle.session import STAGE_IDS_FROM
 from tests.procs import APP_MARKER, end, ours, wait_until
 from tests.spark.history_read import events, rows
 
@@ -209,8 +209,8 @@ def test_the_servers_executors_register_and_the_rm_lists_them(server: ConnectSer
         return sorted(e.executor_id for e in list_executors(rm, SECRET) if e.state == "RUNNING")
 
     assert wait_until(lambda: running() == ["0", "1"], 120), running()
-    assert len(ours("spark_plugin.executor", server.marker)) == 2
-    assert len(ours("spark_plugin.driver", server.marker)) == 1
+    assert len(ours("spark_plugin.processes.executor", server.marker)) == 2
+    assert len(ours("spark_plugin.processes.driver", server.marker)) == 1
 
     def registered() -> set[str]:
         return {e for e, kind in events(server.tables) if kind == "REGISTERED"}

@@ -22,17 +22,17 @@ from arrow_shuffle.errors import (
     UnsafePathError,
 )
 from arrow_shuffle.private_files import write_private_atomic
-from arrow_shuffle.spark import session
-from arrow_shuffle.spark.agent_client import read_agent_file, secret_of
-from arrow_shuffle.spark.agent_service import MapOutputService, agent_file, app_dir
-from arrow_shuffle.spark.local_secret import SecretDesk, secret_from_agent
-from arrow_shuffle.spark.tasks import REPORT_COLUMNS, STATUS_SCHEMA, write_reports
 from spark_plugin.compat.connect import is_connect
+from spark_plugin.shuffle import session
+from spark_plugin.shuffle.agent_client import read_agent_file, secret_of
+from spark_plugin.shuffle.agent_service import MapOutputService, agent_file, app_dir
+from spark_plugin.shuffle.local_secret import SecretDesk, secret_from_agent
+from spark_plugin.shuffle.tasks import REPORT_COLUMNS, STATUS_SCHEMA, write_reports
 
 SECRET = "a-secret-of-the-application-0123456789"
 CHILD = (
     "import sys\n"
-    "from arrow_shuffle.spark.local_secret import secret_from_agent\n"
+    "from spark_plugin.shuffle.local_secret import secret_from_agent\n"
     "from arrow_shuffle.errors import ShuffleError\n"
     "try:\n"
     "    print('GOT', secret_from_agent(sys.argv[1], 'the test agent'))\n"

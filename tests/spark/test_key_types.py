@@ -34,7 +34,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from arrow_shuffle import ShuffleConfigError, group_apply, partition_apply, repartition, shuffle_of
+from arrow_shuffle import ShuffleConfigError
+from spark_plugin.shuffle import group_apply, partition_apply, repartition, shuffle_of
 
 pytestmark = pytest.mark.spark
 ROWS = 2400

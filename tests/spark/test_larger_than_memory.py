@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
-from arrow_shuffle import partition_apply, shuffle_of
+from spark_plugin.shuffle import partition_apply, shuffle_of
 from tests.procs import ours
 from tests.spark.session import build_session, stop_session
 

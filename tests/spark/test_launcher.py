@@ -50,7 +50,9 @@ def fast_cluster_app(scratch: Path, name: str) -> tuple[SubmittedApp, Path, Path
 
 
 def agent_of(executor_jvm: psutil.Process) -> psutil.Process:
-    agents = [c for c in executor_jvm.children() if "spark_plugin.executor" in " ".join(c.cmdline())]
+    agents = [
+        c for c in executor_jvm.children() if "spark_plugin.processes.executor" in " ".join(c.cmdline())
+    ]
     assert len(agents) == 1, f"executor pid {executor_jvm.pid} has agents {agents}"
     return agents[0]
 
@@ -63,7 +65,7 @@ def test_one_agent_per_executor_each_follows_its_jvm(scratch: Path) -> None:
         assert ready["executors"] == 2
 
         # The driver-side process runs and its RM port answers.
-        assert len(ours("spark_plugin.driver", app.marker)) == 1
+        assert len(ours("spark_plugin.processes.driver", app.marker)) == 1
         with grpc.insecure_channel(ready["rm_address"]) as channel:
             grpc.channel_ready_future(channel).result(timeout=10)
 
@@ -71,7 +73,7 @@ def test_one_agent_per_executor_each_follows_its_jvm(scratch: Path) -> None:
         executors = ours("CoarseGrainedExecutorBackend", app.marker)
         assert len(executors) == 2
         agents = {jvm.pid: agent_of(jvm) for jvm in executors}
-        assert len(ours("spark_plugin.executor", app.marker)) == 2
+        assert len(ours("spark_plugin.processes.executor", app.marker)) == 2
         assert wait_until(lambda: {e for e, k in events(tables) if k == "REGISTERED"} == {"0", "1"}, 30)
         assert wait_until(lambda: {r["executor_id"] for r in rows(tables, "heartbeats")} == {"0", "1"}, 30)
         beat = rows(tables, "heartbeats")[-1]
@@ -133,12 +135,12 @@ def test_a_dead_driver_side_process_is_restarted_and_recovers_its_executors(scra
     try:
         ready = app.wait_for("APP-READY ", timeout_s=180)
         assert wait_until(lambda: {e for e, k in events(tables) if k == "REGISTERED"} == {"0", "1"}, 30)
-        (first,) = ours("spark_plugin.driver", app.marker)
+        (first,) = ours("spark_plugin.processes.driver", app.marker)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
 
         def restarted() -> list[psutil.Process]:
-            return [p for p in ours("spark_plugin.driver", app.marker) if p.pid != first.pid]
+            return [p for p in ours("spark_plugin.processes.driver", app.marker) if p.pid != first.pid]
 
         assert wait_until(lambda: len(restarted()) == 1, 30), app.log_tail()
         with grpc.insecure_channel(ready["rm_address"]) as channel:
@@ -165,7 +167,7 @@ def test_the_driver_side_process_follows_a_killed_driver_jvm(scratch: Path) -> N
     app = SubmittedApp(APPS / "hold_app.py", "local[1]", scratch, args=[str(go)])
     try:
         assert app.wait_for("APP-READY ", timeout_s=120)["rm_address"]
-        (driver_side,) = ours("spark_plugin.driver", app.marker)
+        (driver_side,) = ours("spark_plugin.processes.driver", app.marker)
         jvm = psutil.Process(app.proc.pid)
         assert "SparkSubmit" in " ".join(jvm.cmdline()) and driver_side.ppid() == jvm.pid
         jvm.send_signal(signal.SIGKILL)

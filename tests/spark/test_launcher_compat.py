@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_plugin.launch import jar_paths
-from spark_plugin.sidecar import JVM_UNAVAILABLE, unavailable_internals
+from spark_plugin.jvm.launch import jar_paths
+from spark_plugin.jvm.sidecar import JVM_UNAVAILABLE, unavailable_internals
 from tests.procs import wait_until
 from tests.spark.history_read import events, rows
 from tests.spark.submit import SubmittedApp, executor_dirs

@@ -20,17 +20,17 @@ import pyarrow as pa
 import pytest
 
 from arrow_shuffle.errors import ShuffleConfigError, UnsafePathError
-from arrow_shuffle.spark.agent_client import announced_agents, find_agent
-from arrow_shuffle.spark.agent_service import (
+from heartbeat.clock import ManualClock
+from spark_plugin.settings.config import ConfigError, load
+from spark_plugin.shuffle.agent_client import announced_agents, find_agent
+from spark_plugin.shuffle.agent_service import (
     PORT_TRIES,
     MapOutputService,
     bind_from,
     owned_output,
     spread_dir,
 )
-from arrow_shuffle.spark.map_output import MapOutputWriter
-from heartbeat.clock import ManualClock
-from spark_plugin.config import ConfigError, load
+from spark_plugin.shuffle.map_output import MapOutputWriter
 from tests.spark.submit import SubmittedApp
 
 APP = "app-dirs"

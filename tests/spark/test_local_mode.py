@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 from pyspark.sql import SparkSession
 
-from arrow_shuffle import repartition, shuffle_of
 from heartbeat.admin import list_executors
+from spark_plugin.shuffle import repartition, shuffle_of
 from tests.procs import wait_until
 
 pytestmark = pytest.mark.spark

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from arrow_shuffle import group_apply, shuffle_of
+from spark_plugin.shuffle import group_apply, shuffle_of
 from tests.procs import ours, wait_until
 from tests.spark.session import build_session, stop_session
 

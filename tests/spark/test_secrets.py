@@ -31,7 +31,12 @@ from tests.spark.submit import SubmittedApp, executor_dirs
 pytestmark = pytest.mark.spark
 APPS = Path(__file__).parent / "apps"
 GENEROUS_S = 60.0
-ROLES = ("spark_plugin.driver", "spark_plugin.executor", "SparkSubmit", "CoarseGrainedExecutorBackend")
+ROLES = (
+    "spark_plugin.processes.driver",
+    "spark_plugin.processes.executor",
+    "SparkSubmit",
+    "CoarseGrainedExecutorBackend",
+)
 
 
 @dataclass

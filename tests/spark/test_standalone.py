@@ -24,9 +24,9 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from arrow_shuffle import group_apply, partition_apply, repartition, shuffle_of
 from heartbeat.admin import list_executors
-from spark_plugin.launch import jar_paths
+from spark_plugin.jvm.launch import jar_paths
+from spark_plugin.shuffle import group_apply, partition_apply, repartition, shuffle_of
 from tests.procs import wait_until
 from tests.spark.history_read import rows
 from tests.spark.session import build_session, stop_session

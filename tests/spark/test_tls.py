@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from arrow_shuffle import repartition, shuffle_of
 from heartbeat.admin import list_executors
 from heartbeat.errors import HeartbeatError
-from spark_plugin import tls
-from spark_plugin.config import from_spark_conf
+from spark_plugin.settings import tls
+from spark_plugin.settings.config import from_spark_conf
+from spark_plugin.shuffle import repartition, shuffle_of
 from tests.procs import wait_until
 from tests.spark.session import build_session, stop_session
 

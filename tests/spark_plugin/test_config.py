@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from heartbeat.services import HeartbeatServices
-from spark_plugin.config import (
+from spark_plugin.errors import PluginError
+from spark_plugin.settings.config import (
     OPTIONS,
     ConfigError,
     declared_default,
@@ -18,7 +19,6 @@ from spark_plugin.config import (
     load,
     parse_duration,
 )
-from spark_plugin.errors import PluginError
 
 
 def test_defaults_parse_and_are_consistent() -> None:

@@ -17,8 +17,8 @@ from heartbeat import AgentThread, EventKind, ExecutorEvent, HeartbeatRecord, Re
 from heartbeat.clock import ManualClock
 from heartbeat.payload import Payload, slots_provider, static_provider
 from heartbeat.resource_manager import ExecutorInfo
-from spark_plugin import tls
-from spark_plugin.live_page import LivePage, LiveView, health, page_token, start_live_page
+from spark_plugin.settings import tls
+from spark_plugin.tools.live_page import LivePage, LiveView, health, page_token, start_live_page
 from tests.heartbeat.conftest import DEADLINE_S, FAST, SECRET
 from tests.procs import wait_until
 

@@ -1,4 +1,4 @@
-"""The metrics line protocol (``spark_plugin.plugin_metrics``) on both sides: what the Python
+"""The metrics line protocol (``spark_plugin.jvm.plugin_metrics``) on both sides: what the Python
 processes encode, and what the JVM's ``PluginMetrics`` accepts and refuses (a small Java check
 compiled against the launcher jar and fed lines on stdin)."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from heartbeat import EventKind, ExecutorEvent
 from spark_plugin.errors import JvmCommandError
-from spark_plugin.plugin_metrics import (
+from spark_plugin.jvm.plugin_metrics import (
     MAX_FIELDS,
     MAX_LINE_BYTES,
     PREFIX,
@@ -27,7 +27,7 @@ from spark_plugin.plugin_metrics import (
     executor_figures,
     number,
 )
-from spark_plugin.sidecar import JvmChannel
+from spark_plugin.jvm.sidecar import JvmChannel
 
 ROOT = Path(__file__).parents[2]
 LAUNCHER_JAR = ROOT / ".cache" / "launcher" / "arrowbeat-launcher.jar"

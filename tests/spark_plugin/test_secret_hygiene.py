@@ -18,12 +18,12 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from arrow_shuffle.spark.tasks import ShufflePlan
 from heartbeat import AgentThread, EventKind, ExecutorEvent, HeartbeatServices, ResourceManagerServer
-from spark_plugin.config import ConfigError, load
-from spark_plugin.driver import EventRouter
 from spark_plugin.history import event_row, wire_text
-from spark_plugin.sidecar import JvmChannel
+from spark_plugin.jvm.sidecar import JvmChannel
+from spark_plugin.processes.driver import EventRouter
+from spark_plugin.settings.config import ConfigError, load
+from spark_plugin.shuffle.tasks import ShufflePlan
 from tests.procs import end, wait_until
 
 SECRET = "s3cret-" + "0123456789abcdef" * 2
@@ -139,12 +139,12 @@ def test_the_router_asks_a_kill_only_for_a_spark_executor_id(caplog: pytest.LogC
 
 
 class DriverProcess:
-    """``python -m spark_plugin.driver`` with a pipe on each of stdin, stdout and stderr, as the
+    """``python -m spark_plugin.processes.driver`` with a pipe on each of stdin, stdout and stderr, as the
     JVM DriverPlugin starts it; stdout and stderr are read on threads."""
 
     def __init__(self, settings: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "spark_plugin.driver"],
+            [sys.executable, "-u", "-m", "spark_plugin.processes.driver"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -256,7 +256,7 @@ def test_the_driver_side_process_speaks_only_protocol_on_stdout_and_never_shows_
 def test_the_lifecycle_feed_prints_one_line_per_event_whatever_the_table_holds() -> None:
     import datetime as dt
 
-    from spark_plugin.jobs.lifecycle_feed import format_event
+    from spark_plugin.history.event_lines import format_event
 
     row = {
         "ts": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
@@ -275,7 +275,7 @@ def test_the_printed_spark_submit_flags_carry_no_secret(
 ) -> None:
     """``python -m spark_plugin conf`` goes into spark-submit's argv: no secret there (the driver
     plugin generates one per application)."""
-    from spark_plugin.__main__ import main
+    from spark_plugin.tools.conf_command import main
 
     jar = tmp_path / "launcher.jar"
     jar.write_bytes(b"")

@@ -11,8 +11,8 @@ import pytest
 from deltalake import DeltaTable
 
 from heartbeat.clock import ManualClock
-from spark_plugin.config import ConfigError
 from spark_plugin.history.shuffle_metrics import append_rows, rows_of, tables_root_of
+from spark_plugin.settings.config import ConfigError
 
 
 class FakeConf:

@@ -18,7 +18,7 @@ from spark_plugin.errors import (
     MalformedSettingsError,
     SettingsTruncatedError,
 )
-from spark_plugin.sidecar import JvmChannel, JvmLink, secret_values
+from spark_plugin.jvm.sidecar import JvmChannel, JvmLink, secret_values
 from tests.procs import wait_until
 
 
@@ -108,7 +108,7 @@ def test_the_channel_writes_the_ready_line_and_a_kill() -> None:
 
 
 def test_the_ready_line_carries_a_generated_certificate_and_refuses_other_long_values() -> None:
-    from spark_plugin import tls
+    from spark_plugin.settings import tls
 
     fields = tls.ready_fields(tls.generate_self_signed())
     line = written([("announce_ready", (), {"address": "127.0.0.1:7077", **fields})]).decode()
@@ -144,7 +144,7 @@ def test_a_ready_field_of_the_wrong_form_is_not_written(info: dict[str, object])
 CHILD = textwrap.dedent(
     """
     import logging, os, subprocess, sys
-    from spark_plugin.sidecar import JvmChannel, setup_logging
+    from spark_plugin.jvm.sidecar import JvmChannel, setup_logging
     print("before the claim")  # start-up noise: on the original stdout, the JVM refuses it
     channel = JvmChannel.claim_stdout()
     setup_logging("debug", ["s3cret-value-123456"])

@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from heartbeat import EventKind
-from spark_plugin.driver import dynamic_allocation
-from spark_plugin.sidecar import JvmLink
-from spark_plugin.spark_view import (
+from spark_plugin.jvm.sidecar import JvmLink
+from spark_plugin.monitoring.driver_spark_view import (
     AgentNotStarted,
     ExecutorAdded,
     ExecutorRemoved,
@@ -19,6 +18,7 @@ from spark_plugin.spark_view import (
     classify,
     parse_line,
 )
+from spark_plugin.processes.driver import dynamic_allocation
 from tests.procs import wait_until
 
 

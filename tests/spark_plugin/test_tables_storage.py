@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from spark_plugin.config import ConfigError, load, tables_root
 from spark_plugin.history import (
     EXECUTOR_EVENTS,
     HEARTBEATS,
@@ -28,7 +27,8 @@ from spark_plugin.history import (
     tables_location,
 )
 from spark_plugin.history.shuffle_metrics import append_rows, tables_root_of
-from spark_plugin.sidecar import REDACTED, _Redacting, secret_values
+from spark_plugin.jvm.sidecar import REDACTED, _Redacting, secret_values
+from spark_plugin.settings.config import ConfigError, load, tables_root
 
 ACCESS_KEY = "AKIAARROWBEATTEST0001"
 SECRET_KEY = "arrowbeat-s3-secret-0123456789abcdef"

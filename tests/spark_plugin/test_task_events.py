@@ -1,4 +1,4 @@
-"""The driver side of stuck tasks and explained gaps (``spark_plugin.task_events``), without Spark:
+"""The driver side of stuck tasks and explained gaps (``monitoring.driver_tasks``), without Spark:
 heartbeats and events as the RM publishes them; and a heartbeats table of an older arrowbeat
 upgraded in place."""
 
@@ -12,7 +12,7 @@ import pytest
 from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord, Payload, WorkProgress
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.history.tables import HEARTBEATS, open_table
-from spark_plugin.task_events import TaskEvents
+from spark_plugin.monitoring.driver_tasks import TaskEvents
 
 
 def beat(ts: float, *work: WorkProgress, **metrics: float) -> HeartbeatRecord:

@@ -1,4 +1,4 @@
-"""The agent's judgement of its executor's tasks (``spark_plugin.task_watch``), without Spark: a
+"""The agent's judgement of its executor's tasks (``monitoring.executor_tasks``), without Spark: a
 ``ManualClock`` stands for time, lines are what ``TaskWatch.java`` writes, and the Python worker
 of the last test is a real process labelled the way arrowbeat's worker daemon labels one."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from heartbeat.clock import ManualClock
-from spark_plugin.task_watch import (
+from spark_plugin.jvm.worker_label import STACKS_FOLDER
+from spark_plugin.monitoring.executor_tasks import (
     MAX_REPORTED,
     ProcessCpu,
     TaskWatch,
@@ -24,7 +25,6 @@ from spark_plugin.task_watch import (
     labelled_workers,
     parse_tasks_line,
 )
-from spark_plugin.worker_label import STACKS_FOLDER
 from tests.procs import wait_until
 
 INTERVAL = 0.25
@@ -231,7 +231,7 @@ def test_a_real_labelled_worker_blocked_in_a_udf_is_found_with_its_stack(tmp_pat
     code = textwrap.dedent(
         """\
         import sys, threading
-        from spark_plugin.worker_label import label_task
+        from spark_plugin.jvm.worker_label import label_task
 
         def blocked_udf():
             label_task(77)

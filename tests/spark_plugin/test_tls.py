@@ -28,10 +28,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from heartbeat.clock import ManualClock
-from spark_plugin import tls
-from spark_plugin.config import ArrowBeatConfig, ConfigError, load
-from spark_plugin.sidecar import secret_values
-from spark_plugin.tls import TlsMaterial
+from spark_plugin.jvm.sidecar import secret_values
+from spark_plugin.settings import tls
+from spark_plugin.settings.config import ArrowBeatConfig, ConfigError, load
+from spark_plugin.settings.tls import TlsMaterial
 
 IO_TIMEOUT_S = 10.0
 ON = {"spark.arrowbeat.ssl.enabled": "true"}
@@ -631,7 +631,7 @@ def test_without_memfd_the_key_file_is_private_and_removed(
 def test_importing_tls_loads_neither_grpc_nor_cryptography() -> None:
     """Shuffle tasks and agents without TLS import the module for nothing more than a None."""
     code = (
-        "import sys, spark_plugin.tls\n"
+        "import sys, spark_plugin.settings.tls\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'cryptography'))\n"
         "assert not loaded, loaded\n"
     )

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_plugin import extras
 from spark_plugin.compat import versions
+from spark_plugin.settings import extras
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -34,7 +34,7 @@ def executor_ids(spark: SparkSession) -> set[str]:
 
 def shuffled_rows(spark: SparkSession) -> int:
     """Rows through one materialized Arrow shuffle; the shuffle is released (metrics recorded)."""
-    from arrow_shuffle import release, repartition
+    from spark_plugin.shuffle import release, repartition
 
     df = spark.range(0, 20_000, numPartitions=4).selectExpr("id", "id % 13 AS k")
     out = repartition(df, 4, "k")

@@ -20,7 +20,7 @@ def outputs_under(dirs: list[str]) -> dict[str, int]:
 
 
 def main() -> int:
-    from arrow_shuffle import release, repartition
+    from spark_plugin.shuffle import release, repartition
 
     dirs = sys.argv[1:]
     spark = SparkSession.builder.getOrCreate()

@@ -20,7 +20,7 @@ import runpy
 import sys
 from typing import Any
 
-from spark_plugin import sidecar
+from spark_plugin.jvm import sidecar
 
 TARGET = "1"
 INJECTED = f"ARROWBEAT-CMD kill-executor {TARGET}"
@@ -87,7 +87,7 @@ def main() -> None:
     args = sys.argv[1:]
     module = args[args.index("-m") + 1]
     capture_channel()
-    if module == "spark_plugin.driver":
+    if module == "spark_plugin.processes.driver":
         logging.getLogger("arrowbeat.driver").addHandler(Noise())
     else:
         noisy_agent()

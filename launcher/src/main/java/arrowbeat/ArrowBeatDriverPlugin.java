@@ -17,7 +17,7 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * Starts {@code python -m spark_plugin.driver} (arrowbeat's ResourceManager) and publishes its
+ * Starts {@code python -m spark_plugin.processes.driver} (arrowbeat's ResourceManager) and publishes its
  * address and the application's secret to every executor through the map {@link #init} returns,
  * and forwards Spark's own view of its executors to it ({@link ExecutorListener}). Never throws: a
  * failure is logged and the application runs on without arrowbeat.
@@ -40,7 +40,7 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   private static final String AGENT_NOT_STARTED = "arrowbeat-agent-not-started";
   /** Spark's loss reason is free text: at most this much of it is forwarded. */
   static final int MAX_REASON_CHARS = 400;
-  /** A host as the driver-side process accepts it ({@code spark_plugin.spark_view}). */
+  /** A host as the driver-side process accepts it ({@code spark_plugin.monitoring.driver_spark_view}). */
   private static final Pattern HOST = Pattern.compile("[A-Za-z0-9._:%\\[\\]-]{1,253}");
   /** Executors Spark runs now (id to host): replayed to a restarted driver-side process. */
   private final Map<String, String> liveExecutors = new java.util.concurrent.ConcurrentHashMap<>();
@@ -168,7 +168,7 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
     Sidecar started =
         Sidecar.start(
             "driver",
-            Launch.command(conf, "spark_plugin.driver"),
+            Launch.command(conf, "spark_plugin.processes.driver"),
             driverSideSettings(settings),
             Launch.startupTimeoutMs(conf));
     started.onCommand(command -> handle(sc, command));
@@ -200,7 +200,7 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
 
   /**
    * Spark's own view of its executors, forwarded to the driver-side process as lines on its stdin
-   * (the grammar is {@code spark_plugin.spark_view}'s): which executors Spark added, so that one
+   * (the grammar is {@code spark_plugin.monitoring.driver_spark_view}'s): which executors Spark added, so that one
    * whose agent never registers is shown unmonitored, and which it removed and why, so that an
    * executor let go on purpose (idle, decommissioned, replaced) is not recorded as a crash. Runs
    * on Spark's listener bus thread: it only writes a line.

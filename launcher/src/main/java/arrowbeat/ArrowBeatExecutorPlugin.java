@@ -13,7 +13,7 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * Starts {@code python -m spark_plugin.executor} (arrowbeat's agent) on this executor and pulses it
+ * Starts {@code python -m spark_plugin.processes.executor} (arrowbeat's agent) on this executor and pulses it
  * so the agent can tell a frozen JVM from a live one. Never throws: Spark relaunches forever an
  * executor whose plugin init throws, so a failure is logged and the executor runs on.
  */
@@ -73,7 +73,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
       sidecar =
           Sidecar.start(
               "agent-" + ctx.executorID(),
-              Launch.command(conf, "spark_plugin.executor"),
+              Launch.command(conf, "spark_plugin.processes.executor"),
               settings,
               Launch.startupTimeoutMs(conf));
       String executorId = ctx.executorID();

@@ -29,7 +29,7 @@ final class Launch {
   static final String PYTHON = "spark.arrowbeat.python";
   static final String DRIVER_PYTHON = "spark.arrowbeat.driver.python";
   /** The driver-side process's module: it takes {@link #DRIVER_PYTHON} first. */
-  static final String DRIVER_MODULE = "spark_plugin.driver";
+  static final String DRIVER_MODULE = "spark_plugin.processes.driver";
 
   /** An interpreter as configured, and where it came from (a key or a variable) for messages. */
   record Interpreter(String source, String path) {}

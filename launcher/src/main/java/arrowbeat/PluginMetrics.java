@@ -12,7 +12,7 @@ import java.util.regex.Pattern;
  * arrowbeat's figures as Dropwizard gauges in the plugin's {@code PluginContext.metricRegistry()},
  * so Spark's configured sinks show them (source {@code plugin.arrowbeat.ArrowBeatPlugin}). The
  * values come from the Python process as lines on its protocol channel (the grammar is
- * {@code spark_plugin.plugin_metrics}'s):
+ * {@code spark_plugin.jvm.plugin_metrics}'s):
  *
  * <pre>ARROWBEAT-METRICS &lt;snapshot&gt; name=value name=value ...</pre>
  *

@@ -19,7 +19,7 @@ import org.slf4j.LoggerFactory;
 /**
  * One supervised Python child process.
  *
- * <p>Protocol (the Python side is {@code spark_plugin.sidecar}): the JVM writes the settings to the
+ * <p>Protocol (the Python side is {@code spark_plugin.jvm.sidecar}): the JVM writes the settings to the
  * child's stdin as {@code key<TAB>value} lines closed by an empty line, so secrets never appear in
  * argv or the environment. From then on the JVM writes one pulse line per pulse interval: it proves
  * this JVM is not frozen. EOF on stdin means the JVM is gone (even after SIGKILL, since the kernel

@@ -31,7 +31,7 @@ public final class SparkInternals {
   private static final String BLOCK_MANAGER = "org.apache.spark.storage.BlockManager";
   private static final String DISK_BLOCK_MANAGER = "org.apache.spark.storage.DiskBlockManager";
   private static final String BLOCK_MANAGER_ID = "org.apache.spark.storage.BlockManagerId";
-  /** Settings key prefix that tells a Python process what is unavailable ({@code spark_plugin.sidecar}). */
+  /** Settings key prefix that tells a Python process what is unavailable ({@code spark_plugin.jvm.sidecar}). */
   public static final String SETTING_PREFIX = "arrowbeat.jvm.unavailable.";
   /**
    * Fault injection for tests only: a JVM system property listing internal keys (comma-separated)

@@ -1,6 +1,6 @@
 """The live page: every executor's liveness as the ResourceManager sees it, in a browser.
 
-The driver-side process (``spark_plugin.driver``) serves it next to the RM. Two parts:
+The driver-side process (``spark_plugin.processes.driver``) serves it next to the RM. Two parts:
 
 - :class:`LiveView`, what the page shows, as JSON and without HTTP: the RM's executor table (the
   columns of ``arrowbeat executors``, ``cli.executor_rows``) with a *health* per executor (see
@@ -187,7 +187,7 @@ class LiveView:
 
     def executors_json(self) -> dict[str, Any]:
         """``/api/executors``: the RM's table now, with health and RTT history per executor."""
-        from spark_plugin.cli import executor_rows
+        from spark_plugin.tools.cli import executor_rows
 
         now = self._clock.time()
         infos = self._executors()

@@ -22,7 +22,7 @@ exactly; otherwise (and for ``group_apply`` always) the count is an upper bound,
 reduce partitions are packed into tasks by their real sizes (``adaptive``, ``_coalesced``), as AQE
 packs a ``groupBy``'s between query stages.
 
-Settings are read through ``spark_plugin.config`` (``from_spark_conf``), the one declaration of
+Settings are read through ``spark_plugin.settings.config`` (``from_spark_conf``), the one declaration of
 every ``spark.arrowbeat.*`` key: the application's ``SparkConf``, with the session's runtime conf
 winning for the keys settable per query (``readHostLocalDisk``). A bad setting raises that
 module's ``ConfigError`` naming the key and the expected form; a bad call argument (unknown
@@ -63,11 +63,22 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
-from arrow_shuffle.spark.adaptive import CoalesceSettings, coalesce, route_keys, settings_from_sql_conf
-from arrow_shuffle.spark.agent_client import MapOutputClient
-from arrow_shuffle.spark.map_output import check_keys
-from arrow_shuffle.spark.session import app_id, conf_entries, conf_value, default_parallelism, new_shuffle_id
-from arrow_shuffle.spark.tasks import (
+from spark_plugin.compat.arrow_schema import to_arrow_schema
+from spark_plugin.compat.connect import is_connect, unsupported
+from spark_plugin.errors import ConfigError
+from spark_plugin.settings.config import (
+    OPTIONS,
+    ArrowBeatConfig,
+    from_spark_conf,
+    parse_duration,
+    tables_root,
+)
+from spark_plugin.settings.tls import from_config as tls_from_config
+from spark_plugin.shuffle.adaptive import CoalesceSettings, coalesce, route_keys, settings_from_sql_conf
+from spark_plugin.shuffle.agent_client import MapOutputClient
+from spark_plugin.shuffle.map_output import check_keys
+from spark_plugin.shuffle.session import app_id, conf_entries, conf_value, default_parallelism, new_shuffle_id
+from spark_plugin.shuffle.tasks import (
     REPORT_COLUMNS,
     STATUS_DDL,
     ShufflePlan,
@@ -82,11 +93,6 @@ from arrow_shuffle.spark.tasks import (
     unreported,
     write_reports,
 )
-from spark_plugin.compat.arrow_schema import to_arrow_schema
-from spark_plugin.compat.connect import is_connect, unsupported
-from spark_plugin.config import OPTIONS, ArrowBeatConfig, from_spark_conf, parse_duration, tables_root
-from spark_plugin.errors import ConfigError
-from spark_plugin.tls import from_config as tls_from_config
 
 log = logging.getLogger("arrowbeat.shuffle")
 
@@ -452,7 +458,7 @@ _rendezvous_of: dict[str, Any] = {}
 
 def _rendezvous(spark: SparkSession, plan: ShufflePlan) -> Any:
     """The driver's rendezvous for pipelined map tasks, one per application, started on first use."""
-    from arrow_shuffle.spark.rendezvous import Rendezvous
+    from spark_plugin.shuffle.rendezvous import Rendezvous
 
     app = spark.sparkContext.applicationId
     with _rendezvous_lock:
@@ -518,7 +524,7 @@ def _build(
     statuses: DataFrame
     chained = _attached(df, "_arrowbeat_chain")
     if mode == "pipelined":
-        from arrow_shuffle.spark.pipelined import pipelined_function
+        from spark_plugin.shuffle.pipelined import pipelined_function
 
         source, pre = chained if chained is not None else (df, None)
         maps = _check_pipelined(spark, source, plan.num_partitions)

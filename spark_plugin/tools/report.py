@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_plugin.config import declared_default
 from spark_plugin.errors import HistoryTableError, TablePathError
 from spark_plugin.history import EXECUTOR_EVENTS, HEARTBEATS, TablesLocation, locate
 from spark_plugin.history.tables import SHUFFLE_METRICS
 from spark_plugin.history.wire_text import MAX_ID_CHARS, wire_text
+from spark_plugin.settings.config import declared_default
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -109,11 +109,11 @@ from arrow_shuffle.private_files import (
     resolve_inside,
     write_private_atomic,
 )
-from arrow_shuffle.spark.local_secret import SecretDesk
-from arrow_shuffle.spark.map_output import Segment, read_segments
 from arrow_shuffle.transport import Transport
 from arrow_shuffle.writer import RecordWriter
 from heartbeat.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.shuffle.local_secret import SecretDesk
+from spark_plugin.shuffle.map_output import Segment, read_segments
 
 log = logging.getLogger(__name__)
 

@@ -97,7 +97,7 @@ _BASE64_LINE = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-
 
 
 def _parse_base64_line(text: str) -> str:
-    """One line of standard base64, at most 16 KiB: the generated TLS material (see spark_plugin.tls)."""
+    """One line of standard base64, at most 16 KiB: the generated TLS material (see settings.tls)."""
     if len(text) > 16384 or not _BASE64_LINE.fullmatch(text):
         raise ValueError(text)
     return text
@@ -523,7 +523,7 @@ class ArrowBeatConfig:
     driver_pid: int
     ssl_generated_cert: str = field(repr=False)
     ssl_generated_key: str = field(repr=False)
-    """The generated TLS material (``spark_plugin.tls``): never in ``repr``, errors or logs."""
+    """The generated TLS material (``spark_plugin.settings.tls``): never in ``repr``, errors or logs."""
 
     def heartbeat_services(self) -> HeartbeatServices:
         """The heartbeat library's settings object, built from the three ``heartbeat.*`` keys.
@@ -591,7 +591,7 @@ def _readable_file_problem(key: str, path: str) -> str | None:
 
 def _check_ssl(c: ArrowBeatConfig) -> list[str]:
     """The ``ssl.*`` keys, checked only when TLS is on (as Spark checks ``spark.ssl.*``). The
-    files' contents (PEM, key matching the certificate, trust) are checked by ``spark_plugin.tls``
+    files' contents (PEM, key matching the certificate, trust) are checked by ``spark_plugin.settings.tls``
     when the processes load them, still at start-up."""
     if not c.ssl_enabled:
         return []

@@ -44,12 +44,12 @@ from arrow_shuffle.errors import (
 )
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.private_files import LogLimiter, check_id, check_private_dir, check_root, read_private_file
-from arrow_shuffle.spark.agent_service import AGENT_CONTROL, AGENTS, agent_file, app_dir
-from arrow_shuffle.spark.local_secret import NAME as DESK_NAME
-from arrow_shuffle.spark.local_secret import ancestors as parent_chain
-from arrow_shuffle.spark.local_secret import secret_from_agent
 from arrow_shuffle.transport import Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.shuffle.agent_service import AGENT_CONTROL, AGENTS, agent_file, app_dir
+from spark_plugin.shuffle.local_secret import NAME as DESK_NAME
+from spark_plugin.shuffle.local_secret import ancestors as parent_chain
+from spark_plugin.shuffle.local_secret import secret_from_agent
 
 log = logging.getLogger(__name__)
 MAX_AGENT_FILE_BYTES = 4096

@@ -2,7 +2,7 @@
 
 The agents say what they know of themselves; Spark knows what it started and why it let an
 executor go. The DriverPlugin (``launcher/.../ArrowBeatDriverPlugin.java``) writes one line per
-Spark event on the driver-side process's stdin (``spark_plugin.sidecar.JvmLink``), printable
+Spark event on the driver-side process's stdin (``spark_plugin.jvm.sidecar.JvmLink``), printable
 ASCII, at most :data:`MAX_LINE_CHARS`:
 
 * ``executor-added <id> <host>``: Spark registered the executor (``onExecutorAdded``);
@@ -31,7 +31,7 @@ from typing import Protocol
 
 from heartbeat import EventKind
 from spark_plugin.history.wire_text import MAX_ID_CHARS, wire_text
-from spark_plugin.sidecar import EXECUTOR_ID, LOST_REASON
+from spark_plugin.jvm.sidecar import EXECUTOR_ID, LOST_REASON
 
 log = logging.getLogger("arrowbeat.spark_view")
 

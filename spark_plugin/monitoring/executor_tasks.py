@@ -34,7 +34,7 @@ import psutil
 
 from heartbeat import WorkProgress, one_line
 from heartbeat.clock import SYSTEM_CLOCK, Clock
-from spark_plugin.worker_label import LABEL_PREFIX, STACK_SIGNAL, stack_path
+from spark_plugin.jvm.worker_label import LABEL_PREFIX, STACK_SIGNAL, stack_path
 
 log = logging.getLogger("arrowbeat.agent.tasks")
 
@@ -311,7 +311,7 @@ class TaskWatch:
 
     def on_stack_line(self, line: str) -> None:
         """The JVM's reply ``stack <task> <escaped text>`` (``-`` when the task is not running)."""
-        from spark_plugin.sidecar import unescape_line
+        from spark_plugin.jvm.sidecar import unescape_line
 
         words = line.split(" ", 2)
         if len(words) != 3 or words[0] != "stack" or not words[1].isdigit():

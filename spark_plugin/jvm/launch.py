@@ -17,8 +17,8 @@ from spark_plugin.errors import SetupError
 PLUGIN_CLASS = "arrowbeat.ArrowBeatPlugin"
 LAUNCHER_JAR = "arrowbeat-launcher.jar"
 # Where a wheel carries the launcher jar (the build hook in build_backend/ compiles it there).
-PACKAGE_JARS = Path(__file__).resolve().parent / "jars"
-_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_JARS = Path(__file__).resolve().parent.parent / "jars"  # spark_plugin/jars in a wheel
+_ROOT = Path(__file__).resolve().parents[2]
 # Where `make setup` puts the jars in a source checkout.
 _CACHE = _ROOT / ".cache"
 _log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def notices(delta: bool = True, spark_version: str | None = None) -> list[str]:
     return [n for n in found if n] + versions.library_problems()
 
 
-PYTHON_DAEMON_MODULE = "spark_plugin.python_daemon"
+PYTHON_DAEMON_MODULE = "spark_plugin.jvm.python_daemon"
 
 
 def workers_run_arrowbeat_python(python: str) -> bool:

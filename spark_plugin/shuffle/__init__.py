@@ -22,13 +22,13 @@ Modules, one role each:
   plans made from a Spark Connect session (which never sees it).
 
 Depends on the engine (``arrow_shuffle``), pyspark, ``heartbeat.clock`` and the plugin's
-settings, errors, tables and Connect shim (``spark_plugin.config``, ``spark_plugin.errors``,
+settings, errors, tables and Connect shim (``spark_plugin.settings.config``, ``spark_plugin.errors``,
 ``spark_plugin.history``, ``spark_plugin.compat.connect``); the engine never imports this
 package back. Errors are the engine's (``arrow_shuffle.errors``), except a bad
 ``spark.arrowbeat.*`` setting: ``spark_plugin``'s ``ConfigError``.
 """
 
-from arrow_shuffle.spark.dataframe import (
+from spark_plugin.shuffle.dataframe import (
     ShuffleHandle,
     group_apply,
     map_in_arrow,

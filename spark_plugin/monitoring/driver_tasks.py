@@ -1,7 +1,7 @@
 """The driver side of stuck tasks and of explained gaps (issue 17), from the agents' heartbeats.
 
 An agent's payload lists its executor's running tasks (``heartbeat.WorkProgress``, filled by
-``spark_plugin.task_watch``). Here each task attempt that turns stuck becomes one ``TASK_STUCK``
+``monitoring.executor_tasks``). Here each task attempt that turns stuck becomes one ``TASK_STUCK``
 event (its label, idle and running time, where it waits), and one that progresses again or ends
 becomes ``TASK_RESUMED``; with ``spark.arrowbeat.onStuckTask=kill`` the attempt is also killed
 through the driver JVM (``SparkContext.killTaskAttempt``), and Spark runs it again.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord, WorkProgress
 from spark_plugin.errors import JvmCommandError
-from spark_plugin.task_watch import explain_gap
+from spark_plugin.monitoring.executor_tasks import explain_gap
 
 log = logging.getLogger("arrowbeat.driver.tasks")
 

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
-from spark_plugin.config import ArrowBeatConfig
 from spark_plugin.errors import ConfigError
+from spark_plugin.settings.config import ArrowBeatConfig
 
 if TYPE_CHECKING:
     import grpc

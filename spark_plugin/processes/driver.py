@@ -1,4 +1,4 @@
-"""``python -m spark_plugin.driver``: the driver-side process, started by the JVM DriverPlugin.
+"""``python -m spark_plugin.processes.driver``: the driver-side process, started by the JVM DriverPlugin.
 
 Start-up happens here, in one place and in order (Flink's ``ClusterEntrypoint.initializeServices``):
 settings from the JVM, validated config, history tables, heartbeat services, the ResourceManager's
@@ -15,13 +15,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
-from spark_plugin import extras
 from spark_plugin.compat import versions
-from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.history.wire_text import MAX_ID_CHARS, wire_text
-from spark_plugin.plugin_metrics import LivenessTally, MetricsReporter, driver_figures
-from spark_plugin.sidecar import (
+from spark_plugin.jvm.plugin_metrics import LivenessTally, MetricsReporter, driver_figures
+from spark_plugin.jvm.sidecar import (
     JvmChannel,
     JvmLink,
     exit_process,
@@ -30,7 +28,9 @@ from spark_plugin.sidecar import (
     unavailable_internals,
     wait_for_exit,
 )
-from spark_plugin.task_events import TaskEvents
+from spark_plugin.monitoring.driver_tasks import TaskEvents
+from spark_plugin.settings import extras
+from spark_plugin.settings.config import ArrowBeatConfig, ConfigError, early_value, load
 
 if TYPE_CHECKING:
     from heartbeat import ExecutorEvent
@@ -163,7 +163,7 @@ def main() -> int:
         return 2
 
     from heartbeat import ResourceManagerServer
-    from spark_plugin import tls
+    from spark_plugin.settings import tls
 
     try:  # generated here at the first start; a restart gets the same one back from the JVM
         material = tls.from_config(config, may_generate=True)
@@ -208,7 +208,7 @@ def main() -> int:
     if no_live_page:
         log.warning("arrowbeat: %s; monitoring runs on without it", no_live_page)
     elif config.ui_enabled:  # the live page: its own thread and loop, its URL logged (live_page)
-        from spark_plugin.live_page import start_live_page
+        from spark_plugin.tools.live_page import start_live_page
 
         page = start_live_page(
             config.secret,
@@ -222,7 +222,7 @@ def main() -> int:
             rm_address=address,
             ssl_context=None if material is None else tls.server_context(material),  # HTTPS with TLS on
         )
-    from spark_plugin.spark_view import SparkView
+    from spark_plugin.monitoring.driver_spark_view import SparkView
 
     link.on_executor_lines(SparkView(rm, register_within_s(config), dynamic_allocation(settings)))
     link.start()

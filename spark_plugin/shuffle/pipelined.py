@@ -38,16 +38,16 @@ from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.partition import PartitionKind, ResultPartition
 from arrow_shuffle.partition_server import PartitionServer
-from arrow_shuffle.spark.rendezvous import locate, register
-from arrow_shuffle.spark.tasks import (
+from arrow_shuffle.writer import RecordWriter
+from heartbeat.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.shuffle.rendezvous import locate, register
+from spark_plugin.shuffle.tasks import (
     ReadStats,
     Report,
     ShufflePlan,
     client_transport,
     server_transport,
 )
-from arrow_shuffle.writer import RecordWriter
-from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 CONSUME_TIMEOUT_S = 120.0
 """Longest a finished map task waits for its reducers to drain it."""

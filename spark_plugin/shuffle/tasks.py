@@ -58,13 +58,13 @@ from arrow_shuffle.errors import MapOutputLostError, SchemaMismatchError, Shuffl
 from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.private_files import check_id, check_private_dir
-from arrow_shuffle.spark.agent_client import AgentInfo, MapOutputClient, find_agent, secret_of
-from arrow_shuffle.spark.agent_service import note_read, owned_output, shuffle_roots, spread_dir
-from arrow_shuffle.spark.grouping import iter_groups
-from arrow_shuffle.spark.map_output import MapOutputWriter, read_segments
 from arrow_shuffle.transport import TcpTransport, Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
-from spark_plugin.tls import TlsMaterial, client_context, server_context
+from spark_plugin.settings.tls import TlsMaterial, client_context, server_context
+from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, find_agent, secret_of
+from spark_plugin.shuffle.agent_service import note_read, owned_output, shuffle_roots, spread_dir
+from spark_plugin.shuffle.grouping import iter_groups
+from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
 
 STATUS_SCHEMA = pa.schema(
     [

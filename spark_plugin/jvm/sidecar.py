@@ -12,7 +12,7 @@ The hosting JVM (driver or executor) starts this process with a pipe on stdin an
    runs: a SIGSTOPped or GC-frozen JVM stops pulsing although this process still would answer;
    the driver (and the driver's own executor in local mode, which starts before it) also sends
    ``app <application id>`` once Spark has assigned one, and the driver Spark's own view of its
-   executors, ``executor-...`` lines (``spark_plugin.spark_view``), handed to
+   executors, ``executor-...`` lines (``spark_plugin.monitoring.driver_spark_view``), handed to
    :meth:`JvmLink.on_executor_lines`;
 4. writes ``stop`` and closes the pipe to stop us. The kernel closes it too when the JVM dies, even
    by SIGKILL, so EOF is our only exit signal and no orphan survives its JVM. A JVM shutting down
@@ -52,9 +52,9 @@ LOST_REASON = re.compile(r"[a-z][a-z-]{0,31}")
 EXECUTOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """An executor id the JVM accepts in ``kill-executor`` (``launcher/.../Command.java``)."""
 EXECUTOR_LINES = "executor-"
-"""The prefix of the driver JVM's lines about Spark's executors (``spark_plugin.spark_view``)."""
+"""The prefix of the driver JVM's lines about Spark's executors (``monitoring.driver_spark_view``)."""
 TASK_LINES = ("tasks ", "stack ")
-"""The executor JVM's lines about its running tasks (``spark_plugin.task_watch``)."""
+"""The executor JVM's lines about its running tasks (``spark_plugin.monitoring.executor_tasks``)."""
 JVM_UNAVAILABLE = "arrowbeat.jvm.unavailable."
 """Settings key prefix: a Spark internal the launcher could not use (``SparkInternals.SETTING_PREFIX``)."""
 _READY_KEY = re.compile(r"[a-z_]{1,32}")
@@ -270,9 +270,9 @@ class JvmChannel:
 
     def metrics(self, snapshot: int, figures: Mapping[str, float | None], role: str) -> None:
         """One snapshot of figures for the JVM plugin's gauges in Spark's metrics system
-        (``spark_plugin.plugin_metrics``): names the JVM of ``role`` takes, numbers only, split into
+        (``spark_plugin.jvm.plugin_metrics``): names the JVM of ``role`` takes, numbers only, split into
         bounded lines; anything else raises :class:`JvmCommandError` and nothing is written."""
-        from spark_plugin.plugin_metrics import encode
+        from spark_plugin.jvm.plugin_metrics import encode
 
         for line in encode(snapshot, figures, role):
             self._write(line)

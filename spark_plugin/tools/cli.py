@@ -31,16 +31,17 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from heartbeat.errors import HeartbeatAuthenticationError, HeartbeatError, ProtocolVersionError
-from spark_plugin import extras
 from spark_plugin.errors import PluginError
 from spark_plugin.history import EXECUTOR_EVENTS, HEARTBEATS, TablesLocation, locate
+from spark_plugin.history.event_lines import format_event
 from spark_plugin.history.tables import SHUFFLE_METRICS
-from spark_plugin.report import (
+from spark_plugin.settings import extras
+from spark_plugin.tools.report import (
     DEFAULT_TIMEOUT_S,
     UnknownApplicationError,
     has_table,
@@ -79,7 +80,7 @@ class RmUnreachableError(CliError):
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["conf"]:  # the same command, its own options and output
-        from spark_plugin.__main__ import main as module_main
+        from spark_plugin.tools.conf_command import main as module_main
 
         return module_main(args_list)
     if any(re.match(r"--sec(r(e(t)?)?)?(=|$)", a) for a in args_list):
@@ -276,7 +277,7 @@ def _tls(
         return None, []
     import grpc
 
-    from spark_plugin import tls
+    from spark_plugin.settings import tls
 
     try:
         text = Path(ca_file).read_text(encoding="ascii").strip()
@@ -475,13 +476,6 @@ def _events(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_event(row: Mapping[str, Any]) -> str:
-    """One line per event, as ``jobs/lifecycle_feed.py`` prints it (wire text made one line)."""
-    from spark_plugin.jobs.lifecycle_feed import format_event as feed_format
-
-    return str(feed_format(row))
-
-
 # --- tables ------------------------------------------------------------------------------------------
 
 
@@ -604,7 +598,7 @@ def run() -> None:
     Delta table leaves delta-rs/Arrow native threads that can abort a normal exit ("terminate
     called without an active exception", exit 134, after the work is done; delta-io/delta-rs#2184):
     a command's exit status must be its own."""
-    from spark_plugin.sidecar import exit_process
+    from spark_plugin.jvm.sidecar import exit_process
 
     try:
         code = main()

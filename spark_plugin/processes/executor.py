@@ -1,4 +1,4 @@
-"""``python -m spark_plugin.executor``: the agent on one executor, started by the JVM ExecutorPlugin.
+"""``python -m spark_plugin.processes.executor``: the agent on one executor, started by its JVM plugin.
 
 It registers with the driver-side ResourceManager and answers its heartbeat requests with a
 payload describing the executor. It answers only while the executor JVM keeps pulsing: a frozen
@@ -17,14 +17,11 @@ import psutil
 
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ShuffleError
-from arrow_shuffle.spark.agent_service import MapOutputService, shuffle_roots
 from arrow_shuffle.transport import TcpTransport
 from heartbeat import AgentThread, PayloadProvider, rss_provider, slots_provider
-from spark_plugin import tls
-from spark_plugin.config import ArrowBeatConfig, ConfigError, early_value, load
 from spark_plugin.errors import JvmCommandError
-from spark_plugin.plugin_metrics import MetricsReporter, executor_figures
-from spark_plugin.sidecar import (
+from spark_plugin.jvm.plugin_metrics import MetricsReporter, executor_figures
+from spark_plugin.jvm.sidecar import (
     JvmChannel,
     JvmLink,
     exit_process,
@@ -32,7 +29,10 @@ from spark_plugin.sidecar import (
     setup_logging,
     wait_for_exit,
 )
-from spark_plugin.task_watch import TaskWatch, labelled_workers
+from spark_plugin.monitoring.executor_tasks import TaskWatch, labelled_workers
+from spark_plugin.settings import tls
+from spark_plugin.settings.config import ArrowBeatConfig, ConfigError, early_value, load
+from spark_plugin.shuffle.agent_service import MapOutputService, shuffle_roots
 
 log = logging.getLogger("arrowbeat.agent")
 
@@ -143,7 +143,7 @@ def task_watch(
 
 def _reporter(channel: JvmChannel) -> Callable[[str], None]:
     """``outputs-lost`` to the JVM: its ExecutorPlugin asks Spark to replace this executor, so the
-    map partitions whose files vanished are recomputed (``arrow_shuffle.spark.tasks.lost_outputs``)."""
+    map partitions whose files vanished are recomputed (``spark_plugin.shuffle.tasks.lost_outputs``)."""
 
     def report(reason: str) -> None:
         try:
