@@ -3,9 +3,8 @@
 The engine (every module directly in this package) knows nothing of Spark and imports neither
 pyspark nor ``spark_plugin``. A producer writes record batches into a ``ResultPartition``
 through a ``RecordWriter``; a ``PartitionServer`` serves the partition's subpartitions over TCP
-to readers in other processes; a consumer reads through an ``InputGate`` whose channels are
-*local* (``LocalChannelSpec``: a partition object in the same process, read from memory) or
-*remote* (``RemoteChannelSpec``: a ``PartitionServer``'s address, read with credits). See
+to readers in other processes; a consumer reads through an ``InputGate`` whose channels
+(``RemoteChannelSpec``: a ``PartitionServer``'s address and a subpartition) read with credits. See
 ``errors`` for the exception tree (the Spark side's included) and ``config.ShuffleConfig`` for
 every setting.
 
@@ -45,11 +44,10 @@ from arrow_shuffle.errors import (
     ShuffleConfigError,
     ShuffleError,
     ShuffleProtocolError,
-    SpillError,
 )
-from arrow_shuffle.gate import InputGate, LocalChannelSpec, RemoteChannelSpec
+from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.partition import PartitionKind, ResultPartition
+from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partition_server import PartitionServer
 from arrow_shuffle.partitioner import Partitioner, column_partitioner, hash_partitioner
 from arrow_shuffle.stats import GateStats, PartitionStats
@@ -66,12 +64,10 @@ __all__ = [
     "GateStats",
     "InputGate",
     "InsufficientBuffersError",
-    "LocalChannelSpec",
     "MapOutputLostError",
     "NetworkBufferPool",
     "OversizedFrameError",
     "PartitionId",
-    "PartitionKind",
     "PartitionNotFoundError",
     "PartitionServer",
     "PartitionStats",
@@ -90,7 +86,6 @@ __all__ = [
     "ShuffleConfigError",
     "ShuffleError",
     "ShuffleProtocolError",
-    "SpillError",
     "column_partitioner",
     "hash_partitioner",
 ]

@@ -1,5 +1,5 @@
 """``Acceptor``: the accept loop and handshake gate shared by every arrowbeat server socket
-(``PartitionServer`` for data, ``control.ControlServer`` for control requests).
+(``PartitionServer`` for data, ``control_server.ControlServer`` for control requests).
 
 Why one component: each of the old loops had its own way to be stalled. Here
 
@@ -14,7 +14,8 @@ Why one component: each of the old loops had its own way to be stalled. Here
   off and retries, a thread that cannot be started (``RuntimeError: can't start new thread``)
   costs that one connection;
 - every refusal is counted per cause and logged once per cause per ``log_interval_s``
-  (``RefusalLog``), so a flood of bad peers is one log line a minute, not a disk full of them.
+  (``RefusalLog``, a ``heartbeat.rate_log.RateLog``), so a flood of bad peers is one log line a
+  minute, not a disk full of them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -39,6 +39,7 @@ from arrow_shuffle.errors import (
 from arrow_shuffle.frames import ErrorCode, Kind
 from arrow_shuffle.transport import Connection, Listener
 from heartbeat.clock import SYSTEM_CLOCK, Clock
+from heartbeat.rate_log import RateLog
 
 T = TypeVar("T")
 
@@ -72,36 +73,17 @@ class AcceptLimits:
             )
 
 
-class RefusalLog:
-    """Counts refusals per cause; logs a cause at most once per ``interval_s`` (on ``clock``),
-    with the number of refusals left unlogged since its last line."""
+class RefusalLog(RateLog):
+    """The refusals of one server: counted per cause (``counts()``), each cause logged as
+    ``<server> refused (<cause>): ...`` at most once per ``interval_s`` (on ``clock``), with the
+    number of refusals left unlogged since its last line. The rate is ``heartbeat.rate_log``'s."""
 
     def __init__(self, logger: logging.Logger, name: str, clock: Clock, interval_s: float) -> None:
-        self._logger = logger
+        super().__init__(logger, interval_s, clock, more=" (and {} more of this cause since the last report)")
         self._name = name
-        self._clock = clock
-        self._interval_s = interval_s
-        self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
-        self._unlogged: Counter[str] = Counter()
-        self._logged_at: dict[str, float] = {}
 
     def refuse(self, cause: str, message: str, level: int = logging.WARNING, exc_info: bool = False) -> None:
-        now = self._clock.monotonic()
-        with self._lock:
-            self._counts[cause] += 1
-            last = self._logged_at.get(cause)
-            if last is not None and now - last < self._interval_s:
-                self._unlogged[cause] += 1
-                return
-            self._logged_at[cause] = now
-            unlogged = self._unlogged.pop(cause, 0)
-        more = f" (and {unlogged} more of this cause since the last report)" if unlogged else ""
-        self._logger.log(level, "%s refused (%s): %s%s", self._name, cause, message, more, exc_info=exc_info)
-
-    def counts(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
+        self.log(cause, level, "%s refused (%s): %s", self._name, cause, message, exc_info=exc_info)
 
 
 def _start_thread(thread: threading.Thread) -> None:

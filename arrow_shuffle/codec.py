@@ -100,8 +100,8 @@ class ArrowPayload(Buffer):
     The lease still counts: it is the receiver's credit, or the producer's share of the partition
     pool a queued buffer takes, so credit and backpressure stay exactly as for a copied buffer;
     the segment's memory is simply not used (except as scratch by a transport that cannot gather
-    pieces, TLS), so nothing may read the payload from ``segment.view``: only PIPELINED partitions,
-    which never spill, queue them. ``recycle()`` drops the parts (and with them the references
+    pieces, TLS), so nothing may read the payload from ``segment.view`` (nothing in the engine
+    does: its partitions never spill). ``recycle()`` drops the parts (and with them the references
     to the batch's memory) and returns the lease, exactly once."""
 
     __slots__ = ("parts",)
@@ -293,10 +293,10 @@ def decode_buffer(buffer: Buffer, schema: pa.Schema, where: str) -> list[pa.Reco
 
     Batches never view a segment: batches that viewed the network buffer would pin it, and a
     consumer holding a batch a moment too long (``enumerate`` caches the previous item!) then
-    starves the channel of credit or a BLOCKING reader of its spill buffer; the property tests
-    found exactly that. So a payload in a segment is copied out once; a payload a remote channel
-    received into Arrow memory (an ``ArrowPayload`` of one ``pa.Buffer``) is decoded in place, no
-    copy: the batches own that memory, nothing else uses it.
+    starves the channel of credit; the property tests found exactly that. So a payload in a
+    segment is copied out once; a payload a remote channel received into Arrow memory (an
+    ``ArrowPayload`` of one ``pa.Buffer``) is decoded in place, no copy: the batches own that
+    memory, nothing else uses it.
     """
     owned = _owned(buffer)
     buffer.recycle()
@@ -311,7 +311,7 @@ def _owned(buffer: Buffer) -> pa.Buffer:
             return parts[0]
         owned = pa.allocate_buffer(buffer.size)
         offset = 0
-        for part in parts:  # a producer's pieces, read back in its own process (a local channel)
+        for part in parts:  # a producer's pieces, read back in its own process (tests read so)
             n = part.size if isinstance(part, pa.Buffer) else len(part)
             if offset + n > buffer.size:
                 raise BufferAccountingError(f"payload pieces exceed its size {buffer.size}")

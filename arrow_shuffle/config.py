@@ -8,8 +8,7 @@ the engine's objects are given (``heartbeat.clock``), except ``connect_timeout_s
 from __future__ import annotations
 
 import dataclasses
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from arrow_shuffle.errors import ShuffleConfigError
@@ -33,10 +32,6 @@ class ShuffleConfig:
     """Producer-side buffers per subpartition (plus ``floating_buffers_per_gate`` shared)."""
     flush_timeout_s: float = 0.1
     """A non-empty, not yet full buffer is flushed after at most this long; 0 flushes every write."""
-    blocking_memory_bytes: int = 64 * _MIB
-    """In-memory bound of a BLOCKING partition; the rest is spilled to ``spill_dir``."""
-    spill_dir: str = field(default_factory=tempfile.gettempdir)
-    """Directory for BLOCKING partitions' spill files."""
     max_frame_bytes: int = 0
     """Largest data frame payload accepted from a peer; 0 means ``buffer_size``."""
     connect_timeout_s: float = 5.0
@@ -57,7 +52,7 @@ class ShuffleConfig:
     """Longest a partition created without its buffers (an agent's staged stream) queues for its
     reserved minimum, first come first served, before failing with an error naming them."""
     partition_pool_share: float = 1.0
-    """Largest share of the network pool one PIPELINED partition may hold, reserved plus floating
+    """Largest share of the network pool one partition may hold, reserved plus floating
     (never less than its reserved minimum), so one greedy stream cannot starve the others sharing
     the pool. 1.0 suits a pool of one partition (a pipelined map task's); an executor agent, whose
     pool all its staged streams share, caps it at ``agent_service.STREAM_POOL_SHARE``."""
@@ -69,7 +64,6 @@ class ShuffleConfig:
         _check_range("floating_buffers_per_gate", self.floating_buffers_per_gate, 0, 1 << 16)
         _check_range("buffers_per_subpartition", self.buffers_per_subpartition, 1, 1 << 16)
         _check_range("flush_timeout_s", self.flush_timeout_s, 0.0, 3600.0)
-        _check_range("blocking_memory_bytes", self.blocking_memory_bytes, 0, 1 << 40)
         if self.max_frame_bytes != 0:
             _check_range("max_frame_bytes", self.max_frame_bytes, self.buffer_size, 1 << 31)
         _check_range("connect_timeout_s", self.connect_timeout_s, 0.01, 600.0)
@@ -80,8 +74,6 @@ class ShuffleConfig:
         _check_range("buffer_request_timeout_s", self.buffer_request_timeout_s, 0.001, 86400.0)
         _check_range("buffer_reserve_timeout_s", self.buffer_reserve_timeout_s, 0.001, 86400.0)
         _check_range("partition_pool_share", self.partition_pool_share, 0.01, 1.0)
-        if not self.spill_dir:
-            raise ShuffleConfigError("spill_dir must be a non-empty directory path")
 
     @property
     def frame_limit(self) -> int:

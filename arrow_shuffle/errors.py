@@ -10,7 +10,6 @@ original stays in ``__cause__``::
     ├── BufferAccountingError                 a buffer recycled twice (over-release) or to the wrong pool
     ├── SchemaMismatchError                   a batch's schema differs from the partition's
     ├── RecordTooLargeError                   one row does not fit in a network buffer
-    ├── SpillError                            a spill file cannot be created, written or read back
     ├── ShuffleAuthenticationError            wrong secret (either side), or no handshake
     ├── PartitionNotFoundError                unknown partition, released one, or another application's
     ├── ShuffleProtocolError                  the peer broke the wire protocol
@@ -63,11 +62,6 @@ class SchemaMismatchError(ShuffleError):
 
 class RecordTooLargeError(ShuffleError):
     """A single row is larger than one network buffer; raise ``buffer_size``."""
-
-
-class SpillError(ShuffleError):
-    """A BLOCKING partition's spill file could not be created, written or read back (disk full,
-    ``spill_dir`` unwritable or removed); the message names the file."""
 
 
 class ShuffleAuthenticationError(ShuffleError):

@@ -3,7 +3,7 @@
 ``magic:u16 kind:u8 flags:u8 length:u32 seq:i64 value:i32`` (network byte order). ``value`` is
 the backlog on BUFFER frames (Flink's BufferResponse), the credit on PARTITION_REQUEST and
 ADD_CREDIT, and an error code on ERROR. CONTROL_REQUEST / CONTROL_RESPONSE carry one typed
-control message (``arrow_shuffle.control``); ``seq`` numbers them per direction. PARTITION_REQUEST
+control message (``arrow_shuffle.control_schema``); ``seq`` numbers them per direction. PARTITION_REQUEST
 and both control kinds are sealed with the connection's session key (``auth.Session``). Payload
 lengths are checked against a maximum before anything is read, so a corrupt or hostile length
 never makes us allocate or wait for it.

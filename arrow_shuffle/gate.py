@@ -1,20 +1,18 @@
-"""``InputGate``: one reduce task's input, a set of local and remote channels.
+"""``InputGate``: one reduce task's input, a set of remote channels.
 
-A *local* channel (``LocalChannelSpec`` -> ``LocalInputChannel``) reads a ``ResultPartition``
-object of this very process from its in-memory queue; a *remote* one (``RemoteChannelSpec`` ->
-``RemoteInputChannel``) reads from a ``PartitionServer`` in another process over a connection.
+Each channel (``RemoteChannelSpec`` -> ``RemoteInputChannel``) reads one subpartition from a
+``PartitionServer`` (usually in another process) over a connection, with credits.
 Channels report "I have data" into one queue, so batches are handed out in arrival order
 across channels; the first channel failure is raised to the reader (and every channel is then
-closed, returning its buffers). Remote channels share the gate's floating buffers.
+closed, returning its buffers). The channels share the gate's floating buffers.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import pyarrow as pa
 
@@ -24,21 +22,10 @@ from arrow_shuffle.codec import decode_buffer
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ChannelClosedError, ShuffleConfigError, ShuffleError
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.local_channel import LocalInputChannel
-from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.remote_channel import RemoteInputChannel
 from arrow_shuffle.stats import GateStats, StatsCell
 from arrow_shuffle.transport import TcpTransport, Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
-
-
-@dataclass(frozen=True)
-class LocalChannelSpec:
-    """Read ``partition.subpartitions[subpartition]`` of a partition object in this process
-    (no network, no credit)."""
-
-    partition: ResultPartition
-    subpartition: int
 
 
 @dataclass(frozen=True)
@@ -51,22 +38,6 @@ class RemoteChannelSpec:
     subpartition: int
 
 
-ChannelSpec = LocalChannelSpec | RemoteChannelSpec
-
-
-class InputChannel(Protocol):
-    """What the gate needs from a channel (local or remote)."""
-
-    index: int
-    where: str
-
-    def start(self, on_data: Callable[[int], None]) -> None: ...
-
-    def poll(self) -> tuple[Buffer | None, bool]: ...
-
-    def close(self) -> None: ...
-
-
 class InputGate:
     """Iterate ``pyarrow.RecordBatch``es from all channels until every one has ended.
 
@@ -77,7 +48,7 @@ class InputGate:
 
     def __init__(
         self,
-        channels: Sequence[ChannelSpec],
+        channels: Sequence[RemoteChannelSpec],
         schema: pa.Schema,
         pool: NetworkBufferPool,
         config: ShuffleConfig | None = None,
@@ -89,8 +60,7 @@ class InputGate:
         self.schema = schema
         self.clock = clock
         self.config = config or ShuffleConfig(buffer_size=pool.segment_size)
-        remote = [c for c in channels if isinstance(c, RemoteChannelSpec)]
-        if remote and not secret:
+        if channels and not secret:
             raise ShuffleConfigError("remote channels need the application secret")
         self._cond = threading.Condition()
         self._with_data: deque[int] = deque()
@@ -101,38 +71,35 @@ class InputGate:
         self.floating = LocalBufferPool(
             pool, 0, self.config.floating_buffers_per_gate, "gate floating buffers", clock=clock
         )
-        exclusive = pool.reserve(len(remote) * self.config.exclusive_buffers_per_channel, "input gate")
+        exclusive = pool.reserve(len(channels) * self.config.exclusive_buffers_per_channel, "input gate")
         per = self.config.exclusive_buffers_per_channel
-        self._channels: list[InputChannel] = []
+        self._channels: list[RemoteInputChannel] = []
         for index, spec in enumerate(channels):
-            if isinstance(spec, LocalChannelSpec):
-                self._channels.append(LocalInputChannel(index, spec.partition, spec.subpartition))
-            else:
-                mine, exclusive = exclusive[:per], exclusive[per:]
-                self._channels.append(
-                    RemoteInputChannel(
-                        index,
-                        spec.address,
-                        spec.partition_id,
-                        spec.subpartition,
-                        mine,
-                        pool,
-                        self.floating,
-                        self.config,
-                        as_bytes(secret or b""),
-                        transport or TcpTransport(),
-                        clock,
-                    )
+            mine, exclusive = exclusive[:per], exclusive[per:]
+            self._channels.append(
+                RemoteInputChannel(
+                    index,
+                    spec.address,
+                    spec.partition_id,
+                    spec.subpartition,
+                    mine,
+                    pool,
+                    self.floating,
+                    self.config,
+                    as_bytes(secret or b""),
+                    transport or TcpTransport(),
+                    clock,
                 )
+            )
         self._started = False
 
     @property
-    def channels(self) -> list[InputChannel]:
+    def channels(self) -> list[RemoteInputChannel]:
         return list(self._channels)
 
     def stats(self) -> GateStats:
         snapshot: GateStats = self._stats.snapshot()
-        remote = [c.stats() for c in self._channels if isinstance(c, RemoteInputChannel)]
+        remote = [c.stats() for c in self._channels]
         snapshot.credits_announced = sum(r.credits_announced for r in remote)
         snapshot.buffers_without_credit = sum(r.buffers_without_credit for r in remote)
         snapshot.max_in_flight = max((r.max_in_flight for r in remote), default=0)

@@ -1,19 +1,13 @@
 """``ResultPartition``: a map task's output, one subpartition per consumer.
 
-PIPELINED partitions are bounded: when the partition's buffer share is exhausted the writer
-blocks (backpressure) until consumers free buffers. BLOCKING partitions are materialised:
-buffers stay in memory up to ``blocking_memory_bytes`` and are spilled to disk beyond that, so
-they hold however much is written; they become readable once finished.
-
-These are the engine's two kinds (Flink's). The Spark DataFrame API does not use BLOCKING: its
-materialised mode writes map-output files (``spark_plugin.shuffle.map_output``) that the agent
-streams through PIPELINED partitions, and its streaming mode uses PIPELINED partitions directly.
+A partition is pipelined (Flink's PIPELINED kind, the only one here): readable while it is
+written, and bounded: when the partition's buffer share is exhausted the writer blocks
+(backpressure) until consumers free buffers. Nothing is materialised in the engine: the Spark
+DataFrame API's materialised mode writes map-output files (``spark_plugin.shuffle.map_output``)
+that the agent streams through partitions like these, and its pipelined mode serves them directly.
 """
 
 from __future__ import annotations
-
-import enum
-import threading
 
 import pyarrow as pa
 
@@ -21,20 +15,9 @@ from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ChannelClosedError, ShuffleConfigError
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.spill import SpillFile
 from arrow_shuffle.stats import PartitionStats, StatsCell
 from arrow_shuffle.subpartition import Subpartition
 from heartbeat.clock import SYSTEM_CLOCK, Clock
-
-
-class PartitionKind(enum.Enum):
-    """How a partition holds its data until it is read."""
-
-    PIPELINED = "pipelined"
-    """Bounded, readable while written: the writer blocks when readers fall behind."""
-    BLOCKING = "blocking"
-    """Materialised, readable once finished: memory up to ``blocking_memory_bytes``, then spilled
-    to ``spill_dir``; the writer never waits for readers."""
 
 
 class ResultPartition:
@@ -43,8 +26,8 @@ class ResultPartition:
     ``clock`` measures the writer's flush timeout and waits for buffers (``buffer_request_timeout_s``,
     ``blocked_on_pool_s``); a ``PartitionServer`` streams it on the server's clock.
 
-    A PIPELINED partition holds at most ``partition_pool_share`` of the network pool (never less
-    than its reserved minimum), so one fast writer with a slow reader cannot take every buffer.
+    A partition holds at most ``partition_pool_share`` of the network pool (never less than its
+    reserved minimum), so one fast writer with a slow reader cannot take every buffer.
     With ``reserve_now=False`` creating it takes no buffers: ``reserve_buffers()`` (or the first
     write) queues for them, first come first served, for up to ``buffer_reserve_timeout_s``."""
 
@@ -54,7 +37,6 @@ class ResultPartition:
         num_subpartitions: int,
         schema: pa.Schema,
         pool: NetworkBufferPool,
-        kind: PartitionKind = PartitionKind.PIPELINED,
         config: ShuffleConfig | None = None,
         *,
         clock: Clock = SYSTEM_CLOCK,
@@ -71,15 +53,11 @@ class ResultPartition:
         self.partition_id = partition_id
         self.clock = clock
         self.schema = schema
-        self.kind = kind
         self.num_subpartitions = num_subpartitions
-        minimum = num_subpartitions + 1  # one open buffer each, plus one to read spills back
-        if kind is PartitionKind.PIPELINED:
-            maximum = num_subpartitions * self.config.buffers_per_subpartition
-            maximum += self.config.floating_buffers_per_gate
-            maximum = min(maximum, int(self.config.partition_pool_share * pool.num_segments))
-        else:
-            maximum = self.config.blocking_memory_bytes // self.config.buffer_size
+        minimum = num_subpartitions + 1  # one open buffer each, plus one spare
+        maximum = num_subpartitions * self.config.buffers_per_subpartition
+        maximum += self.config.floating_buffers_per_gate
+        maximum = min(maximum, int(self.config.partition_pool_share * pool.num_segments))
         self.pool = LocalBufferPool(
             pool,
             minimum,
@@ -88,13 +66,7 @@ class ResultPartition:
             clock=clock,
             reserve_now=reserve_now,
         )
-        readable = kind is PartitionKind.PIPELINED
-        self.subpartitions = [
-            Subpartition(partition_id, i, self.pool, readable, self.config.buffer_request_timeout_s)
-            for i in range(num_subpartitions)
-        ]
-        self._spill: SpillFile | None = None
-        self._spill_lock = threading.Lock()
+        self.subpartitions = [Subpartition(partition_id, i) for i in range(num_subpartitions)]
         self._stats = StatsCell(PartitionStats())
         self._finished = False
         self._released = False
@@ -135,27 +107,10 @@ class ResultPartition:
         self._stats.add(**deltas)
 
     def request_buffer(self) -> Buffer:
-        """A free buffer for the writer: blocks (PIPELINED) or spills (BLOCKING) when none is free."""
+        """A free buffer for the writer: blocks when none is free (backpressure)."""
         if self._released:
             raise ChannelClosedError(f"partition {self.partition_id} was released")
-        if self.kind is PartitionKind.BLOCKING:
-            while True:
-                buffer = self.pool.try_request()
-                if buffer is not None:
-                    return buffer
-                if not self._spill_one():
-                    break
         return self.pool.request(self.config.buffer_request_timeout_s, cancelled=lambda: self._released)
-
-    def _spill_one(self) -> bool:
-        with self._spill_lock:
-            if self._spill is None:
-                self._spill = SpillFile(self.config.spill_dir, f"{self.partition_id}".replace("/", "_"))
-            victim = max(self.subpartitions, key=lambda s: s.in_memory_buffers())
-            spilled = victim.spill_oldest(self._spill)
-        if spilled:
-            self.record(spill_bytes=spilled, spill_buffers=1)
-        return spilled > 0
 
     def add(self, subpartition: int, buffer: Buffer) -> None:
         self.record(buffers_written=1, bytes_written=buffer.size)
@@ -163,16 +118,10 @@ class ResultPartition:
 
     def finish(self) -> None:
         """All data is written: consumers see end-of-partition after the last buffer."""
-        if self.kind is PartitionKind.BLOCKING:
-            # Leave one free buffer per subpartition so every reader can load its spilled data.
-            headroom = self.pool.max_segments - self.num_subpartitions
-            while self.pool.in_use > headroom and self._spill_one():
-                pass
         self._finished = True
         for sub in self.subpartitions:
             sub.finish()
-        if self.kind is PartitionKind.PIPELINED:  # nothing more is written or read back from disk
-            self.pool.drain()
+        self.pool.drain()  # nothing more is written
 
     def release(self) -> None:
         """Drop all data and return every buffer (after consumption, or on cancel)."""
@@ -190,6 +139,3 @@ class ResultPartition:
         for sub in self.subpartitions:
             sub.release(failure)
         self.pool.close()
-        with self._spill_lock:
-            if self._spill is not None:
-                self._spill.close()

@@ -2,10 +2,10 @@
 
 One per process (Flink's netty server of a TaskExecutor): a ``RemoteInputChannel`` in another
 process connects, names a partition and a subpartition, and receives that subpartition's buffers
-as its credit allows. Readers in the same process use a ``LocalInputChannel`` and never come
-here. Each accepted connection is one stream: authenticate (HMAC), read the partition request with
-the channel's initial credit (sealed with the session key), then a sender thread pushes buffers
-while this connection's thread reads credit announcements from the same socket. Getting in
+as its credit allows (a reader in the same process connects over loopback). Each accepted
+connection is one stream: authenticate (HMAC), read the partition request with the channel's
+initial credit (sealed with the session key), then a sender thread pushes buffers while this
+connection's thread reads credit announcements from the same socket. Getting in
 (handshake + request) runs on the connection's own thread under one overall deadline,
 ``connect_timeout_s``; at most ``max_pending_connections`` may be getting in and ``max_streams``
 be served at once (``acceptor.Acceptor``, shared with the control servers). A consumer that disappears before
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from arrow_shuffle.acceptor import AcceptLimits, Acceptor
 from arrow_shuffle.auth import Session, as_bytes, server_handshake
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.control import PARTITION_REQUEST, decode_json
+from arrow_shuffle.control_schema import PARTITION_REQUEST, decode_json
 from arrow_shuffle.errors import (
     ChannelClosedError,
     ControlMessageError,

@@ -30,15 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import re
 import secrets
 import stat
-import threading
 
 from arrow_shuffle.errors import UnsafeIdError, UnsafePathError
-from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 MAX_ID_LENGTH = 128
 _ID = re.compile(r"[A-Za-z0-9._-]+")
@@ -181,11 +178,6 @@ def create_private_file(path: str) -> int:
     return _create(path, os.O_WRONLY)
 
 
-def create_private_rw_file(path: str) -> int:
-    """As ``create_private_file``, opened for reading back too (spill files)."""
-    return _create(path, os.O_RDWR)
-
-
 def write_private_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` with a 0600 file holding ``data``; a reader sees the old or the new file.
 
@@ -255,33 +247,3 @@ def resolve_inside(base: str, path: object) -> str:
     if real == real_base or os.path.commonpath([real_base, real]) != real_base:
         raise UnsafePathError(f"{_show(path)} is not inside {base}: refused")
     return real
-
-
-class LogLimiter:
-    """At most one log line per key per ``every_s``: a directory full of planted files, or a peer
-    asking for paths again and again, cannot flood the log. Counts what it left out."""
-
-    def __init__(
-        self, logger: logging.Logger, every_s: float = 60.0, clock: Clock = SYSTEM_CLOCK, max_keys: int = 256
-    ) -> None:
-        self._logger = logger
-        self._every_s = every_s
-        self._clock = clock
-        self._max_keys = max_keys
-        self._lock = threading.Lock()
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def warning(self, key: str, message: str, *args: object) -> bool:
-        """Log ``message % args`` unless ``key`` was logged within ``every_s``; True if logged."""
-        now = self._clock.monotonic()
-        with self._lock:
-            last, skipped = self._last.get(key, (None, 0))
-            if last is not None and now - last < self._every_s:
-                self._last[key] = (last, skipped + 1)
-                return False
-            if key not in self._last and len(self._last) >= self._max_keys:
-                self._last.pop(next(iter(self._last)))
-            self._last[key] = (now, 0)
-        suffix = f" ({skipped} more like it not logged)" if skipped else ""
-        self._logger.warning(message + suffix, *args)
-        return True

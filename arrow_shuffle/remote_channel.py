@@ -30,7 +30,7 @@ from arrow_shuffle.auth import client_handshake
 from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool, Segment
 from arrow_shuffle.codec import ArrowPayload, blocks_for
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.control import PARTITION_REQUEST, encode_json
+from arrow_shuffle.control_schema import PARTITION_REQUEST, encode_json
 from arrow_shuffle.credit import ReceiverLedger, UnannouncedCredit
 from arrow_shuffle.errors import (
     ChannelClosedError,
@@ -53,8 +53,8 @@ from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 
 class RemoteInputChannel:
-    """One subpartition of a ``ResultPartition`` in another process, received over one connection
-    (the counterpart of ``LocalInputChannel``, which reads a partition of this process)."""
+    """One subpartition of a ``ResultPartition`` served by a ``PartitionServer`` (usually in another
+    process), received over one connection."""
 
     def __init__(
         self,

@@ -24,8 +24,6 @@ class PartitionStats:
     bytes_sent: int = 0
     blocked_on_pool_s: float = 0.0
     blocked_on_credit_s: float = 0.0
-    spill_bytes: int = 0
-    spill_buffers: int = 0
 
     def as_dict(self, prefix: str = "partition.") -> dict[str, float]:
         return {prefix + k: float(v) for k, v in dataclasses.asdict(self).items()}

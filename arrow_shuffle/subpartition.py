@@ -1,9 +1,7 @@
 """One subpartition's queue of finished buffers, its backlog, and its single reader.
 
-The writer appends finished buffers; one reader (a ``LocalInputChannel`` in this process, or
-the ``StreamSender`` of a remote reader's stream) polls them in order. For BLOCKING partitions
-buffers may be moved to a spill file while writing and are only readable once the partition is
-finished.
+The writer appends finished buffers; one reader (the ``StreamSender`` of a remote reader's
+stream) polls them in order, while they are written.
 """
 
 from __future__ import annotations
@@ -13,33 +11,20 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool
+from arrow_shuffle.buffer_pool import Buffer
 from arrow_shuffle.errors import ChannelClosedError, PartitionNotFoundError, ProducerFailedError, ShuffleError
-from arrow_shuffle.spill import SpilledRegion, SpillFile
 
 if TYPE_CHECKING:
     from arrow_shuffle.ids import PartitionId
-
-Entry = Buffer | SpilledRegion
 
 
 class Subpartition:
     """Queue of buffers for one consumer, with Flink's backlog (buffers queued)."""
 
-    def __init__(
-        self,
-        partition_id: PartitionId,
-        index: int,
-        pool: LocalBufferPool,
-        readable_before_finish: bool,
-        request_timeout_s: float,
-    ) -> None:
+    def __init__(self, partition_id: PartitionId, index: int) -> None:
         self.partition_id = partition_id
         self.index = index
-        self._pool = pool
-        self._readable_before_finish = readable_before_finish
-        self._request_timeout_s = request_timeout_s
-        self._queue: deque[Entry] = deque()
+        self._queue: deque[Buffer] = deque()
         self._lock = threading.Lock()
         self._finished = False
         self._released = False
@@ -47,7 +32,6 @@ class Subpartition:
         self._reader: Callable[[], None] | None = None
         self._has_reader = False
         self._consumed = False
-        self._spill: SpillFile | None = None
         self.buffers_added = 0
         self.bytes_added = 0
 
@@ -60,7 +44,7 @@ class Subpartition:
             self._queue.append(buffer)
             self.buffers_added += 1
             self.bytes_added += buffer.size
-            notify = self._reader if self._readable_before_finish else None
+            notify = self._reader
         if notify is not None:
             notify()
 
@@ -70,25 +54,6 @@ class Subpartition:
             notify = self._reader
         if notify is not None:
             notify()
-
-    def spill_oldest(self, spill: SpillFile) -> int:
-        """Move the oldest in-memory buffer to ``spill``; returns bytes spilled (0 if none)."""
-        with self._lock:
-            for i, entry in enumerate(self._queue):
-                if isinstance(entry, Buffer):
-                    region = spill.append(entry.segment.view[: entry.size])
-                    self._queue[i] = region
-                    self._spill = spill
-                    victim = entry
-                    break
-            else:
-                return 0
-        victim.recycle()
-        return region.length
-
-    def in_memory_buffers(self) -> int:
-        with self._lock:
-            return sum(1 for e in self._queue if isinstance(e, Buffer))
 
     # -- reader side ---------------------------------------------------------------------------
     def attach_reader(self, on_available: Callable[[], None]) -> None:
@@ -130,32 +95,13 @@ class Subpartition:
         with self._lock:
             if self._released:
                 raise self._closed_error()
-            if not self._readable_before_finish and not self._finished:
-                return None, 0, False
             if not self._queue:
                 self._consumed = self._finished
                 return None, 0, self._finished
             if not allow_data:
                 return None, len(self._queue), False
-            entry = self._queue.popleft()
-            backlog = len(self._queue)
-            spill = self._spill
-        if isinstance(entry, Buffer):
-            return entry, backlog, False
-        assert spill is not None
-        try:
-            buffer = self._pool.request(self._request_timeout_s)
-        except ShuffleError as exc:  # released meanwhile: say so, not "pool closed"
-            self._raise_if_released(exc)
-            raise
-        try:
-            spill.read_into(entry, buffer.segment.view)
-        except BaseException as exc:
-            buffer.recycle()
-            self._raise_if_released(exc)
-            raise
-        buffer.size = entry.length
-        return buffer, backlog, False
+            buffer = self._queue.popleft()
+            return buffer, len(self._queue), False
 
     @property
     def backlog(self) -> int:
@@ -172,11 +118,10 @@ class Subpartition:
             if failure is not None and not self._released:
                 self._failure = failure
             self._released = True
-            entries, self._queue = list(self._queue), deque()
+            buffers, self._queue = list(self._queue), deque()
             notify = self._reader
-        for entry in entries:
-            if isinstance(entry, Buffer):
-                entry.recycle()
+        for buffer in buffers:
+            buffer.recycle()
         if notify is not None:
             notify()
 
@@ -186,10 +131,3 @@ class Subpartition:
         if self._failure is not None:
             return ProducerFailedError(f"the producer of {what} failed: {self._failure}")
         return ChannelClosedError(f"{what} was released")
-
-    def _raise_if_released(self, cause: BaseException) -> None:
-        """A read that failed because the partition was released meanwhile reports the release."""
-        with self._lock:
-            released = self._released
-        if released:
-            raise self._closed_error() from cause

@@ -3,16 +3,15 @@
 Small batches are coalesced into the subpartition's open buffer; a buffer is handed to the
 subpartition when the next batch does not fit (trigger one: full) or when the flusher thread's
 ``flush_timeout_s`` passes on the partition's clock (trigger two: timeout). Requesting a buffer
-may block on the partition's pool: that is the backpressure a slow consumer exerts on a
-PIPELINED producer.
+may block on the partition's pool: that is the backpressure a slow consumer exerts on the
+producer.
 
-A batch (or slice) that fills at least half a buffer on its own is not copied into a PIPELINED
-partition's buffer: it is queued as an ``ArrowPayload`` of its IPC pieces, views of its own Arrow
+A batch (or slice) that fills at least half a buffer on its own is not copied into a partition's
+buffer: it is queued as an ``ArrowPayload`` of its IPC pieces, views of its own Arrow
 memory, which the sender passes to ``sendmsg`` (one copy fewer). It still takes a buffer of the
 pool, so backpressure and credit count it like any other. Arrow data is immutable; such a batch's
 memory is referenced until it is sent, so memory wrapped zero-copy (a numpy array given to
-``pa.array``) must not be modified after it was written. BLOCKING partitions always copy (they
-may spill a buffer's bytes to disk).
+``pa.array``) must not be modified after it was written.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import pyarrow as pa
 from arrow_shuffle.buffer_pool import Buffer
 from arrow_shuffle.codec import BufferBuilder, encode_parts, schema_size, split_to_fit
 from arrow_shuffle.errors import ChannelClosedError, SchemaMismatchError, ShuffleConfigError, ShuffleError
-from arrow_shuffle.partition import PartitionKind, ResultPartition
+from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partitioner import Partitioner, hash_partitioner
 
 _MAX_PACE_S = 0.5
@@ -51,7 +50,7 @@ class RecordWriter:
             raise ShuffleConfigError(
                 f"buffer_size={partition.config.buffer_size} cannot even hold the schema"
             )
-        self._direct_from = self._usable // 2 if partition.kind is PartitionKind.PIPELINED else None
+        self._direct_from = self._usable // 2
         """Pieces at least this big are sent from the batch's memory, not copied (see the module)."""
         self._builders: list[BufferBuilder | None] = [None] * partition.num_subpartitions
         self._lock = threading.Lock()
@@ -149,7 +148,7 @@ class RecordWriter:
 
     def _emit(self, sub: int, batch: pa.RecordBatch) -> None:
         for piece, size in split_to_fit(batch, self._usable):
-            if self._direct_from is not None and size >= self._direct_from:
+            if size >= self._direct_from:
                 self._emit_direct(sub, piece)
                 continue
             while True:

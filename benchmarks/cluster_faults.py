@@ -1,10 +1,10 @@
 """A whole host lost on a real Spark standalone cluster: how fast arrowbeat reports a frozen host,
 and how long an Arrow shuffle takes to an exact result when a host is killed mid-shuffle.
 
-The cluster of ``tests/spark/standalone.py``: a Master and two Workers, each its own host
-(127.0.0.2, 127.0.0.3, one core, its own temp dir); the application's driver here (client mode),
-arrowbeat at its defaults (interval 1 s, timeout 5 s), Spark's too (``spark.shuffle.io.retryWait``
-5 s). Each round:
+The client-mode application of ``tests/harness/standalone.py`` (``standalone_app``): a Master and
+two Workers, each its own host (127.0.0.2, 127.0.0.3, one core, its own temp dir); the
+application's driver here, arrowbeat at its defaults (interval 1 s, timeout 5 s), Spark's too
+(``spark.shuffle.io.retryWait`` 5 s). Each round:
 
 - *freeze*: SIGSTOP on one Worker and everything under it; the time to that executor's
   ``HEARTBEAT_TIMEOUT`` (the RM's timestamp in ``executor_events``), then SIGCONT and its
@@ -22,43 +22,35 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_plugin.shuffle import group_apply, shuffle_of
-from tests import conftest as _env  # noqa: F401  (loopback, venv python, test-run marker)
-from tests.procs import wait_until
-from tests.spark.history_read import rows
-from tests.spark.session import build_session, stop_session
-from tests.spark.standalone import StandaloneCluster, Worker
+from tests.harness.env import prepare
+from tests.harness.history_read import rows
+from tests.harness.procs import wait_until
+from tests.harness.standalone import (
+    SUMMARY,
+    StandaloneCluster,
+    Worker,
+    keyed_source,
+    spark_executors,
+    spark_summary,
+    standalone_app,
+    summary,
+)
 
 ROWS = 400_000
-SUMMARY = "k bigint, n bigint, sx double"
 EVENTS = "executor_events"
 WAIT_S = 120.0  # the longest any step may take before the run is called failed
 
 
 def source(spark: SparkSession) -> DataFrame:
-    return spark.range(0, ROWS, numPartitions=4).selectExpr(
-        "id", "pmod(hash(id), 997) AS k", "cast(id % 1000 AS double) AS x"
-    )
-
-
-def summary(table: pa.Table) -> pa.Table:
-    return pa.table(
-        {
-            "k": pa.array([table.column("k")[0].as_py()], pa.int64()),
-            "n": pa.array([table.num_rows], pa.int64()),
-            "sx": pa.array([pc.sum(table.column("x")).as_py()], pa.float64()),
-        }
-    )
+    return keyed_source(spark, ROWS, 997)
 
 
 def event_ts(tables: Path, executor_id: str, kind: str, after: float) -> float | None:
@@ -68,19 +60,6 @@ def event_ts(tables: Path, executor_id: str, kind: str, after: float) -> float |
     return None
 
 
-def executor_id_of(cluster: StandaloneCluster, worker: Worker) -> str:
-    jvms = cluster.executors_of(worker)
-    if len(jvms) != 1:
-        raise SystemExit(f"{worker.name}: {len(jvms)} executors, expected one")
-    args = jvms[0].cmdline()
-    return args[args.index("--executor-id") + 1]
-
-
-def spark_executors(spark: SparkSession) -> int:
-    sc = spark.sparkContext
-    return int(sc._jsc.sc().getExecutorIds().size())
-
-
 def must(condition: Any, what: str) -> None:
     if not wait_until(condition, WAIT_S, interval_s=0.05):
         raise SystemExit(f"not within {WAIT_S:g}s: {what}")
@@ -88,7 +67,7 @@ def must(condition: Any, what: str) -> None:
 
 def freeze_round(cluster: StandaloneCluster, tables: Path, worker: Worker) -> float:
     """Seconds from SIGSTOP of the whole host to its executor's HEARTBEAT_TIMEOUT."""
-    executor = executor_id_of(cluster, worker)
+    executor = cluster.executor_id(worker)
     stopped_at = time.time()
     cluster.freeze(worker)
     try:
@@ -120,7 +99,7 @@ def shuffle_round(
     mid = time.monotonic()
     if victim is not None:
         written = {r["executor"] for r in handle.reports() if r["side"] == "write"}
-        if executor_id_of(cluster, victim) not in written:
+        if cluster.executor_id(victim) not in written:
             raise SystemExit(f"{victim.name} ran no map task: nothing to lose")
         cluster.kill(victim)
     got = {r.k: (r.n, r.sx) for r in out.collect()}
@@ -138,45 +117,39 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    prepare()  # loopback, the venv's Python, the run marker
     scratch = Path(tempfile.mkdtemp(prefix="arrowbeat-cluster-faults-"))
-    tables = scratch / "cluster" / "tables"
     freezes: list[float] = []
     kills: list[tuple[float, float]] = []
     clean: list[tuple[float, float]] = []
+    conf = {
+        "spark.arrowbeat.tables.flushInterval": "500ms",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.arrowbeat.shuffle.adaptive": "true",
+    }
     try:
-        with StandaloneCluster.start(scratch / "cluster") as cluster:
-            conf = {
-                "spark.arrowbeat.tables.path": str(tables),
-                "spark.arrowbeat.tables.flushInterval": "500ms",
-                "spark.sql.shuffle.partitions": "8",
-                "spark.arrowbeat.shuffle.adaptive": "true",
-            }
-            spark = build_session(cluster.master_url, scratch, "bench-cluster-faults", conf=conf)
-            try:
-                must(lambda: spark_executors(spark) == 2, "two executors")
-                expected = {
-                    r.k: (r.n, r.sx)
-                    for r in source(spark).groupBy("k").applyInArrow(summary, SUMMARY).collect()
-                }
-                shuffle_round(spark, cluster, expected, None)  # warm-up: Python workers, imports
-                for index in range(args.rounds):
-                    worker = cluster.workers[index % 2]
-                    freezes.append(freeze_round(cluster, tables, worker))
-                    clean.append(shuffle_round(spark, cluster, expected, None))
-                    kills.append(shuffle_round(spark, cluster, expected, worker))
-                    cluster.start_worker(worker)
-                    cluster.wait_alive([worker])
-                    must(lambda: spark_executors(spark) == 2, f"an executor on {worker.name} again")
-                    must(lambda w=worker: len(cluster.executors_of(w)) == 1, f"{worker.name} runs one")
-                    print(
-                        f"round {index + 1} ({worker.name}): frozen host reported after "
-                        f"{freezes[-1]:.2f}s; job {clean[-1][0]:.2f}s without a kill, "
-                        f"{kills[-1][0]:.2f}s with one; kill -> exact result {kills[-1][1]:.2f}s "
-                        f"(reduce side alone {clean[-1][1]:.2f}s)",
-                        flush=True,
-                    )
-            finally:
-                stop_session(spark)
+        with standalone_app(
+            scratch / "cluster", scratch, "bench-cluster-faults", conf, timeout_s=WAIT_S
+        ) as app:
+            spark, cluster, tables = app.spark, app.cluster, app.tables
+            expected = spark_summary(source(spark))
+            shuffle_round(spark, cluster, expected, None)  # warm-up: Python workers, imports
+            for index in range(args.rounds):
+                worker = cluster.workers[index % 2]
+                freezes.append(freeze_round(cluster, tables, worker))
+                clean.append(shuffle_round(spark, cluster, expected, None))
+                kills.append(shuffle_round(spark, cluster, expected, worker))
+                cluster.start_worker(worker)
+                cluster.wait_alive([worker])
+                must(lambda: spark_executors(spark) == 2, f"an executor on {worker.name} again")
+                must(lambda w=worker: len(cluster.executors_of(w)) == 1, f"{worker.name} runs one")
+                print(
+                    f"round {index + 1} ({worker.name}): frozen host reported after "
+                    f"{freezes[-1]:.2f}s; job {clean[-1][0]:.2f}s without a kill, "
+                    f"{kills[-1][0]:.2f}s with one; kill -> exact result {kills[-1][1]:.2f}s "
+                    f"(reduce side alone {clean[-1][1]:.2f}s)",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     kill_job, kill_recovery = (statistics.median(x) for x in zip(*kills, strict=True))
@@ -193,4 +166,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from spark_plugin.history.reader import run_reader
+
+    run_reader(main)  # no interpreter finalisation: delta-rs's readers can abort it (exit 134)

@@ -14,18 +14,17 @@ from __future__ import annotations
 import argparse
 import secrets
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatServices
-from tests import conftest as _env  # noqa: F401  (loopback, venv python, test-run marker)
+from tests.harness.env import prepare
+from tests.harness.history_read import rows
+from tests.harness.procs import executor_jvms, wait_until
+from tests.harness.submit import SubmittedApp
 from tests.heartbeat.fakes import Collector
 from tests.heartbeat.processes import AgentProcess, RmProcess, first_loss
-from tests.procs import ours, wait_until
-from tests.spark.history_read import rows
-from tests.spark.submit import SubmittedApp
 
 HOLD_APP = Path(__file__).resolve().parent.parent / "tests/spark/apps/hold_app.py"
 SPARK_LOWERED = {
@@ -106,10 +105,7 @@ def measure(
     try:
         app.wait_for("APP-READY ", timeout_s=180)
         wait_until(lambda: len(rows(tables, "heartbeats")) >= 4, 60)
-        jvms = {}
-        for proc in ours("CoarseGrainedExecutorBackend", app.marker):
-            args = proc.cmdline()
-            jvms[args[args.index("--executor-id") + 1]] = proc
+        jvms = executor_jvms(app.marker)
         victim_id = sorted(jvms)[0]
         stopped_at = time.time()
         jvms[victim_id].suspend()
@@ -146,6 +142,7 @@ def main() -> int:
     )
     parser.add_argument("--part", choices=["heartbeat", "spark", "all"], default="all")
     args = parser.parse_args()
+    prepare()  # loopback, the venv's Python everywhere, the run marker
     if args.part in ("heartbeat", "all"):
         kill_s, freeze_s, reregister_s = measure_heartbeat()
         print(f"RESULT heartbeat_kill_detect_s={kill_s:.2f}")
@@ -166,4 +163,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from spark_plugin.history.reader import run_reader
+
+    run_reader(main)  # no interpreter finalisation: delta-rs's readers can abort it (exit 134)

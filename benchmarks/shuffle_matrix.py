@@ -37,8 +37,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from benchmarks.shuffle_vs_spark import PeakMemory
-from tests import conftest as _env  # loopback, venv python everywhere, test-run marker
-from tests.spark.session import build_session, stop_session
+from tests.harness.env import prepare
+from tests.harness.session import build_session, stop_session
 
 KEYS = 5003
 SUMMARY = "k int, n bigint, sx double"
@@ -95,7 +95,7 @@ def main() -> None:
 
     from spark_plugin.shuffle import group_apply, partition_apply, release
 
-    scratch = _env._SCRATCH
+    scratch = prepare()  # loopback, the venv's Python everywhere, the run marker
     load_before = os.getloadavg()
     spark = build_session(
         f"local-cluster[2,1,{args.worker_mb}]",

@@ -25,9 +25,9 @@ from collections.abc import Callable
 
 import psutil
 
-from tests import conftest as _env  # loopback, venv python everywhere, test-run marker
-from tests.procs import ours
-from tests.spark.session import build_session, stop_session
+from tests.harness.env import prepare
+from tests.harness.procs import ours
+from tests.harness.session import build_session, stop_session
 
 
 class PeakMemory:
@@ -86,7 +86,7 @@ def main() -> None:
 
     from spark_plugin.jobs.arrow_pipeline import pipelines
 
-    scratch = _env._SCRATCH
+    scratch = prepare()  # loopback, the venv's Python everywhere, the run marker
     spark = build_session(
         f"local-cluster[2,1,{args.worker_mb}]",
         scratch,

@@ -14,15 +14,14 @@ figures show (files at the end minus files at half time).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests import conftest as _env  # noqa: F401  (loopback, venv python, test-run marker)
-from tests.procs import end, ours
-from tests.spark.history_read import rows
-from tests.spark.submit import SubmittedApp
+from tests.harness.env import prepare
+from tests.harness.history_read import rows
+from tests.harness.procs import end, ours
+from tests.harness.submit import SubmittedApp
 
 ALARMS = {"HEARTBEAT_TIMEOUT", "UNREACHABLE", "REREGISTERED", "UNREGISTERED"}
 
@@ -38,6 +37,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--retention", default="2min", help="spark.arrowbeat.tables.retention")
     args = parser.parse_args()
+    prepare()  # loopback, the venv's Python everywhere, the run marker
     scratch = Path(tempfile.mkdtemp(prefix="arrowbeat-soak-"))
     tables = scratch / "tables"
     go = scratch / "go"
@@ -92,4 +92,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from spark_plugin.history.reader import run_reader
+
+    run_reader(main)  # no interpreter finalisation: delta-rs's readers can abort it (exit 134)

@@ -25,10 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests import conftest as _env  # noqa: F401  (loopback, venv python, test-run marker)
-from tests.procs import ours, wait_until
-from tests.spark.history_read import rows
-from tests.spark.submit import SubmittedApp
+from tests.harness.env import prepare
+from tests.harness.history_read import rows
+from tests.harness.procs import ours, wait_until
+from tests.harness.submit import SubmittedApp
 from tests.spark.test_stuck_tasks import gc_pause_jar
 
 STUCK_S, INTERVAL_S, TIMEOUT_S = 3.0, 0.1, 0.35
@@ -40,6 +40,7 @@ def main() -> int:
     parser.add_argument("--small-gc", type=int, default=3_000_000, help="objects: a pause under the timeout")
     parser.add_argument("--big-gc", type=int, default=20_000_000, help="objects: a pause over the timeout")
     args = parser.parse_args()
+    prepare()  # loopback, the venv's Python everywhere, the run marker
     rounds = args.rounds
     scratch = Path(tempfile.mkdtemp(prefix="arrowbeat-bench-stuck-"))
     tables = scratch / "tables"
@@ -125,9 +126,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from spark_plugin.jvm.sidecar import exit_process
+    from spark_plugin.history.reader import exit_after_reading
 
     start = time.monotonic()
     code = main()
     print(f"({time.monotonic() - start:.0f} s)", file=sys.stderr)
-    exit_process(code)  # no interpreter finalisation: delta-rs reader threads can abort it (#2184)
+    exit_after_reading(code)  # no interpreter finalisation: delta-rs's readers can abort it (exit 134)

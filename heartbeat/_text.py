@@ -9,11 +9,15 @@ shown (``one_line``, ``excerpt``) is escaped and cut to a bounded length first.
 
 from __future__ import annotations
 
+import re
+
 from .errors import MalformedMessageError
 
 MAX_ID_CHARS = 256
 MAX_REASON_CHARS = 512
 MAX_METRIC_NAME_CHARS = 128
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+"""A terminal colour (SGR) sequence, as Rust's error reports (delta-rs) may carry."""
 
 
 def check_text(name: str, value: str, max_chars: int = MAX_ID_CHARS, *, allow_empty: bool = False) -> None:
@@ -35,13 +39,23 @@ def excerpt(value: str, max_chars: int = 40) -> str:
     return f"{value[:max_chars]!r}..."
 
 
-def one_line(value: str, max_chars: int = 300) -> str:
-    """``value`` on one line: unprintable characters escaped as ``repr`` does, cut to ``max_chars``."""
-    if not value.isprintable():
-        value = "".join(c if c.isprintable() else repr(c)[1:-1] for c in value[: max_chars * 2])
-    if len(value) > max_chars:
-        return f"{value[:max_chars]}...(cut)"
-    return value
+def one_line(value: object, max_chars: int = 300, *, reflow: bool = False) -> str:
+    """``value`` (its ``str``) on one line: unprintable characters escaped as ``repr`` does, cut to
+    ``max_chars`` (then marked ``...(cut)``). The one escaping helper of arrowbeat: the plugin's
+    ``wire_text`` is this with its own bounds.
+
+    ``reflow`` is for a message written to be read over several lines (a delta-rs error chain:
+    line breaks, indentation, terminal colours): its colours are dropped and each run of whitespace
+    becomes one space before the rest, so it reads as one sentence. Without it a line break shows
+    as ``\\n``: what a peer sent stays visible as sent."""
+    text = value if isinstance(value, str) else str(value)
+    if reflow:
+        text = " ".join(_COLOUR.sub("", text).split())
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: max_chars * 2])
+    if len(text) > max_chars:
+        return f"{text[:max_chars]}...(cut)"
+    return text
 
 
 def clean_reason(reason: str) -> str:

@@ -153,10 +153,17 @@ class ResourceManagerCore:
         self._lock = threading.RLock()
         self._registrations: dict[str, _Registration] = {}
         self._seen: set[str] = set(known_executors)
+        self._forgotten: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Seen executors whose ended entry left the table, oldest first, at most ``max_ended``."""
         self._ended: collections.deque[str] = collections.deque()
+        self._ended_count: dict[str, int] = {}
+        """How often each id is in ``_ended``: an O(1) "still there?" (not a scan of 10,000)."""
         self._max_ended = max_ended
         self._expected: dict[str, _Expected] = {}
         self._removed_on_purpose: dict[str, str] = {}
+        self._cluster_gone: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Executors the cluster manager removed (ids are never reused), the last ``max_ended``:
+        a late word that one's agent did not start must not list it UNMONITORED for good."""
         self._scheduler = scheduler
         self._stopped = False
         self._sender = services.create_heartbeat_manager_sender(RM_ID, self, scheduler, clock, spread)
@@ -211,7 +218,11 @@ class ResourceManagerCore:
             self._registrations[executor_id] = _Registration(
                 executor_id, host, instance_id, target, monitor, registered_at=now_wall, pid=pid
             )
-            kind = EventKind.REREGISTERED if executor_id in self._seen else EventKind.REGISTERED
+            seen = executor_id in self._seen
+            if executor_id in self._forgotten:  # back in the table: remembered there again
+                del self._forgotten[executor_id]
+                seen = True
+            kind = EventKind.REREGISTERED if seen else EventKind.REGISTERED
             self._seen.add(executor_id)
             expected = self._expected.pop(executor_id, None)
         if expected is not None and expected.timer is not None:
@@ -288,7 +299,7 @@ class ResourceManagerCore:
         rather than after the ``expect`` bound (if no agent registered for it meanwhile)."""
         check_text("executor_id", executor_id)
         with self._lock:
-            if self._stopped or executor_id in self._registrations:
+            if self._stopped or executor_id in self._registrations or executor_id in self._cluster_gone:
                 return
             self._expected.setdefault(executor_id, _Expected("", self._clock.time()))
         self._unmonitored(executor_id, f"its agent did not start: {clean_reason(reason)}")
@@ -305,6 +316,9 @@ class ResourceManagerCore:
         with self._lock:
             expected = self._expected.pop(executor_id, None)
             registration = self._registrations.get(executor_id)
+            self._cluster_gone[executor_id] = None
+            while len(self._cluster_gone) > self._max_ended:
+                self._cluster_gone.popitem(last=False)
             if kind is EventKind.SPARK_REMOVED:
                 self._removed_on_purpose[executor_id] = detail
                 while len(self._removed_on_purpose) > self._max_ended:
@@ -428,13 +442,26 @@ class ResourceManagerCore:
         self._emit(kind, registration.executor_id, registration.host, registration.instance_id, detail)
 
     def _forget_old_ended(self, executor_id: str) -> None:
-        """Keep at most ``max_ended`` ended entries in the table so executor churn cannot grow it."""
+        """Keep at most ``max_ended`` ended entries in the table so executor churn cannot grow it.
+        A forgotten executor's id is still remembered as seen, among the last ``max_ended``
+        forgotten ones (else the ids seen would grow by every executor an application of months
+        ever ran): an agent that comes back later than that registers as ``REGISTERED``."""
         self._ended.append(executor_id)
+        self._ended_count[executor_id] = self._ended_count.get(executor_id, 0) + 1
         while len(self._ended) > self._max_ended:
             old = self._ended.popleft()
+            left = self._ended_count[old] - 1  # ends of it still in the deque (it may have flapped)
+            if left:
+                self._ended_count[old] = left
+            else:
+                del self._ended_count[old]
             entry = self._registrations.get(old)
-            if entry is not None and entry.state != "RUNNING" and old not in self._ended:
+            if entry is not None and entry.state != "RUNNING" and not left:
                 del self._registrations[old]
+                self._seen.discard(old)
+                self._forgotten[old] = None
+                while len(self._forgotten) > self._max_ended:
+                    self._forgotten.popitem(last=False)
 
     def _emit(self, kind: EventKind, executor_id: str, host: str, instance_id: str, detail: str) -> None:
         if self._stopped:

@@ -58,6 +58,7 @@ from .errors import (
     ProtocolVersionError,
 )
 from .events import EventBus, EventKind, Subscriber
+from .rate_log import RateLog
 from .resource_manager import ExecutorInfo, ResourceManagerCore
 from .scheduler import LoopScheduler
 from .services import HeartbeatServices
@@ -65,34 +66,25 @@ from .services import HeartbeatServices
 log = logging.getLogger(__name__)
 
 _SEND_QUEUE_LIMIT = 32
+_REFUSAL_LOG_S = 10.0
 
 
-class _RefusalLog:
-    """One WARNING per cause of refusal, then at most one per cause every ``every_s`` (with how
-    many were not reported meanwhile): a flood cannot fill the log, nor one cause hide another.
+def _log_refusal(rates: RateLog, cause: str, peer: str, detail: str = "") -> None:
+    """One WARNING per cause of refusal, then at most one per cause every ``_REFUSAL_LOG_S`` (with
+    how many were not reported meanwhile): a flood cannot fill the log, nor one cause hide another.
 
     Causes are fixed phrases (a bounded table); what came from the peer is escaped to one line.
     """
-
-    def __init__(self, clock: Clock, every_s: float = 10.0) -> None:
-        self._clock = clock
-        self._every_s = every_s
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def refused(self, cause: str, peer: str, detail: str = "") -> None:
-        now = self._clock.monotonic()
-        if now - self._last.get(cause, -float("inf")) < self._every_s:
-            self._suppressed[cause] = self._suppressed.get(cause, 0) + 1
-            return
-        self._last[cause] = now
-        log.warning(
-            "refused a heartbeat call from %s: %s%s (%d more refused for this cause since the last report)",
-            one_line(peer, 100),
-            cause,
-            f" ({one_line(detail)})" if detail else "",
-            self._suppressed.pop(cause, 0),
-        )
+    unreported = rates.admit(cause)
+    if unreported is None:
+        return
+    log.warning(
+        "refused a heartbeat call from %s: %s%s (%d more refused for this cause since the last report)",
+        one_line(peer, 100),
+        cause,
+        f" ({one_line(detail)})" if detail else "",
+        unreported,
+    )
 
 
 class _StreamLink:
@@ -171,7 +163,7 @@ class ResourceManagerServer:
         self._challenges = _auth.ChallengeIssuer(clock, call_window_s)
         self._used_challenges = _auth.ReplayCache(clock)
         self._bus = EventBus()
-        self._refusals = _RefusalLog(clock)
+        self._refusals = RateLog(log, _REFUSAL_LOG_S, clock)
         self._core: ResourceManagerCore | None = None
         self._server: grpc.aio.Server | None = None
         self._address: str | None = None
@@ -290,7 +282,7 @@ class ResourceManagerServer:
         self, context: grpc.aio.ServicerContext[Any, Any], cause: str, code: grpc.StatusCode, details: str
     ) -> NoReturn:
         """End the call with ``code``, logging the refusal (by ``cause``, rate-limited)."""
-        self._refusals.refused(cause, context.peer(), details)
+        _log_refusal(self._refusals, cause, context.peer(), details)
         await context.abort(code, details)
 
     # ---- unary calls ----------------------------------------------------------------------
@@ -515,7 +507,7 @@ class ResourceManagerServer:
                     raise MalformedMessageError(f"unexpected message {kind!r} after registration")
         except HeartbeatProtocolError as exc:
             if isinstance(exc, MalformedMessageError):  # the rest is the protocol at work
-                self._refusals.refused(_cause(exc), context.peer(), f"executor {executor_id}: {exc}")
+                _log_refusal(self._refusals, _cause(exc), context.peer(), f"executor {executor_id}: {exc}")
             link.finish((_code(exc).name, str(exc)))
         except asyncio.CancelledError:
             raise

@@ -27,8 +27,10 @@ import psutil
 from pyspark.sql import SparkSession
 
 from heartbeat.admin import list_executors
+from spark_plugin.history.storage import tables_root
 from spark_plugin.jobs import executor_health
-from spark_plugin.settings.config import ConfigError, from_spark_conf, parse_duration, tables_root
+from spark_plugin.settings.config import ConfigError, from_spark_conf
+from spark_plugin.settings.units import parse_duration
 
 
 def wait_for(what: Callable[[], Any], timeout_s: float, interval_s: float = 0.1) -> Any:
@@ -231,4 +233,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from spark_plugin.history.reader import run_reader
+
+    run_reader(main)  # no interpreter finalisation: delta-rs's readers can abort it (exit 134)

@@ -19,7 +19,8 @@ from typing import Any
 
 from spark_plugin.jobs.common import add_table_args, trigger_of
 from spark_plugin.settings import extras
-from spark_plugin.settings.config import OPTIONS_BY_KEY, parse_duration
+from spark_plugin.settings.config import OPTIONS_BY_KEY
+from spark_plugin.settings.units import parse_duration
 
 HEALTH_KEYS = ("app_id", "executor_id", "window_start")
 

@@ -8,7 +8,8 @@
     ├── SetupError (also RuntimeError)          arrowbeat's jars are not built: run ``make setup``
     ├── HistoryTableError (also RuntimeError)   a history table cannot be used; names the path
     │   ├── TablePathError                      the path is unwritable, or not (or a corrupt) Delta table
-    │   └── IncompatibleTableError              a Delta table there has another schema
+    │   ├── IncompatibleTableError              a Delta table there has another schema
+    │   └── UnknownApplicationError             the tables hold no row of the application asked for
     └── JvmLinkError                            the JVM launcher's protocol broke
         ├── SettingsTruncatedError (also EOFError)   the JVM closed stdin before the settings' end
         ├── MalformedSettingsError (also ValueError) a settings line is not ``key<TAB>value``
@@ -52,6 +53,10 @@ class IncompatibleTableError(HistoryTableError):
     """A Delta table at the path has a schema arrowbeat cannot append to."""
 
 
+class UnknownApplicationError(HistoryTableError):
+    """The tables hold no row of the application asked for; the message lists the ones they hold."""
+
+
 class JvmLinkError(PluginError):
     """The hosting JVM broke the launcher protocol on our stdin."""
 
@@ -80,4 +85,5 @@ __all__ = [
     "SettingsTruncatedError",
     "SetupError",
     "TablePathError",
+    "UnknownApplicationError",
 ]

@@ -2,7 +2,8 @@
 checkout, installed into a fresh venv outside it, run with no trace of the checkout (no
 ``PYTHONPATH``, no ``.cache/`` jars, none of the test run's ``PYSPARK_*``).
 
-Built once per test run (``installed_wheel``, session scope) for ``tests/test_wheel.py`` and
+Built once per test run (``installed_wheel``, session scope, registered in ``tests/conftest.py``:
+a module that imported it would get a second build) for ``tests/test_wheel.py`` and
 ``tests/spark/test_packed_env.py``; each step's seconds are kept in ``Installed.timings``.
 """
 

@@ -27,7 +27,7 @@ from spark_plugin.history.shuffle_metrics import append_rows
 from spark_plugin.settings import tls
 from spark_plugin.tools import cli
 from spark_plugin.tools.conf_command import main as module_main
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

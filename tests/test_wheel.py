@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 
 from spark_plugin.compat import versions
-from tests.installed import ROOT, Installed, installed_wheel, spark_lock
-from tests.procs import APP_MARKER, end, ours
+from tests.harness.procs import APP_MARKER, end, ours
+from tests.installed import ROOT, Installed, spark_lock
 
-__all__ = ["installed_wheel"]  # the session fixture, used by name below
 pytestmark = [pytest.mark.slow, pytest.mark.spark]  # builds a wheel (javac) and runs spark-submit
 
 PRODUCT = {"heartbeat", "arrow_shuffle", "spark_plugin"}

@@ -3,9 +3,11 @@
 Text from the wire (ids, hosts, event details) passes ``wire_text`` before it is recorded (and
 before the driver-side process logs it).
 
-Layering: this package imports only ``spark_plugin.settings.config``, ``spark_plugin.errors`` and
-``heartbeat.clock`` of arrowbeat, so the user's driver (the DataFrame API's shuffle metrics) can
-use it without loading the plugin's processes."""
+Reading the tables back (the CLI, the report, the live page) goes through ``reader``.
+
+Layering: this package imports only ``spark_plugin.settings``, ``spark_plugin.errors`` and the
+heartbeat library's clock and ``one_line`` of arrowbeat, so the user's driver (the DataFrame API's
+shuffle metrics) can use it without loading the plugin's processes."""
 
 from spark_plugin.errors import HistoryTableError, IncompatibleTableError, TablePathError
 from spark_plugin.history.recovery import KnownExecutor, known_executors

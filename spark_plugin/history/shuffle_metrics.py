@@ -18,9 +18,9 @@ import pyarrow as pa
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.errors import TablePathError
-from spark_plugin.history.storage import TablesLocation, locate
+from spark_plugin.history.storage import TablesLocation, locate, tables_root
 from spark_plugin.history.tables import SHUFFLE_METRICS, open_table
-from spark_plugin.settings.config import from_spark_conf, tables_root
+from spark_plugin.settings.config import from_spark_conf
 
 
 def tables_root_of(spark: Any) -> Path | TablesLocation:

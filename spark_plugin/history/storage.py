@@ -32,13 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spark_plugin.errors import TablePathError
-from spark_plugin.settings.config import (
-    TABLES_SCHEMES,
-    ArrowBeatConfig,
-    local_tables_path,
-    tables_path_problem,
-    tables_root,
-)
+from spark_plugin.settings.config import ArrowBeatConfig
+from spark_plugin.settings.tables_uri import TABLES_SCHEMES, local_tables_path, tables_path_problem
 
 HADOOP = "spark.hadoop."
 
@@ -93,6 +88,20 @@ class TablesLocation:
         for secret in self.secrets():
             out = out.replace(secret, "<redacted>")
         return out
+
+
+def tables_root(config: ArrowBeatConfig, settings: Mapping[str, str]) -> Path | str:
+    """``spark.arrowbeat.tables.path``, else ``<spark.sql.warehouse.dir>/arrowbeat``, as Spark's
+    readers name it: a ``Path`` for a directory (a local or shared mount), the URI itself for an
+    object store or HDFS (:func:`locate` spells it for delta-rs)."""
+    if config.tables_path:
+        local = local_tables_path(config.tables_path)
+        return local if local is not None else config.tables_path.rstrip("/")
+    warehouse = settings.get("spark.sql.warehouse.dir") or "spark-warehouse"
+    local = local_tables_path(warehouse)
+    if local is None:
+        return f"{warehouse.rstrip('/')}/arrowbeat"
+    return local.absolute() / "arrowbeat"
 
 
 def locate(root: TablesLocation | Path | str, settings: Mapping[str, str] | None = None) -> TablesLocation:

@@ -22,18 +22,20 @@ gets them added when opened; any other difference is refused.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from heartbeat import one_line
+
 # Raised here; declared in the package's one exception tree (spark_plugin.errors).
 from spark_plugin.errors import HistoryTableError as HistoryTableError
 from spark_plugin.errors import IncompatibleTableError as IncompatibleTableError
 from spark_plugin.errors import TablePathError as TablePathError
 from spark_plugin.history.storage import TablesLocation, locate
+from spark_plugin.history.wire_text import MAX_ERROR_CHARS
 from spark_plugin.settings.config import declared_default
 
 TS = pa.timestamp("us", tz="UTC")
@@ -191,17 +193,13 @@ def _open_remote(location: TablesLocation, spec: TableSpec, retention_s: float) 
         table = DeltaTable(uri, storage_options=options)
         existing = table.schema().to_arrow()
     except Exception as exc:  # credentials, endpoint, bucket, network: delta-rs's many error types
+        why = one_line(location.scrub(exc), MAX_ERROR_CHARS, reflow=True)
         raise TablePathError(
             f"cannot open or create the arrowbeat table {shown} (spark.arrowbeat.tables.path, with the "
-            f"application's spark.hadoop.* credentials): {_one_line(location.scrub(exc))}"
+            f"application's spark.hadoop.* credentials): {why}"
         ) from None
     _check_schema(table, existing, shown, spec, retention_s)
     return uri
-
-
-def _one_line(text: str) -> str:
-    """delta-rs's error chains span lines and carry terminal colours: one plain line for a log."""
-    return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", text).split())[:2000]
 
 
 def _check_schema(table: Any, existing: Any, shown: str, spec: TableSpec, retention_s: float) -> None:

@@ -16,14 +16,16 @@ MAX_ID_CHARS = 256
 """Executor ids, hosts, instance ids: the RM's own limit."""
 MAX_DETAIL_CHARS = 512
 """An event's detail (an unregister reason, a status)."""
+MAX_ERROR_CHARS = 2000
+"""A storage error (delta-rs) in a message: ``one_line(text, MAX_ERROR_CHARS, reflow=True)``."""
 
 
 def wire_text(value: object, max_chars: int = MAX_DETAIL_CHARS) -> str:
     """``value`` as one printable line of at most ``max_chars`` (plus the ``...(cut)`` mark):
     every character ``str.isprintable`` refuses (newline, carriage return, other controls, line
     and paragraph separators, bidi overrides) is escaped as ``repr`` escapes it, by the heartbeat
-    library's own ``one_line``."""
-    return one_line(value if isinstance(value, str) else str(value), max_chars)
+    library's ``one_line`` (the one escaping helper) with the plugin's bound for a detail."""
+    return one_line(value, max_chars)
 
 
-__all__ = ["MAX_DETAIL_CHARS", "MAX_ID_CHARS", "wire_text"]
+__all__ = ["MAX_DETAIL_CHARS", "MAX_ERROR_CHARS", "MAX_ID_CHARS", "wire_text"]

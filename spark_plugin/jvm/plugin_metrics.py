@@ -8,17 +8,17 @@ heartbeat interval each writes its figures to the JVM as one or more lines
 
     ARROWBEAT-METRICS <snapshot> name=value name=value ...
 
-on its protocol channel. ``<snapshot>`` numbers the set (every line of one set carries the same
-number); names come from a fixed list per role (``DRIVER_METRICS``, ``EXECUTOR_METRICS``, and on
-the driver ``executor.<id>.heartbeatAgeMs`` / ``executor.<id>.rttMs``); values are decimal numbers.
-The JVM refuses any other line (rate-limited log) and keeps the latest value of each name. A
-per-executor name missing from a whole snapshot is removed, so an executor that went leaves no
-gauge behind.
+on its protocol channel (``protocol.metrics_lines``). ``<snapshot>`` numbers the set (every line of
+one set carries the same number); names come from a fixed list per role (``DRIVER_METRICS``,
+``EXECUTOR_METRICS``, and on the driver ``executor.<id>.heartbeatAgeMs`` / ``executor.<id>.rttMs``);
+values are decimal numbers. The JVM refuses any other line (rate-limited log) and keeps the latest
+value of each name. A per-executor name missing from a whole snapshot is removed, so an executor
+that went leaves no gauge behind.
 
-A name ending in ``AgeMs`` is an age at send time: the JVM adds the time since the line arrived.
-So a frozen executor's heartbeat age keeps growing between lines, and keeps growing if this
-driver-side process itself stalls (then the RM hears nobody, which the age then says); the
-driver's own ``metricsLineAgeMs`` gauge shows how long ago the last line came.
+Which figures are ages is decided here: a heartbeat age is sent as a ``protocol.Age``, and the JVM
+adds the time since the line arrived. So a frozen executor's heartbeat age keeps growing between
+lines, and keeps growing if this driver-side process itself stalls (then the RM hears nobody, which
+the age then says); the driver's own ``metricsLineAgeMs`` gauge shows how long ago the last line came.
 """
 
 from __future__ import annotations
@@ -32,14 +32,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from spark_plugin.errors import JvmCommandError
+from spark_plugin.jvm.protocol import Age, metrics_lines
 
 log = logging.getLogger("arrowbeat.metrics")
-
-PREFIX = "ARROWBEAT-METRICS"
-MAX_LINE_BYTES = 1900
-"""Below the JVM's protocol line bound (2048 bytes, ``Sidecar.MAX_PROTOCOL_LINE_BYTES``)."""
-MAX_FIELDS = 64
-"""Fields per line (``PluginMetrics.MAX_FIELDS``)."""
 
 DRIVER_METRICS = frozenset(
     {
@@ -71,7 +66,6 @@ EXECUTOR_METRICS = frozenset(
 """An executor's names (``PluginMetrics.EXECUTOR`` on the JVM side)."""
 
 _PER_EXECUTOR_NAME = re.compile(r"executor\.[A-Za-z0-9][A-Za-z0-9_-]{0,63}\.(?:heartbeatAgeMs|rttMs)")
-_VALUE = re.compile(r"-?[0-9]{1,18}(?:\.[0-9]{1,9})?")
 
 # The agent's payload figures (``MapOutputService.metrics``) behind each executor metric, and the
 # factor to its unit. creditWaitMs and spillBytes appear once the agent reports them.
@@ -104,44 +98,18 @@ def allowed(role: str, name: str) -> bool:
     raise ValueError(f"no metrics role {role!r}")
 
 
-def number(value: float) -> str:
-    """``value`` as the protocol writes it: decimal, at most 3 fractional digits; a value that is
-    not finite or too large has no form, and raises ``JvmCommandError``."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise JvmCommandError(f"metric value {value!r} is not a finite number")
-    text = f"{value:.3f}".rstrip("0").rstrip(".")
-    text = "0" if text in ("", "-0") else text
-    if not _VALUE.fullmatch(text):
-        raise JvmCommandError(f"metric value {value!r} is out of range")
-    return text
-
-
 def encode(snapshot: int, figures: Mapping[str, float | None], role: str) -> list[str]:
-    """The lines of one snapshot, each within ``MAX_LINE_BYTES`` and ``MAX_FIELDS``. An unknown
-    value (None, NaN) is left out; a name the JVM would refuse raises ``JvmCommandError`` and
-    nothing is encoded (a bug here, not an input problem)."""
-    if isinstance(snapshot, bool) or not isinstance(snapshot, int) or not 0 <= snapshot < 10**18:
-        raise JvmCommandError(f"{snapshot!r} is not a snapshot number")
-    fields = []
+    """The lines of one snapshot (``protocol.metrics_lines``). An unknown value (None, NaN) is
+    left out; a name the JVM of ``role`` would refuse raises ``JvmCommandError`` and nothing is
+    encoded (a bug here, not an input problem)."""
+    fields: dict[str, float] = {}
     for name, value in figures.items():
         if not allowed(role, name):
             raise JvmCommandError(f"{role} metric name {name[:80]!r} is not one the JVM takes")
         if value is None or (isinstance(value, float) and math.isnan(value)):
             continue
-        fields.append(f"{name}={number(value)}")
-    head = f"{PREFIX} {snapshot}"
-    lines: list[str] = []
-    current: list[str] = []
-    size = len(head)
-    for field in fields:
-        if current and (size + 1 + len(field) > MAX_LINE_BYTES or len(current) == MAX_FIELDS):
-            lines.append(" ".join([head, *current]))
-            current, size = [], len(head)
-        current.append(field)
-        size += 1 + len(field)
-    if current or not lines:
-        lines.append(" ".join([head, *current]))
-    return lines
+        fields[name] = value
+    return metrics_lines(snapshot, fields)
 
 
 class LivenessTally:
@@ -192,7 +160,8 @@ def driver_figures(
 ) -> dict[str, float | None]:
     """The driver's snapshot from the RM's listing (``ExecutorInfo``s; times are wall-clock
     seconds, ``now`` too): executors per state, each watched executor's heartbeat age (since its
-    registration if it never answered) and last RTT, event counts and the history writer's
+    registration if it never answered; an ``Age``, which the JVM's gauge keeps ageing) and last
+    RTT, event counts and the history writer's
     buffered, dropped and (when it counts them) failed commits."""
     figures: dict[str, float | None] = dict.fromkeys(_STATE_METRICS.values(), 0.0)
     for info in executors:
@@ -204,7 +173,7 @@ def driver_figures(
         if _PER_EXECUTOR_NAME.fullmatch(f"executor.{info.executor_id}.rttMs") is None:
             continue  # an id with dots or other characters a metric name cannot carry
         heard = info.last_heartbeat if info.last_heartbeat is not None else info.registered_at
-        figures[f"executor.{info.executor_id}.heartbeatAgeMs"] = max(0.0, (now - heard) * 1000.0)
+        figures[f"executor.{info.executor_id}.heartbeatAgeMs"] = Age(max(0.0, (now - heard) * 1000.0))
         figures[f"executor.{info.executor_id}.rttMs"] = info.last_rtt_ms
     figures.update({name: float(count) for name, count in tally.counts().items()})
     if history_stats is not None:

@@ -1,4 +1,4 @@
-"""The Python end of the JVM launcher's protocol (``launcher/.../Sidecar.java``).
+"""The Python end of the JVM launcher's link (``launcher/.../Sidecar.java``): our stdin and stdout.
 
 The hosting JVM (driver or executor) starts this process with a pipe on stdin and:
 
@@ -27,6 +27,7 @@ stdout lands in the log): it carries the ready line and validated commands only
 system (:meth:`JvmChannel.metrics`). The **log** is stderr (:func:`setup_logging`), which the
 JVM copies to its own log and never reads for commands, so a log line that looks like a command
 (a reason from the wire, say) is only ever logged. The JVM validates every protocol line again.
+Every line's format is declared in :mod:`spark_plugin.jvm.protocol`; this module does the I/O.
 """
 
 from __future__ import annotations
@@ -41,38 +42,17 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import BinaryIO
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
-from spark_plugin.errors import JvmCommandError, MalformedSettingsError, SettingsTruncatedError
+from spark_plugin.errors import MalformedSettingsError, SettingsTruncatedError
+from spark_plugin.jvm import protocol
+from spark_plugin.jvm.protocol import EXECUTOR_LINES, EXITING, STOP, TASK_LINES, AppAssigned, Pulse
 
-READY = "ARROWBEAT-READY"
-COMMAND = "ARROWBEAT-CMD"
-KILL_EXECUTOR = "kill-executor"
-OUTPUTS_LOST = "outputs-lost"
-LOST_REASON = re.compile(r"[a-z][a-z-]{0,31}")
-"""What ``outputs-lost`` may carry (``Command.REASON`` on the JVM side)."""
-EXECUTOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-"""An executor id the JVM accepts in ``kill-executor`` (``launcher/.../Command.java``)."""
-EXECUTOR_LINES = "executor-"
-"""The prefix of the driver JVM's lines about Spark's executors (``monitoring.driver_spark_view``)."""
-TASK_LINES = ("tasks ", "stack ")
-"""The executor JVM's lines about its running tasks (``spark_plugin.monitoring.executor_tasks``)."""
 JVM_UNAVAILABLE = "arrowbeat.jvm.unavailable."
 """Settings key prefix: a Spark internal the launcher could not use (``SparkInternals.SETTING_PREFIX``)."""
-_READY_KEY = re.compile(r"[a-z_]{1,32}")
-_READY_VALUE = re.compile(r"[!-~]{1,256}")
-_READY_BASE64 = re.compile(r"[A-Za-z0-9+/=]{1,1024}")
-_READY_BASE64_KEYS = frozenset({"ssl_cert", "ssl_key_secret"})
-"""Ready fields that carry DER as base64 (``tls.ready_fields``): longer values, a narrower set."""
 _SECRET_KEY = re.compile(r"secret|password|token|access[.]?key|account[.]key", re.IGNORECASE)
 """Setting keys whose values are secrets: Spark's default ``spark.redaction.regex``, and the ABFS
 account key (``spark.hadoop.fs.azure.account.key.<account>...``), which that regex misses."""
 REDACTED = "<redacted>"
 log = logging.getLogger("arrowbeat.sidecar")
-
-
-def _task_id(task_id: int) -> int:
-    if isinstance(task_id, bool) or not isinstance(task_id, int) or not 0 <= task_id < 10**18:
-        raise JvmCommandError(f"{task_id!r} is not a task attempt id")
-    return task_id
 
 
 def unavailable_internals(settings: Mapping[str, str]) -> dict[str, str]:
@@ -81,18 +61,6 @@ def unavailable_internals(settings: Mapping[str, str]) -> dict[str, str]:
     without it): ``executor-local-dirs`` and ``executor-host`` for an agent,
     ``kill-and-replace-executor`` for the driver-side process. Empty on every supported Spark."""
     return {k[len(JVM_UNAVAILABLE) :]: v for k, v in settings.items() if k.startswith(JVM_UNAVAILABLE)}
-
-
-def unescape_line(text: str) -> str:
-    out: list[str] = []
-    chars = iter(text)
-    for ch in chars:
-        if ch != "\\":
-            out.append(ch)
-            continue
-        nxt = next(chars, "")
-        out.append({"n": "\n", "t": "\t", "\\": "\\"}.get(nxt, nxt))
-    return "".join(out)
 
 
 class JvmLink:
@@ -140,13 +108,13 @@ class JvmLink:
             line = raw.decode("utf-8").rstrip("\n")
             if not line:
                 return settings
-            key, sep, value = line.partition("\t")
-            if not sep:
+            setting = protocol.parse_setting(line)
+            if setting is None:
                 # Not the line itself: it may be a secret's value.
                 raise MalformedSettingsError(
                     f"malformed settings line {number} from the JVM ({len(line)} characters, no tab)"
                 )
-            settings[unescape_line(key)] = unescape_line(value)
+            settings[setting[0]] = setting[1]
 
     def start(self) -> None:
         """Follows pulses on a daemon thread until EOF, which sets :attr:`gone`."""
@@ -180,20 +148,18 @@ class JvmLink:
                     task_handler(line)
                 except Exception:  # as above: the link must outlive one bad line
                     log.exception("a task line from the JVM could not be applied")
-        parts = line.split()
-        if parts == ["stop"]:
+        parsed = protocol.parse_link_line(line)
+        if parsed == STOP:
             self.stop_requested.set()
             return
-        if parts == ["exiting"]:
+        if parsed == EXITING:
             self.jvm_exiting.set()
             return
-        if len(parts) == 2 and parts[0] == "app":
+        if isinstance(parsed, AppAssigned):
             with self._lock:
-                self._app_id = parts[1]
+                self._app_id = parsed.app_id
             self.app_assigned.set()
-        running = None
-        if len(parts) == 2 and parts[0] == "p" and parts[1].isdigit():
-            running = int(parts[1])
+        running = parsed.running_tasks if isinstance(parsed, Pulse) else None
         with self._lock:
             self._last_pulse = self._clock.monotonic()
             if running is not None:
@@ -234,39 +200,29 @@ class JvmChannel:
         return cls(os.fdopen(private, "wb", buffering=0))
 
     def announce_ready(self, **info: object) -> None:
-        """``ARROWBEAT-READY k=v ...``: keys ``[a-z_]``, values visible ASCII without spaces."""
-        fields = []
-        for key, value in info.items():
-            text = str(value)
-            pattern = _READY_BASE64 if key in _READY_BASE64_KEYS else _READY_VALUE
-            if not _READY_KEY.fullmatch(key) or not pattern.fullmatch(text):
-                raise JvmCommandError(f"ready field {key!r} is not key=value of the protocol's form")
-            fields.append(f"{key}={text}")
-        self._write(f"{READY} {' '.join(fields)}")
+        """``ARROWBEAT-READY k=v ...`` (:func:`protocol.ready_line`)."""
+        self._write(protocol.ready_line(info))
 
     def kill_executor(self, executor_id: str) -> None:
         """Asks the JVM DriverPlugin to have Spark kill and replace the executor; an id the JVM
-        would refuse raises :class:`JvmCommandError` and nothing is written."""
-        if not EXECUTOR_ID.fullmatch(executor_id) or executor_id == "driver":
-            raise JvmCommandError(f"no kill-executor for executor id {executor_id[:40]!r}: not a Spark id")
-        self._write(f"{COMMAND} {KILL_EXECUTOR} {executor_id}")
+        would refuse raises :class:`JvmCommandError` and nothing is written. The JVM answers with
+        an ``executor-replacement`` line (``protocol.ReplacementOutcome``)."""
+        self._write(protocol.command_line(protocol.KILL_EXECUTOR, executor_id))
 
     def outputs_lost(self, reason: str) -> None:
         """Tells the JVM ExecutorPlugin that this executor's map outputs are gone (files vanished),
         so that Spark replaces the executor and recomputes its map partitions. An agent may give
         no other command."""
-        if not LOST_REASON.fullmatch(reason):
-            raise JvmCommandError(f"no outputs-lost with reason {reason[:40]!r}: expected [a-z-]")
-        self._write(f"{COMMAND} {OUTPUTS_LOST} {reason}")
+        self._write(protocol.command_line(protocol.OUTPUTS_LOST, reason))
 
     def jstack(self, task_id: int) -> None:
         """Asks the executor JVM for the stack of running task ``task_id``'s thread (its reply is
         a ``stack`` line on stdin, see :meth:`JvmLink.on_task_lines`)."""
-        self._write(f"{COMMAND} jstack {_task_id(task_id)}")
+        self._write(protocol.command_line(protocol.JSTACK, task_id))
 
     def kill_task(self, task_id: int) -> None:
         """Asks the driver JVM to have Spark kill task attempt ``task_id`` (Spark runs it again)."""
-        self._write(f"{COMMAND} kill-task {_task_id(task_id)}")
+        self._write(protocol.command_line(protocol.KILL_TASK, task_id))
 
     def metrics(self, snapshot: int, figures: Mapping[str, float | None], role: str) -> None:
         """One snapshot of figures for the JVM plugin's gauges in Spark's metrics system

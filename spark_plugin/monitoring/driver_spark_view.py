@@ -2,17 +2,19 @@
 
 The agents say what they know of themselves; Spark knows what it started and why it let an
 executor go. The DriverPlugin (``launcher/.../ArrowBeatDriverPlugin.java``) writes one line per
-Spark event on the driver-side process's stdin (``spark_plugin.jvm.sidecar.JvmLink``), printable
-ASCII, at most :data:`MAX_LINE_CHARS`:
+Spark event on the driver-side process's stdin (``spark_plugin.jvm.sidecar.JvmLink``; the grammar
+is ``spark_plugin.jvm.protocol.parse_executor_line``):
 
 * ``executor-added <id> <host>``: Spark registered the executor (``onExecutorAdded``);
-* ``executor-removed <id> <cause> <reason>``: Spark removed it (``onExecutorRemoved``); ``cause``
-  is what the JVM knows beyond Spark's text: ``spark`` (nothing more), ``replaced`` (arrowbeat
-  asked Spark to kill and replace it), ``app-end`` (after the application began to stop);
-  ``reason`` is Spark's free text, escaped by the JVM and cut; it is passed through
-  :func:`wire_text` all the same;
+* ``executor-removed <id> <facts> <reason>``: Spark removed it (``onExecutorRemoved``); ``facts``
+  is what the JVM saw beyond Spark's text: ``replaced`` (arrowbeat had asked Spark to kill and
+  replace it), ``app-end`` (the application had begun to stop), both, or ``spark`` for neither;
+  :func:`removal_cause` makes one cause of them. ``reason`` is Spark's free text, escaped by the
+  JVM and cut; it is passed through :func:`wire_text` all the same;
 * ``executor-unmonitored <id> <reason>``: the executor's plugin told the driver its agent did not
-  start (``reason`` one ``[a-z-]`` token).
+  start (``reason`` one ``[a-z-]`` token);
+* ``executor-outputs-lost`` and ``executor-replacement``: an executor's map outputs are lost, and
+  what became of a replacement; ``monitoring.driver_lost_outputs`` decides on those.
 
 :func:`classify` reads Spark's reason: Spark 4.0 posts ``Executor killed by driver.`` for an
 executor the driver killed without counting a failure (dynamic allocation's idle removal, or the
@@ -25,69 +27,49 @@ listener event of its own for decommissioning; the reason text is where it shows
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Protocol
 
 from heartbeat import EventKind
 from spark_plugin.history.wire_text import MAX_ID_CHARS, wire_text
-from spark_plugin.jvm.sidecar import EXECUTOR_ID, LOST_REASON
+from spark_plugin.jvm import protocol
+from spark_plugin.jvm.protocol import AgentNotStarted, ExecutorAdded, OutputsLost, ReplacementOutcome
+from spark_plugin.monitoring.driver_lost_outputs import LostOutputs
 
 log = logging.getLogger("arrowbeat.spark_view")
 
-MAX_LINE_CHARS = 1024
-"""A longer line is not the JVM's (it cuts Spark's reason to 400 characters) and is ignored."""
-ADDED, REMOVED, UNMONITORED = "executor-added", "executor-removed", "executor-unmonitored"
 CAUSES = frozenset({"spark", "replaced", "app-end"})
-_HOST = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,253}")
 KILLED_BY_DRIVER = "Executor killed by driver."
 DECOMMISSION = "Executor decommission"
 
 
 @dataclass(frozen=True)
-class ExecutorAdded:
-    executor_id: str
-    host: str
-
-
-@dataclass(frozen=True)
 class ExecutorRemoved:
+    """A removal with one cause (:data:`CAUSES`) and Spark's reason, made safe to log."""
+
     executor_id: str
     cause: str
     reason: str
 
 
-@dataclass(frozen=True)
-class AgentNotStarted:
-    executor_id: str
-    reason: str
+SparkEvent = ExecutorAdded | ExecutorRemoved | AgentNotStarted | OutputsLost | ReplacementOutcome
 
 
-SparkEvent = ExecutorAdded | ExecutorRemoved | AgentNotStarted
+def removal_cause(facts: frozenset[str]) -> str:
+    """The one cause of a removal: ``app-end`` first (during the application's stop, even an
+    executor arrowbeat asked to replace goes because the application ends), then ``replaced``,
+    else ``spark`` (Spark's reason is all there is)."""
+    if "app-end" in facts:
+        return "app-end"
+    return "replaced" if "replaced" in facts else "spark"
 
 
 def parse_line(line: str) -> SparkEvent | None:
     """The event on ``line``, or None for anything not exactly of the grammar above."""
-    if len(line) > MAX_LINE_CHARS:
-        return None
-    verb, _, rest = line.partition(" ")
-    if verb == ADDED:
-        words = rest.split(" ")
-        if len(words) == 2 and _is_executor(words[0]) and _HOST.fullmatch(words[1]):
-            return ExecutorAdded(words[0], words[1])
-    elif verb == REMOVED:
-        words = rest.split(" ", 2)
-        if len(words) >= 2 and _is_executor(words[0]) and words[1] in CAUSES:
-            return ExecutorRemoved(words[0], words[1], wire_text(words[2] if len(words) == 3 else ""))
-    elif verb == UNMONITORED:
-        words = rest.split(" ")
-        if len(words) == 2 and _is_executor(words[0]) and LOST_REASON.fullmatch(words[1]):
-            return AgentNotStarted(words[0], words[1])
-    return None
-
-
-def _is_executor(text: str) -> bool:
-    return bool(EXECUTOR_ID.fullmatch(text))
+    event = protocol.parse_executor_line(line)
+    if isinstance(event, protocol.ExecutorRemoved):
+        return ExecutorRemoved(event.executor_id, removal_cause(event.facts), wire_text(event.reason))
+    return event
 
 
 def classify(removed: ExecutorRemoved, dynamic_allocation: bool) -> tuple[EventKind, str]:
@@ -123,12 +105,20 @@ class ClusterView(Protocol):
 
 class SparkView:
     """Applies Spark's events to the RM: an added executor is expected to get an agent within
-    ``register_within_s`` (else it is UNMONITORED); a removal is recorded as classified."""
+    ``register_within_s`` (else it is UNMONITORED); a removal is recorded as classified. Lost map
+    outputs and replacement outcomes go to ``lost_outputs`` (dropped without one)."""
 
-    def __init__(self, rm: ClusterView, register_within_s: float, dynamic_allocation: bool) -> None:
+    def __init__(
+        self,
+        rm: ClusterView,
+        register_within_s: float,
+        dynamic_allocation: bool,
+        lost_outputs: LostOutputs | None = None,
+    ) -> None:
         self._rm = rm
         self._within_s = register_within_s
         self._dynamic_allocation = dynamic_allocation
+        self._lost_outputs = lost_outputs
         self._refused = 0
 
     def __call__(self, line: str) -> None:
@@ -138,8 +128,16 @@ class SparkView:
         elif isinstance(event, ExecutorRemoved):
             kind, detail = classify(event, self._dynamic_allocation)
             self._rm.executor_removed(event.executor_id, kind, detail)
+            if self._lost_outputs is not None:
+                self._lost_outputs.forget(event.executor_id)
         elif isinstance(event, AgentNotStarted):
             self._rm.agent_not_started(event.executor_id, event.reason)
+        elif isinstance(event, OutputsLost):
+            if self._lost_outputs is not None:
+                self._lost_outputs.on_lost(event)
+        elif isinstance(event, ReplacementOutcome):
+            if self._lost_outputs is not None:
+                self._lost_outputs.on_outcome(event)
         else:
             self._refused += 1
             if self._refused == 1 or self._refused % 100 == 0:  # the JVM is ours: a bug, not a flood
@@ -157,4 +155,5 @@ __all__ = [
     "SparkView",
     "classify",
     "parse_line",
+    "removal_cause",
 ]

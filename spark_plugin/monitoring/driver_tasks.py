@@ -15,14 +15,23 @@ stopped, or unknown. The same payloads give the GC time of every heartbeat inter
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord, WorkProgress
 from spark_plugin.errors import JvmCommandError
-from spark_plugin.monitoring.executor_tasks import explain_gap
+from spark_plugin.monitoring.gaps import explain_gap
 
 log = logging.getLogger("arrowbeat.driver.tasks")
+
+_GONE = (EventKind.UNREGISTERED, EventKind.SPARK_REMOVED, EventKind.SPARK_LOST)
+"""After one of these the executor's state goes: its agent left, or Spark let the executor go."""
+_AGENT_LOST = (EventKind.HEARTBEAT_TIMEOUT, EventKind.UNREACHABLE)
+"""The agent's end without a word; its state goes too when Spark removed the executor before."""
+MAX_DEPARTED = 10_000
+"""Executors Spark removed that are remembered (so a late word of their agent does not bring
+their state back); the RM keeps as many ended registrations (``max_ended``)."""
 
 
 @dataclass
@@ -39,10 +48,29 @@ class _Executor:
 class TaskEvents:
     """Turns heartbeats and lifecycle events into task events and explained re-registrations."""
 
-    def __init__(self, kill_task: Callable[[int], None] | None = None, hold_s: float = 3.0) -> None:
+    def __init__(
+        self,
+        kill_task: Callable[[int], None] | None = None,
+        hold_s: float = 3.0,
+        max_departed: int = MAX_DEPARTED,
+    ) -> None:
         self._kill_task = kill_task
         self._hold_s = hold_s
         self._executors: dict[str, _Executor] = {}
+        self._departed: OrderedDict[str, None] = OrderedDict()
+        """Executors Spark removed (ids are never reused), newest last, at most ``max_departed``:
+        a heartbeat their agent sent before it ended may bring their state back for a while, and
+        the agent's end (a timeout, once its JVM is gone) then drops it for good."""
+        self._max_departed = max_departed
+
+    def tracks(self, executor_id: str) -> bool:
+        """Whether state of ``executor_id`` is kept (it is live, or its agent may come back):
+        what the driver keeps per executor beside this (the last heartbeat's time) follows."""
+        return executor_id in self._executors
+
+    def tracked(self) -> int:
+        """How many executors have state: bounded by the live ones, however many came and went."""
+        return len(self._executors)
 
     def _of(self, executor_id: str) -> _Executor:
         return self._executors.setdefault(executor_id, _Executor({}))
@@ -52,18 +80,25 @@ class TaskEvents:
         executor's next heartbeat; anything else passes at once (a row keeps its own time), after
         held events that waited too long."""
         out = self.flush(now)
-        state = self._of(event.executor_id)
+        executor_id = event.executor_id
         if event.kind is EventKind.REREGISTERED:
-            if not state.held:
-                state.held_since = now
-            state.held.append(event)
+            holding = self._of(executor_id)
+            if not holding.held:
+                holding.held_since = now
+            holding.held.append(event)
             return out
-        if event.kind in (EventKind.UNREGISTERED, EventKind.SPARK_REMOVED, EventKind.SPARK_LOST):
+        if event.kind in (EventKind.SPARK_REMOVED, EventKind.SPARK_LOST):
+            self._departed[executor_id] = None
+            self._departed.move_to_end(executor_id)
+            while len(self._departed) > self._max_departed:
+                self._departed.popitem(last=False)
+        gone = event.kind in _GONE or (event.kind in _AGENT_LOST and executor_id in self._departed)
+        state = self._executors.pop(executor_id, None) if gone else None  # no state made for a word
+        if state is not None:  # gone for good: dynamic allocation adds new ids
             out += [
                 _with_detail(h, "gap not explained: the executor left before a heartbeat") for h in state.held
             ]
-            out += self._ended(event.executor_id, event, f"its executor is gone ({event.kind.name})")
-            del self._executors[event.executor_id]  # gone for good: dynamic allocation adds new ids
+            out += self._ended(state, event, f"its executor is gone ({event.kind.name})")
         out.append(event)
         return out
 
@@ -141,12 +176,11 @@ class TaskEvents:
             )
         return out
 
-    def _ended(self, executor_id: str, event: ExecutorEvent, why: str) -> list[ExecutorEvent]:
-        state = self._of(executor_id)
+    def _ended(self, state: _Executor, event: ExecutorEvent, why: str) -> list[ExecutorEvent]:
         out = [
             ExecutorEvent(
                 EventKind.TASK_RESUMED,
-                executor_id,
+                event.executor_id,
                 event.host,
                 event.instance_id,
                 event.ts,

@@ -34,7 +34,9 @@ import psutil
 
 from heartbeat import WorkProgress, one_line
 from heartbeat.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.jvm.protocol import parse_stack, parse_tasks
 from spark_plugin.jvm.worker_label import LABEL_PREFIX, STACK_SIGNAL, stack_path
+from spark_plugin.monitoring.gaps import Gap
 
 log = logging.getLogger("arrowbeat.agent.tasks")
 
@@ -48,7 +50,6 @@ MAX_REPORTED = 64
 MAX_WHERE_CHARS = 1500
 STACK_WAIT_S = 2.0
 """How long a stack may take to arrive (Python: the signal handler's file; JVM: the reply)."""
-_TASK = re.compile(r"^(\d+):(\d+):(\d+):(\d+):(\d+):(-?\d+):(\d+)$")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 
 
@@ -82,60 +83,33 @@ class JvmSample:
     tasks: tuple[TaskSample, ...]
 
 
+def pauses_the_application(collector: str) -> bool:
+    """Whether a garbage collector's time stops the application (and so explains a gap in the
+    JVM's lines): a concurrent collector's cycles (``ZGC Cycles``, ``G1 Concurrent GC``,
+    ``Shenandoah Cycles``) run beside the application and stop nothing."""
+    return "Cycles" not in collector and "Concurrent" not in collector
+
+
 def parse_tasks_line(line: str) -> JvmSample:
-    """A ``tasks <gc count> <gc ms> <cpu ms> <jvm clock ms> [<task>:<stage>:<stage attempt>:
-    <partition>:<attempt>:<thread cpu ms>:<running ms> ...]`` line (``TaskWatch.java``);
-    ``ValueError`` if it is not one."""
-    words = line.split()
-    if len(words) < 5 or words[0] != "tasks":
-        raise ValueError(f"not a tasks line: {line[:80]!r}")
-    gc_count, gc_ms, cpu_ms, jvm_ms = int(words[1]), int(words[2]), int(words[3]), int(words[4])
-    tasks = []
-    for word in words[5:]:
-        match = _TASK.match(word)
-        if match is None:
-            raise ValueError(f"not a task in a tasks line: {word[:80]!r}")
-        tid, stage, stage_attempt, partition, attempt, cpu, running = (int(g) for g in match.groups())
-        tasks.append(
-            TaskSample(
-                tid,
-                stage,
-                stage_attempt,
-                partition,
-                attempt,
-                cpu / 1000.0 if cpu >= 0 else -1.0,
-                running / 1000.0,
-            )
+    """A ``tasks ...`` line (``protocol.parse_tasks``) as a sample, the GC totals summed over the
+    collectors that pause the application; ``ValueError`` if it is not one."""
+    raw = parse_tasks(line)
+    pausing = [c for c in raw.collectors if pauses_the_application(c.name)]
+    tasks = tuple(
+        TaskSample(
+            t.task_id,
+            t.stage,
+            t.stage_attempt,
+            t.partition,
+            t.attempt,
+            t.cpu_ms / 1000.0 if t.cpu_ms >= 0 else -1.0,
+            t.running_ms / 1000.0,
         )
-    cpu_s = cpu_ms / 1000.0 if cpu_ms >= 0 else -1.0
-    return JvmSample(gc_count, gc_ms / 1000.0, cpu_s, jvm_ms / 1000.0, tuple(tasks))
-
-
-@dataclass(frozen=True, slots=True)
-class Gap:
-    """The JVM's lines stopped for ``seconds``; what its own figures say happened meanwhile."""
-
-    seconds: float
-    gc_s: float
-    cpu_s: float
-    """Negative if unknown."""
-
-    @property
-    def cause(self) -> str:
-        return explain_gap(self.seconds, self.gc_s, self.cpu_s)
-
-
-def explain_gap(seconds: float, gc_s: float, cpu_s: float) -> str:
-    """``garbage collection``, ``process stopped`` or ``unknown``, with the evidence.
-
-    GC covering at least half of the gap is a GC pause; no GC and (almost) no CPU at all is a
-    stopped process (``SIGSTOP``, a frozen VM or container); anything else is not known."""
-    evidence = f"{gc_s:.2f}s of GC and {'?' if cpu_s < 0 else f'{cpu_s:.2f}s'} of CPU in a {seconds:.2f}s gap"
-    if gc_s >= 0.5 * seconds:
-        return f"garbage collection ({evidence})"
-    if gc_s < 0.05 * seconds and 0 <= cpu_s < 0.05 * seconds:
-        return f"process stopped: no GC, no CPU ({evidence})"
-    return f"unknown ({evidence})"
+        for t in raw.tasks
+    )
+    cpu_s = raw.cpu_ms / 1000.0 if raw.cpu_ms >= 0 else -1.0
+    gc_count, gc_ms = sum(c.count for c in pausing), sum(c.ms for c in pausing)
+    return JvmSample(gc_count, gc_ms / 1000.0, cpu_s, raw.jvm_ms / 1000.0, tasks)
 
 
 @dataclass
@@ -311,14 +285,12 @@ class TaskWatch:
 
     def on_stack_line(self, line: str) -> None:
         """The JVM's reply ``stack <task> <escaped text>`` (``-`` when the task is not running)."""
-        from spark_plugin.jvm.sidecar import unescape_line
-
-        words = line.split(" ", 2)
-        if len(words) != 3 or words[0] != "stack" or not words[1].isdigit():
+        parsed = parse_stack(line)
+        if parsed is None:
             log.warning("ignoring a malformed stack line from the JVM")
             return
         with self._lock:
-            self._jvm_stacks[int(words[1])] = unescape_line(words[2])
+            self._jvm_stacks[parsed[0]] = parsed[1]
             self._stack_arrived.notify_all()
 
     def _gap(self, sample: JvmSample) -> Gap | None:

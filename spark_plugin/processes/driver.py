@@ -99,6 +99,8 @@ class EventRouter:
         if isinstance(event, ExecutorEvent):
             for one in self._tasks.on_event(event, self._clock.monotonic()):
                 self._record(one)
+            if not self._tasks.tracks(event.executor_id):  # gone: executor churn must not grow it
+                self._last_beat.pop(event.executor_id, None)
 
     def close(self) -> None:
         """Records what is still held (a re-registration waiting for its heartbeat): call before
@@ -222,9 +224,13 @@ def main() -> int:
             rm_address=address,
             ssl_context=None if material is None else tls.server_context(material),  # HTTPS with TLS on
         )
+    from spark_plugin.monitoring.driver_lost_outputs import LostOutputs
     from spark_plugin.monitoring.driver_spark_view import SparkView
 
-    link.on_executor_lines(SparkView(rm, register_within_s(config), dynamic_allocation(settings)))
+    lost_outputs = LostOutputs(channel.kill_executor)  # executors whose map outputs are gone
+    link.on_executor_lines(
+        SparkView(rm, register_within_s(config), dynamic_allocation(settings), lost_outputs)
+    )
     link.start()
     channel.announce_ready(
         address=address,

@@ -32,7 +32,8 @@ from spark_plugin.jvm.sidecar import (
 from spark_plugin.monitoring.executor_tasks import TaskWatch, labelled_workers
 from spark_plugin.settings import tls
 from spark_plugin.settings.config import ArrowBeatConfig, ConfigError, early_value, load
-from spark_plugin.shuffle.agent_service import MapOutputService, shuffle_roots
+from spark_plugin.shuffle.agent_layout import shuffle_roots
+from spark_plugin.shuffle.agent_service import MapOutputService
 
 log = logging.getLogger("arrowbeat.agent")
 
@@ -216,6 +217,15 @@ class LazyShuffleService:
             service.close()
 
 
+def agent_shuffle_config(config: ArrowBeatConfig) -> ShuffleConfig:
+    """The engine settings of this executor's shuffle agent, from the ``spark.arrowbeat.shuffle.*``
+    keys (validated by ``load``; the engine checks the same ranges again)."""
+    return ShuffleConfig(
+        network_memory_bytes=config.shuffle_agent_memory_bytes,
+        buffer_reserve_timeout_s=config.shuffle_buffer_reserve_timeout_s,
+    )
+
+
 def start_shuffle_service(
     config: ArrowBeatConfig,
     settings: dict[str, str],
@@ -235,7 +245,7 @@ def start_shuffle_service(
             root=shuffle_roots(config.shuffle_dir, settings.get("arrowbeat.executor.local.dirs", "")),
             jvm_pid=int(settings.get("arrowbeat.executor.jvm.pid", "0") or 0),
             host=host,
-            config=ShuffleConfig(network_memory_bytes=config.shuffle_agent_memory_bytes),
+            config=agent_shuffle_config(config),
             ttl_s=config.shuffle_ttl_s,
             transport=transport,
             on_outputs_lost=on_outputs_lost,

@@ -8,6 +8,10 @@ driver (the DataFrame API, the shuffle metrics) parses its ``SparkConf`` with
 are reported at once in one :class:`ConfigError`, each naming the key and the expected form.
 The README's table of keys is generated from :data:`OPTIONS` (``python -m spark_plugin
 config-docs``) and a test checks the two agree.
+
+The value formats the keys share live beside it: Spark's units in ``settings.units``, the rules
+of ``tables.path`` in ``settings.tables_uri``; ``settings.tls`` names the ``ssl.*`` keys through
+:func:`key_of`, never by a string of its own.
 """
 
 from __future__ import annotations
@@ -17,40 +21,16 @@ import re
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_plugin.errors import ConfigError as ConfigError  # re-exported: its historical home
+from spark_plugin.settings.tables_uri import tables_path_problem
+from spark_plugin.settings.units import parse_bool, parse_bytes, parse_duration
 
 if TYPE_CHECKING:
     from heartbeat.services import HeartbeatServices
 
 PREFIX = "spark.arrowbeat."
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s|m|min|h|d)?\s*$")
-_UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str, bare_unit: str = "ms") -> float:
-    """Spark's time format, in seconds: ``500ms``, ``2s``, ``1min``; a bare number is in
-    ``bare_unit`` (milliseconds for arrowbeat's keys; Spark reads some of its own keys in seconds)."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(text)
-    number, unit = match.groups()
-    return float(number) * _UNIT_SECONDS[unit or bare_unit]
-
-
-_BYTES = re.compile(r"^\s*(\d+)\s*([kmgtp]?)b?\s*$", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """Spark's size format: ``512m``, ``64mb``, ``1g``; a bare number is bytes."""
-    match = _BYTES.match(text)
-    if not match:
-        raise ValueError(text)
-    number, unit = match.groups()
-    return int(number) << (10 * " kmgtp".index(unit.lower() or " "))
 
 
 def _parse_int(text: str) -> int:
@@ -59,14 +39,6 @@ def _parse_int(text: str) -> int:
 
 def _parse_str(text: str) -> str:
     return text
-
-
-def parse_bool(text: str) -> bool:
-    """``true`` or ``false``, any case, as Spark's boolean keys take them."""
-    value = text.strip().lower()
-    if value not in ("true", "false"):
-        raise ValueError(text)
-    return value == "true"
 
 
 def _parse_host(text: str) -> str:
@@ -354,6 +326,17 @@ OPTIONS: tuple[Option, ...] = (
         parse_bytes,
     ),
     Option(
+        "spark.arrowbeat.shuffle.bufferReserveTimeout",
+        "shuffle_buffer_reserve_timeout_s",
+        "5min",
+        "a duration like 5min, at most 1d",
+        "How long a stream an executor agent serves to a remote reducer may queue for its minimum of "
+        "network buffers from `shuffle.agentMemory` (first come, first served) before the reducer is "
+        "told it got none (a task failure that Spark retries). Raise it, or `shuffle.agentMemory`, "
+        "when many reducers read one executor at once.",
+        parse_duration,
+    ),
+    Option(
         "spark.arrowbeat.shuffle.adaptive",
         "shuffle_adaptive",
         "auto",
@@ -480,6 +463,13 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 OPTIONS_BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}
+_OPTIONS_BY_FIELD: dict[str, Option] = {o.field: o for o in OPTIONS}
+
+
+def key_of(field_name: str) -> str:
+    """The key that fills ``ArrowBeatConfig.<field_name>``: code that names a key in a message
+    (``settings.tls``) takes it from here, so each key's string is written once, in :data:`OPTIONS`."""
+    return _OPTIONS_BY_FIELD[field_name].key
 
 
 @dataclass(frozen=True)
@@ -511,6 +501,7 @@ class ArrowBeatConfig:
     shuffle_ttl_s: float
     shuffle_map_memory_bytes: int
     shuffle_agent_memory_bytes: int
+    shuffle_buffer_reserve_timeout_s: float
     shuffle_read_host_local: bool
     shuffle_adaptive: str
     ssl_enabled: bool
@@ -567,6 +558,11 @@ def _check_ranges(c: ArrowBeatConfig) -> list[str]:
         problems.append("spark.arrowbeat.shuffle.mapMemory must be between 1m and 1t")
     if not 4 << 20 <= c.shuffle_agent_memory_bytes <= 1 << 40:
         problems.append("spark.arrowbeat.shuffle.agentMemory must be between 4m and 1t")
+    if not 0.001 <= c.shuffle_buffer_reserve_timeout_s <= 86400:  # the engine's own range
+        problems.append(
+            f"spark.arrowbeat.shuffle.bufferReserveTimeout ({c.shuffle_buffer_reserve_timeout_s:g}s) "
+            "must be between 1ms and 1d"
+        )
     if c.rpc_failure_threshold < 1 and c.rpc_failure_threshold != -1:
         problems.append(
             f"spark.arrowbeat.heartbeat.rpcFailureThreshold={c.rpc_failure_threshold}: "
@@ -596,11 +592,7 @@ def _check_ssl(c: ArrowBeatConfig) -> list[str]:
     if not c.ssl_enabled:
         return []
     problems: list[str] = []
-    key, chain, trust = (
-        "spark.arrowbeat.ssl.privateKey",
-        "spark.arrowbeat.ssl.certChain",
-        "spark.arrowbeat.ssl.trustStore",
-    )
+    key, chain, trust = key_of("ssl_private_key"), key_of("ssl_cert_chain"), key_of("ssl_trust_store")
     if bool(c.ssl_private_key) != bool(c.ssl_cert_chain):
         problems.append(
             f"{key} and {chain} must be set together (both empty: a certificate is generated per application)"
@@ -614,98 +606,15 @@ def _check_ssl(c: ArrowBeatConfig) -> list[str]:
             problems.append(problem)
     if c.ssl_server_name and not c.ssl_cert_chain:
         problems.append(
-            f"spark.arrowbeat.ssl.serverName is set without {chain}: the generated certificate's name "
+            f"{key_of('ssl_server_name')} is set without {chain}: the generated certificate's name "
             "is always `arrowbeat`"
         )
-    generated = ("spark.arrowbeat.ssl.generatedCert", "spark.arrowbeat.ssl.generatedKeySecret")
+    generated = (key_of("ssl_generated_cert"), key_of("ssl_generated_key"))
     if bool(c.ssl_generated_cert) != bool(c.ssl_generated_key):
         problems.append(f"{generated[0]} and {generated[1]} must be handed over together")
     if c.ssl_generated_cert and c.ssl_cert_chain:
         problems.append(f"{generated[0]} is set although {chain} is configured: the launcher is out of step")
     return problems
-
-
-TABLES_SCHEMES: dict[str, str] = {
-    "file": "file",
-    "s3a": "s3",
-    "s3": "s3",
-    "abfss": "abfss",
-    "abfs": "abfs",
-    "gs": "gs",
-    "hdfs": "hdfs",
-    "viewfs": "viewfs",
-}
-"""The URI schemes ``tables.path`` takes (as Spark/Hadoop spell them) and the scheme delta-rs
-writes each with (``spark_plugin.history.storage``); both sides read every one of them."""
-
-_URI_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-_AUTHORITY = {
-    "s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
-    "abfss": re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{1,62}@[a-z0-9]{3,24}\.dfs\.[A-Za-z0-9.-]+"),
-    "gs": re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"),
-    "hdfs": re.compile(r"[A-Za-z0-9.\-]*(?::\d{1,5})?"),
-}
-_AUTHORITY.update(abfs=_AUTHORITY["abfss"], viewfs=_AUTHORITY["hdfs"])
-
-
-def local_tables_path(text: str) -> Path | None:
-    """The directory a local (or mounted, shared) ``tables.path`` names: a bare path, or ``file:/p``,
-    ``file:///p``, ``file://localhost/p``; None for any other URI."""
-    match = _URI_SCHEME.match(text)
-    if match is None or match.group(1).lower() != "file":
-        return None if match else Path(text)
-    rest = text[match.end() :]
-    if rest.startswith("//"):
-        host, _, path = rest[2:].partition("/")
-        return Path("/" + path) if host in ("", "localhost") else None
-    return Path(rest)
-
-
-def tables_path_problem(key: str, text: str) -> str | None:
-    """Why ``text`` cannot be ``key`` (``tables.path`` or the warehouse it defaults under), or None.
-    The message never repeats a ``user:secret@`` part: it names the key and the expected form."""
-    match = _URI_SCHEME.match(text)
-    if match is None:
-        return None
-    scheme = match.group(1).lower()
-    if scheme not in TABLES_SCHEMES:
-        known = ", ".join(f"{s}://" for s in TABLES_SCHEMES)
-        return (
-            f"{key}: the scheme {scheme}:// is not one delta-rs (which writes the tables) and Spark both "
-            f"read; use one of {known} or a directory path"
-            + (
-                " (for Azure Blob Storage, the ADLS Gen2 endpoint: abfss://)"
-                if scheme.startswith("wasb")
-                else ""
-            )
-            + (" (s3a:// is Hadoop's S3 client)" if scheme == "s3n" else "")
-        )
-    if scheme == "file":
-        if local_tables_path(text) is None:
-            return f"{key}: a file: URI must name a path on this host (file:/path or file:///path)"
-        return None
-    rest = text[match.end() :]
-    if not rest.startswith("//"):
-        return f"{key}: expected {scheme}://<authority>/<path>"
-    authority, _, _path = rest[2:].partition("/")
-    userinfo, at, _host = authority.rpartition("@")
-    if at and (scheme not in ("abfss", "abfs") or ":" in userinfo):
-        return (
-            f"{key}: credentials do not belong in the URI ({scheme}://<user>:<secret>@...): set them as "
-            "the application's spark.hadoop.* settings"
-        )
-    delta = TABLES_SCHEMES[scheme]
-    if not _AUTHORITY[delta].fullmatch(authority):
-        form = {
-            "s3": "s3a://<bucket>/<path>",
-            "abfss": f"{scheme}://<container>@<account>.dfs.core.windows.net/<path>",
-            "abfs": f"{scheme}://<container>@<account>.dfs.core.windows.net/<path>",
-            "gs": "gs://<bucket>/<path>",
-            "hdfs": f"{scheme}://<namenode>[:port]/<path>",
-            "viewfs": f"{scheme}://<cluster>/<path>",
-        }[delta]
-        return f"{key}: expected {form}"
-    return None
 
 
 def _check_tables(c: ArrowBeatConfig) -> list[str]:
@@ -773,20 +682,6 @@ def from_spark_conf(
         if key.startswith(PREFIX) and value is not None:
             settings[key] = value
     return load(settings)
-
-
-def tables_root(config: ArrowBeatConfig, settings: Mapping[str, str]) -> Path | str:
-    """``spark.arrowbeat.tables.path``, else ``<spark.sql.warehouse.dir>/arrowbeat``, as Spark's
-    readers name it: a ``Path`` for a directory (a local or shared mount), the URI itself for an
-    object store or HDFS (``spark_plugin.history.storage.locate`` spells it for delta-rs)."""
-    if config.tables_path:
-        local = local_tables_path(config.tables_path)
-        return local if local is not None else config.tables_path.rstrip("/")
-    warehouse = settings.get("spark.sql.warehouse.dir") or "spark-warehouse"
-    local = local_tables_path(warehouse)
-    if local is None:
-        return f"{warehouse.rstrip('/')}/arrowbeat"
-    return local.absolute() / "arrowbeat"
 
 
 def docs_table() -> str:

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.errors import ConfigError
-from spark_plugin.settings.config import ArrowBeatConfig
+from spark_plugin.settings.config import ArrowBeatConfig, key_of
 
 if TYPE_CHECKING:
     import grpc
@@ -58,8 +58,16 @@ log = logging.getLogger("arrowbeat.tls")
 
 SERVER_NAME = "arrowbeat"
 """The DNS subjectAltName of the generated certificate, and the name clients require of it."""
-CERT_VALIDITY_S = 30 * 86400.0
-"""How long a generated certificate is valid after its creation."""
+GENERATED_NOT_AFTER = datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=datetime.UTC)
+"""End of a generated certificate's validity: RFC 5280's "no well-defined expiration date"
+(section 4.1.2.5), so it lives as long as its application, however many months that runs (a
+streaming query): an expiry would refuse every reconnect, new agent, restarted RM and new shuffle
+connection from then on. Nothing is lost by it: the certificate and its key are made per
+application, reach other hosts only the way the secret does, and clients trust them pinned, only
+for that application's life; when it ends, nobody trusts them any more, expired or not."""
+EXPIRY_WARNING_S = 30 * 86400.0
+"""A configured certificate that expires within this long is named in a warning at start-up (an
+application that runs past that date cannot connect any more); an expired one is refused."""
 BACKDATE_S = 3600.0
 """A generated certificate is valid from this long before its creation: executor clocks may lag."""
 MAX_PEM_FILE_BYTES = 1 << 20
@@ -67,13 +75,14 @@ MAX_PEM_FILE_BYTES = 1 << 20
 
 CERT_LABEL = "CERTIFICATE"
 KEY_LABEL = "PRIVATE KEY"
-ENABLED_KEY = "spark.arrowbeat.ssl.enabled"
-PRIVATE_KEY_KEY = "spark.arrowbeat.ssl.privateKey"
-CERT_CHAIN_KEY = "spark.arrowbeat.ssl.certChain"
-TRUST_STORE_KEY = "spark.arrowbeat.ssl.trustStore"
-SERVER_NAME_KEY = "spark.arrowbeat.ssl.serverName"
-GENERATED_CERT_KEY = "spark.arrowbeat.ssl.generatedCert"
-GENERATED_KEY_KEY = "spark.arrowbeat.ssl.generatedKeySecret"
+# The ``spark.arrowbeat.ssl.*`` keys, as the key table declares them (named here for messages).
+ENABLED_KEY = key_of("ssl_enabled")
+PRIVATE_KEY_KEY = key_of("ssl_private_key")
+CERT_CHAIN_KEY = key_of("ssl_cert_chain")
+TRUST_STORE_KEY = key_of("ssl_trust_store")
+SERVER_NAME_KEY = key_of("ssl_server_name")
+GENERATED_CERT_KEY = key_of("ssl_generated_cert")
+GENERATED_KEY_KEY = key_of("ssl_generated_key")
 GRPC_TARGET_NAME_OVERRIDE = "grpc.ssl_target_name_override"
 READY_FIELDS = {"ssl_cert": GENERATED_CERT_KEY, "ssl_key_secret": GENERATED_KEY_KEY}
 """Ready-line field of the driver-side process -> the internal key the JVM files its value under.
@@ -120,8 +129,8 @@ class TlsMaterial:
 
 def generate_self_signed(clock: Clock = SYSTEM_CLOCK) -> TlsMaterial:
     """A fresh EC P-256 key and a self-signed certificate for it, named ``DNS:arrowbeat``, valid
-    from an hour before ``clock.time()`` for :data:`CERT_VALIDITY_S`. It is no CA (it can sign
-    nothing) and trusts only itself: the returned material pins it."""
+    from an hour before ``clock.time()`` with no end (:data:`GENERATED_NOT_AFTER`). It is no CA
+    (it can sign nothing) and trusts only itself: the returned material pins it."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -148,7 +157,7 @@ def generate_self_signed(clock: Clock = SYSTEM_CLOCK) -> TlsMaterial:
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(seconds=BACKDATE_S))
-        .not_valid_after(now + datetime.timedelta(seconds=CERT_VALIDITY_S))
+        .not_valid_after(GENERATED_NOT_AFTER)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(SERVER_NAME)]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(usage, critical=True)
@@ -376,7 +385,8 @@ def _from_files(config: ArrowBeatConfig, clock: Clock) -> TlsMaterial:
         now = datetime.datetime.fromtimestamp(clock.time(), tz=datetime.UTC)
         if leaf.not_valid_after_utc < now:
             problems.append(
-                f"{CERT_CHAIN_KEY}={chain_path!r}: expired on {leaf.not_valid_after_utc:%Y-%m-%d %H:%M}Z"
+                f"{CERT_CHAIN_KEY}={chain_path!r}: expired on {leaf.not_valid_after_utc:%Y-%m-%d %H:%M}Z; "
+                "renew it (every TLS handshake would fail)"
             )
         elif leaf.not_valid_before_utc > now:
             problems.append(
@@ -392,6 +402,9 @@ def _from_files(config: ArrowBeatConfig, clock: Clock) -> TlsMaterial:
                 )
     if problems or key is None:
         raise ConfigError(problems)
+    _warn_of_expiry(CERT_CHAIN_KEY, chain_path, chain, clock)
+    if trust_path:
+        _warn_of_expiry(TRUST_STORE_KEY, trust_path, trusted, clock)
     pem = serialization.Encoding.PEM
     return TlsMaterial(
         cert_chain_pem=b"".join(c.public_bytes(pem) for c in chain),
@@ -401,6 +414,33 @@ def _from_files(config: ArrowBeatConfig, clock: Clock) -> TlsMaterial:
         trusted_pem=b"".join(c.public_bytes(pem) for c in (trusted or chain[:1])),
         server_name=server_name,
     )
+
+
+def _warn_of_expiry(key: str, path: str, certs: list[x509.Certificate], clock: Clock) -> None:
+    """One warning per certificate of a configured file that has expired or expires within
+    :data:`EXPIRY_WARNING_S` (the leaf's expiry is refused before; an intermediate's or a trust
+    anchor's may not break every handshake at once, but will break some). Certificates are
+    files the operator renews: arrowbeat loads them at start-up only."""
+    now = clock.time()
+    for index, cert in enumerate(certs):
+        ends = cert.not_valid_after_utc
+        left_s = ends.timestamp() - now
+        if left_s >= EXPIRY_WARNING_S:
+            continue
+        which = f"certificate {index + 1} of {len(certs)} ({cert.subject.rfc4514_string()[:80]})"
+        when = f"{ends:%Y-%m-%d %H:%M}Z"
+        if left_s < 0:
+            log.warning("%s=%r: %s expired on %s; renew it", key, path, which, when)
+        else:
+            log.warning(
+                "%s=%r: %s expires on %s, in %.1f days; from then on TLS connections of an application "
+                "still running fail: renew it and restart the application before",
+                key,
+                path,
+                which,
+                when,
+                left_s / 86400.0,
+            )
 
 
 def check(material: TlsMaterial, names: str = "the TLS material") -> None:
@@ -529,9 +569,10 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 __all__ = [
-    "CERT_VALIDITY_S",
+    "EXPIRY_WARNING_S",
     "GENERATED_CERT_KEY",
     "GENERATED_KEY_KEY",
+    "GENERATED_NOT_AFTER",
     "GRPC_TARGET_NAME_OVERRIDE",
     "READY_FIELDS",
     "SERVER_NAME",

@@ -8,6 +8,9 @@ Modules, one role each:
 - ``tasks``: the map and reduce task bodies of the materialized mode, run in Spark's Python
   workers (host-local file reads, and streams from other agents through an engine ``InputGate``).
 - ``map_output``: materialized map-output files (Arrow IPC, one segment run per reduce partition).
+- ``agent_layout``: where map outputs and the agents' discovery files live (the shuffle roots on
+  the executor's local disks, private directories), shared by the agent, its clients and the tasks.
+- ``agent_protocol``: the agent's control schema (``AGENT_CONTROL``), shared by service and client.
 - ``agent_service``: the executor agent's ``MapOutputService`` (streams map outputs to reducers
   over the engine's ``PartitionServer``; staging, release, TTL) and its discovery file.
 - ``agent_client``: how a Python worker finds its executor's agent (``find_agent``) and talks to

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from arrow_shuffle.errors import ShuffleConfigError
-from spark_plugin.settings.config import parse_bytes
+from spark_plugin.settings.units import parse_bytes
 
 SMALL_GROUP_FACTOR = 0.2
 """A last group under this fraction of the target is merged into the group before it ..."""

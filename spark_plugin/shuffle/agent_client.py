@@ -6,8 +6,8 @@ agent is another child of that JVM and its ``agent_service.MapOutputService`` wr
 file with no configuration and no guessing: the parent chain is the one fact that ties a worker
 to its executor. The file also names the agent's secret desk (``secret_of``), for tasks whose
 plan carries no secret. ``MapOutputClient`` then speaks the service's control channel (stage, unstage,
-release, metrics: typed calls of ``agent_service.AGENT_CONTROL`` over an engine
-``control.ControlClient``); the driver uses it too, to release a shuffle in every agent. A reducer
+release, metrics: typed calls of ``agent_protocol.AGENT_CONTROL`` over an engine
+``control_client.ControlClient``); the driver uses it too, to release a shuffle in every agent. A reducer
 whose stream failed asks the agent ``report_lost`` (are these map outputs gone?).
 
 Errors, all in the engine's tree (``arrow_shuffle.errors``): an agent that cannot be reached, goes
@@ -37,16 +37,18 @@ from typing import Any
 import pyarrow as pa
 
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.control import ControlClient
+from arrow_shuffle.control_client import ControlClient
 from arrow_shuffle.errors import (
     ShuffleConfigError,
     UnsafePathError,
 )
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.private_files import LogLimiter, check_id, check_private_dir, check_root, read_private_file
+from arrow_shuffle.private_files import check_id, check_private_dir, check_root, read_private_file
 from arrow_shuffle.transport import Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
-from spark_plugin.shuffle.agent_service import AGENT_CONTROL, AGENTS, agent_file, app_dir
+from heartbeat.rate_log import RateLog
+from spark_plugin.shuffle.agent_layout import AGENTS, agent_file, app_dir
+from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
 from spark_plugin.shuffle.local_secret import NAME as DESK_NAME
 from spark_plugin.shuffle.local_secret import ancestors as parent_chain
 from spark_plugin.shuffle.local_secret import secret_from_agent
@@ -54,7 +56,7 @@ from spark_plugin.shuffle.local_secret import secret_from_agent
 log = logging.getLogger(__name__)
 MAX_AGENT_FILE_BYTES = 4096
 """An announcement is ~200 bytes; anything far larger is not one."""
-_ignored = LogLimiter(log)
+_ignored = RateLog(log)
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ def find_agent(
     root: str | Sequence[str], app_id: str, wait_s: float = 10.0, clock: Clock = SYSTEM_CLOCK
 ) -> AgentInfo:
     """The agent of the executor JVM this process descends from, announced under ``root`` (or
-    any of this executor's roots, ``agent_service.shuffle_roots``).
+    any of this executor's roots, ``agent_layout.shuffle_roots``).
 
     Waits up to ``wait_s`` (on ``clock.monotonic()``) for its discovery file: the agent of the
     driver's own executor (local mode) starts its map-output service only once the driver has an

@@ -19,28 +19,18 @@ One per executor agent, living exactly as long as the agent (and so the executor
 - lost outputs: a ``stage`` naming a map-output file of ours that is gone fails at once, and a
   reducer whose stream failed asks ``report_lost``; either way ``on_outputs_lost`` (the JVM side,
   which has Spark drop this executor's map outputs so they are recomputed) is told, once;
-- the control channel: an engine ``control.ControlServer`` of ``AGENT_CONTROL`` (stage / unstage /
-  release / metrics / report_lost, each a typed, size-capped JSON message checked against its schema, sealed
-  with the connection's session key after the mutual HMAC handshake; nothing is unpickled),
-  spoken by ``agent_client.MapOutputClient``;
+- the control channel: an engine ``control_server.ControlServer`` of ``agent_protocol.AGENT_CONTROL``
+  (stage / unstage / release / metrics / report_lost, each a typed, size-capped JSON message checked
+  against its schema, sealed with the connection's session key after the mutual HMAC handshake;
+  nothing is unpickled), spoken by ``agent_client.MapOutputClient``;
 - a discovery file ``<root>/<app>/agents/<jvm pid>.json`` so Python workers, children of the
   same executor JVM, find it by walking their parent chain (``agent_client.find_agent``);
 - a secret desk (``local_secret.SecretDesk``, named in the discovery file) that hands the
   application secret to those workers only, for plans made without it (Spark Connect sessions).
 
-Where (``shuffle_roots``): on each executor's own local disks, found from the executor's side and
-never from a path computed on the driver. By default Spark's local directories of that executor
-(its block manager's folders, where Spark keeps its own shuffle files: ``spark.local.dir``,
-``SPARK_LOCAL_DIRS``, YARN's ``LOCAL_DIRS``, a Worker's ``SPARK_EXECUTOR_DIRS`` as Spark resolved
-them), ``arrowbeat/`` in each. The JVM plugin hands them to the agent; PySpark hands the same list
-to every Python worker of the executor as ``SPARK_LOCAL_DIRS``. With several, map outputs are
-spread over them (a hash of shuffle and map partition, as Spark spreads its files); one that is
-missing or not writable is skipped with a warning. ``spark.arrowbeat.shuffle.dir`` overrides them.
-
-Files are private (``arrow_shuffle.private_files``): a root is ours and writable by nobody else,
-every directory below it 0700, every file 0600 created without following links; ids become path
-components only through ``check_id``; ``stage`` serves only files whose real path is inside one of
-this agent's directories.
+Where its directories are (``shuffle_roots``: Spark's local directories of this executor, or
+``spark.arrowbeat.shuffle.dir``) and how they are laid out and kept private: ``agent_layout``.
+``stage`` serves only files whose real path is inside one of this agent's directories.
 
 Time comes from an injected ``heartbeat.clock.Clock``: ``monotonic()`` ages staged streams and
 times a shuffle's last read (both ends measured in this process), ``time()`` only ages files,
@@ -59,9 +49,7 @@ import logging
 import os
 import shutil
 import stat
-import tempfile
 import threading
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -71,47 +59,25 @@ import pyarrow as pa
 from arrow_shuffle.auth import as_bytes
 from arrow_shuffle.buffer_pool import NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.control import (
-    I32,
-    I64,
-    PARTITION_ID,
-    Bytes,
-    ControlServer,
-    Float,
-    Int,
-    List,
-    Map,
-    Null,
-    Operation,
-    Record,
-    Service,
-    Str,
-    Tuple,
-)
+from arrow_shuffle.control_server import ControlServer
 from arrow_shuffle.errors import (
     ControlMessageError,
     InsufficientBuffersError,
     MapOutputLostError,
     ShuffleConfigError,
     ShuffleError,
-    UnsafeIdError,
     UnsafePathError,
 )
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.partition import PartitionKind, ResultPartition
+from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partition_server import PartitionServer
-from arrow_shuffle.private_files import (
-    LogLimiter,
-    check_id,
-    check_private_dir,
-    make_private_dir,
-    private_root,
-    resolve_inside,
-    write_private_atomic,
-)
+from arrow_shuffle.private_files import resolve_inside, write_private_atomic
 from arrow_shuffle.transport import Transport
 from arrow_shuffle.writer import RecordWriter
 from heartbeat.clock import SYSTEM_CLOCK, Clock
+from heartbeat.rate_log import RateLog
+from spark_plugin.shuffle.agent_layout import agent_file, shuffle_folder, usable_executor_dirs
+from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
 from spark_plugin.shuffle.local_secret import SecretDesk
 from spark_plugin.shuffle.map_output import Segment, read_segments
 
@@ -120,126 +86,8 @@ log = logging.getLogger(__name__)
 STREAM_POOL_SHARE = 0.25
 """Most of the agent's pool one staged stream may hold (less if the config says so): with 32 MiB,
 eight buffers, so a stream whose reader is slow leaves the rest to the others."""
-MAX_SCHEMA_BYTES = 1 << 20
-"""Largest Arrow IPC schema a ``stage`` request may carry (thousands of columns fit)."""
-MAX_STAGE_BYTES = 8 << 20
-"""Largest ``stage`` request: the schema plus every map output file and segment of one reducer."""
-_SEGMENT = Tuple((Int(0, I64), Int(0, I64)))
-_FILE = Tuple((Str(4096, 1), List(_SEGMENT, 1 << 20)))
-AGENT_CONTROL = Service(
-    "arrowbeat-agent-control",
-    (
-        Operation(
-            "stage",
-            Record(
-                {
-                    "shuffle": Int(0, I32),
-                    "reducer": Int(0, I32),
-                    "schema": Bytes(MAX_SCHEMA_BYTES),
-                    "files": List(_FILE, 1 << 16),
-                }
-            ),
-            PARTITION_ID,
-            max_request_bytes=MAX_STAGE_BYTES,
-        ),
-        Operation("unstage", Record({"partition": PARTITION_ID}), Null()),
-        Operation("release", Record({"shuffle": Int(0, I32)}), Int(0, I64), timeout_s=120.0),
-        Operation("metrics", Record({}), Map(Float(), 256)),
-        Operation(
-            "report_lost",
-            Record({"shuffle": Int(0, I32), "paths": List(Str(4096, 1), 1 << 12)}),
-            Int(0, 1),
-        ),
-    ),
-)
-"""The agent's control operations: what ``MapOutputService`` serves and ``MapOutputClient`` calls."""
-
-
-_refused = LogLimiter(log)
+_refused = RateLog(log)
 """Paths a peer asked for and did not get: logged, but not once per request."""
-AGENTS = "agents"
-"""The discovery folder of an application (an executor id can never be this name)."""
-
-
-def default_root() -> str:
-    """The per-user default root, ``arrowbeat-<uid>`` in the system temp dir: one user's root is
-    never another's, and a root another user created first is refused, not shared."""
-    return os.path.join(tempfile.gettempdir(), f"arrowbeat-{os.geteuid()}")
-
-
-LOCAL_DIRS_ENV = "SPARK_LOCAL_DIRS"
-"""What PySpark sets, in every Python worker's environment, to its executor's block manager
-folders (comma-separated, the same list and order the JVM plugin hands the agent)."""
-ROOT_FOLDER = "arrowbeat"
-"""Our folder in each of Spark's local directories."""
-
-
-def shuffle_roots(configured: str = "", local_dirs: str | None = None) -> list[str]:
-    """The shuffle roots of this executor, the first one preferred.
-
-    ``spark.arrowbeat.shuffle.dir`` if set (one root, the same path on every host); else
-    ``arrowbeat/`` in each of Spark's local directories of this executor: ``local_dirs`` as the JVM
-    handed them to the agent, or ``$SPARK_LOCAL_DIRS`` in a Python worker (PySpark's own setting);
-    else (a process Spark did not start, e.g. a test) ``default_root()``. The one place roots are
-    resolved, called where they are used, so each process resolves them as the user it runs as."""
-    if configured:
-        return [os.path.abspath(configured)]
-    listed = os.environ.get(LOCAL_DIRS_ENV, "") if local_dirs is None else local_dirs
-    roots = [os.path.join(os.path.abspath(d), ROOT_FOLDER) for d in listed.split(",") if d.strip()]
-    return list(dict.fromkeys(roots)) or [default_root()]
-
-
-def shuffle_root(configured: str = "") -> str:
-    """The preferred root of ``shuffle_roots``."""
-    return shuffle_roots(configured)[0]
-
-
-def app_dir(root: str, app_id: str) -> str:
-    return os.path.join(root, check_id(app_id, "application id"))
-
-
-def agent_file(root: str, app_id: str, jvm_pid: int) -> str:
-    return os.path.join(app_dir(root, app_id), AGENTS, f"{check_id(jvm_pid, 'executor JVM pid')}.json")
-
-
-def executor_dir(root: str, app_id: str, executor_id: str) -> str:
-    """``<root>/<app>/<executor>``, created private with the discovery folder beside it (ids are
-    checked before anything is created)."""
-    if check_id(executor_id, "executor id") == AGENTS:
-        raise UnsafeIdError(f"executor id {executor_id!r} is the name of the discovery folder")
-    app = app_dir(os.path.abspath(root), app_id)
-    private_root(root)
-    make_private_dir(app)
-    make_private_dir(os.path.join(app, AGENTS))
-    return make_private_dir(os.path.join(app, executor_id))
-
-
-def usable_executor_dirs(roots: Sequence[str], app_id: str, executor_id: str) -> list[tuple[str, str]]:
-    """``(root, executor_dir)`` for every root that can hold this executor's outputs, in order.
-
-    Of several, a root that is missing and cannot be created, not writable, or not safe is skipped
-    with a warning naming it (Spark skips a bad local dir the same way); none usable is an error
-    naming each and why. A single root's problem is raised as it is (``UnsafePathError``, ...)."""
-    usable, problems = [], []
-    for root in roots:
-        if len(roots) == 1:
-            return [(os.path.abspath(root), executor_dir(root, app_id, executor_id))]
-        try:
-            folder = executor_dir(root, app_id, executor_id)
-            if not os.access(folder, os.W_OK | os.X_OK):
-                raise PermissionError(f"{folder} is not writable")
-            usable.append((os.path.abspath(root), folder))
-        except UnsafeIdError:
-            raise
-        except (OSError, UnsafePathError) as exc:
-            problems.append(f"{root}: {exc}")
-            log.warning("shuffle root %s not used on executor %s: %s", root, executor_id, exc)
-    if not usable:
-        raise ShuffleConfigError(
-            f"no usable shuffle directory for executor {executor_id}: {'; '.join(problems)}; "
-            "check Spark's local dirs (spark.local.dir, SPARK_LOCAL_DIRS) or spark.arrowbeat.shuffle.dir"
-        )
-    return usable
 
 
 PORT_TRIES = 32
@@ -266,44 +114,6 @@ def bind_from(port: int, bind: Callable[[int], _S], last: int = 0) -> _S:
     )
 
 
-def spread_dir(dirs: Sequence[str], shuffle_id: int, map_index: int) -> str:
-    """The directory of ``dirs`` a map output of (shuffle, map partition) goes to: a stable hash,
-    so a shuffle's files spread over every local disk the executor has."""
-    return dirs[zlib.crc32(f"{shuffle_id}/{map_index}".encode()) % len(dirs)]
-
-
-def owned_output(path: object, app_id: str, executor_id: str, shuffle_id: int) -> str:
-    """The real path of a map-output file named by a status row, if, links resolved, it has our
-    layout ``<root>/<app>/<executor>/s<shuffle>/<name>.arrows``, is a regular file, and its shuffle
-    and executor folders are private to us. A host-local reader reads another executor's file only
-    through this: a row naming anything else is refused (``UnsafePathError``), not read. (The root
-    itself may sit behind a link, as a YARN or macOS local dir often does.)"""
-    if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
-        raise UnsafePathError(f"{path!r} is not an absolute map-output path")
-    real = os.path.realpath(path)
-    shuffle_folder = os.path.dirname(real)
-    owner = os.path.dirname(shuffle_folder)
-    expected = (_folder(shuffle_id), check_id(executor_id, "executor id"), check_id(app_id, "application id"))
-    found = (
-        os.path.basename(shuffle_folder),
-        os.path.basename(owner),
-        os.path.basename(os.path.dirname(owner)),
-    )
-    refused = UnsafePathError(
-        f"{path} is not a map output of shuffle {shuffle_id} of executor {executor_id}: refused"
-    )
-    if found != expected or not real.endswith(".arrows"):
-        raise refused
-    try:
-        if not stat.S_ISREG(os.lstat(real).st_mode):
-            raise refused
-    except FileNotFoundError:
-        pass  # gone: the read fails and reports it lost
-    check_private_dir(shuffle_folder)
-    check_private_dir(owner)
-    return real
-
-
 @dataclass
 class _Staged:
     partition: ResultPartition
@@ -312,14 +122,6 @@ class _Staged:
     """``clock.monotonic()`` when the stream was staged."""
     thread: threading.Thread
     error: BaseException | None = None
-
-
-def note_read(path: str, clock: Clock = SYSTEM_CLOCK) -> None:
-    """A reducer read map-output file ``path`` straight from disk (host-local): its shuffle folder's
-    times are set to ``clock.time()``, so the owning agent's TTL counts the read. Best effort."""
-    now = clock.time()
-    with contextlib.suppress(OSError):
-        os.utime(os.path.dirname(path), (now, now), follow_symlinks=False)
 
 
 class MapOutputService:
@@ -369,7 +171,6 @@ class MapOutputService:
         # run a slow user function between batches: a generous bound, not a hang.
         config = config or ShuffleConfig(network_memory_bytes=32 << 20)
         self.config = config.replace(
-            spill_dir=self.dir,
             buffer_request_timeout_s=900.0,
             partition_pool_share=min(config.partition_pool_share, STREAM_POOL_SHARE),
         )
@@ -390,7 +191,7 @@ class MapOutputService:
             "streams_staged": 0.0,
             "bytes_staged": 0.0,
             "blocked_on_credit_s": 0.0,
-            "spill_bytes": 0.0,
+            "spill_bytes": 0.0,  # staged streams never spill; the JVM's shuffle.spillBytes reads 0
             "shuffles_released": 0.0,
             "streams_expired": 0.0,
             "streams_wait_timeouts": 0.0,
@@ -494,7 +295,6 @@ class MapOutputService:
             1,
             schema,
             self.pool,
-            PartitionKind.PIPELINED,
             self.config,
             clock=self._clock,
             reserve_now=False,
@@ -504,7 +304,7 @@ class MapOutputService:
         with self._lock:
             now = self._clock.monotonic()
             self._staged[pid] = _Staged(partition, shuffle_id, now, thread)
-            self._last_read[_folder(shuffle_id)] = now
+            self._last_read[shuffle_folder(shuffle_id)] = now
             self._counters["streams_staged"] += 1
         thread.start()
         return pid
@@ -521,7 +321,8 @@ class MapOutputService:
                 f"the shuffle agent of executor {self.executor_id} queued this stream for "
                 f"{self.config.buffer_reserve_timeout_s:g}s and got no buffers from its "
                 f"{self.pool.num_segments * self.pool.segment_size >> 20} MiB pool "
-                f"(spark.arrowbeat.shuffle.agentMemory): {exc}"
+                f"(spark.arrowbeat.shuffle.agentMemory; the wait is "
+                f"spark.arrowbeat.shuffle.bufferReserveTimeout): {exc}"
             )
             self._end_early(pid, partition, exc, reason)
             return
@@ -538,7 +339,6 @@ class MapOutputService:
                 stats = partition.stats()
                 self._counters["bytes_staged"] += stats.bytes_written
                 self._counters["blocked_on_credit_s"] += stats.blocked_on_credit_s
-                self._counters["spill_bytes"] += stats.spill_bytes
         except BaseException as exc:  # the reader went away, a file was released, ...: end the stream
             writer.abort(f"staging the map outputs failed: {exc}")  # the reader is told why
             self._end_early(pid, partition, exc, "")
@@ -560,7 +360,7 @@ class MapOutputService:
         with self._lock:
             staged = self._staged.pop(pid, None)
             if staged is not None:
-                self._last_read[_folder(staged.shuffle_id)] = self._clock.monotonic()
+                self._last_read[shuffle_folder(staged.shuffle_id)] = self._clock.monotonic()
         if staged is not None:
             self.server.release(pid)
             staged.thread.join(timeout=5)
@@ -616,9 +416,9 @@ class MapOutputService:
         for pid in pids:
             self.unstage(pid)
         with self._lock:
-            self._last_read.pop(_folder(shuffle_id), None)
+            self._last_read.pop(shuffle_folder(shuffle_id), None)
             self._deleted.add(shuffle_id)
-        return sum(_remove_tree(os.path.join(folder, _folder(shuffle_id))) for folder in self.dirs)
+        return sum(_remove_tree(os.path.join(folder, shuffle_folder(shuffle_id))) for folder in self.dirs)
 
     def _inside(self, path: object) -> str:
         """The real path of ``path`` if it lies in one of this agent's directories."""
@@ -642,7 +442,7 @@ class MapOutputService:
         for name in sorted(names):
             paths = [os.path.join(folder, name) for folder in self.dirs]
             with self._lock:
-                busy = any(_folder(s.shuffle_id) == name for s in self._staged.values())
+                busy = any(shuffle_folder(s.shuffle_id) == name for s in self._staged.values())
                 last_read = self._last_read.get(name)
             if busy:
                 continue
@@ -783,11 +583,6 @@ class MapOutputService:
 
     def _report_lost(self, args: dict[str, Any]) -> int:
         return int(self.report_lost(args["shuffle"], args["paths"]))
-
-
-def _folder(shuffle_id: int) -> str:
-    """A shuffle's folder in an executor's directory (the map tasks write into it)."""
-    return f"s{check_id(shuffle_id, 'shuffle id')}"
 
 
 def _newest_mtime(path: str) -> float:

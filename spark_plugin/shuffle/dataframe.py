@@ -66,14 +66,10 @@ from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
 from spark_plugin.compat.arrow_schema import to_arrow_schema
 from spark_plugin.compat.connect import is_connect, unsupported
 from spark_plugin.errors import ConfigError
-from spark_plugin.settings.config import (
-    OPTIONS,
-    ArrowBeatConfig,
-    from_spark_conf,
-    parse_duration,
-    tables_root,
-)
+from spark_plugin.history.storage import tables_root
+from spark_plugin.settings.config import OPTIONS, ArrowBeatConfig, from_spark_conf
 from spark_plugin.settings.tls import from_config as tls_from_config
+from spark_plugin.settings.units import parse_duration
 from spark_plugin.shuffle.adaptive import CoalesceSettings, coalesce, route_keys, settings_from_sql_conf
 from spark_plugin.shuffle.agent_client import MapOutputClient
 from spark_plugin.shuffle.map_output import check_keys

@@ -34,10 +34,10 @@ from arrow_shuffle.errors import (
     ShuffleConfigError,
     ShuffleProtocolError,
 )
-from arrow_shuffle.private_files import LogLimiter
+from heartbeat.rate_log import RateLog
 
 log = logging.getLogger(__name__)
-_refused = LogLimiter(log)
+_refused = RateLog(log)
 
 MAX_DEPTH = 6
 """Parent steps from a Python worker up to its executor JVM searched (daemon, wrappers)."""

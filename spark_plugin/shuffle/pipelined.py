@@ -36,7 +36,7 @@ from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.partition import PartitionKind, ResultPartition
+from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partition_server import PartitionServer
 from arrow_shuffle.writer import RecordWriter
 from heartbeat.clock import SYSTEM_CLOCK, Clock
@@ -110,7 +110,7 @@ def _map(
     server = PartitionServer(plan.secret, plan.app_id, _host(), 0, config, server_transport(plan))
     token = secrets.randbits(30)  # tells this attempt's partition from an earlier one's
     pid = PartitionId(plan.app_id, plan.shuffle_id, index, token)
-    partition = ResultPartition(pid, plan.num_partitions, plan.schema, pool, PartitionKind.PIPELINED, config)
+    partition = ResultPartition(pid, plan.num_partitions, plan.schema, pool, config)
     server.register(partition)
     try:
         host, port = server.address

@@ -4,7 +4,7 @@ A pipelined map task serves its output from its own Python worker, at an address
 it runs; its reducers run at the same time on other executors. Each map task registers
 ``map index -> address`` here and reducers look the addresses up (waiting, with a deadline on an
 injected ``heartbeat.clock.Clock``, until all maps registered). The channel is the engine's typed
-control protocol (``arrow_shuffle.control``): ``RENDEZVOUS`` operations register / locate / forget,
+control protocol (``arrow_shuffle.control_schema``): ``RENDEZVOUS`` operations register / locate / forget,
 schema-checked JSON sealed with the connection's session key after the mutual HMAC handshake;
 nothing is unpickled. Every call has a deadline; a driver that stops answering is a
 ``PeerLostError``. Used by ``pipelined`` only; materialized shuffles need no rendezvous, their map
@@ -17,20 +17,9 @@ import threading
 from typing import Any
 
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.control import (
-    I32,
-    I64,
-    ControlClient,
-    ControlServer,
-    Float,
-    Int,
-    List,
-    Null,
-    Operation,
-    Record,
-    Service,
-    Str,
-)
+from arrow_shuffle.control_client import ControlClient
+from arrow_shuffle.control_schema import I32, I64, Float, Int, List, Null, Operation, Record, Service, Str
+from arrow_shuffle.control_server import ControlServer
 from arrow_shuffle.errors import ControlRequestError, ShuffleError
 from arrow_shuffle.transport import Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock

@@ -10,7 +10,6 @@ its reduce partition and read each map output one of two ways:
 - a *host-local file read*: outputs of this executor, and with ``readHostLocalDisk`` those of
   other executors on this host, are memory-mapped straight from their files. A worker is a
   different process from the agent, and a direct file read is cheaper than a loopback stream.
-  (Not the engine's ``LocalInputChannel``, which is an in-process queue.)
 - a *stream*: the other outputs go through an engine ``InputGate`` of
   ``RemoteChannelSpec``s, one credit-based stream per remote agent, staged by its
   ``MapOutputService`` over ``MapOutputClient``.
@@ -29,11 +28,11 @@ status rows and ``release_function`` releases a shuffle from a task.
 
 Task timings come from an injected ``heartbeat.clock.Clock`` (monotonic).
 
-Paths: the shuffle roots are resolved where the task runs (``agent_service.shuffle_roots``: the
+Paths: the shuffle roots are resolved where the task runs (``agent_layout.shuffle_roots``: the
 executor's own local dirs, never a path computed on the driver); every id in a map output's name
 passes ``check_id``; the map task writes only into one of its agent's folders (spread over the
 executor's local dirs) after checking it is private; a host-local read opens only a map output of
-the status row's executor and shuffle (``agent_service.owned_output``).
+the status row's executor and shuffle (``agent_layout.owned_output``).
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ from arrow_shuffle.transport import TcpTransport, Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.settings.tls import TlsMaterial, client_context, server_context
 from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, find_agent, secret_of
-from spark_plugin.shuffle.agent_service import note_read, owned_output, shuffle_roots, spread_dir
+from spark_plugin.shuffle.agent_layout import note_read, owned_output, shuffle_roots, spread_dir
 from spark_plugin.shuffle.grouping import iter_groups
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
 

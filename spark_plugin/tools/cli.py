@@ -35,24 +35,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from heartbeat import one_line
 from heartbeat.errors import HeartbeatAuthenticationError, HeartbeatError, ProtocolVersionError
-from spark_plugin.errors import PluginError
+from spark_plugin.errors import PluginError, UnknownApplicationError
 from spark_plugin.history import EXECUTOR_EVENTS, HEARTBEATS, TablesLocation, locate
 from spark_plugin.history.event_lines import format_event
+from spark_plugin.history.reader import has_table, open_history_table, read_rows, resolve_app
 from spark_plugin.history.tables import SHUFFLE_METRICS
+from spark_plugin.history.wire_text import MAX_ERROR_CHARS
 from spark_plugin.settings import extras
-from spark_plugin.tools.report import (
-    DEFAULT_TIMEOUT_S,
-    UnknownApplicationError,
-    has_table,
-    id_order,
-    one_line,
-    open_history_table,
-    read_rows,
-    resolve_app,
-    size_text,
-    write_report,
-)
+from spark_plugin.tools.report import DEFAULT_TIMEOUT_S, write_report
+from spark_plugin.tools.views import executor_rows, size_text
 
 if TYPE_CHECKING:
     import grpc
@@ -299,44 +292,6 @@ def _tls(
     return credentials, [(tls.GRPC_TARGET_NAME_OVERRIDE, server_name)]
 
 
-def _age(now: float, then: float | None) -> str:
-    return "-" if not then else f"{max(0.0, now - then):.1f}s"
-
-
-def executor_rows(executors: Sequence[ExecutorInfo], now: float) -> list[dict[str, Any]]:
-    """One dict per executor, the columns of the table (and of ``--json``)."""
-    from heartbeat import one_line
-
-    rows = []
-    for e in sorted(executors, key=lambda e: id_order(e.executor_id)):
-        p = e.payload
-        metrics = p.metrics if p is not None else {}
-        segments = metrics.get("shuffle_pool_segments")
-        available = metrics.get("shuffle_pool_available")
-        pool = None if not segments or available is None else 100.0 * (segments - available) / segments
-        rows.append(
-            {
-                "executor_id": one_line(e.executor_id, 64),
-                "host": one_line(e.host, 64),
-                "state": one_line(e.state, 32),
-                "heartbeat_age_s": None
-                if not e.last_heartbeat
-                else round(max(0.0, now - e.last_heartbeat), 3),
-                "rtt_ms": e.last_rtt_ms,
-                "slots_busy": p.slots_busy if p else None,
-                "slots_total": p.slots_total if p else None,
-                "running_tasks": p.running_tasks if p else None,
-                "rss_bytes": p.rss_bytes if p else None,
-                "jvm_pulse_age_ms": p.jvm_pulse_age_ms if p else None,
-                "shuffle_pool_used_pct": None if pool is None else round(pool, 1),
-                "pid": e.pid or None,
-                "up_s": round(max(0.0, now - e.registered_at), 1) if e.registered_at else None,
-                "instance_id": one_line(e.instance_id, 64),
-            }
-        )
-    return rows
-
-
 def _print_json(executors: Sequence[ExecutorInfo], now: float, out: TextIO) -> None:
     print(json.dumps(executor_rows(executors, now)), file=out)
 
@@ -468,7 +423,8 @@ def _events(args: argparse.Namespace) -> int:
                 table.update_incremental()
             except Exception as exc:  # storage trouble: say so, keep following
                 shown = location.spark_uri(EXECUTOR_EVENTS.name)
-                print(f"arrowbeat: cannot refresh {shown}: {one_line(location.scrub(exc))}", file=sys.stderr)
+                why = one_line(location.scrub(exc), MAX_ERROR_CHARS, reflow=True)
+                print(f"arrowbeat: cannot refresh {shown}: {why}", file=sys.stderr)
                 continue
             if table.version() != version:
                 version = table.version()
@@ -499,7 +455,8 @@ def _tables(args: argparse.Namespace) -> int:
             action(location, name, args)
         except Exception as exc:  # one table's trouble (a concurrent commit, storage): say it, go on
             failed += 1
-            print(f"{name}: {args.action} failed: {one_line(location.scrub(exc))}", flush=True)
+            why = one_line(location.scrub(exc), MAX_ERROR_CHARS, reflow=True)
+            print(f"{name}: {args.action} failed: {why}", flush=True)
     return FAILED if failed else 0
 
 
@@ -594,17 +551,12 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def run() -> None:
-    """The console script: :func:`main`, then an exit without interpreter finalisation. Reading a
-    Delta table leaves delta-rs/Arrow native threads that can abort a normal exit ("terminate
-    called without an active exception", exit 134, after the work is done; delta-io/delta-rs#2184):
-    a command's exit status must be its own."""
-    from spark_plugin.jvm.sidecar import exit_process
+    """The console script: :func:`main`, then an exit without interpreter finalisation
+    (``history.reader.run_reader``): reading a Delta table with delta-rs can abort a normal exit
+    after the work is done (exit 134), and a command's exit status must be its own."""
+    from spark_plugin.history.reader import run_reader
 
-    try:
-        code = main()
-    except SystemExit as exc:  # argparse's usage errors and --help
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    exit_process(code)
+    run_reader(main)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 The driver-side process (``spark_plugin.processes.driver``) serves it next to the RM. Two parts:
 
 - :class:`LiveView`, what the page shows, as JSON and without HTTP: the RM's executor table (the
-  columns of ``arrowbeat executors``, ``cli.executor_rows``) with a *health* per executor (see
+  columns of ``arrowbeat executors``, ``views.executor_rows``) with a *health* per executor (see
   :func:`health`), each executor's RTTs over the last ``rtt_window_s``, and the last
   ``max_events`` lifecycle events. It is an RM event-bus subscriber (``rm.subscribe``): it
   appends to bounded deques and returns, so it never slows the other subscribers.
@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from heartbeat import ExecutorEvent, HeartbeatRecord, one_line
 from heartbeat.clock import SYSTEM_CLOCK, Clock
+from heartbeat.rate_log import RateLog
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -72,16 +73,11 @@ class _OncePerCause(logging.Filter):
 
     def __init__(self, every_s: float = 60.0, clock: Clock = SYSTEM_CLOCK) -> None:
         super().__init__()
-        self._every_s = every_s
-        self._clock = clock
-        self._last: dict[str, float] = {}
+        self._rate = RateLog(None, every_s, clock)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        now = self._clock.monotonic()
-        cause = str(record.msg)[:80]
-        if now - self._last.get(cause, -float("inf")) < self._every_s or len(self._last) > 100:
-            return False
-        self._last[cause] = now
+        if len(self._rate) > 100 or self._rate.admit(str(record.msg)[:80]) is None:
+            return False  # past 100 causes, nothing more: the table stays small
         record.exc_info, record.exc_text = None, None  # one line: the peer's bytes are no stack
         return True
 
@@ -187,7 +183,7 @@ class LiveView:
 
     def executors_json(self) -> dict[str, Any]:
         """``/api/executors``: the RM's table now, with health and RTT history per executor."""
-        from spark_plugin.tools.cli import executor_rows
+        from spark_plugin.tools.views import executor_rows
 
         now = self._clock.time()
         infos = self._executors()

@@ -23,12 +23,11 @@ def make_batch(start: int, rows: int, key_mod: int = 97, payload_len: int = 8) -
 
 
 @pytest.fixture
-def config(tmp_path) -> ShuffleConfig:
+def config() -> ShuffleConfig:
     return ShuffleConfig(
         buffer_size=16 * 1024,
         network_memory_bytes=8 << 20,
         flush_timeout_s=0.02,
-        spill_dir=str(tmp_path),
         keepalive_interval_s=0.2,
         peer_timeout_s=2.0,
         buffer_request_timeout_s=10.0,

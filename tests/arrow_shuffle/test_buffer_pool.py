@@ -8,9 +8,7 @@ import pytest
 
 from arrow_shuffle import (
     BufferAccountingError,
-    InputGate,
     InsufficientBuffersError,
-    LocalChannelSpec,
     NetworkBufferPool,
     PartitionId,
     RecordWriter,
@@ -22,7 +20,9 @@ from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, Reservation, Segm
 from arrow_shuffle.credit import SenderCredit, UnannouncedCredit
 from arrow_shuffle.errors import ChannelClosedError
 from heartbeat.clock import ManualClock
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
+
+from .local_read import read_subpartition
 
 
 def test_over_release_raises() -> None:
@@ -296,9 +296,7 @@ def test_a_deferred_local_pool_queues_on_first_request_gives_surplus_back_and_dr
 def test_partition_pool_share_caps_one_streams_buffers(tmp_path: Path) -> None:
     """A PIPELINED partition whose reader does not read stops at its share of the pool; another
     stream still gets its own share. The share never cuts below the reserved minimum."""
-    config = ShuffleConfig(
-        buffer_size=4096, network_memory_bytes=32 * 4096, spill_dir=str(tmp_path), partition_pool_share=0.25
-    )
+    config = ShuffleConfig(buffer_size=4096, network_memory_bytes=32 * 4096, partition_pool_share=0.25)
     network = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
     schema = pa.schema([("x", pa.int64())])
     greedy = ResultPartition(PartitionId("a", 1, 0), 1, schema, network, config=config)
@@ -327,9 +325,7 @@ def test_partition_pool_share_caps_one_streams_buffers(tmp_path: Path) -> None:
 def test_many_streams_on_a_small_pool_queue_and_all_finish_exactly(tmp_path: Path) -> None:
     """Twelve streams, each reserving two of six buffers: at most three run at once, the others
     queue (first come, first served) and every stream delivers all its rows."""
-    config = ShuffleConfig(
-        buffer_size=4096, network_memory_bytes=6 * 4096, flush_timeout_s=0, spill_dir=str(tmp_path)
-    )
+    config = ShuffleConfig(buffer_size=4096, network_memory_bytes=6 * 4096, flush_timeout_s=0)
     network = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
     schema = pa.schema([("stream", pa.int64()), ("seq", pa.int64())])
     streams = 12
@@ -352,11 +348,8 @@ def test_many_streams_on_a_small_pool_queue_and_all_finish_exactly(tmp_path: Pat
             failures.append(exc)
 
     def read(i: int) -> None:
-        reader_pool = NetworkBufferPool(4, 4096)
         try:
-            spec = LocalChannelSpec(partitions[i], 0)
-            with InputGate([spec], schema, reader_pool, config) as gate:
-                table = gate.read_all()
+            table = read_subpartition(partitions[i], 0, timeout_s=60.0)
             results[i] = table.column("seq").to_pylist()
             assert set(table.column("stream").to_pylist()) == {i}
         except BaseException as exc:

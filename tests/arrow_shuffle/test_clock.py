@@ -28,7 +28,7 @@ from arrow_shuffle.frames import FrameHeader, Kind
 from arrow_shuffle.remote_channel import RemoteInputChannel
 from arrow_shuffle.transport import TcpConnection
 from heartbeat.clock import ManualClock
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 from .conftest import APP, SCHEMA, SECRET, make_batch
 from .fake_peer import FakeServer

@@ -1,4 +1,4 @@
-"""Producer side: routing, coalescing, the two flush triggers, backpressure and spilling."""
+"""Producer side: routing, coalescing, the two flush triggers and backpressure."""
 
 from __future__ import annotations
 
@@ -12,11 +12,8 @@ import pyarrow as pa
 import pytest
 
 from arrow_shuffle import (
-    InputGate,
-    LocalChannelSpec,
     NetworkBufferPool,
     PartitionId,
-    PartitionKind,
     RecordTooLargeError,
     RecordWriter,
     ResultPartition,
@@ -29,18 +26,15 @@ from arrow_shuffle.partitioner import hash_rows
 from heartbeat.clock import ManualClock
 
 from .conftest import APP, SCHEMA, make_batch
+from .local_read import read_subpartition
 
 PID = PartitionId(APP, 0, 0)
 
 
-def read_local(partition: ResultPartition, pool: NetworkBufferPool, sub: int) -> pa.Table:
-    with InputGate([LocalChannelSpec(partition, sub)], partition.schema, pool, partition.config) as gate:
-        return gate.read_all()
-
-
 def test_rows_are_routed_by_key_hash_and_all_arrive(config: ShuffleConfig, pool: NetworkBufferPool) -> None:
-    cfg = config.replace(flush_timeout_s=0)
-    partition = ResultPartition(PID, 3, SCHEMA, pool, kind=PartitionKind.BLOCKING, config=cfg)
+    # Room for all of it: written before it is read.
+    cfg = config.replace(flush_timeout_s=0, buffers_per_subpartition=16)
+    partition = ResultPartition(PID, 3, SCHEMA, pool, config=cfg)
     writer = RecordWriter(partition, key_columns=["key"])
     batches = [make_batch(i * 100, 100) for i in range(10)]
     for b in batches:
@@ -49,7 +43,7 @@ def test_rows_are_routed_by_key_hash_and_all_arrive(config: ShuffleConfig, pool:
     expected = pa.Table.from_batches(batches)
     routes = hash_rows(expected.combine_chunks().to_batches()[0], ["key"]) % np.uint64(3)
     for sub in range(3):
-        table = read_local(partition, pool, sub)
+        table = read_subpartition(partition, sub)
         want = expected.filter(pa.array(routes == sub))
         assert table.column("seq").to_pylist() == want.column("seq").to_pylist()
     partition.release()
@@ -85,7 +79,7 @@ def test_small_batches_are_coalesced_until_full(config: ShuffleConfig, pool: Net
     queued = partition.subpartitions[0].backlog
     assert 0 < queued < 200 / 4, "small batches must share buffers"
     writer.finish()
-    table = read_local(partition, pool, 0)
+    table = read_subpartition(partition, 0)
     assert table.column("seq").to_pylist() == list(range(2000))
     partition.release()
 
@@ -117,13 +111,14 @@ def test_flush_timeout_publishes_a_partial_buffer(config: ShuffleConfig, pool: N
 def test_large_batches_are_sliced_and_single_huge_rows_rejected(
     config: ShuffleConfig, pool: NetworkBufferPool
 ) -> None:
-    partition = ResultPartition(PID, 1, SCHEMA, pool, kind=PartitionKind.BLOCKING, config=config)
+    cfg = config.replace(buffers_per_subpartition=32)  # room for all of it: written before it is read
+    partition = ResultPartition(PID, 1, SCHEMA, pool, config=cfg)
     writer = RecordWriter(partition)
     writer.write(make_batch(0, 5000))  # ~ 10x the 16 KiB buffer
     with pytest.raises(RecordTooLargeError, match="buffer_size"):
         writer.write(make_batch(5000, 1, payload_len=64 * 1024))
     writer.finish()
-    assert read_local(partition, pool, 0).column("seq").to_pylist() == list(range(5000))
+    assert read_subpartition(partition, 0).column("seq").to_pylist() == list(range(5000))
     partition.release()
 
 
@@ -142,9 +137,9 @@ def test_explicit_partition_ids(config: ShuffleConfig, pool: NetworkBufferPool) 
     batch = make_batch(0, 10, key_mod=2)
     writer.write(batch)
     writer.finish()
-    evens = read_local(partition, pool, 0)
+    evens = read_subpartition(partition, 0)
     assert set(evens.column("key").to_pylist()) <= {0}
-    assert evens.num_rows + read_local(partition, pool, 1).num_rows == 10
+    assert evens.num_rows + read_subpartition(partition, 1).num_rows == 10
     partition.release()
 
 
@@ -168,36 +163,13 @@ def test_slow_consumer_blocks_pipelined_producer_within_pool(
     assert partition.pool.exhausted.wait(10), "producer never hit the pool bound"
     assert not done.is_set()
     assert partition.pool.owned <= partition.pool.max_segments
-    table = read_local(partition, pool, 0)  # now consume: the producer unblocks
+    table = read_subpartition(partition, 0)  # now consume: the producer unblocks
     producer.join(10)
     assert done.is_set()
     assert table.column("seq").to_pylist() == list(range(total_rows))
     assert partition.pool.peak_in_use <= partition.pool.max_segments
     assert partition.stats().blocked_on_pool_s > 0
     partition.release()
-    assert pool.num_available == pool.num_segments
-
-
-def test_blocking_partition_spills_far_beyond_its_memory_bound(
-    config: ShuffleConfig, pool: NetworkBufferPool
-) -> None:
-    bound = 4 * config.buffer_size
-    cfg = config.replace(blocking_memory_bytes=bound, flush_timeout_s=3600.0)
-    partition = ResultPartition(PID, 2, SCHEMA, pool, kind=PartitionKind.BLOCKING, config=cfg)
-    writer = RecordWriter(partition, partitioner=column_partitioner("key"))
-    total_rows = 60_000
-    for start in range(0, total_rows, 1000):
-        writer.write(make_batch(start, 1000, key_mod=2))
-    writer.finish()
-    stats = partition.stats()
-    assert stats.spill_bytes > 10 * bound
-    assert partition.pool.peak_in_use * cfg.buffer_size <= max(bound, 3 * cfg.buffer_size)
-    rows = [read_local(partition, pool, sub).column("seq").to_pylist() for sub in range(2)]
-    assert sorted(rows[0] + rows[1]) == list(range(total_rows))
-    assert all(r == sorted(r) for r in rows)
-    spill_path = partition._spill.path if partition._spill else ""
-    partition.release()
-    assert not os.path.exists(spill_path)
     assert pool.num_available == pool.num_segments
 
 

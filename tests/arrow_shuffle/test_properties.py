@@ -21,10 +21,8 @@ from hypothesis import strategies as st
 
 from arrow_shuffle import (
     InputGate,
-    LocalChannelSpec,
     NetworkBufferPool,
     PartitionId,
-    PartitionKind,
     PartitionServer,
     ProducerFailedError,
     RecordWriter,
@@ -35,7 +33,7 @@ from arrow_shuffle import (
 )
 from arrow_shuffle.partitioner import hash_rows
 from arrow_shuffle.remote_channel import RemoteInputChannel
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 from .conftest import APP, SCHEMA, SECRET, make_batch
 
@@ -51,8 +49,6 @@ scenario = st.fixed_dictionaries(
         "stop": st.sampled_from([None, "consumer", "producer"]),
         "stop_at": st.integers(0, 12),
         "flush_timeout_s": st.sampled_from([0.0, 0.005, 0.05]),
-        "blocking": st.booleans(),
-        "local_first": st.booleans(),
     }
 )
 
@@ -69,8 +65,6 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
         keepalive_interval_s=0.2,
         peer_timeout_s=3.0,
         buffer_request_timeout_s=10.0,
-        blocking_memory_bytes=6 * s["buffer_size"],  # BLOCKING: spill almost everything
-        spill_dir=str(tmp_path_factory.mktemp("spill")),
     )
     cancel_at = s["stop_at"] if s["stop"] == "consumer" else None
     abort_at = s["stop_at"] if s["stop"] == "producer" else None
@@ -78,8 +72,7 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
     server = PartitionServer(SECRET, APP, config=config)
     try:
-        kind = PartitionKind.BLOCKING if s["blocking"] else PartitionKind.PIPELINED
-        partition = ResultPartition(PartitionId(APP, 7, 0), s["subpartitions"], SCHEMA, pool, kind, config)
+        partition = ResultPartition(PartitionId(APP, 7, 0), s["subpartitions"], SCHEMA, pool, config)
         server.register(partition)
         writer = RecordWriter(partition, key_columns=["key"])
         written: list[pa.RecordBatch] = []
@@ -105,11 +98,9 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
 
         producer = threading.Thread(target=produce)
         producer.start()
-        specs: list[LocalChannelSpec | RemoteChannelSpec] = [
+        specs = [
             RemoteChannelSpec(server.address, partition.partition_id, i) for i in range(s["subpartitions"])
         ]
-        if s["local_first"]:  # mix in a local channel: same gate, no network, no credit
-            specs[0] = LocalChannelSpec(partition, 0)
         received: dict[int, list[int]] = defaultdict(list)
         cancelled = False
         consumer_error: ShuffleError | None = None

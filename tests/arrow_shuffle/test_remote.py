@@ -13,7 +13,6 @@ from arrow_shuffle import (
     CorruptFrameError,
     CreditViolationError,
     InputGate,
-    LocalChannelSpec,
     NetworkBufferPool,
     OversizedFrameError,
     PartitionId,
@@ -36,7 +35,7 @@ from arrow_shuffle.codec import BufferBuilder
 from arrow_shuffle.frames import Kind
 from arrow_shuffle.remote_channel import RemoteInputChannel
 from arrow_shuffle.transport import TcpConnection
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 from .conftest import APP, SCHEMA, SECRET, make_batch
 from .fake_peer import FakeServer
@@ -58,7 +57,7 @@ def produce(partition: ResultPartition, rows: int, batch_rows: int = 300) -> thr
     return thread
 
 
-def test_remote_and_local_channels_deliver_every_row(
+def test_channels_from_several_partitions_deliver_every_row(
     config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
 ) -> None:
     parts = [ResultPartition(PartitionId(APP, 1, m), 2, SCHEMA, pool, config=config) for m in range(3)]
@@ -67,11 +66,7 @@ def test_remote_and_local_channels_deliver_every_row(
     producers = [produce(p, 5000) for p in parts]
     seen: list[int] = []
     for sub in range(2):
-        specs: list[LocalChannelSpec | RemoteChannelSpec] = [
-            RemoteChannelSpec(server.address, parts[0].partition_id, sub),
-            RemoteChannelSpec(server.address, parts[1].partition_id, sub),
-            LocalChannelSpec(parts[2], sub),
-        ]
+        specs = [RemoteChannelSpec(server.address, p.partition_id, sub) for p in parts]
         with InputGate(specs, SCHEMA, pool, config, secret=SECRET) as gate:
             table = gate.read_all()
             stats = gate.stats()
@@ -85,7 +80,7 @@ def test_remote_and_local_channels_deliver_every_row(
     for sender in server.senders():
         assert sender.max_overdraft <= 0
         assert sender.completed
-    sent = sum(p.stats().bytes_sent for p in parts[:2])
+    sent = sum(p.stats().bytes_sent for p in parts)
     assert sent > 0
     for p in parts:
         server.release(p.partition_id)
@@ -175,10 +170,7 @@ def test_producer_abort_mid_stream_fails_every_reader_with_a_typed_error(
     writer = RecordWriter(part, key_columns=["key"])
     writer.write(make_batch(0, 3000))
     writer.flush()  # every subpartition has data queued; the partition is not finished
-    specs: list[LocalChannelSpec | RemoteChannelSpec] = [
-        RemoteChannelSpec(server.address, part.partition_id, 0),
-        LocalChannelSpec(part, 1),
-    ]
+    specs = [RemoteChannelSpec(server.address, part.partition_id, sub) for sub in (0, 1)]
     gate = InputGate(specs, SCHEMA, pool, config, SECRET)
     batches = iter(gate)
     next(batches)  # mid-stream

@@ -21,7 +21,6 @@ from arrow_shuffle import (
     NetworkBufferPool,
     OversizedFrameError,
     PartitionId,
-    PartitionKind,
     PartitionServer,
     PeerLostError,
     RecordWriter,
@@ -39,7 +38,7 @@ from .conftest import APP, SCHEMA, SECRET, make_batch
 from .test_remote import produce
 
 BAD = PartitionId(APP, 40, 0)
-"""The partition the broken client asks for (a finished BLOCKING one, so buffers are queued)."""
+"""The partition the broken client asks for (written and finished, so buffers are queued)."""
 
 
 class RawClient:
@@ -165,7 +164,8 @@ def test_broken_client_fails_only_its_stream(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     fault = FAULTS[name]
-    bad = ResultPartition(BAD, 1, SCHEMA, pool, PartitionKind.BLOCKING, config)
+    roomy = config.replace(buffers_per_subpartition=16)  # room for all of it: written before it is read
+    bad = ResultPartition(BAD, 1, SCHEMA, pool, roomy)
     writer = RecordWriter(bad)
     for start in range(0, 3000, 300):
         writer.write(make_batch(start, 300))

@@ -17,7 +17,6 @@ from arrow_shuffle import (
     InputGate,
     NetworkBufferPool,
     PartitionId,
-    PartitionKind,
     PartitionServer,
     RecordWriter,
     RemoteChannelSpec,
@@ -25,11 +24,12 @@ from arrow_shuffle import (
     ShuffleConfig,
 )
 from arrow_shuffle.acceptor import HANDSHAKE_DEADLINE
-from arrow_shuffle.control import ControlClient, ControlServer
+from arrow_shuffle.control_client import ControlClient
+from arrow_shuffle.control_server import ControlServer
 from arrow_shuffle.errors import PeerLostError, ShuffleAuthenticationError, ShuffleError
 from arrow_shuffle.transport import TcpTransport
 from spark_plugin.settings import tls
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 from tests.security.attack import ECHO, handlers
 
 from .conftest import APP, SCHEMA, SECRET, make_batch
@@ -67,9 +67,8 @@ def test_a_stream_inside_tls(
 ) -> None:
     server = PartitionServer(SECRET, APP, config=config, transport=server_transport)
     try:
-        part = ResultPartition(
-            PartitionId(APP, 1, 0), 2, SCHEMA, pool, kind=PartitionKind.BLOCKING, config=config
-        )
+        roomy = config.replace(buffers_per_subpartition=128)  # room for all of it: written before it is read
+        part = ResultPartition(PartitionId(APP, 1, 0), 2, SCHEMA, pool, config=roomy)
         server.register(part)
         writer = RecordWriter(part, key_columns=["key"])
         for start in range(0, 20_000, 1000):
@@ -122,6 +121,26 @@ def test_a_control_call_inside_tls(control: ControlServer, client_transport: Tcp
     with ControlClient(control.address, SECRET, ECHO, transport=client_transport) as c:
         assert c.call("echo", text="hi", times=3, tags=[]) == "hihihi"
         assert c._conn.tls  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("days", [31, 90])
+def test_a_control_call_inside_tls_on_simulated_day(days: int) -> None:
+    """Issue 24: the certificate an application generated ``days`` ago (the clock moved back for
+    its generation), handed over as to a new executor, still serves new shuffle connections."""
+    from heartbeat.clock import ManualClock
+    from spark_plugin.settings.config import load
+
+    made = tls.generate_self_signed(ManualClock(wall_start=time.time() - days * 86400.0))
+    m = tls.from_config(load({"spark.arrowbeat.ssl.enabled": "true", **tls.internal_settings(made)}))
+    assert m is not None
+    server = TcpTransport(server_context=tls.server_context(m))
+    srv = ControlServer(SECRET, ECHO, handlers(), config=FAST, transport=server)
+    try:
+        client = TcpTransport(client_context=tls.client_context(m), server_name=m.server_name)
+        with ControlClient(srv.address, SECRET, ECHO, transport=client) as c:
+            assert c.call("echo", text="day", times=2, tags=[]) == "dayday"
+    finally:
+        srv.close()
 
 
 def test_a_plaintext_client_is_refused(control: ControlServer, client_transport: TcpTransport) -> None:

@@ -11,7 +11,6 @@ from arrow_shuffle import (
     InputGate,
     NetworkBufferPool,
     PartitionId,
-    PartitionKind,
     PartitionServer,
     PeerLostError,
     RecordWriter,
@@ -29,9 +28,8 @@ from .memory_transport import MemoryTransport
 def test_exchange_over_the_transport_seam(config: ShuffleConfig, pool: NetworkBufferPool) -> None:
     transport = MemoryTransport()
     server = PartitionServer(SECRET, APP, config=config, transport=transport)
-    part = ResultPartition(
-        PartitionId(APP, 1, 0), 2, SCHEMA, pool, kind=PartitionKind.BLOCKING, config=config
-    )
+    roomy = config.replace(buffers_per_subpartition=32)  # room for all of it: written before it is read
+    part = ResultPartition(PartitionId(APP, 1, 0), 2, SCHEMA, pool, config=roomy)
     server.register(part)
     writer = RecordWriter(part, key_columns=["key"])
     for start in range(0, 6000, 600):

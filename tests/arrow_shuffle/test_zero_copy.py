@@ -15,10 +15,8 @@ import pytest
 
 from arrow_shuffle import (
     InputGate,
-    LocalChannelSpec,
     NetworkBufferPool,
     PartitionId,
-    PartitionKind,
     PartitionServer,
     RecordWriter,
     RemoteChannelSpec,
@@ -32,6 +30,7 @@ from arrow_shuffle.frames import HEADER_SIZE, Kind, unpack_header
 from arrow_shuffle.transport import TcpConnection, _joined
 
 from .conftest import APP, SECRET
+from .local_read import read_subpartition
 
 RICH = pa.schema(
     [
@@ -93,9 +92,8 @@ def _addresses(batch: pa.RecordBatch) -> list[tuple[int, int]]:
 def test_a_large_batch_is_queued_as_views_of_its_own_memory(
     config: ShuffleConfig, pool: NetworkBufferPool
 ) -> None:
-    """PIPELINED: the queued payload's body pieces lie inside the batch's buffers (no copy), the
-    payload decodes to the same rows, and the lease returns to the pool. BLOCKING copies (it may
-    spill the bytes to disk)."""
+    """The queued payload's body pieces lie inside the batch's buffers (no copy), the payload
+    decodes to the same rows, and the lease returns to the pool."""
     batch = rich_batch(0, 600)  # ~ 3 x the 16 KiB buffer: sliced into pieces at row offsets
     spans = _addresses(batch)
     pipelined = ResultPartition(PartitionId(APP, 30, 0), 1, RICH, pool, config=config)
@@ -126,17 +124,6 @@ def test_a_large_batch_is_queued_as_views_of_its_own_memory(
     producer.join(10)
     assert _rows(pa.Table.from_batches(got)) == _rows(pa.Table.from_batches([batch]))
     pipelined.release()
-
-    blocking = ResultPartition(
-        PartitionId(APP, 30, 1), 1, RICH, pool, kind=PartitionKind.BLOCKING, config=config
-    )
-    writer = RecordWriter(blocking)
-    writer.write(batch, 0)
-    writer.finish()
-    buffer, _backlog, _end = blocking.subpartitions[0].poll()
-    assert buffer is not None and not isinstance(buffer, ArrowPayload)
-    buffer.recycle()
-    blocking.release()
     assert pool.num_available == pool.num_segments
 
 
@@ -154,7 +141,7 @@ def _produce(writer: RecordWriter, batches: list[pa.RecordBatch]) -> threading.T
     return thread
 
 
-def test_rich_batches_cross_a_remote_and_a_local_channel_intact(
+def test_rich_batches_cross_a_remote_channel_and_an_in_process_read_intact(
     config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
 ) -> None:
     batches = [rich_batch(start, 250) for start in range(0, 5000, 250)]
@@ -162,10 +149,12 @@ def test_rich_batches_cross_a_remote_and_a_local_channel_intact(
     parts = [ResultPartition(PartitionId(APP, 31, m), 1, RICH, pool, config=config) for m in range(2)]
     server.register(parts[0])
     producers = [_produce(RecordWriter(p), batches) for p in parts]
-    for spec in (RemoteChannelSpec(server.address, parts[0].partition_id, 0), LocalChannelSpec(parts[1], 0)):
-        with InputGate([spec], RICH, pool, config, secret=SECRET) as gate:
-            table = gate.read_all()
-        assert _rows(table.sort_by("seq")) == _rows(expected), spec
+    spec = RemoteChannelSpec(server.address, parts[0].partition_id, 0)
+    with InputGate([spec], RICH, pool, config, secret=SECRET) as gate:
+        table = gate.read_all()
+    assert _rows(table.sort_by("seq")) == _rows(expected), spec
+    in_process = read_subpartition(parts[1], 0)  # the producer's own pieces, copied out once
+    assert _rows(in_process.sort_by("seq")) == _rows(expected), "in process"
     for t in producers:
         t.join(10)
         assert not t.is_alive()

@@ -46,10 +46,10 @@ from pyspark.sql.pandas.functions import pandas_udf
 from spark_plugin.compat import versions
 from spark_plugin.jvm.launch import PYTHON_DAEMON_MODULE
 from spark_plugin.shuffle import group_apply, repartition
-from tests.procs import ours, wait_until
-from tests.spark.history_read import rows
-from tests.spark.session import build_session, stop_session
-from tests.spark.submit import executor_dirs
+from tests.harness.history_read import rows
+from tests.harness.procs import ours, wait_until
+from tests.harness.session import build_session, stop_session
+from tests.harness.submit import executor_dirs
 from tests.spark.test_launcher_compat import UNAVAILABLE_WARNING
 
 pytestmark = [pytest.mark.spark, pytest.mark.compat]

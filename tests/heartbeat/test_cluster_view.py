@@ -203,3 +203,15 @@ def test_list_executors_shows_an_executor_without_an_agent_over_grpc(rm: GrpcRm)
     events.wait_event(EventKind.SPARK_LOST, "12", DEADLINE_S)
     [status] = list_executors(address, SECRET)
     assert (status.executor_id, status.host, status.state) == ("11", "host-x", "UNMONITORED")
+
+
+def test_a_late_word_that_a_removed_executors_agent_did_not_start_lists_nothing() -> None:
+    """Issue 24 (months): the executor side's message can come after Spark's removal (two
+    channels); before, the executor stayed listed UNMONITORED for the application's life."""
+    rm = Rm()
+    rm.core.expect("9", "host-b", WITHIN_S)
+    rm.core.cluster_removed("9", EventKind.SPARK_LOST, "lost (crash): exit 1")
+    rm.core.agent_not_started("9", "interpreter-missing")
+    rm.scheduler.advance(WITHIN_S)
+    assert rm.states() == {} and rm.core._expected == {}
+    assert [e.kind for e in rm.executor_events()] == [EventKind.SPARK_LOST]

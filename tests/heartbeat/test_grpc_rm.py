@@ -18,7 +18,7 @@ from heartbeat import (
 )
 from heartbeat._proto import heartbeat_pb2 as pb
 from heartbeat.admin import list_executors
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 from .conftest import DEADLINE_S, FAST, SECRET
 from .fakes import Collector

@@ -201,3 +201,17 @@ def test_ended_entries_are_forgotten_beyond_the_limit_but_remembered_as_seen() -
     assert sorted(i.executor_id for i in rm.core.executors()) == ["b", "c", "d"]
     rm.core.register("a", "h", FakeLink())
     assert rm.events.kinds()[-1] == (EventKind.REREGISTERED, "a")
+
+
+def test_the_ids_seen_stay_bounded_under_churn() -> None:
+    """Issue 24: an application of months runs 100,000s of executors; the ids the core
+    remembers (for ``REREGISTERED``) stay within the table and as many forgotten ones."""
+    rm = Rm(max_ended=5)
+    for n in range(100):
+        reg = rm.core.register(str(n), "h", FakeLink())
+        rm.core.unregister(str(n), reg.epoch, reg.instance_id)
+    assert len(rm.core.executors()) == 5
+    assert len(rm.core._seen) + len(rm.core._forgotten) == 10
+    rm.core.register("93", "h", FakeLink())  # forgotten from the table, still remembered
+    rm.core.register("0", "h", FakeLink())  # forgotten long ago
+    assert rm.events.kinds()[-2:] == [(EventKind.REREGISTERED, "93"), (EventKind.REGISTERED, "0")]

@@ -48,7 +48,7 @@ from heartbeat._wire import (
 )
 from heartbeat.admin import list_executors
 from heartbeat.agent_main import SECRET_ENV, SecretError, parse_args, read_secret
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 from .conftest import DEADLINE_S, FAST, SECRET
 from .fakes import Collector

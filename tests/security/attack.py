@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from arrow_shuffle.auth import Session, client_handshake
-from arrow_shuffle.control import Float, Handler, Int, List, Null, Operation, Record, Service, Str
+from arrow_shuffle.control_schema import Float, Int, List, Null, Operation, Record, Service, Str
+from arrow_shuffle.control_server import Handler
 from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.frames import HEADER, MAGIC, FrameHeader, Kind
 from arrow_shuffle.transport import TcpConnection
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 SECRET = "security-test-secret-0123456789abcdef"
 APP = "app-sec"

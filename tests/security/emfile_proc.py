@@ -16,7 +16,7 @@ import resource
 import sys
 
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.control import ControlServer
+from arrow_shuffle.control_server import ControlServer
 from tests.security.attack import ECHO, handlers
 
 

@@ -28,7 +28,8 @@ from arrow_shuffle import InputGate, NetworkBufferPool, PartitionId, RemoteChann
 from arrow_shuffle import acceptor as acceptor_module
 from arrow_shuffle.acceptor import RefusalLog
 from arrow_shuffle.auth import server_handshake
-from arrow_shuffle.control import ControlClient, ControlServer
+from arrow_shuffle.control_client import ControlClient
+from arrow_shuffle.control_server import ControlServer
 from arrow_shuffle.errors import (
     ControlMessageError,
     DeadlineExceededError,
@@ -39,7 +40,7 @@ from arrow_shuffle.frames import HEADER, MAGIC, ErrorCode, Kind
 from arrow_shuffle.transport import TcpConnection
 from heartbeat.clock import ManualClock
 from spark_plugin.shuffle.agent_client import MapOutputClient
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 from tests.security.agent_proc import SCHEMA
 from tests.security.attack import ECHO, SECRET, RawPeer, handlers
 from tests.security.conftest import AgentProcess
@@ -218,6 +219,27 @@ def test_the_refusal_log_says_each_cause_once_a_minute(caplog: pytest.LogCapture
         "a server refused (protocol): peer 6: garbage (and 5 more of this cause since the last report)",
     ]
     assert refusals.counts() == {"protocol": 7, "authentication": 1}
+
+
+def test_the_refusal_log_keeps_its_line_and_level_with_the_shared_rate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The accept loops' line, on the shared rate: the level and traceback flag go through."""
+    clock = ManualClock()
+    refusals = RefusalLog(logging.getLogger("test.refusals"), "a server", clock, 60.0)
+    with caplog.at_level(logging.INFO, logger="test.refusals"):
+        refusals.refuse("peer-lost", "peer 1 hung up", logging.INFO)
+        refusals.refuse("peer-lost", "peer 2 hung up", logging.INFO)
+        clock.jump(60.0)
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            refusals.refuse("internal", "a handler failed", logging.ERROR, True)
+    assert [(r.levelno, r.getMessage(), bool(r.exc_info)) for r in caplog.records] == [
+        (logging.INFO, "a server refused (peer-lost): peer 1 hung up", False),
+        (logging.ERROR, "a server refused (internal): a handler failed", True),
+    ]
+    assert refusals.counts() == {"peer-lost": 2, "internal": 1}
 
 
 # -- client deadlines --------------------------------------------------------------------------------

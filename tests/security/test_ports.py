@@ -23,14 +23,14 @@ import pytest
 
 from arrow_shuffle import InputGate, NetworkBufferPool, RemoteChannelSpec, ShuffleConfig
 from arrow_shuffle.auth import SEAL_SIZE
-from arrow_shuffle.control import ControlClient
+from arrow_shuffle.control_client import ControlClient
 from arrow_shuffle.errors import ControlMessageError, ShuffleAuthenticationError
 from arrow_shuffle.frames import ErrorCode, FrameHeader, Kind
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.transport import TcpConnection
 from spark_plugin.shuffle import rendezvous
 from spark_plugin.shuffle.agent_client import MapOutputClient
-from spark_plugin.shuffle.agent_service import AGENT_CONTROL
+from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
 from spark_plugin.shuffle.rendezvous import RENDEZVOUS
 from tests.security.agent_proc import ROWS, SCHEMA
 from tests.security.attack import (

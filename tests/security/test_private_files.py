@@ -19,9 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from arrow_shuffle.errors import ShuffleConfigError, ShuffleError, SpillError, UnsafeIdError, UnsafePathError
+from arrow_shuffle.errors import ShuffleConfigError, ShuffleError, UnsafeIdError, UnsafePathError
 from arrow_shuffle.private_files import (
-    LogLimiter,
     check_id,
     create_private_file,
     private_root,
@@ -29,17 +28,10 @@ from arrow_shuffle.private_files import (
     resolve_inside,
     write_private_atomic,
 )
-from arrow_shuffle.spill import SpillFile
-from heartbeat.clock import ManualClock
 from spark_plugin.shuffle import agent_client, agent_service
 from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, announced_agents, find_agent
-from spark_plugin.shuffle.agent_service import (
-    MapOutputService,
-    agent_file,
-    default_root,
-    shuffle_root,
-    shuffle_roots,
-)
+from spark_plugin.shuffle.agent_layout import agent_file, default_root, shuffle_root, shuffle_roots
+from spark_plugin.shuffle.agent_service import MapOutputService
 from spark_plugin.shuffle.map_output import MapOutputWriter
 from spark_plugin.shuffle.tasks import ReadStats, ShufflePlan, map_function, read_partitions
 
@@ -181,19 +173,6 @@ def test_roots_are_the_executors_own_local_dirs_and_resolved_in_one_place(
     monkeypatch.delenv("SPARK_LOCAL_DIRS")
     assert Path(default_root()).name == f"arrowbeat-{os.geteuid()}"
     assert shuffle_roots("") == [default_root()]
-
-
-def test_a_spill_file_is_private_and_a_planted_link_is_refused(tmp_path: Path) -> None:
-    victim = tmp_path / "victim"
-    victim.write_text("precious")
-    spill = SpillFile(str(tmp_path), "p1")
-    assert mode(spill.path) == 0o600
-    spill.close()
-    planted = tmp_path / f"arrow-shuffle-{os.getpid()}-p2.arrows"
-    planted.symlink_to(victim)
-    with pytest.raises(SpillError, match=re.escape(str(planted))):
-        SpillFile(str(tmp_path), "p2")
-    assert victim.read_text() == "precious"
 
 
 # -- the root ------------------------------------------------------------------------------------
@@ -531,24 +510,3 @@ def test_resolve_inside_is_not_fooled_by_a_common_prefix(tmp_path: Path) -> None
         resolve_inside(str(tmp_path / "app"), str(tmp_path / "app2" / "f"))
     with pytest.raises(UnsafePathError, match="int"):
         resolve_inside(str(tmp_path), 7)
-
-
-# -- the log limiter -------------------------------------------------------------------------------
-def test_the_log_limiter_logs_once_per_key_and_interval_and_counts_the_rest(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    clock = ManualClock()
-    logger = logging.getLogger("tests.private_files.limiter")
-    limiter = LogLimiter(logger, every_s=60.0, clock=clock, max_keys=2)
-    with caplog.at_level(logging.WARNING, logger=logger.name):
-        assert limiter.warning("a", "refused %s", 1)
-        assert not any(limiter.warning("a", "refused %s", n) for n in range(2, 50))
-        assert limiter.warning("b", "refused b")
-        clock.jump(59.0)
-        assert not limiter.warning("a", "refused again")
-        clock.jump(1.0)
-        assert limiter.warning("a", "refused %s", "later")
-        assert limiter.warning("c", "c") and limiter.warning("d", "d")  # bounded: old keys dropped
-    messages = [r.getMessage() for r in caplog.records]
-    assert messages[:3] == ["refused 1", "refused b", "refused later (49 more like it not logged)"]
-    assert len(messages) == 5

@@ -22,9 +22,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from spark_plugin.shuffle import group_apply, repartition, shuffle_of
 from spark_plugin.shuffle.agent_client import AgentInfo, announced_agents
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
+from tests.harness.session import build_session, stop_session
 from tests.security.attack import Siege
-from tests.spark.session import build_session, stop_session
 
 pytestmark = pytest.mark.spark
 ROWS = 40_000

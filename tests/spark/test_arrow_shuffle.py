@@ -1,8 +1,9 @@
 """Arrow shuffle for DataFrames on ``local-cluster[2,1,1024]``: two real executors, each with its agent.
 
-One cluster for the module. The input has nulls, strings, a skewed key (a third of the rows share
-one key), empty map partitions (a filtered range) and, with 64 reduce partitions over ~50 keys,
-empty reduce partitions. Results are compared with Spark's own operators as multisets.
+One cluster, the run's shared ``shuffle_cluster`` (``tests/harness/apps.py``). The input has nulls,
+strings, a skewed key (a third of the rows share one key), empty map partitions (a filtered range)
+and, with 64 reduce partitions over ~50 keys, empty reduce partitions. Results are compared with
+Spark's own operators as multisets.
 """
 
 from __future__ import annotations
@@ -27,36 +28,28 @@ from arrow_shuffle import ShuffleConfigError
 from spark_plugin.errors import ConfigError
 from spark_plugin.shuffle import group_apply, partition_apply, repartition, shuffle_of
 from spark_plugin.shuffle.agent_client import MapOutputClient
-from tests.procs import ours, wait_until
-from tests.spark.session import build_session, stop_session
+from tests.harness.apps import SharedSession, ShuffleCluster
+from tests.harness.procs import executor_jvms, wait_until
 
 pytestmark = pytest.mark.spark
 ROWS = 30_000
 
 
 @pytest.fixture(scope="module")
-def cluster(scratch: Path) -> Iterator[tuple[SparkSession, Path]]:
-    root = scratch / "arrow-shuffle"
-    spark = build_session(
-        "local-cluster[2,1,1024]",
-        scratch,
-        "test-arrow-shuffle",
-        conf={
-            "spark.arrowbeat.shuffle.dir": str(root),
-            "spark.arrowbeat.tables.path": str(scratch / "arrow-shuffle-tables"),
-            "spark.sql.shuffle.partitions": "5",
-            # Both executors share this host; by default they would read each other's map outputs
-            # from disk. Off, every read of the other executor's outputs goes through its agent's
-            # credit-based stream, as between hosts. ``host_local`` turns it on per test.
-            "spark.arrowbeat.shuffle.readHostLocalDisk": "false",
-        },
-    )
-    yield spark, root
-    app_id = spark.sparkContext.applicationId
-    stop_session(spark)
-    # Application end: the agents die with their executors and take the shuffle data along.
-    app_root = root / app_id
-    assert wait_until(lambda: _files(app_root) == [], 30), f"left after application end: {_files(app_root)}"
+def cluster(shuffle_cluster: ShuffleCluster, shared_sessions: SharedSession) -> tuple[SparkSession, Path]:
+    """The run's shared ``local-cluster`` (``tests/harness/apps.py``); when it ends, its
+    application's shuffle files must be gone."""
+    spark, root = shuffle_cluster.spark, shuffle_cluster.root
+    app_root = root / spark.sparkContext.applicationId
+
+    def nothing_left() -> None:
+        # Application end: the agents die with their executors and take the shuffle data along.
+        assert wait_until(lambda: _files(app_root) == [], 30), (
+            f"left after application end: {_files(app_root)}"
+        )
+
+    shared_sessions.after_stop(nothing_left)
+    return spark, root
 
 
 def _files(path: Path) -> list[str]:
@@ -291,15 +284,6 @@ def test_every_shuffle_path_is_private_while_the_outputs_are_held(cluster: tuple
         handle.release()
 
 
-def _executor_jvms() -> dict[str, Any]:
-    found = {}
-    for proc in ours("CoarseGrainedExecutorBackend"):
-        args = proc.cmdline()
-        if "test-arrow-shuffle" in " ".join(args) or "--executor-id" in args:
-            found[args[args.index("--executor-id") + 1]] = proc
-    return found
-
-
 FULL_RETRY_ON_MISMATCH = "spark.sql.shuffle.orderIndependentChecksum.enableFullRetryOnMismatch"
 
 
@@ -337,7 +321,7 @@ def test_executor_killed_after_map_stage_result_still_exact(
         except Exception as exc:  # reported by the assertion below
             result["error"] = exc
 
-    jvms_before = _executor_jvms()
+    jvms_before = executor_jvms()
     assert len(jvms_before) == 2
     thread = threading.Thread(target=run)
     thread.start()
@@ -366,7 +350,7 @@ def test_executor_killed_after_map_stage_result_still_exact(
     assert sum(r["rows"] for r in mine if r["side"] == "read") >= ROWS
     handle.release()
     # The cluster replaces the lost executor before the next module needs it.
-    assert wait_until(lambda: len(_executor_jvms()) == 2, 60)
+    assert wait_until(lambda: len(executor_jvms()) == 2, 60)
 
 
 def _holding_jvm(worker_parent: int) -> int:

@@ -1,7 +1,8 @@
-"""The ``arrowbeat`` console script against a real application (``hold_app.py`` on
-local-cluster[2,1,1024], heartbeats every 0.5 s, timeout 2 s): ``executors`` lists both executors
-RUNNING, then one executor JVM is frozen (SIGSTOP) and ``executors`` shows it not RUNNING; after
-the application ends, ``events`` and ``report`` show its HEARTBEAT_TIMEOUT from the Delta tables.
+"""The ``arrowbeat`` console script against a real application (the shared frozen-executor run of
+``tests.harness.frozen``: ``hold_app.py`` on local-cluster[2,1,1024], heartbeats every 0.5 s,
+timeout 2 s): ``executors`` lists both executors RUNNING, then one executor JVM is frozen (SIGSTOP)
+and ``executors`` shows it not RUNNING; after the application ends, ``events`` and ``report`` show
+its HEARTBEAT_TIMEOUT from the Delta tables.
 
 The secret reaches spark-submit in a 0600 ``spark-defaults.conf`` (``SPARK_CONF_DIR``) and the
 command in ``ARROWBEAT_SECRET``: in no argv."""
@@ -14,21 +15,19 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Generator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from spark_plugin.history import locate
-from spark_plugin.tools.report import applications
-from tests.procs import ours, wait_until
-from tests.spark.submit import SubmittedApp
+from spark_plugin.history.reader import applications
+from tests.harness.frozen import INTERVAL_S, TIMEOUT_S, FrozenRun, Phase, Probe
+from tests.harness.procs import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-APPS = Path(__file__).parent / "apps"
 ARROWBEAT = str(Path(sys.executable).parent / "arrowbeat")
 SECRET = "cli-report-test-secret-0123456789"
-INTERVAL_S, TIMEOUT_S = 0.5, 2.0
 DETECT_DEADLINE_S = INTERVAL_S + TIMEOUT_S + 10.0
 """A frozen JVM is reported after at most interval + timeout; the margin covers each poll's own
 ``arrowbeat`` start-up (about a second) on a loaded 2-core machine."""
@@ -60,63 +59,46 @@ class ExecutorsCommand:
         return "never ran" if last is None else f"exit {last.returncode}\n{last.stdout}\n{last.stderr}"
 
 
-def executor_jvms(app: SubmittedApp) -> dict[str, psutil.Process]:
-    found = {}
-    for proc in ours("CoarseGrainedExecutorBackend", app.marker):
-        args = proc.cmdline()
-        found[args[args.index("--executor-id") + 1]] = proc
-    return found
+class ExecutorsProbe(Probe):
+    """``arrowbeat executors`` polled before, during and after the freeze."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.detected_s = 0.0
 
-def test_executors_events_and_report_of_a_frozen_executor(
-    scratch: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    tables = scratch / "cli-report-tables"
-    conf_dir = tmp_path / "spark-conf"
-    conf_dir.mkdir()
-    defaults = conf_dir / "spark-defaults.conf"
-    defaults.write_text(f"spark.arrowbeat.authenticate.secret {SECRET}\n")
-    defaults.chmod(0o600)
-    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
-    go = tmp_path / "go"
-    app = SubmittedApp(
-        APPS / "hold_app.py",
-        "local-cluster[2,1,1024]",
-        scratch,
-        conf={
-            "spark.arrowbeat.heartbeat.interval": f"{int(INTERVAL_S * 1000)}ms",
-            "spark.arrowbeat.heartbeat.timeout": f"{int(TIMEOUT_S)}s",
-            "spark.arrowbeat.tables.path": str(tables),
-            "spark.arrowbeat.tables.flushInterval": "500ms",
-        },
-        args=[str(go), "--max-wait", "120"],
-    )
-    frozen: psutil.Process | None = None
-    try:
-        command = ExecutorsCommand(app.wait_for("APP-READY ", timeout_s=180)["rm_address"])
+    def env(self) -> dict[str, str]:
+        conf_dir = self.folder / "spark-conf"
+        conf_dir.mkdir()
+        defaults = conf_dir / "spark-defaults.conf"
+        defaults.write_text(f"spark.arrowbeat.authenticate.secret {SECRET}\n")
+        defaults.chmod(0o600)
+        return {"SPARK_CONF_DIR": str(conf_dir)}
+
+    def watch(self, run: FrozenRun) -> Generator[Phase, None, None]:
+        app = run.app
+        command = ExecutorsCommand(run.ready["rm_address"])
         both_running = lambda: list(command.states().values()) == ["RUNNING", "RUNNING"]  # noqa: E731
         assert wait_until(both_running, GENEROUS_S), f"{command}\n{app.log_tail()}"
 
-        jvms = executor_jvms(app)
-        victim = sorted(jvms)[0]
-        frozen = jvms[victim]
-        stopped = time.monotonic()
-        frozen.suspend()
-        reported = lambda: command.states().get(victim) not in ("RUNNING", None)  # noqa: E731
+        yield Phase.FROZEN
+        reported = lambda: command.states().get(run.frozen) not in ("RUNNING", None)  # noqa: E731
         assert wait_until(reported, DETECT_DEADLINE_S), f"{command}\n{app.log_tail()}"
-        detected_s = time.monotonic() - stopped
-        frozen.resume()
-        frozen = None
-        back = lambda: command.states().get(victim) == "RUNNING"  # noqa: E731
+        self.detected_s = time.monotonic() - run.stopped_at
+
+        yield Phase.THAWED
+        back = lambda: command.states().get(run.frozen) == "RUNNING"  # noqa: E731
         assert wait_until(back, GENEROUS_S), f"{command}\n{app.log_tail()}"
 
-        go.touch()
-        app.wait_for("APP-RESULT ", timeout_s=120)
-        assert app.wait(timeout_s=120) == 0
-    finally:
-        if frozen is not None:
-            frozen.resume()
-        app.close()
+
+EXECUTORS = ExecutorsProbe()
+FROZEN_PROBES = (EXECUTORS,)
+
+
+def test_executors_events_and_report_of_a_frozen_executor(frozen_run: FrozenRun, tmp_path: Path) -> None:
+    EXECUTORS.verdict()
+    assert frozen_run.result, "the application ran its last job"
+    assert frozen_run.exit_code == 0
+    tables, victim = frozen_run.tables, frozen_run.frozen
 
     [(app_id, _)] = applications(locate(tables))
     events = arrowbeat("events", "--tables", str(tables), "--app", app_id)
@@ -137,4 +119,4 @@ def test_executors_events_and_report_of_a_frozen_executor(
     end = min(i for i in (document.find("<h3", start), document.find("<h2", start)) if i != -1)
     assert "HEARTBEAT_TIMEOUT" in document[start:end], "the frozen executor's section marks its timeout"
     assert not re.search(r"https?://", document)
-    print(f"arrowbeat executors showed the frozen executor after {detected_s:.1f} s")
+    print(f"arrowbeat executors showed the frozen executor after {EXECUTORS.detected_s:.1f} s")

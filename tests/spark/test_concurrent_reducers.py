@@ -31,8 +31,8 @@ from arrow_shuffle import InputGate, NetworkBufferPool, RemoteChannelSpec, Shuff
 from spark_plugin.shuffle import repartition, shuffle_of
 from spark_plugin.shuffle.agent_client import MapOutputClient
 from spark_plugin.shuffle.map_output import MapOutputWriter
-from tests.procs import wait_until
-from tests.spark.session import build_session, stop_session
+from tests.harness.procs import wait_until
+from tests.harness.session import build_session, stop_session
 
 pytestmark = pytest.mark.spark
 EXECUTORS, CORES = 3, 4

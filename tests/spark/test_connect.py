@@ -29,8 +29,8 @@ from spark_plugin.jvm.launch import spark_settings
 from spark_plugin.shuffle import group_apply, map_in_arrow, partition_apply, repartition, shuffle_of
 from spark_plugin.shuffle.agent_client import MapOutputClient
 from spark_plugin.shuffle.session import STAGE_IDS_FROM
-from tests.procs import APP_MARKER, end, ours, wait_until
-from tests.spark.history_read import events, rows
+from tests.harness.history_read import events, rows
+from tests.harness.procs import APP_MARKER, end, ours, wait_until
 
 pytestmark = (
     pytest.mark.spark

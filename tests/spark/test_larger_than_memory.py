@@ -1,17 +1,17 @@
 """Issue 14, item 5: a shuffle of data four times the executors' memory completes exactly, spilling.
 
-``local-cluster[2,1,1024]`` with ``spark.executor.memory=512m``; ~2.2 GB of Arrow data (10 M rows of
-~220 bytes), 60% of the rows under one key. Map tasks keep at most ``spark.arrowbeat.shuffle.mapMemory``
-in memory and write the rest as runs of their output file; the reducer of the hot key streams it
-(``partition_apply`` sees batches, never the whole partition). A sampler follows every process
-under the executor JVMs (Python workers and agents): none may grow anywhere near the data.
+``local-cluster[2,1,1024]`` with ``spark.executor.memory=512m`` (the run's shared
+``shuffle_cluster``); ~2.2 GB of Arrow data (10 M rows of ~220 bytes), 60% of the rows under one
+key. Map tasks keep at most ``spark.arrowbeat.shuffle.mapMemory`` in memory and write the rest as
+runs of their output file; the reducer of the hot key streams it (``partition_apply`` sees batches,
+never the whole partition). A sampler follows every process under the executor JVMs (Python
+workers and agents): none may grow anywhere near the data.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,8 +19,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from spark_plugin.shuffle import partition_apply, shuffle_of
-from tests.procs import ours
-from tests.spark.session import build_session, stop_session
+from tests.harness.apps import ShuffleCluster
+from tests.harness.procs import executor_jvms, ours, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 ROWS = 10_000_000
@@ -31,20 +31,28 @@ WORKER_RSS_BOUND = 700 << 20
 
 
 @pytest.fixture(scope="module")
-def spark(scratch: Path) -> Iterator[SparkSession]:
-    session = build_session(
-        "local-cluster[2,1,1024]",
-        scratch,
-        "test-larger-than-memory",
-        conf={
-            "spark.arrowbeat.shuffle.dir": str(scratch / "big-shuffle"),
-            "spark.arrowbeat.tables.path": str(scratch / "big-tables"),
-            "spark.arrowbeat.shuffle.mapMemory": "32m",
-            "spark.sql.execution.arrow.maxRecordsPerBatch": "4096",
-        },
-    )
-    yield session
-    stop_session(session)
+def spark(shuffle_cluster: ShuffleCluster) -> Iterator[SparkSession]:
+    """The run's shared ``local-cluster`` (``tests/harness/apps.py``; ``mapMemory`` at its default,
+    32m) as this module wants it: reads of host-local outputs from disk (the default), Arrow
+    batches of 4096 rows."""
+    session = shuffle_cluster.spark
+    wanted = {
+        "spark.arrowbeat.shuffle.readHostLocalDisk": "true",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "4096",
+    }
+    before = {key: session.conf.get(key, None) for key in wanted}
+    for key, value in wanted.items():
+        session.conf.set(key, value)
+    try:
+        # Two executors (a module before may have had one replaced).
+        assert wait_until(lambda: len(executor_jvms()) == 2, 120)
+        yield session
+    finally:
+        for key, previous in before.items():
+            if previous is None:
+                session.conf.unset(key)
+            else:
+                session.conf.set(key, previous)
 
 
 class RssSampler:

@@ -11,15 +11,17 @@ import re
 import signal
 import sys
 import uuid
+from collections.abc import Generator
 from pathlib import Path
 
 import grpc
 import psutil
 import pytest
 
-from tests.procs import ours, wait_until
-from tests.spark.history_read import events, rows
-from tests.spark.submit import SubmittedApp, executor_dirs
+from tests.harness.frozen import FrozenRun, Phase, Probe, fast_heartbeats
+from tests.harness.history_read import events, rows
+from tests.harness.procs import ours, wait_until
+from tests.harness.submit import SubmittedApp, executor_dirs
 
 APPS = Path(__file__).parent / "apps"
 pytestmark = pytest.mark.spark
@@ -35,16 +37,7 @@ def fast_cluster_app(scratch: Path, name: str) -> tuple[SubmittedApp, Path, Path
     """hold_app on local-cluster[2,1,1024], interval 500 ms / timeout 2 s; (app, tables, go file)."""
     tables, go = scratch / f"{name}-tables", scratch / f"{name}-go"
     app = SubmittedApp(
-        APPS / "hold_app.py",
-        "local-cluster[2,1,1024]",
-        scratch,
-        conf={
-            "spark.arrowbeat.heartbeat.interval": "500ms",
-            "spark.arrowbeat.heartbeat.timeout": "2s",
-            "spark.arrowbeat.tables.path": str(tables),
-            "spark.arrowbeat.tables.flushInterval": "500ms",
-        },
-        args=[str(go)],
+        APPS / "hold_app.py", "local-cluster[2,1,1024]", scratch, conf=fast_heartbeats(tables), args=[str(go)]
     )
     return app, tables, go
 
@@ -57,10 +50,15 @@ def agent_of(executor_jvm: psutil.Process) -> psutil.Process:
     return agents[0]
 
 
-def test_one_agent_per_executor_each_follows_its_jvm(scratch: Path) -> None:
-    app, tables, go = fast_cluster_app(scratch, "launcher")
-    try:
-        ready = app.wait_for("APP-READY ", timeout_s=180)
+class AgentsProbe(Probe):
+    """One agent per executor, each following its JVM, on the shared run: checked at READY, when
+    the run SIGKILLs executor ``killed`` (its agent sees EOF on the pipe and exits on its own, while
+    the application and the other executor's agent run on) and once the application ended."""
+
+    kills = True
+
+    def watch(self, run: FrozenRun) -> Generator[Phase, None, None]:
+        app, tables, ready = run.app, run.tables, run.ready
         assert ready["sum"] == sum(range(100_000))
         assert ready["executors"] == 2
 
@@ -80,24 +78,25 @@ def test_one_agent_per_executor_each_follows_its_jvm(scratch: Path) -> None:
         assert beat["slots_total"] == 1 and beat["rss_bytes"] > 0 and beat["jvm_pulse_age_ms"] < 2000
         assert all(r["app_id"].startswith("app-") for r in rows(tables, "executor_events"))
 
-        # SIGKILL one executor JVM: its agent sees EOF on the pipe and exits on its own, while
-        # the application (and the other executor's agent) runs on.
-        victim = executors[0]
+        yield Phase.KILLED
+        victim = run.jvms[run.killed]
         victim_agent = agents[victim.pid]
         survivor_agent = next(a for pid, a in agents.items() if pid != victim.pid)
-        victim.send_signal(signal.SIGKILL)
         assert wait_until(lambda: exited(victim_agent), GENEROUS_S), (
             f"the agent outlived its executor JVM by more than {GENEROUS_S:g} s"
         )
         assert app.proc.poll() is None and not exited(survivor_agent)
 
         # The application runs on (Spark replaces the executor) and ends cleanly.
-        go.touch()
-        assert app.wait_for("APP-RESULT ", timeout_s=180)["sum"] == sum(range(1000))
-        assert app.wait(timeout_s=120) == 0
+        yield Phase.ENDED
+        assert run.result["sum"] == sum(range(1000))
+        assert run.exit_code == 0
         assert wait_until(lambda: not ours(app=app.marker), 30), [p.cmdline() for p in ours(app=app.marker)]
-    finally:
-        app.close()
+
+
+def test_one_agent_per_executor_each_follows_its_jvm(frozen_run: FrozenRun) -> None:
+    """See :class:`AgentsProbe`: its checks ran while the application did."""
+    AGENTS.verdict()
 
 
 @pytest.mark.parametrize(
@@ -214,17 +213,9 @@ def noisy_python(scratch: Path) -> Path:
     return script
 
 
-def executor_jvm_ids(app: SubmittedApp) -> dict[str, psutil.Process]:
-    """Executor id -> JVM process, from the executors' command lines (``--executor-id N``)."""
-    found = {}
-    for proc in ours("CoarseGrainedExecutorBackend", app.marker):
-        args = proc.cmdline()
-        found[args[args.index("--executor-id") + 1]] = proc
-    return found
-
-
-def test_log_lines_and_stray_prints_cannot_command_the_jvm(scratch: Path) -> None:
-    """Issue 13, item 5. With ``onHeartbeatTimeout=kill`` (the JVM acts on ``kill-executor``):
+class NoisyProbe(Probe):
+    """Issue 13, item 5, on the shared ``onHeartbeatTimeout=kill`` run (the JVM acts on
+    ``kill-executor``):
 
     - the driver-side process writes ``ARROWBEAT-CMD kill-executor 1`` with ``print``,
       ``os.write(1)``, to stderr and in its log once executor 1 has registered, and malformed
@@ -234,36 +225,31 @@ def test_log_lines_and_stray_prints_cannot_command_the_jvm(scratch: Path) -> Non
       reason ``"bye\\nARROWBEAT-CMD kill-executor 1"``, which the RM logs and records.
 
     Executor 1 must survive all of it, the refusals are logged once (rate-limited), and the
-    channel still works: executor 0, frozen, is killed and replaced through the one real
-    command. Every injected line is waited for in the JVM's log (so the JVM has read it), and a
-    line that had reached the command channel would have been acted on before the real command
+    channel still works: executor 0, frozen by the run, is killed and replaced through the one
+    real command. Every injected line is waited for in the JVM's log (so the JVM has read it), and
+    a line that had reached the command channel would have been acted on before the real command
     behind it on the same channel."""
-    from heartbeat import AgentThread
 
-    secret = "known-" + uuid.uuid4().hex
-    tables, go = scratch / "noisy-tables", scratch / "noisy-go"
-    app = SubmittedApp(
-        APPS / "hold_app.py",
-        "local-cluster[2,1,1024]",
-        scratch,
-        conf={
-            "spark.arrowbeat.python": str(noisy_python(scratch)),
-            "spark.arrowbeat.authenticate.secret": secret,
-            "spark.arrowbeat.heartbeat.interval": "500ms",
-            "spark.arrowbeat.heartbeat.timeout": "2s",
-            "spark.arrowbeat.tables.path": str(tables),
-            "spark.arrowbeat.tables.flushInterval": "500ms",
-            "spark.arrowbeat.onHeartbeatTimeout": "kill",
-        },
-        args=[str(go)],
-    )
-    victim: psutil.Process | None = None
-    try:
-        ready = app.wait_for("APP-READY ", timeout_s=180)
+    scenario = "kill"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secret = "known-" + uuid.uuid4().hex
+
+    def conf(self) -> dict[str, str]:
+        return {
+            "spark.arrowbeat.python": str(noisy_python(self.folder)),
+            "spark.arrowbeat.authenticate.secret": self.secret,
+        }
+
+    def watch(self, run: FrozenRun) -> Generator[Phase, None, None]:
+        from heartbeat import AgentThread
+
+        app, tables, ready = run.app, run.tables, run.ready
         assert ready["executors"] == 2
         assert wait_until(lambda: "NOISE-DONE" in app.log_text(), 60), app.log_tail()
 
-        intruder = AgentThread(ready["rm_address"], secret, executor_id="intruder")
+        intruder = AgentThread(ready["rm_address"], self.secret, executor_id="intruder")
         intruder.start()
         assert intruder.wait_registered(30), intruder.error
         intruder.stop(reason="bye\nARROWBEAT-CMD kill-executor 1")
@@ -272,10 +258,10 @@ def test_log_lines_and_stray_prints_cannot_command_the_jvm(scratch: Path) -> Non
             lambda: "kill-executor 1" in app.log_text().rpartition("executor intruder")[2], 30
         ), app.log_tail()
 
-        jvms = executor_jvm_ids(app)
-        survivor, victim = jvms["1"], jvms["0"]
-        victim.suspend()
-        removed = app.wait_for("SPARK-EXECUTOR-REMOVED ", timeout_s=90)
+        yield Phase.REMOVED  # the run froze executor 0 and Spark removed it
+        assert run.frozen == "0"
+        survivor = run.jvms["1"]
+        removed = run.removed
         assert removed["executor_id"] == "0", removed
 
         log = app.log_text().splitlines()
@@ -296,18 +282,22 @@ def test_log_lines_and_stray_prints_cannot_command_the_jvm(scratch: Path) -> Non
         ]
         assert "\n" not in bye and bye.endswith("ARROWBEAT-CMD kill-executor 1"), bye
 
-        go.touch()
-        assert app.wait_for("APP-RESULT ", timeout_s=180)["sum"] == sum(range(1000))
-        assert app.wait(timeout_s=120) == 0
-        removed_later = [line for line in app.stdout_lines() if line.startswith("SPARK-EXECUTOR-REMOVED ")]
+        yield Phase.ENDED
+        assert run.result["sum"] == sum(range(1000))
+        assert run.exit_code == 0
+        removed_later = [line for line in run.later_stdout if line.startswith("SPARK-EXECUTOR-REMOVED ")]
         assert all('"executor_id": "1"' not in line for line in removed_later), removed_later
-        app_id = rows(tables, "executor_events")[0]["app_id"]
-        agent_logs = [p.read_text(errors="replace") for p in executor_dirs(app_id).glob("*/stderr")]
+        agent_logs = [p.read_text(errors="replace") for p in executor_dirs(run.app_id).glob("*/stderr")]
         assert any(
             "wrote a command, but it may give none on its protocol channel; ignored" in text
             for text in agent_logs
         )
-    finally:
-        if victim is not None and victim.is_running():
-            victim.resume()
-        app.close()
+
+
+AGENTS, NOISY = AgentsProbe(), NoisyProbe()
+FROZEN_PROBES = (AGENTS, NOISY)
+
+
+def test_log_lines_and_stray_prints_cannot_command_the_jvm(frozen_kill_run: FrozenRun) -> None:
+    """See :class:`NoisyProbe`: its checks ran while the application did."""
+    NOISY.verdict()

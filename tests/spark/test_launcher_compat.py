@@ -24,9 +24,9 @@ import pytest
 
 from spark_plugin.jvm.launch import jar_paths
 from spark_plugin.jvm.sidecar import JVM_UNAVAILABLE, unavailable_internals
-from tests.procs import wait_until
-from tests.spark.history_read import events, rows
-from tests.spark.submit import SubmittedApp, executor_dirs
+from tests.harness.history_read import events, rows
+from tests.harness.procs import wait_until
+from tests.harness.submit import SubmittedApp, executor_dirs
 
 APPS = Path(__file__).parent / "apps"
 INTERNALS = ("executor-local-dirs", "executor-host", "kill-and-replace-executor")

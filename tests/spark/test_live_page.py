@@ -1,9 +1,10 @@
-"""The live page of a real application (``hold_app.py`` on local-cluster[2,1,1024], heartbeats
-every 0.5 s, timeout 2 s) in a real headless Chromium (Debian's package, ``make test`` installs
-it): the page, found from the driver-side process's log line, lists both executors RUNNING with
-their heartbeat ages; one executor JVM is frozen (SIGSTOP) and the page shows it red within
-interval + timeout (+ Chromium's own start-up per look); requests without the token get 401. The
-SparkConf carries the page's URL without the token (``spark.arrowbeat.ui.url``).
+"""The live page of a real application (the shared frozen-executor run of ``tests.harness.frozen``:
+``hold_app.py`` on local-cluster[2,1,1024], heartbeats every 0.5 s, timeout 2 s) in a real
+headless Chromium (Debian's package, ``make test`` installs it): the page, found from the
+driver-side process's log line, lists both executors RUNNING with their heartbeat ages; one
+executor JVM is frozen (SIGSTOP) and the page shows it red within interval + timeout (+ Chromium's
+own start-up per look); requests without the token get 401. The SparkConf carries the page's URL
+without the token (``spark.arrowbeat.ui.url``).
 
 Set ``ARROWBEAT_LIVE_PAGE_SCREENSHOT=docs/live-page.png`` to keep the screenshot of the frozen
 executor (the README's picture)."""
@@ -19,17 +20,15 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Generator
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.procs import ours, wait_until
-from tests.spark.submit import SubmittedApp
+from tests.harness.frozen import INTERVAL_S, TIMEOUT_S, FrozenRun, Phase, Probe
+from tests.harness.procs import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-APPS = Path(__file__).parent / "apps"
-INTERVAL_S, TIMEOUT_S = 0.5, 2.0
 DETECT_DEADLINE_S = INTERVAL_S + TIMEOUT_S + 15.0
 """The RM reports a frozen JVM after at most interval + timeout and the page polls every interval;
 the margin covers each look's own Chromium start-up (about a second, more on a loaded 2-core
@@ -83,14 +82,6 @@ class Browser:
         return found
 
 
-def executor_jvms(app: SubmittedApp) -> dict[str, psutil.Process]:
-    found = {}
-    for proc in ours("CoarseGrainedExecutorBackend", app.marker):
-        args = proc.cmdline()
-        found[args[args.index("--executor-id") + 1]] = proc
-    return found
-
-
 def status(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -99,22 +90,16 @@ def status(url: str) -> int:
         return exc.code
 
 
-def test_the_live_page_shows_executors_and_turns_a_frozen_one_red(scratch: Path, tmp_path: Path) -> None:
-    go = tmp_path / "go"
-    app = SubmittedApp(
-        APPS / "hold_app.py",
-        "local-cluster[2,1,1024]",
-        scratch,
-        conf={
-            "spark.arrowbeat.heartbeat.interval": f"{int(INTERVAL_S * 1000)}ms",
-            "spark.arrowbeat.heartbeat.timeout": f"{int(TIMEOUT_S)}s",
-        },
-        args=[str(go), "--max-wait", "120"],
-    )
-    browser = Browser(tmp_path / "chromium-profile")
-    frozen: psutil.Process | None = None
-    try:
-        info = app.wait_for("APP-READY ", timeout_s=180)
+class LivePageProbe(Probe):
+    """The page in Chromium before the freeze, while frozen (red, TIMEOUT) and after the thaw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.detected_s = 0.0
+
+    def watch(self, run: FrozenRun) -> Generator[Phase, None, None]:
+        app, info = run.app, run.ready
+        browser = Browser(self.folder / "chromium-profile")
         assert wait_until(lambda: PAGE_LINE.search(app.log_text()), GENEROUS_S), app.log_tail()
         match = PAGE_LINE.search(app.log_text())
         assert match is not None
@@ -134,37 +119,35 @@ def test_the_live_page_shows_executors_and_turns_a_frozen_one_red(scratch: Path,
 
         assert wait_until(both_running, GENEROUS_S, interval_s=0.5), browser.last[-3000:]
 
-        jvms = executor_jvms(app)
-        victim = sorted(jvms)[0]
-        frozen = jvms[victim]
-        stopped = time.monotonic()
-        frozen.suspend()
+        yield Phase.FROZEN
+        victim = run.frozen
         red = lambda: browser.rows(url).get(victim, ("", "", None))[1] == "red"  # noqa: E731
         assert wait_until(red, DETECT_DEADLINE_S, interval_s=0.2), browser.last[-3000:]
-        detected_s = time.monotonic() - stopped
+        self.detected_s = time.monotonic() - run.stopped_at
         timed_out = lambda: browser.rows(url).get(victim, ("", "", None))[0] == "TIMEOUT"  # noqa: E731
         assert wait_until(timed_out, 10.0, interval_s=0.2), browser.last[-3000:]
         others = [h for eid, (_, h, _) in browser.rows(url).items() if eid != victim]
         assert others == ["ok"], "only the frozen executor is red"
         assert re.search(rf'data-kind="HEARTBEAT_TIMEOUT" data-executor="{victim}"', browser.last)
 
-        shot = tmp_path / "live-page.png"
+        shot = self.folder / "live-page.png"
         browser.run(url, f"--screenshot={shot}", "--window-size=1400,520", "--hide-scrollbars")
         assert shot.read_bytes().startswith(b"\x89PNG")
         keep = os.environ.get("ARROWBEAT_LIVE_PAGE_SCREENSHOT")
         if keep:
             shutil.copyfile(shot, keep)
 
-        frozen.resume()
-        frozen = None
+        yield Phase.THAWED
         back = lambda: browser.rows(url).get(victim, ("", "", None))[1] == "ok"  # noqa: E731
         assert wait_until(back, GENEROUS_S, interval_s=0.5), browser.last[-3000:]
 
-        go.touch()
-        app.wait_for("APP-RESULT ", timeout_s=120)
-        assert app.wait(timeout_s=120) == 0
-    finally:
-        if frozen is not None:
-            frozen.resume()
-        app.close()
-    print(f"the live page showed the frozen executor red after {detected_s:.1f} s")
+
+LIVE_PAGE = LivePageProbe()
+FROZEN_PROBES = (LIVE_PAGE,)
+
+
+def test_the_live_page_shows_executors_and_turns_a_frozen_one_red(frozen_run: FrozenRun) -> None:
+    LIVE_PAGE.verdict()
+    assert frozen_run.result, "the application ran its last job"
+    assert frozen_run.exit_code == 0
+    print(f"the live page showed the frozen executor red after {LIVE_PAGE.detected_s:.1f} s")

@@ -23,15 +23,10 @@ from arrow_shuffle.errors import ShuffleConfigError, UnsafePathError
 from heartbeat.clock import ManualClock
 from spark_plugin.settings.config import ConfigError, load
 from spark_plugin.shuffle.agent_client import announced_agents, find_agent
-from spark_plugin.shuffle.agent_service import (
-    PORT_TRIES,
-    MapOutputService,
-    bind_from,
-    owned_output,
-    spread_dir,
-)
+from spark_plugin.shuffle.agent_layout import owned_output, spread_dir
+from spark_plugin.shuffle.agent_service import PORT_TRIES, MapOutputService, bind_from
 from spark_plugin.shuffle.map_output import MapOutputWriter
-from tests.spark.submit import SubmittedApp
+from tests.harness.submit import SubmittedApp
 
 APP = "app-dirs"
 SECRET = "s" * 32

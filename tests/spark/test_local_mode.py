@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 
 from heartbeat.admin import list_executors
 from spark_plugin.shuffle import repartition, shuffle_of
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 pytestmark = pytest.mark.spark
 

@@ -1,30 +1,29 @@
-"""arrowbeat's gauges in Spark's metrics system, end to end: a spark-submit application on
-local-cluster[2,1,1024] (interval 500 ms, timeout 2 s) with Spark's ``PrometheusServlet`` at the
-driver UI's ``/metrics/prometheus`` and a CSV sink on the executors. One executor JVM is frozen
-(SIGSTOP): its heartbeat age grows past the timeout and the state counts change, as an HTTP GET
-of the servlet shows; after SIGCONT it re-registers. The executors' shuffle gauges reach only
-the executors' own sinks (Spark's servlet shows the driver's metrics), so they are read from CSV.
+"""arrowbeat's gauges in Spark's metrics system, end to end, on the shared frozen-executor run of
+``tests.harness.frozen`` (a spark-submit application on local-cluster[2,1,1024], interval 500 ms,
+timeout 2 s), to which this module adds Spark's ``PrometheusServlet`` at the driver UI's
+``/metrics/prometheus``, a CSV sink on the executors and an Arrow shuffle (``--shuffle``). One
+executor JVM is frozen (SIGSTOP): its heartbeat age grows past the timeout and the state counts
+change, as an HTTP GET of the servlet shows; after SIGCONT it re-registers. The executors' shuffle
+gauges reach only the executors' own sinks (Spark's servlet shows the driver's metrics), so they
+are read from CSV.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import itertools
 import re
 import time
 import urllib.request
+from collections.abc import Generator
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.procs import ours, wait_until
-from tests.spark.submit import SubmittedApp
+from tests.harness.frozen import INTERVAL_S, TIMEOUT_S, FrozenRun, Phase, Probe
+from tests.harness.procs import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-APPS = Path(__file__).parent / "apps"
-INTERVAL_S, TIMEOUT_S = 0.5, 2.0
 MARGIN_S = 10.0
 """Slack on a loaded 2-core machine over interval + timeout (plus one scrape)."""
 SINKS = "org.apache.spark.metrics.sink"
@@ -48,14 +47,6 @@ def scrape(ui: str) -> dict[str, float]:
     return found
 
 
-def executor_jvms(app: SubmittedApp) -> dict[str, psutil.Process]:
-    found = {}
-    for proc in ours("CoarseGrainedExecutorBackend", app.marker):
-        args = proc.cmdline()
-        found[args[args.index("--executor-id") + 1]] = proc
-    return found
-
-
 def csv_gauges(folder: Path, name: str) -> dict[str, float]:
     """Executor id -> latest value of the executors' CSV files of ``name``."""
     found = {}
@@ -68,32 +59,41 @@ def csv_gauges(folder: Path, name: str) -> dict[str, float]:
     return found
 
 
-def test_gauges_over_the_prometheus_servlet_follow_a_frozen_executor(scratch: Path) -> None:
-    go = scratch / "metrics-go"
-    csv_dir = scratch / "metrics-csv"
-    csv_dir.mkdir()
-    conf = {
-        "spark.arrowbeat.heartbeat.interval": f"{int(INTERVAL_S * 1000)}ms",
-        "spark.arrowbeat.heartbeat.timeout": f"{int(TIMEOUT_S)}s",
-        "spark.arrowbeat.tables.path": str(scratch / "metrics-tables"),
-        "spark.ui.enabled": "true",
-        "spark.ui.port": "0",
-        "spark.metrics.conf.*.sink.prometheusServlet.class": f"{SINKS}.PrometheusServlet",
-        "spark.metrics.conf.*.sink.prometheusServlet.path": "/metrics/prometheus",
-        "spark.metrics.conf.executor.sink.csv.class": f"{SINKS}.CsvSink",
-        "spark.metrics.conf.executor.sink.csv.period": "1",
-        "spark.metrics.conf.executor.sink.csv.unit": "seconds",
-        "spark.metrics.conf.executor.sink.csv.directory": str(csv_dir),
-    }
-    app = SubmittedApp(APPS / "hold_app.py", "local-cluster[2,1,1024]", scratch, conf, [str(go), "--shuffle"])
-    jvms: dict[str, psutil.Process] = {}
-    try:
-        app.wait_for("APP-READY ", timeout_s=180)
+class ServletProbe(Probe):
+    """The servlet scraped before the freeze, while frozen and after the thaw; then the CSV sink
+    (before anything else changes the executors)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.detected_s = 0.0
+
+    @property
+    def csv_dir(self) -> Path:
+        return self.folder / "metrics-csv"
+
+    def conf(self) -> dict[str, str]:
+        self.csv_dir.mkdir()
+        return {
+            "spark.ui.enabled": "true",
+            "spark.ui.port": "0",
+            "spark.metrics.conf.*.sink.prometheusServlet.class": f"{SINKS}.PrometheusServlet",
+            "spark.metrics.conf.*.sink.prometheusServlet.path": "/metrics/prometheus",
+            "spark.metrics.conf.executor.sink.csv.class": f"{SINKS}.CsvSink",
+            "spark.metrics.conf.executor.sink.csv.period": "1",
+            "spark.metrics.conf.executor.sink.csv.unit": "seconds",
+            "spark.metrics.conf.executor.sink.csv.directory": str(self.csv_dir),
+        }
+
+    def args(self) -> list[str]:
+        return ["--shuffle"]
+
+    def watch(self, run: FrozenRun) -> Generator[Phase, None, None]:
+        app, csv_dir = run.app, self.csv_dir
         # spark.ui.port=0: the port the driver's UI bound, as Spark logs it (SPARK_LOCAL_IP=127.0.0.1)
         bound = re.search(r"started service 'SparkUI' on port ([0-9]+)", app.log_text())
         assert bound, [line for line in app.log_text().splitlines() if "SparkUI" in line]
         ui = f"http://127.0.0.1:{bound[1]}"
-        jvms = executor_jvms(app)
+        jvms = run.jvms
         assert len(jvms) == 2
         ages = [f"executor_{e}_heartbeatAgeMs" for e in sorted(jvms)]
 
@@ -111,10 +111,8 @@ def test_gauges_over_the_prometheus_servlet_follow_a_frozen_executor(scratch: Pa
         assert all(f"executor_{e}_rttMs" in seen for e in jvms), seen
         assert seen["metricsLineAgeMs"] < 10 * INTERVAL_S * 1000, seen
 
-        frozen = sorted(jvms)[0]
-        age = f"executor_{frozen}_heartbeatAgeMs"
-        stopped_at = time.monotonic()
-        jvms[frozen].suspend()
+        yield Phase.FROZEN
+        age = f"executor_{run.frozen}_heartbeatAgeMs"
         readings: list[float] = []
 
         def timed_out() -> bool:
@@ -127,14 +125,15 @@ def test_gauges_over_the_prometheus_servlet_follow_a_frozen_executor(scratch: Pa
             )
 
         assert wait_until(timed_out, INTERVAL_S + TIMEOUT_S + MARGIN_S, interval_s=0.2), readings
-        detected_s = time.monotonic() - stopped_at
+        self.detected_s = time.monotonic() - run.stopped_at
         seen = scrape(ui)
         assert seen["events_heartbeatTimeout"] + seen["events_unreachable"] == 1, seen
         # Once past the last heartbeat answered before the freeze, the age only grows (within the
         # few ms by which one line's transit differs from the next's).
         grown = readings[next(i for i, r in enumerate(readings) if r > 4 * INTERVAL_S * 1000) :]
         assert all(b >= a - 50 for a, b in itertools.pairwise(grown)), readings
-        jvms[frozen].resume()
+
+        yield Phase.THAWED
 
         def back() -> bool:
             now = scrape(ui)
@@ -142,7 +141,6 @@ def test_gauges_over_the_prometheus_servlet_follow_a_frozen_executor(scratch: Pa
 
         assert wait_until(back, 30), scrape(ui)
         assert scrape(ui)[age] < TIMEOUT_S * 1000
-        print(f"frozen executor timed out on the servlet after {detected_s:.1f} s")
 
         # The executors' own sink: each agent's shuffle figures. (On one host reducers read map
         # outputs from their files, so bytes served may stay 0 here; the value is not asserted.)
@@ -151,11 +149,14 @@ def test_gauges_over_the_prometheus_servlet_follow_a_frozen_executor(scratch: Pa
             p.name for p in csv_dir.iterdir()
         )
         assert all(v >= 0 for n in names for v in csv_gauges(csv_dir, n).values())
-        go.touch()
-        app.wait_for("APP-RESULT ", timeout_s=120)
-        assert app.wait(timeout_s=120) == 0
-    finally:
-        for proc in jvms.values():
-            with contextlib.suppress(psutil.Error):
-                proc.resume()
-        app.close()
+
+
+SERVLET = ServletProbe()
+FROZEN_PROBES = (SERVLET,)
+
+
+def test_gauges_over_the_prometheus_servlet_follow_a_frozen_executor(frozen_run: FrozenRun) -> None:
+    SERVLET.verdict()
+    assert frozen_run.result, "the application ran its last job"
+    assert frozen_run.exit_code == 0
+    print(f"frozen executor timed out on the servlet after {SERVLET.detected_s:.1f} s")

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.installed import Installed, clean_env, installed_wheel, spark_lock
-from tests.procs import APP_MARKER, end, ours
-from tests.spark.standalone import StandaloneCluster
+from tests.harness.procs import APP_MARKER, end, ours
+from tests.harness.standalone import StandaloneCluster
+from tests.installed import Installed, clean_env, spark_lock
 
-__all__ = ["installed_wheel"]  # the session fixture, used by name below
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.standalone]
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -24,9 +24,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.procs import ours, wait_until
-from tests.spark.history_read import events, rows
-from tests.spark.submit import SubmittedApp, executor_dirs
+from tests.harness.history_read import events, rows
+from tests.harness.procs import ours, wait_until
+from tests.harness.submit import SubmittedApp, executor_dirs
 
 pytestmark = pytest.mark.spark
 APPS = Path(__file__).parent / "apps"

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from heartbeat.admin import list_executors
-from tests.procs import ours, wait_until
-from tests.spark.history_read import rows
-from tests.spark.submit import SubmittedApp
+from tests.harness.history_read import rows
+from tests.harness.procs import ours, wait_until
+from tests.harness.submit import SubmittedApp
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 APP = Path(__file__).parent / "apps" / "view_app.py"

@@ -1,12 +1,26 @@
-"""Issue 15, item 2: arrowbeat on a real Spark standalone cluster whose Workers are separate hosts.
+"""Issue 15, item 2: arrowbeat on a real Spark standalone cluster whose Workers are separate hosts;
+and issue 14, item 3: map outputs lost while their executor lives are recomputed, exactly.
 
-A Master and two Workers (``tests/spark/standalone.py``): 127.0.0.2 and 127.0.0.3, one core and
+A Master and two Workers (``tests/harness/standalone.py``): 127.0.0.2 and 127.0.0.3, one core and
 1 GiB each, each with its own ``TMPDIR`` and work dir. The application's driver runs here
 (client mode, on 127.0.0.1); the history tables live under the test's scratch folder, which every
 host sees, while each host's temp dir is its own. One cluster and one application serve the
-client-mode tests, in order: registration, shuffles across hosts, a frozen host, a killed host.
+client-mode tests, in order: registration, shuffles across hosts, a frozen host, a killed host,
+then the lost outputs of a live executor (every read of the other executor's outputs streams
+through its agent, as between hosts), taken away between the map side and the reduce side of an
+adaptive ``group_apply``:
+
+- the agent of one executor is SIGKILLed while its JVM lives: the JVM notices, asks the driver to
+  replace the executor, and Spark recomputes that executor's map partitions;
+- the map-output files of one executor are deleted while its agent lives: the reduce task that
+  cannot read them tells that agent (``report_lost``), which tells its JVM, and the same follows.
+
+Either way the result equals Spark's own ``groupBy``, the recomputed map partitions are named in
+the reduce tasks' reports, and the cluster is back to two executors.
+
 A second cluster, each Worker in its own mount namespace with its own ``/tmp``, runs an
-application in ``--deploy-mode cluster``: its driver (and the RM) on a Worker host.
+application in ``--deploy-mode cluster``: its driver (and the RM) on a Worker host. It runs first,
+and is gone before the client-mode cluster starts.
 
 Deadlines are generous for a loaded 2-core machine; how fast a host's loss is noticed is measured
 by ``benchmarks/cluster_faults.py``."""
@@ -14,24 +28,34 @@ by ``benchmarks/cluster_faults.py``."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from heartbeat.admin import list_executors
 from spark_plugin.jvm.launch import jar_paths
 from spark_plugin.shuffle import group_apply, partition_apply, repartition, shuffle_of
-from tests.procs import wait_until
-from tests.spark.history_read import rows
-from tests.spark.session import build_session, stop_session
-from tests.spark.standalone import StandaloneCluster, Worker, private_tmp_unavailable
-from tests.spark.submit import SubmittedApp
+from tests.harness.history_read import rows
+from tests.harness.procs import executor_jvms, wait_until
+from tests.harness.standalone import (
+    SUMMARY,
+    StandaloneApp,
+    StandaloneCluster,
+    Worker,
+    keyed_source,
+    private_tmp_unavailable,
+    spark_summary,
+    standalone_app,
+    summary,
+)
+from tests.harness.submit import SubmittedApp
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.standalone]
 INTERVAL_S, TIMEOUT_S = 0.5, 2.0
@@ -39,7 +63,6 @@ GRACE_S = 5.0
 """Beyond interval + timeout: scheduling delay of the RM's process on a loaded 2-core machine."""
 WAIT_S = 90.0
 ROWS = 40_000
-SUMMARY = "k bigint, n bigint, sx double"
 LOSS_EVENTS = {"HEARTBEAT_TIMEOUT", "UNREACHABLE", "UNREGISTERED"}
 APPS = Path(__file__).parent / "apps"
 
@@ -78,31 +101,8 @@ def first_event(tables: Path, executor_id: str, kinds: set[str], after: float) -
     return next((r for r in events_after(tables, executor_id, after) if r["event"] in kinds), None)
 
 
-def executor_id_of(cluster: StandaloneCluster, worker: Worker) -> str:
-    """The id of the executor this Worker runs (``--executor-id N`` in its command line)."""
-    (jvm,) = cluster.executors_of(worker)
-    args = jvm.cmdline()
-    return args[args.index("--executor-id") + 1]
-
-
 def source(spark: SparkSession) -> DataFrame:
-    return spark.range(0, ROWS, numPartitions=4).selectExpr(
-        "id", "pmod(hash(id), 97) AS k", "cast(id % 1000 AS double) AS x"
-    )
-
-
-def summary(table: pa.Table) -> pa.Table:
-    return pa.table(
-        {
-            "k": pa.array([table.column("k")[0].as_py()], pa.int64()),
-            "n": pa.array([table.num_rows], pa.int64()),
-            "sx": pa.array([pc.sum(table.column("x")).as_py()], pa.float64()),
-        }
-    )
-
-
-def spark_summary(df: DataFrame) -> dict[int, tuple[int, float]]:
-    return {r.k: (r.n, r.sx) for r in df.groupBy("k").applyInArrow(summary, SUMMARY).collect()}
+    return keyed_source(spark, ROWS, 97)
 
 
 def key_counts(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -137,127 +137,6 @@ def check_reads_cross_hosts(out: DataFrame, workers: dict[str, Worker]) -> None:
         assert (read["streamed_bytes"] > 0) == (remote > 0), (read, remote)
         assert read["rows"] == local + remote, read
     assert sum(r["streamed_bytes"] for r in reads) > 0
-
-
-# -- client mode: the driver here, executors on two hosts ----------------------------------------
-@pytest.fixture(scope="class")
-def cluster(scratch: Path) -> Iterator[StandaloneCluster]:
-    with StandaloneCluster.start(scratch / "standalone") as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="class")
-def tables(cluster: StandaloneCluster) -> Path:
-    return cluster.root / "tables"
-
-
-@pytest.fixture(scope="class")
-def spark(cluster: StandaloneCluster, tables: Path, scratch: Path) -> Iterator[SparkSession]:
-    spark = build_session(cluster.master_url, scratch, "test-standalone", conf=app_conf(tables))
-    try:
-        assert wait_until(lambda: len(registered(tables)) == 2, WAIT_S), rows(tables, "executor_events")
-        yield spark
-    finally:
-        stop_session(spark)
-
-
-@pytest.fixture(scope="class")
-def workers(cluster: StandaloneCluster, spark: SparkSession) -> dict[str, Worker]:
-    """Executor id -> the Worker (host) that runs it."""
-    return {executor_id_of(cluster, w): w for w in cluster.workers}
-
-
-@pytest.fixture(scope="class")
-def hosts(workers: dict[str, Worker]) -> dict[str, str]:
-    """Executor id -> the address of the host that runs it."""
-    return {e: w.host for e, w in workers.items()}
-
-
-class TestClientMode:
-    def test_each_agent_registers_under_its_workers_host(
-        self, spark: SparkSession, tables: Path, hosts: dict[str, str]
-    ) -> None:
-        assert sorted(hosts.values()) == ["127.0.0.2", "127.0.0.3"]
-        assert registered(tables) == hosts
-        conf = spark.sparkContext.getConf()
-        address = conf.get("spark.arrowbeat.rm.address")
-        assert address is not None and address.rsplit(":", 1)[0] == conf.get("spark.driver.host")
-        seen = list_executors(address, conf.get("spark.arrowbeat.authenticate.secret") or "")
-        assert {e.executor_id: e.host for e in seen if e.executor_id != "driver"} == hosts
-
-    def test_shuffles_across_hosts_equal_sparks_own(
-        self, spark: SparkSession, workers: dict[str, Worker], hosts: dict[str, str]
-    ) -> None:
-        df = source(spark)
-        grouped = group_apply(df, ["k"], summary, SUMMARY)
-        assert {r.k: (r.n, r.sx) for r in grouped.collect()} == spark_summary(df)
-        check_reads_cross_hosts(grouped, workers)
-        shuffle_of(grouped).release()
-
-        moved = repartition(df, None, "k")
-        assert sorted(moved.collect()) == sorted(df.collect())
-        check_reads_cross_hosts(moved, workers)
-        shuffle_of(moved).release()
-
-        counted = partition_apply(df, 3, ["k"], key_counts, "k int, n bigint")
-        assert dict(counted.collect()) == {r.k: r["count"] for r in df.groupBy("k").count().collect()}
-        reads = [r for r in shuffle_of(counted).reports() if r["side"] == "read"]
-        assert {r["control"][0] for r in reads} <= set(hosts.values())
-        assert all(r["streamed_bytes"] > 0 and r["file_bytes"] > 0 for r in reads), reads
-        shuffle_of(counted).release()
-
-    def test_a_frozen_host_is_reported_alone_and_reregisters(
-        self, cluster: StandaloneCluster, tables: Path, hosts: dict[str, str]
-    ) -> None:
-        """SIGSTOP on a Worker and everything under it: that host's executor, and only it, misses
-        its heartbeats (HEARTBEAT_TIMEOUT within interval + timeout), then registers again."""
-        frozen, steady = cluster.workers
-        frozen_id, steady_id = executor_id_of(cluster, frozen), executor_id_of(cluster, steady)
-        stopped_at = time.time()
-        cluster.freeze(frozen)
-        try:
-            assert wait_until(lambda: first_event(tables, frozen_id, LOSS_EVENTS, stopped_at), WAIT_S)
-        finally:
-            cluster.thaw(frozen)
-        thawed_at = time.time()
-        assert wait_until(lambda: first_event(tables, frozen_id, {"REREGISTERED"}, thawed_at), WAIT_S)
-        loss = first_event(tables, frozen_id, LOSS_EVENTS, stopped_at)
-        assert loss is not None and loss["event"] == "HEARTBEAT_TIMEOUT", events_after(tables, frozen_id, 0)
-        assert loss["host"] == frozen.host
-        assert loss["ts"].timestamp() - stopped_at <= INTERVAL_S + TIMEOUT_S + GRACE_S, loss
-        assert first_event(tables, steady_id, LOSS_EVENTS, stopped_at) is None, events_after(
-            tables, steady_id, stopped_at
-        )
-        assert registered(tables) == hosts
-
-    def test_a_host_killed_mid_shuffle_is_recomputed_on_the_other(
-        self, cluster: StandaloneCluster, spark: SparkSession, tables: Path, hosts: dict[str, str]
-    ) -> None:
-        """SIGKILL on a Worker and everything under it after the map side ran: the reduce side
-        finds that host's outputs gone, Spark recomputes those map partitions on the other host,
-        the result is exact, and the killed executor's end is recorded."""
-        df = source(spark)
-        expected = spark_summary(df)
-        out = group_apply(df, ["k"], summary, SUMMARY)  # adaptive: the map side has run
-        victim = cluster.workers[0]
-        victim_id = executor_id_of(cluster, victim)
-        written = {r["executor"] for r in shuffle_of(out).reports() if r["side"] == "write"}
-        assert victim_id in written, written
-        killed_at = time.time()
-        cluster.kill(victim)
-        try:
-            assert {r.k: (r.n, r.sx) for r in out.collect()} == expected
-            handle = shuffle_of(out)
-            reads = [r for r in handle.reports() if r["side"] == "read"]
-            assert any(r["recomputed_maps"] for r in reads), reads
-            assert all(r["executor"] != victim_id for r in reads if r["recomputed_maps"])
-            handle.release()
-            assert wait_until(lambda: first_event(tables, victim_id, LOSS_EVENTS, killed_at), WAIT_S)
-            end = first_event(tables, victim_id, LOSS_EVENTS, killed_at)
-            assert end is not None and end["host"] == victim.host, events_after(tables, victim_id, 0)
-        finally:
-            cluster.start_worker(victim)  # the host comes back: the rest of the class has two again
-            cluster.wait_alive([victim])
 
 
 # -- cluster mode: the driver on a Worker host, each host with its own /tmp ----------------------
@@ -327,3 +206,225 @@ class TestClusterModePrivateTmp:
             assert result is not None and result["shuffled"] == 20_000, result
         finally:
             app.close()
+
+
+# -- client mode: the driver here, executors on two hosts ----------------------------------------
+@pytest.fixture(scope="module")
+def app(scratch: Path) -> Iterator[StandaloneApp]:
+    """One cluster and one application for every client-mode test of this module."""
+    root = scratch / "standalone"
+    with standalone_app(root, scratch, "test-standalone", app_conf(root / "tables"), timeout_s=WAIT_S) as app:
+        assert wait_until(lambda: len(registered(app.tables)) == 2, WAIT_S), rows(
+            app.tables, "executor_events"
+        )
+        yield app
+
+
+@pytest.fixture(scope="module")
+def cluster(app: StandaloneApp) -> StandaloneCluster:
+    return app.cluster
+
+
+@pytest.fixture(scope="module")
+def tables(app: StandaloneApp) -> Path:
+    return app.tables
+
+
+@pytest.fixture(scope="module")
+def spark(app: StandaloneApp) -> SparkSession:
+    return app.spark
+
+
+@pytest.fixture(scope="class")
+def workers(cluster: StandaloneCluster, spark: SparkSession) -> dict[str, Worker]:
+    """Executor id -> the Worker (host) that runs it."""
+    return {cluster.executor_id(w): w for w in cluster.workers}
+
+
+@pytest.fixture(scope="class")
+def hosts(workers: dict[str, Worker]) -> dict[str, str]:
+    """Executor id -> the address of the host that runs it."""
+    return {e: w.host for e, w in workers.items()}
+
+
+class TestClientMode:
+    def test_each_agent_registers_under_its_workers_host(
+        self, spark: SparkSession, tables: Path, hosts: dict[str, str]
+    ) -> None:
+        assert sorted(hosts.values()) == ["127.0.0.2", "127.0.0.3"]
+        assert registered(tables) == hosts
+        conf = spark.sparkContext.getConf()
+        address = conf.get("spark.arrowbeat.rm.address")
+        assert address is not None and address.rsplit(":", 1)[0] == conf.get("spark.driver.host")
+        seen = list_executors(address, conf.get("spark.arrowbeat.authenticate.secret") or "")
+        assert {e.executor_id: e.host for e in seen if e.executor_id != "driver"} == hosts
+
+    def test_shuffles_across_hosts_equal_sparks_own(
+        self, spark: SparkSession, workers: dict[str, Worker], hosts: dict[str, str]
+    ) -> None:
+        df = source(spark)
+        grouped = group_apply(df, ["k"], summary, SUMMARY)
+        assert {r.k: (r.n, r.sx) for r in grouped.collect()} == spark_summary(df)
+        check_reads_cross_hosts(grouped, workers)
+        shuffle_of(grouped).release()
+
+        moved = repartition(df, None, "k")
+        assert sorted(moved.collect()) == sorted(df.collect())
+        check_reads_cross_hosts(moved, workers)
+        shuffle_of(moved).release()
+
+        counted = partition_apply(df, 3, ["k"], key_counts, "k int, n bigint")
+        assert dict(counted.collect()) == {r.k: r["count"] for r in df.groupBy("k").count().collect()}
+        reads = [r for r in shuffle_of(counted).reports() if r["side"] == "read"]
+        assert {r["control"][0] for r in reads} <= set(hosts.values())
+        assert all(r["streamed_bytes"] > 0 and r["file_bytes"] > 0 for r in reads), reads
+        shuffle_of(counted).release()
+
+    def test_a_frozen_host_is_reported_alone_and_reregisters(
+        self, cluster: StandaloneCluster, tables: Path, hosts: dict[str, str]
+    ) -> None:
+        """SIGSTOP on a Worker and everything under it: that host's executor, and only it, misses
+        its heartbeats (HEARTBEAT_TIMEOUT within interval + timeout), then registers again."""
+        frozen, steady = cluster.workers
+        frozen_id, steady_id = cluster.executor_id(frozen), cluster.executor_id(steady)
+        stopped_at = time.time()
+        cluster.freeze(frozen)
+        try:
+            assert wait_until(lambda: first_event(tables, frozen_id, LOSS_EVENTS, stopped_at), WAIT_S)
+        finally:
+            cluster.thaw(frozen)
+        thawed_at = time.time()
+        assert wait_until(lambda: first_event(tables, frozen_id, {"REREGISTERED"}, thawed_at), WAIT_S)
+        loss = first_event(tables, frozen_id, LOSS_EVENTS, stopped_at)
+        assert loss is not None and loss["event"] == "HEARTBEAT_TIMEOUT", events_after(tables, frozen_id, 0)
+        assert loss["host"] == frozen.host
+        assert loss["ts"].timestamp() - stopped_at <= INTERVAL_S + TIMEOUT_S + GRACE_S, loss
+        assert first_event(tables, steady_id, LOSS_EVENTS, stopped_at) is None, events_after(
+            tables, steady_id, stopped_at
+        )
+        assert registered(tables) == hosts
+
+    def test_a_host_killed_mid_shuffle_is_recomputed_on_the_other(
+        self, cluster: StandaloneCluster, spark: SparkSession, tables: Path, hosts: dict[str, str]
+    ) -> None:
+        """SIGKILL on a Worker and everything under it after the map side ran: the reduce side
+        finds that host's outputs gone, Spark recomputes those map partitions on the other host,
+        the result is exact, and the killed executor's end is recorded."""
+        df = source(spark)
+        expected = spark_summary(df)
+        out = group_apply(df, ["k"], summary, SUMMARY)  # adaptive: the map side has run
+        victim = cluster.workers[0]
+        victim_id = cluster.executor_id(victim)
+        written = {r["executor"] for r in shuffle_of(out).reports() if r["side"] == "write"}
+        assert victim_id in written, written
+        killed_at = time.time()
+        cluster.kill(victim)
+        try:
+            assert {r.k: (r.n, r.sx) for r in out.collect()} == expected
+            handle = shuffle_of(out)
+            reads = [r for r in handle.reports() if r["side"] == "read"]
+            assert any(r["recomputed_maps"] for r in reads), reads
+            assert all(r["executor"] != victim_id for r in reads if r["recomputed_maps"])
+            handle.release()
+            assert wait_until(lambda: first_event(tables, victim_id, LOSS_EVENTS, killed_at), WAIT_S)
+            end = first_event(tables, victim_id, LOSS_EVENTS, killed_at)
+            assert end is not None and end["host"] == victim.host, events_after(tables, victim_id, 0)
+        finally:
+            cluster.start_worker(victim)  # the host comes back: the rest of the class has two again
+            cluster.wait_alive([victim])
+
+
+# -- lost map outputs of a live executor (issue 14, item 3), on the same application -------------
+RECOMPUTE_PARTITIONS = "16"
+
+
+def agents(cluster: StandaloneCluster, app_id: str) -> dict[str, dict[str, Any]]:
+    """Executor id -> its agent's discovery record (pid, ports, directory), from every host's own
+    temp dir (an executor's shuffle root is under its host's local dirs)."""
+    found = {}
+    for worker in cluster.workers:
+        for path in worker.private_dir.rglob(f"{app_id}/agents/*.json"):
+            info = json.loads(path.read_text())
+            found[str(info["executor_id"])] = info
+    return found
+
+
+def executor_pids() -> set[int]:
+    return {p.pid for p in executor_jvms().values()}
+
+
+def map_outputs_of(info: dict[str, Any], shuffle_id: int) -> list[Path]:
+    folder = Path(info["dir"]) / f"s{shuffle_id}"
+    return sorted(folder.glob("*.arrows")) if folder.exists() else []
+
+
+def victim_with_outputs(
+    spark: SparkSession, cluster: StandaloneCluster, shuffle_id: int
+) -> tuple[str, dict[str, Any]]:
+    known = agents(cluster, spark.sparkContext.applicationId)
+    for executor, info in sorted(known.items()):
+        if map_outputs_of(info, shuffle_id):
+            return executor, info
+    raise AssertionError(f"no agent holds outputs of shuffle {shuffle_id}: {known}")
+
+
+def agents_alive(spark: SparkSession, cluster: StandaloneCluster) -> list[str]:
+    alive = []
+    for executor, info in agents(cluster, spark.sparkContext.applicationId).items():
+        try:
+            os.kill(int(info["pid"]), 0)
+        except ProcessLookupError:
+            continue
+        alive.append(executor)
+    return alive
+
+
+def check_recomputed(out: DataFrame, df: DataFrame, jvms_before: set[int]) -> None:
+    got = {r.k: (r.n, r.sx) for r in out.collect()}
+    assert got == spark_summary(df)
+    handle = shuffle_of(out)
+    reads = [r for r in handle.reports() if r["side"] == "read"]
+    assert any(r["recomputed_maps"] for r in reads), reads
+    handle.release()
+    # Spark replaced the executor: two executors again, one of them new.
+    assert wait_until(lambda: len(executor_pids()) == 2 and executor_pids() != jvms_before, WAIT_S)
+
+
+class TestLostOutputsAreRecomputed:
+    @pytest.fixture(autouse=True)
+    def two_live_executors(self, spark: SparkSession, cluster: StandaloneCluster) -> Iterator[None]:
+        """Both hosts run an executor with a live agent (a host killed or an executor replaced
+        before comes back first); the reduce side has as many partitions as this class wants."""
+        assert wait_until(
+            lambda: len(executor_pids()) == 2 and len(agents_alive(spark, cluster)) == 2, WAIT_S
+        )
+        before = spark.conf.get("spark.sql.shuffle.partitions") or "200"
+        spark.conf.set("spark.sql.shuffle.partitions", RECOMPUTE_PARTITIONS)
+        try:
+            yield
+        finally:
+            spark.conf.set("spark.sql.shuffle.partitions", before)
+
+    def test_an_agent_killed_while_its_jvm_lives_gets_its_map_partitions_recomputed(
+        self, spark: SparkSession, cluster: StandaloneCluster
+    ) -> None:
+        df = source(spark)
+        jvms_before = executor_pids()
+        assert len(jvms_before) == 2
+        out = group_apply(df, ["k"], summary, SUMMARY)  # adaptive: the map side has run
+        shuffle_id = shuffle_of(out).shuffle_id
+        _, info = victim_with_outputs(spark, cluster, shuffle_id)
+        os.kill(int(info["pid"]), signal.SIGKILL)
+        check_recomputed(out, df, jvms_before)
+
+    def test_map_output_files_deleted_under_a_live_agent_are_recomputed(
+        self, spark: SparkSession, cluster: StandaloneCluster
+    ) -> None:
+        df = source(spark)
+        jvms_before = executor_pids()
+        out = group_apply(df, ["k"], summary, SUMMARY)
+        shuffle_id = shuffle_of(out).shuffle_id
+        _, info = victim_with_outputs(spark, cluster, shuffle_id)
+        for path in map_outputs_of(info, shuffle_id):
+            path.unlink()
+        check_recomputed(out, df, jvms_before)

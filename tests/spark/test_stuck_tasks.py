@@ -22,9 +22,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.procs import ours, wait_until
-from tests.spark.history_read import rows
-from tests.spark.submit import SubmittedApp
+from tests.harness.history_read import rows
+from tests.harness.procs import ours, wait_until
+from tests.harness.submit import SubmittedApp
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

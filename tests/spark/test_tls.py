@@ -17,8 +17,8 @@ from heartbeat.errors import HeartbeatError
 from spark_plugin.settings import tls
 from spark_plugin.settings.config import from_spark_conf
 from spark_plugin.shuffle import repartition, shuffle_of
-from tests.procs import wait_until
-from tests.spark.session import build_session, stop_session
+from tests.harness.procs import wait_until
+from tests.harness.session import build_session, stop_session
 
 pytestmark = pytest.mark.spark
 

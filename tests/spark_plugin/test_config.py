@@ -17,8 +17,8 @@ from spark_plugin.settings.config import (
     early_value,
     from_spark_conf,
     load,
-    parse_duration,
 )
+from spark_plugin.settings.units import parse_duration
 
 
 def test_defaults_parse_and_are_consistent() -> None:
@@ -190,3 +190,25 @@ def test_readme_lists_every_user_facing_key_as_generated() -> None:
     for option in OPTIONS:
         if not option.internal:
             assert f"`{option.key}`" in readme
+
+
+# --- the shuffle agent's buffer-reserve deadline (issue 24, item 4(d)) ---------------------------
+
+RESERVE_KEY = "spark.arrowbeat.shuffle.bufferReserveTimeout"
+
+
+@pytest.mark.parametrize("text", ["0s", "2d", "soon", "-1s"])
+def test_a_bad_buffer_reserve_timeout_is_refused_naming_the_key(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load({RESERVE_KEY: text})
+    assert any(p.startswith(RESERVE_KEY) for p in info.value.problems), info.value.problems
+
+
+def test_the_buffer_reserve_timeout_reaches_the_agents_engine_config() -> None:
+    from arrow_shuffle import ShuffleConfig
+    from spark_plugin.processes.executor import agent_shuffle_config
+
+    assert load({}).shuffle_buffer_reserve_timeout_s == ShuffleConfig().buffer_reserve_timeout_s == 300.0
+    engine = agent_shuffle_config(load({RESERVE_KEY: "45s", "spark.arrowbeat.shuffle.agentMemory": "8m"}))
+    assert engine.buffer_reserve_timeout_s == 45.0
+    assert engine.network_memory_bytes == 8 << 20

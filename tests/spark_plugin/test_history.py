@@ -19,7 +19,7 @@ from spark_plugin.history import (
     TablePathError,
     known_executors,
 )
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 
 def event(executor_id: str, kind: str, second: int, app_id: str = "app-1") -> dict[str, object]:

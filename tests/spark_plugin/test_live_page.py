@@ -19,8 +19,8 @@ from heartbeat.payload import Payload, slots_provider, static_provider
 from heartbeat.resource_manager import ExecutorInfo
 from spark_plugin.settings import tls
 from spark_plugin.tools.live_page import LivePage, LiveView, health, page_token, start_live_page
+from tests.harness.procs import wait_until
 from tests.heartbeat.conftest import DEADLINE_S, FAST, SECRET
-from tests.procs import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,36 +1,31 @@
-"""The metrics line protocol (``spark_plugin.jvm.plugin_metrics``) on both sides: what the Python
-processes encode, and what the JVM's ``PluginMetrics`` accepts and refuses (a small Java check
-compiled against the launcher jar and fed lines on stdin)."""
+"""The figures of Spark's metrics system (``spark_plugin.jvm.plugin_metrics``) and how the Python
+processes encode them; what the JVM's ``PluginMetrics`` makes of the lines is checked against it in
+``test_protocol_contract.py``."""
 
 from __future__ import annotations
 
 import io
 import math
-import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from heartbeat import EventKind, ExecutorEvent
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.jvm.plugin_metrics import (
-    MAX_FIELDS,
-    MAX_LINE_BYTES,
-    PREFIX,
     LivenessTally,
     MetricsReporter,
     driver_figures,
     encode,
     executor_figures,
-    number,
 )
+from spark_plugin.jvm.protocol import MAX_METRICS_FIELDS as MAX_FIELDS
+from spark_plugin.jvm.protocol import MAX_METRICS_LINE_BYTES as MAX_LINE_BYTES
+from spark_plugin.jvm.protocol import METRICS as PREFIX
+from spark_plugin.jvm.protocol import Age
+from spark_plugin.jvm.protocol import metric_number as number
 from spark_plugin.jvm.sidecar import JvmChannel
-
-ROOT = Path(__file__).parents[2]
-LAUNCHER_JAR = ROOT / ".cache" / "launcher" / "arrowbeat-launcher.jar"
 
 
 @dataclass(frozen=True)
@@ -60,6 +55,7 @@ def test_numbers_are_decimal_and_bounded() -> None:
     for bad in (math.inf, math.nan, 10.0**18, True, "1"):
         with pytest.raises(JvmCommandError):
             number(bad)  # type: ignore[arg-type]
+    assert [number(Age(v)) for v in (2, 0.5, -0.0001)] == ["2+", "0.5+", "0+"]  # an age is marked
 
 
 def test_a_snapshot_is_split_into_bounded_lines_with_one_number() -> None:
@@ -129,7 +125,15 @@ def test_driver_figures_count_states_and_age_each_watched_executor() -> None:
         "history.rowsBuffered": 5.0,
         "history.rowsDropped": 1.0,
     }
-    encode(1, figures, "driver")  # every name is one the JVM takes
+    # The heartbeat ages are ages for the JVM's gauges (they keep growing between lines); nothing else is.
+    assert {name for name, value in figures.items() if isinstance(value, Age)} == {
+        "executor.1.heartbeatAgeMs",
+        "executor.2.heartbeatAgeMs",
+        "executor.4.heartbeatAgeMs",
+    }
+    lines = encode(1, figures, "driver")  # every name is one the JVM takes
+    assert "executor.1.heartbeatAgeMs=500+" in lines[0].split(" ")
+    assert "executor.1.rttMs=1.25" in lines[0].split(" ")
 
 
 def test_executor_figures_map_the_agents_shuffle_figures() -> None:
@@ -167,68 +171,3 @@ def test_the_reporter_numbers_snapshots_and_survives_a_failing_one() -> None:
         f"{PREFIX} 1 executors.running=1",
         f"{PREFIX} 3 executors.running=2",
     ]
-
-
-@pytest.fixture(scope="module")
-def java_check(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """The command running ``PluginMetricsCheck`` against the launcher jar and Spark's jars."""
-    if shutil.which("javac") is None or not LAUNCHER_JAR.exists():
-        pytest.skip("needs javac and the launcher jar (make .cache/launcher/arrowbeat-launcher.jar)")
-    import pyspark
-
-    jars = Path(pyspark.__file__).parent / "jars"
-    classpath = ":".join([str(LAUNCHER_JAR), str(jars / "*")])
-    classes = tmp_path_factory.mktemp("metrics-check")
-    source = Path(__file__).parent / "java" / "PluginMetricsCheck.java"
-    subprocess.run(
-        ["javac", "--release", "17", "-cp", classpath, "-d", str(classes), str(source)], check=True
-    )
-    return ["java", "-cp", f"{classes}:{classpath}", "arrowbeat.PluginMetricsCheck"]
-
-
-def run_check(command: list[str], lines: list[str]) -> list[str]:
-    done = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.splitlines()
-
-
-def test_the_jvm_accepts_what_python_encodes_and_refuses_anything_else(java_check: list[str]) -> None:
-    good = encode(
-        1, {"executors.running": 2, "executor.7.rttMs": 1.5, "executor.7.heartbeatAgeMs": 10}, "driver"
-    )
-    bad = [
-        f"{PREFIX} 2 executors.running=1e3",  # numbers only, no exponent
-        f"{PREFIX} 2 executors.running=NaN",
-        f"{PREFIX} 2 executors.running=1 executors.running=2",  # a name twice
-        f"{PREFIX} 2 shuffle.poolUsedBytes=1",  # an executor's name on the driver
-        f"{PREFIX} 2 executor.7.rssBytes=1",
-        f"{PREFIX} 2 executor.a.b.rttMs=1",
-        f"{PREFIX} x executors.running=1",
-        f"{PREFIX} 2",
-        f"{PREFIX} 2 executors.running=1 ",  # an empty field
-        f"{PREFIX}  2 executors.running=1",
-        f"{PREFIX} 2 " + " ".join(f"executor.{i}.rttMs=1" for i in range(MAX_FIELDS + 1)),
-        "ARROWBEAT-METRICSX 2 executors.running=1",
-    ]
-    answers = run_check(
-        java_check, [*good, *bad, "=executors.running", "=executor.7.rttMs", "=executor.0.rttMs"]
-    )
-    assert answers[: len(good)] == ["accepted"] * len(good)
-    assert answers[len(good) : -3] == ["refused"] * len(bad)
-    assert answers[-3:] == ["2.0", "1.5", "absent"]  # nothing of a refused line was applied
-
-
-def test_the_jvm_drops_an_executor_missing_from_a_whole_snapshot_and_ages_grow(java_check: list[str]) -> None:
-    lines = [
-        f"{PREFIX} 1 executor.1.heartbeatAgeMs=100 executor.2.heartbeatAgeMs=100",
-        f"{PREFIX} 2 executor.1.heartbeatAgeMs=100",  # snapshot 1 was complete: both stay
-        "=executor.2.heartbeatAgeMs",
-        f"{PREFIX} 3 executor.1.heartbeatAgeMs=100",  # snapshot 2 lacked executor 2: it goes
-        "=executor.2.heartbeatAgeMs",
-        "=executor.1.heartbeatAgeMs",
-    ]
-    answers = run_check(java_check, lines)
-    assert answers[:2] == ["accepted", "accepted"]
-    assert float(answers[2]) >= 100.0
-    assert answers[3:5] == ["accepted", "absent"]
-    assert float(answers[5]) >= 100.0  # an age: the time since the line arrived is added

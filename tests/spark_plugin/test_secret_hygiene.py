@@ -18,13 +18,21 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from heartbeat import AgentThread, EventKind, ExecutorEvent, HeartbeatServices, ResourceManagerServer
+from heartbeat import (
+    AgentThread,
+    EventKind,
+    ExecutorEvent,
+    HeartbeatServices,
+    ResourceManagerServer,
+    one_line,
+)
 from spark_plugin.history import event_row, wire_text
+from spark_plugin.history.wire_text import MAX_ERROR_CHARS
 from spark_plugin.jvm.sidecar import JvmChannel
 from spark_plugin.processes.driver import EventRouter
 from spark_plugin.settings.config import ConfigError, load
 from spark_plugin.shuffle.tasks import ShufflePlan
-from tests.procs import end, wait_until
+from tests.harness.procs import end, wait_until
 
 SECRET = "s3cret-" + "0123456789abcdef" * 2
 SECRET_KEY = "spark.arrowbeat.authenticate.secret"
@@ -82,6 +90,18 @@ def test_wire_text_is_bounded() -> None:
     assert wire_text("x" * 10_000, 100) == "x" * 100 + "...(cut)"
     assert len(wire_text("\n" * 10_000, 100)) <= 100 + len("...(cut)")
     assert wire_text(12345) == "12345"
+
+
+def test_a_storage_error_is_reflowed_onto_one_line_and_still_escaped() -> None:
+    """delta-rs's error chains span lines, indent and carry terminal colours: the one escaping
+    helper reflows them into one sentence (the CLI's and the report's error lines), and still
+    escapes what is not whitespace and bounds the length, as for any other wire text."""
+    chain = "\x1b[31mError\x1b[0m: Generic S3 error:\n  Caused by:\n\tHTTP 403 \u202eforged\x00"
+    reflowed = one_line(chain, MAX_ERROR_CHARS, reflow=True)
+    assert reflowed == "Error: Generic S3 error: Caused by: HTTP 403 \\u202eforged\\x00"
+    assert one_line(chain) == wire_text(chain)  # without reflow: what was sent stays visible
+    assert wire_text(chain).startswith("\\x1b[31mError\\x1b[0m: Generic S3 error:\\n  Caused")
+    assert one_line("x " * 5000, MAX_ERROR_CHARS, reflow=True) == ("x " * 1000)[:MAX_ERROR_CHARS] + "...(cut)"
 
 
 class Rows:

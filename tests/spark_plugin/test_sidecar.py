@@ -19,7 +19,7 @@ from spark_plugin.errors import (
     SettingsTruncatedError,
 )
 from spark_plugin.jvm.sidecar import JvmChannel, JvmLink, secret_values
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 
 def test_settings_block_is_read_and_unescaped() -> None:

@@ -19,7 +19,7 @@ from spark_plugin.monitoring.driver_spark_view import (
     parse_line,
 )
 from spark_plugin.processes.driver import dynamic_allocation
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 
 @pytest.mark.parametrize(

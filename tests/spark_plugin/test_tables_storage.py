@@ -27,8 +27,9 @@ from spark_plugin.history import (
     tables_location,
 )
 from spark_plugin.history.shuffle_metrics import append_rows, tables_root_of
+from spark_plugin.history.storage import tables_root
 from spark_plugin.jvm.sidecar import REDACTED, _Redacting, secret_values
-from spark_plugin.settings.config import ConfigError, load, tables_root
+from spark_plugin.settings.config import ConfigError, load
 
 ACCESS_KEY = "AKIAARROWBEATTEST0001"
 SECRET_KEY = "arrowbeat-s3-secret-0123456789abcdef"

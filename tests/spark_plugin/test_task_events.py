@@ -168,3 +168,37 @@ def test_an_executor_gone_for_good_is_forgotten() -> None:
     events.on_heartbeat(beat(1.0, jvm_gc_s=1.0), 1.0)
     events.on_event(ExecutorEvent(EventKind.SPARK_REMOVED, "3", "h", "i2", 2.0, "idle"), 2.0)
     assert "3" not in events._executors
+
+
+def test_a_removed_executor_whose_agent_falls_silent_leaves_no_state() -> None:
+    """Issue 24 (months of churn): Spark removes an executor, its agent's last heartbeat comes
+    after, then the agent times out (its JVM is gone): nothing of it stays; before, each such
+    executor left an entry behind for good."""
+    events = TaskEvents()
+    removed = ExecutorEvent(EventKind.SPARK_REMOVED, "3", "h", "i2", 1.0, "idle")
+    timeout = ExecutorEvent(EventKind.HEARTBEAT_TIMEOUT, "3", "h", "i2", 9.0, "no heartbeat")
+    events.on_heartbeat(beat(0.5), 0.5)
+    assert events.tracks("3")
+    events.on_event(removed, 1.0)
+    events.on_heartbeat(beat(2.0, task("7", 30.0, True)), 2.0)  # sent before the JVM stopped
+    assert events.tracks("3")
+    out = events.on_event(timeout, 9.0)
+    assert [e.kind for e in out] == [EventKind.TASK_RESUMED, EventKind.HEARTBEAT_TIMEOUT]
+    assert not events.tracks("3") and events.tracked() == 0
+    for kind in (EventKind.UNMONITORED, EventKind.REGISTERED, EventKind.UNREACHABLE):  # words only
+        events.on_event(ExecutorEvent(kind, "4", "h", "", 10.0, ""), 10.0)
+    assert events.tracked() == 0
+
+
+def test_a_live_executors_timeout_keeps_its_state_for_the_gap() -> None:
+    events = TaskEvents()
+    events.on_heartbeat(beat(0.5, jvm_gaps=0.0), 0.5)
+    events.on_event(ExecutorEvent(EventKind.HEARTBEAT_TIMEOUT, "3", "h", "i2", 9.0, ""), 9.0)
+    assert events.tracks("3")  # it may come back: the gap is explained by what it kept
+
+
+def test_departed_executors_are_remembered_within_a_bound() -> None:
+    events = TaskEvents(max_departed=3)
+    for n in range(10):
+        events.on_event(ExecutorEvent(EventKind.SPARK_LOST, str(n), "h", "", float(n), "crash"), float(n))
+    assert list(events._departed) == ["7", "8", "9"]

@@ -20,12 +20,12 @@ from spark_plugin.monitoring.executor_tasks import (
     TaskWatch,
     compact_jvm_stack,
     compact_python_stack,
-    explain_gap,
     handles_stack_signal,
     labelled_workers,
     parse_tasks_line,
 )
-from tests.procs import wait_until
+from spark_plugin.monitoring.gaps import explain_gap
+from tests.harness.procs import wait_until
 
 INTERVAL = 0.25
 
@@ -33,11 +33,17 @@ INTERVAL = 0.25
 JVM_CLOCK: list[ManualClock] = []
 
 
+PAUSING = "G1%20Young%20Generation"
+"""A collector that stops the application, as the JVM's ``tasks`` line names it."""
+
+
 def line(gc_ms: int, cpu_ms: int, *tasks: tuple[int, int, int]) -> str:
     """``tasks`` as (task id, thread cpu ms, running ms); stage 3.0, partition = task id, attempt 0.
     The JVM's clock is the test's ``ManualClock`` (the last one ``watch`` made)."""
     jvm_ms = int(JVM_CLOCK[-1].monotonic() * 1000)
-    return f"tasks 1 {gc_ms} {cpu_ms} {jvm_ms} " + " ".join(f"{t}:3:0:{t}:0:{c}:{r}" for t, c, r in tasks)
+    return f"tasks {cpu_ms} {jvm_ms} {PAUSING}:1:{gc_ms} " + " ".join(
+        f"{t}:3:0:{t}:0:{c}:{r}" for t, c, r in tasks
+    )
 
 
 def watch(clock: ManualClock, python: list[ProcessCpu] | None = None, **kw: object) -> TaskWatch:
@@ -56,7 +62,7 @@ def feed(w: TaskWatch, clock: ManualClock, seconds: float, make: object) -> None
 
 
 def test_a_tasks_line_is_parsed_and_a_malformed_one_refused() -> None:
-    sample = parse_tasks_line("tasks 7 1200 5300 99000 42:3:1:5:2:870:9100 43:3:1:6:0:-1:10")
+    sample = parse_tasks_line(f"tasks 5300 99000 {PAUSING}:7:1200 42:3:1:5:2:870:9100 43:3:1:6:0:-1:10")
     assert (sample.gc_count, sample.gc_s, sample.cpu_s, sample.jvm_s) == (7, 1.2, 5.3, 99.0)
     first = sample.tasks[0]
     assert (first.task_id, first.stage, first.stage_attempt, first.partition, first.attempt) == (
@@ -307,7 +313,7 @@ def test_a_gap_keeps_a_stuck_task_stuck_and_a_late_reading_agent_sees_no_gap() -
     jvm_ms = int(clock.monotonic() * 1000)
     clock.jump(2.0)
     for k in range(1, 9):
-        w.on_line(f"tasks 1 0 1 {jvm_ms + 250 * k} 2:3:0:2:0:5:7000")
+        w.on_line(f"tasks 1 {jvm_ms + 250 * k} {PAUSING}:1:0 2:3:0:2:0:5:7000")
     assert w.gaps == 1
 
 

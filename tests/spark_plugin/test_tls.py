@@ -55,14 +55,16 @@ def _key_body(m: TlsMaterial) -> str:
 # --- generation ----------------------------------------------------------------------------------
 
 
-def test_the_generated_certificate_names_arrowbeat_and_lives_from_an_hour_ago_for_30_days() -> None:
+def test_the_generated_certificate_names_arrowbeat_and_lives_from_an_hour_ago_without_end() -> None:
+    """Issue 24: valid to RFC 5280's "no expiration" date, not 30 days (then every new connection
+    of an application running longer failed)."""
     clock = ManualClock(wall_start=1_800_000_000.0)
     m = tls.generate_self_signed(clock)
     cert = x509.load_pem_x509_certificate(m.cert_chain_pem)
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["arrowbeat"]
     assert cert.not_valid_before_utc.timestamp() == 1_800_000_000 - 3600
-    assert cert.not_valid_after_utc.timestamp() == 1_800_000_000 + 30 * 86400
+    assert cert.not_valid_after_utc == datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=datetime.UTC)
     assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
     public = cert.public_key()
     assert isinstance(public, ec.EllipticCurvePublicKey) and public.curve.name == "secp256r1"
@@ -122,6 +124,26 @@ def _call(port: int, context: ssl.SSLContext, server_name: str) -> bytes:
 def test_a_round_trip_over_loopback_with_the_generated_material(material: TlsMaterial) -> None:
     port, thread, outcome = _serve_once(tls.server_context(material))
     assert _call(port, tls.client_context(material), material.server_name) == b"hello"
+    thread.join(IO_TIMEOUT_S)
+    assert outcome == [b"hello"]
+
+
+def _generated_days_ago(days: int) -> TlsMaterial:
+    """Material the driver-side process generated ``days`` ago, as a process of that application
+    loads it now from the handed-over keys (a new executor's agent, a restarted RM): the clock is
+    moved back for the generation, so the real handshakes below run at simulated day ``days``."""
+    clock = ManualClock(wall_start=time.time() - days * 86400.0)
+    handed = tls.internal_settings(tls.generate_self_signed(clock))
+    loaded = tls.from_config(load({**ON, **handed}))  # checked by an in-memory handshake too
+    assert loaded is not None and loaded.generated
+    return loaded
+
+
+@pytest.mark.parametrize("days", [31, 90])
+def test_generated_material_still_connects_on_simulated_day(days: int) -> None:
+    m = _generated_days_ago(days)
+    port, thread, outcome = _serve_once(tls.server_context(m))
+    assert _call(port, tls.client_context(m), m.server_name) == b"hello"
     thread.join(IO_TIMEOUT_S)
     assert outcome == [b"hello"]
 
@@ -262,6 +284,19 @@ def test_a_grpc_call_over_tls_completes(material: TlsMaterial, grpc_server: int)
         target, tls.grpc_channel_credentials(material), options=tls.grpc_channel_options(material)
     ) as channel:
         assert _echo(channel) == b"ping"
+
+
+@pytest.mark.parametrize("days", [31, 90])
+def test_a_grpc_call_over_tls_completes_on_simulated_day(days: int) -> None:
+    m = _generated_days_ago(days)
+    server, port = _echo_server(m)
+    try:
+        with grpc.secure_channel(
+            f"127.0.0.1:{port}", tls.grpc_channel_credentials(m), options=tls.grpc_channel_options(m)
+        ) as channel:
+            assert _echo(channel) == b"ping"
+    finally:
+        server.stop(grace=None).wait(IO_TIMEOUT_S)
 
 
 def test_a_grpc_client_trusting_another_certificate_fails(
@@ -585,6 +620,38 @@ def test_an_expired_certificate_is_named(tmp_path: Path) -> None:
     chain, key = _write_pair(tmp_path, _leaf(["arrowbeat"], not_after=NOW - datetime.timedelta(days=1)))
     with pytest.raises(ConfigError, match=r"ssl\.certChain=.*expired on"):
         tls.from_config(_config(chain, key))
+
+
+def test_a_configured_certificate_close_to_its_expiry_is_named_in_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    chain, key = _write_pair(tmp_path, _leaf(["arrowbeat"], not_after=NOW + datetime.timedelta(days=10)))
+    with caplog.at_level("WARNING", logger="arrowbeat.tls"):
+        m = tls.from_config(_config(chain, key))
+    assert m is not None  # still loads: it works until then
+    [warning] = [r.getMessage() for r in caplog.records if "expires on" in r.getMessage()]
+    assert "spark.arrowbeat.ssl.certChain=" in warning and "certificate 1 of 1" in warning
+    assert re.search(r"in (9\.9|10\.0) days", warning), warning
+    caplog.clear()
+    later = tmp_path / "later"
+    later.mkdir()
+    chain, key = _write_pair(later, _leaf(["arrowbeat"], not_after=NOW + datetime.timedelta(days=60)))
+    with caplog.at_level("WARNING", logger="arrowbeat.tls"):
+        assert tls.from_config(_config(chain, key)) is not None
+    assert not [r for r in caplog.records if "expire" in r.getMessage()]
+
+
+def test_a_trust_anchor_close_to_its_expiry_is_named_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ca = _ca()  # valid two more days
+    chain, key = _write_pair(tmp_path, _leaf(["arrowbeat"], (ca[0].subject, ca[1])))
+    trust = tmp_path / "trust.pem"
+    trust.write_bytes(_pem(ca[0]))
+    with caplog.at_level("WARNING", logger="arrowbeat.tls"):
+        assert tls.from_config(_config(chain, key, trustStore=str(trust))) is not None
+    warnings_seen = [r.getMessage() for r in caplog.records if "expires on" in r.getMessage()]
+    assert any(w.startswith("spark.arrowbeat.ssl.trustStore=") for w in warnings_seen), warnings_seen
 
 
 def test_an_encrypted_or_garbage_key_is_named_and_not_shown(tmp_path: Path) -> None:

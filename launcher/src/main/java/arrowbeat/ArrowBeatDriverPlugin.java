@@ -32,22 +32,11 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   private static final Pattern UI_URL = Pattern.compile("https?://[A-Za-z0-9.\\-\\[\\]:]{1,253}:[0-9]{1,5}/");
   static final String UI_URL_KEY = "spark.arrowbeat.ui.url";
 
-  /** Replacements for lost map outputs allowed per {@link #LOST_WINDOW_MS}: an agent that dies on
-   * every new executor must not make Spark replace executors forever. */
-  private static final int MAX_LOST_REPLACEMENTS = 5;
-  private static final long LOST_WINDOW_MS = 600_000;
-  private static final String LOST = "arrowbeat-outputs-lost";
-  private static final String AGENT_NOT_STARTED = "arrowbeat-agent-not-started";
-  /** Spark's loss reason is free text: at most this much of it is forwarded. */
-  static final int MAX_REASON_CHARS = 400;
-  /** A host as the driver-side process accepts it ({@code spark_plugin.monitoring.driver_spark_view}). */
-  private static final Pattern HOST = Pattern.compile("[A-Za-z0-9._:%\\[\\]-]{1,253}");
   /** Executors Spark runs now (id to host): replayed to a restarted driver-side process. */
   private final Map<String, String> liveExecutors = new java.util.concurrent.ConcurrentHashMap<>();
   /** Executors arrowbeat asked Spark to kill and replace, until Spark reports them removed. */
   private final java.util.Set<String> replacing = java.util.concurrent.ConcurrentHashMap.newKeySet();
   private volatile boolean applicationEnding;
-  private final java.util.ArrayDeque<Long> lostReplacements = new java.util.ArrayDeque<>();
   private final java.util.concurrent.ExecutorService replacer =
       java.util.concurrent.Executors.newSingleThreadExecutor(
           runnable -> {
@@ -140,8 +129,8 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
    * driver's SparkConf for the application's own shuffle code. Spark redacts the key's name.
    */
   private void publishGeneratedTls(Map<String, String> info) {
-    String cert = info.get(Sidecar.READY_SSL_CERT);
-    String key = info.get(Sidecar.READY_SSL_KEY);
+    String cert = info.get(Protocol.READY_SSL_CERT);
+    String key = info.get(Protocol.READY_SSL_KEY);
     if (cert == null || key == null) {
       return;
     }
@@ -177,7 +166,7 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
     started.startPulses(Launch.pulseMs(started.info()), () -> 0);
     sidecar = started;
     // A restarted process knows nothing of Spark's executors yet: tell it those alive now.
-    liveExecutors.forEach((id, host) -> started.send(addedLine(id, host)));
+    liveExecutors.forEach((id, host) -> started.send(Protocol.executorAdded(id, host)));
   }
 
   /**
@@ -200,66 +189,39 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
 
   /**
    * Spark's own view of its executors, forwarded to the driver-side process as lines on its stdin
-   * (the grammar is {@code spark_plugin.monitoring.driver_spark_view}'s): which executors Spark added, so that one
-   * whose agent never registers is shown unmonitored, and which it removed and why, so that an
-   * executor let go on purpose (idle, decommissioned, replaced) is not recorded as a crash. Runs
-   * on Spark's listener bus thread: it only writes a line.
+   * ({@link Protocol}): which executors Spark added, so that one whose agent never registers is
+   * shown unmonitored, and which it removed, with Spark's reason and what this JVM saw besides
+   * (arrowbeat had asked for the removal; the application was ending), so that the driver-side
+   * process can tell an executor let go on purpose (idle, decommissioned, replaced) from a crash.
+   * Runs on Spark's listener bus thread: it only writes a line.
    */
   private final class ExecutorListener extends SparkListener {
     @Override
     public void onExecutorAdded(SparkListenerExecutorAdded added) {
       String id = added.executorId();
-      if (!Command.EXECUTOR_ID.matcher(id).matches()) {
+      if (!Protocol.EXECUTOR_ID.matcher(id).matches()) {
         return; // not an id the driver-side process would accept; Spark's ids always are
       }
       String host = added.executorInfo() == null ? "" : added.executorInfo().executorHost();
-      host = host != null && HOST.matcher(host).matches() ? host : "unknown";
+      host = host != null && Protocol.HOST.matcher(host).matches() ? host : "unknown";
       liveExecutors.put(id, host);
-      forward(addedLine(id, host));
+      forward(Protocol.executorAdded(id, host));
     }
 
     @Override
     public void onExecutorRemoved(SparkListenerExecutorRemoved removed) {
       String id = removed.executorId();
-      if (!Command.EXECUTOR_ID.matcher(id).matches()) {
+      if (!Protocol.EXECUTOR_ID.matcher(id).matches()) {
         return;
       }
       liveExecutors.remove(id);
-      boolean replaced = replacing.remove(id);
-      String cause = applicationEnding ? "app-end" : replaced ? "replaced" : "spark";
-      forward(removedLine(id, cause, removed.reason()));
+      forward(Protocol.executorRemoved(id, replacing.remove(id), applicationEnding, removed.reason()));
     }
 
     @Override
     public void onApplicationEnd(SparkListenerApplicationEnd end) {
       applicationEnding = true; // posted before the scheduler stops the executors
     }
-  }
-
-  static String addedLine(String executorId, String host) {
-    return "executor-added " + executorId + " " + host;
-  }
-
-  static String removedLine(String executorId, String cause, String reason) {
-    return "executor-removed " + executorId + " " + cause + " " + printable(reason, MAX_REASON_CHARS);
-  }
-
-  /**
-   * {@code text} as printable ASCII on one line: any other character becomes a backslash-u escape;
-   * cut to {@code maxChars} (and marked so). The driver-side process escapes it again all the same.
-   */
-  static String printable(String text, int maxChars) {
-    StringBuilder out = new StringBuilder();
-    String value = text == null ? "" : text;
-    for (int i = 0; i < value.length() && out.length() < maxChars; i++) {
-      char c = value.charAt(i);
-      out.append(c >= 0x20 && c < 0x7f ? String.valueOf(c) : String.format("\\u%04x", (int) c));
-    }
-    if (out.length() >= maxChars) {
-      out.setLength(maxChars);
-      out.append("...(cut)");
-    }
-    return out.toString();
   }
 
   private void forward(String line) {
@@ -305,96 +267,54 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
     this.appId = appId;
     Sidecar current = sidecar;
     if (current != null) {
-      current.send("app " + appId);
+      current.send(Protocol.app(appId));
     }
   }
 
-  /** What an executor plugin sends when its map outputs are lost ({@link #receive} reads it). */
-  static String lostMessage(String executorId, String reason) {
-    return LOST + " " + executorId + " " + reason;
-  }
-
   /**
-   * What an executor plugin sends when its agent could not start ({@code reason}: {@link
-   * Command#REASON}, e.g. {@code interpreter-missing}); the executor is then shown unmonitored at
-   * once rather than after the registration bound.
-   */
-  static String agentNotStartedMessage(String executorId, String reason) {
-    return AGENT_NOT_STARTED + " " + executorId + " " + reason;
-  }
-
-  /**
-   * An executor's arrowbeat map outputs are lost (its agent died, or their files vanished): Spark
-   * must forget what it ran there, as for a lost executor, so it recomputes those map partitions
-   * instead of failing readers until their retries run out. Kill-and-replace is what Spark itself
-   * does with an executor whose heartbeats time out. Anything but a well-formed message is logged
-   * and ignored.
+   * An executor plugin's message ({@link Protocol#relayed}): its agent did not start (the executor
+   * is then shown unmonitored at once rather than after the registration bound), or its arrowbeat
+   * map outputs are lost (its agent died, or their files vanished). Both are facts for the
+   * driver-side process, which decides what follows: for lost outputs, whether Spark must forget
+   * what the executor ran ({@code kill-executor}, as for a lost executor), so that it recomputes
+   * those map partitions instead of failing readers until their retries run out. True if the
+   * driver-side process got the message; anything but a well-formed message is logged and ignored.
    */
   @Override
   public Object receive(Object message) {
-    String[] words = message instanceof String text && text.length() <= Command.MAX_LINE_CHARS
-        ? text.split(" ", -1) : new String[0];
-    if (words.length == 3
-        && AGENT_NOT_STARTED.equals(words[0])
-        && Command.EXECUTOR_ID.matcher(words[1]).matches()
-        && Command.REASON.matcher(words[2]).matches()) {
-      forward("executor-unmonitored " + words[1] + " " + words[2]);
-      return Boolean.TRUE;
-    }
-    if (words.length != 3
-        || !LOST.equals(words[0])
-        || !Command.EXECUTOR_ID.matcher(words[1]).matches()
-        || "driver".equals(words[1])
-        || !Command.REASON.matcher(words[2]).matches()) {
+    String line = Protocol.relayed(message);
+    if (line == null) {
       LOG.warn("arrowbeat driver plugin ignored a malformed message from an executor");
       return Boolean.FALSE;
     }
-    SparkContext context = sc;
-    if (context == null) {
+    Sidecar current = sidecar;
+    if (current == null) {
       return Boolean.FALSE;
     }
-    Long charged;
-    synchronized (lostReplacements) {
-      long now = System.currentTimeMillis();
-      while (!lostReplacements.isEmpty() && now - lostReplacements.peekFirst() > LOST_WINDOW_MS) {
-        lostReplacements.removeFirst();
-      }
-      if (lostReplacements.size() >= MAX_LOST_REPLACEMENTS) {
-        LOG.error("arrowbeat: executor {} lost its map outputs ({}), but {} executors were already "
-            + "replaced for that in the last {} s; not replacing it (readers of its outputs will "
-            + "fail)", words[1], words[2], lostReplacements.size(), LOST_WINDOW_MS / 1000);
-        return Boolean.FALSE;
-      }
-      charged = now;
-      lostReplacements.addLast(charged);
-    }
-    // Off the RPC thread that delivered the message: a kill waits on the cluster manager (Spark's
-    // HeartbeatReceiver kills from its own thread for the same reason).
-    replacer.execute(
-        () -> {
-          Replacement outcome = replace(context, words[1]);
-          if (outcome != Replacement.ACCEPTED) { // only replacements that happen use up the budget
-            synchronized (lostReplacements) {
-              lostReplacements.removeLastOccurrence(charged);
-            }
-          }
-          LOG.warn("arrowbeat: executor {} lost its map outputs ({}); asked Spark to replace it: {}",
-              words[1], words[2], outcome.text);
-        });
+    current.send(line);
     return Boolean.TRUE;
   }
 
   /**
-   * The actions the driver-side process may ask of Spark, when the user enabled them: {@code
-   * kill-executor <id>} ({@code spark.arrowbeat.onHeartbeatTimeout=kill}) and {@code kill-task
-   * <task attempt id>} ({@code spark.arrowbeat.onStuckTask=kill}). Only commands
-   * from the driver-side process's protocol channel get here, already validated ({@link Command}).
+   * The actions the driver-side process may ask of Spark: {@code kill-executor <id>} (with
+   * {@code spark.arrowbeat.onHeartbeatTimeout=kill}, or for an executor whose map outputs are lost)
+   * and {@code kill-task <task attempt id>} ({@code spark.arrowbeat.onStuckTask=kill}). Only
+   * commands from the driver-side process's protocol channel get here, already validated ({@link
+   * Protocol#parseCommand}). What became of a replacement goes back to it ({@link
+   * Protocol#executorReplacement}): it charged its budget for lost outputs and refunds a refused one.
    */
-  private void handle(SparkContext sc, Command command) {
-    if (Command.KILL_EXECUTOR.equals(command.verb())) {
-      LOG.warn("arrowbeat asked Spark to kill and replace executor {}: {}", command.argument(),
-          replace(sc, command.argument()).text);
-    } else if (Command.KILL_TASK.equals(command.verb())) {
+  private void handle(SparkContext sc, Protocol.Command command) {
+    if (Protocol.KILL_EXECUTOR.equals(command.verb())) {
+      String executorId = command.argument();
+      // Off the protocol pump: a kill waits on the cluster manager (Spark's HeartbeatReceiver
+      // kills from its own thread for the same reason).
+      replacer.execute(
+          () -> {
+            Protocol.Replacement outcome = replace(sc, executorId);
+            LOG.warn("arrowbeat asked Spark to kill and replace executor {}: {}", executorId, text(outcome));
+            forward(Protocol.executorReplacement(executorId, outcome));
+          });
+    } else if (Protocol.KILL_TASK.equals(command.verb())) {
       long taskId = Long.parseLong(command.argument());
       // Off the protocol pump: killTaskAttempt takes the task scheduler's lock.
       replacer.execute(() -> killTask(sc, taskId));
@@ -420,34 +340,30 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
    * Kill-and-replace, remembered so that Spark's removal of the executor is recorded as a
    * replacement arrowbeat asked for, not as a crash.
    */
-  private Replacement replace(SparkContext context, String executorId) {
+  private Protocol.Replacement replace(SparkContext context, String executorId) {
     replacing.add(executorId);
-    Replacement outcome = Replacement.REFUSED;
+    Protocol.Replacement outcome = Protocol.Replacement.REFUSED;
     try {
       outcome = SparkInternals.killAndReplaceExecutor(context, executorId)
-          .map(accepted -> accepted ? Replacement.ACCEPTED : Replacement.REFUSED)
-          .orElse(Replacement.UNAVAILABLE);
+          .map(accepted -> accepted ? Protocol.Replacement.ACCEPTED : Protocol.Replacement.REFUSED)
+          .orElse(Protocol.Replacement.UNAVAILABLE);
     } catch (RuntimeException e) {
       LOG.warn("arrowbeat: replacing executor {} failed: {}", executorId, e.toString());
     }
-    if (outcome != Replacement.ACCEPTED) {
+    if (outcome != Protocol.Replacement.ACCEPTED) {
       replacing.remove(executorId);
     }
     return outcome;
   }
 
   /** What became of a request to replace an executor, as the log says it. */
-  private enum Replacement {
-    ACCEPTED("accepted"),
-    REFUSED("refused by the scheduler backend"),
-    UNAVAILABLE("not possible on this Spark (" + Internal.KILL_AND_REPLACE_EXECUTOR.key()
-        + " is unavailable: see the warning at start-up)");
-
-    private final String text;
-
-    Replacement(String text) {
-      this.text = text;
-    }
+  private static String text(Protocol.Replacement outcome) {
+    return switch (outcome) {
+      case ACCEPTED -> "accepted";
+      case REFUSED -> "refused by the scheduler backend";
+      case UNAVAILABLE -> "not possible on this Spark (" + Internal.KILL_AND_REPLACE_EXECUTOR.key()
+          + " is unavailable: see the warning at start-up)";
+    };
   }
 
   @Override

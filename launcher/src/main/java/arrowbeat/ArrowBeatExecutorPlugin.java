@@ -22,8 +22,6 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
   private final AtomicInteger runningTasks = new AtomicInteger();
   /** Tasks ever started here: without one, this executor cannot hold map outputs. */
   private final AtomicInteger tasksStarted = new AtomicInteger();
-  private final java.util.concurrent.atomic.AtomicBoolean lostReported =
-      new java.util.concurrent.atomic.AtomicBoolean();
   private final TaskWatch taskWatch = new TaskWatch();
   private Sidecar sidecar;
   private Thread watchReporter;
@@ -82,25 +80,25 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
       // stack of one running task's thread. Anything else (kill-executor included) is refused.
       sidecar.onCommand(
           command -> {
-            if (Command.OUTPUTS_LOST.equals(command.verb())) {
+            if (Protocol.OUTPUTS_LOST.equals(command.verb())) {
+              LOG.error("arrowbeat map outputs of executor {} are lost ({}); telling the driver, which "
+                  + "has Spark replace the executor so their map partitions are recomputed", executorId,
+                  command.argument());
               reportLost(ctx, executorId, command.argument());
-            } else if (Command.JSTACK.equals(command.verb())) {
+            } else if (Protocol.JSTACK.equals(command.verb())) {
               String stack = taskWatch.stackOf(Long.parseLong(command.argument()));
-              sendLine("stack " + command.argument() + " "
-                  + (stack == null ? "-" : Sidecar.escape(stack)));
+              sendLine(Protocol.stack(command.argument(), stack));
             } else {
               LOG.warn("arrowbeat agent of executor {} may not give command {}; ignored",
                   executorId, command.verb());
             }
           });
+      // Whether the agent's end lost map outputs (not if no task ever ran here) is the driver's call.
       sidecar.onUnexpectedExit(
           () -> {
-            if (tasksStarted.get() > 0) {
-              reportLost(ctx, executorId, "agent-exited");
-            } else { // no task ran here, so no map output can be lost: the executor runs on
-              LOG.error("arrowbeat agent of executor {} exited; no task ran here, so no map "
-                  + "outputs are lost; the executor runs on without it", executorId);
-            }
+            LOG.error("arrowbeat agent of executor {} exited ({} tasks started here); telling the driver",
+                executorId, tasksStarted.get());
+            reportLost(ctx, executorId, "agent-exited");
           });
       long pulseMs = Launch.pulseMs(sidecar.info());
       sidecar.startPulses(pulseMs, runningTasks::get);
@@ -151,7 +149,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
     String reason =
         why instanceof Launch.MissingInterpreterException ? "interpreter-missing" : "start-failed";
     try {
-      ctx.send(ArrowBeatDriverPlugin.agentNotStartedMessage(ctx.executorID(), reason));
+      ctx.send(Protocol.executorUnmonitored(ctx.executorID(), reason));
     } catch (Throwable t) {
       LOG.debug("arrowbeat could not tell the driver: {}", t.toString());
     }
@@ -165,26 +163,25 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
   }
 
   /**
-   * This executor's arrowbeat map outputs are gone (its agent died, or their files vanished): Spark
-   * still lists them as the outputs of its map tasks, so readers would fail until their retries
-   * run out. Asking the driver to replace this executor makes Spark drop everything it listed here
-   * and recompute exactly those map partitions, as after any lost executor. Once per executor.
+   * This executor's arrowbeat map outputs may be gone (its agent died, or their files vanished):
+   * Spark still lists them as the outputs of its map tasks, so readers would fail until their
+   * retries run out. The driver-side process decides (once per executor, within a budget, not for
+   * an executor that never ran a task) whether Spark replaces this executor, which makes it drop
+   * everything it listed here and recompute exactly those map partitions.
    */
   private void reportLost(PluginContext ctx, String executorId, String reason) {
-    if (!lostReported.compareAndSet(false, true)) {
-      return;
-    }
-    LOG.error("arrowbeat map outputs of executor {} are lost ({}); asking Spark to replace the "
-        + "executor so their map partitions are recomputed", executorId, reason);
     boolean taken = false;
     try {
-      taken = Boolean.TRUE.equals(ctx.ask(ArrowBeatDriverPlugin.lostMessage(executorId, reason)));
+      taken = Boolean.TRUE.equals(
+          ctx.ask(Protocol.executorOutputsLost(executorId, reason, tasksStarted.get())));
     } catch (Exception e) {
       LOG.error("arrowbeat could not tell the driver that executor {} lost its outputs: {}",
           executorId, e.toString());
+      return;
     }
-    if (!taken) { // refused or unreachable: a later loss may ask again
-      lostReported.set(false);
+    if (!taken) {
+      LOG.error("arrowbeat: the driver plugin did not take executor {}'s lost outputs (it takes none "
+          + "for the driver's own executor, nor while its driver-side process is down)", executorId);
     }
   }
 
@@ -233,7 +230,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
                 SparkEnv env = SparkEnv.get();
                 String id = env == null ? "" : env.conf().get("spark.app.id", "");
                 if (!id.isEmpty()) {
-                  agent.send("app " + id);
+                  agent.send(Protocol.app(id));
                   return;
                 }
                 try {

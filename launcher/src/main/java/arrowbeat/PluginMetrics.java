@@ -2,7 +2,6 @@ package arrowbeat;
 
 import com.codahale.metrics.Gauge;
 import com.codahale.metrics.MetricRegistry;
-import java.util.HashMap;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
@@ -11,22 +10,18 @@ import java.util.regex.Pattern;
 /**
  * arrowbeat's figures as Dropwizard gauges in the plugin's {@code PluginContext.metricRegistry()},
  * so Spark's configured sinks show them (source {@code plugin.arrowbeat.ArrowBeatPlugin}). The
- * values come from the Python process as lines on its protocol channel (the grammar is
- * {@code spark_plugin.jvm.plugin_metrics}'s):
+ * values come from the Python process as {@code ARROWBEAT-METRICS} lines on its protocol channel
+ * ({@link Protocol#parseMetrics}; the figures are {@code spark_plugin.jvm.plugin_metrics}'s).
  *
- * <pre>ARROWBEAT-METRICS &lt;snapshot&gt; name=value name=value ...</pre>
- *
- * <p>{@link #accept} takes a line only if every part is well formed: the snapshot 1-18 digits,
- * 1-{@value #MAX_FIELDS} fields, each name one of the role's fixed names (on the driver also
- * {@code executor.<id>.heartbeatAgeMs|rttMs}), each value a decimal number; else nothing of it is
- * applied and the caller logs it (rate-limited). A gauge is registered at a name's first value.
+ * <p>{@link #accept} takes a line only if it is well formed and each name is one of the role's
+ * fixed names (on the driver also {@code executor.<id>.heartbeatAgeMs|rttMs}); else nothing of it
+ * is applied and the caller logs it (rate-limited). A gauge is registered at a name's first value.
  * When a new snapshot starts, per-executor gauges the previous snapshot did not carry are removed
- * (the executor went). A name ending in {@code AgeMs} was an age when sent: its gauge adds the
- * time since the line arrived, so it keeps growing while no line comes.
+ * (the executor went). A value the line marks as an age grows by the time since the line arrived,
+ * read on this JVM's clock, so it keeps growing while no line comes (which figures are ages is the
+ * Python side's choice).
  */
 final class PluginMetrics {
-  static final String PREFIX = "ARROWBEAT-METRICS";
-  static final int MAX_FIELDS = 64;
   /** Gauges at most (fixed and per-executor): a runaway child cannot grow the registry. */
   static final int MAX_GAUGES = 4096;
   /** The JVM's own gauge: ms since the last accepted line (a stalled Python process shows here). */
@@ -53,13 +48,11 @@ final class PluginMetrics {
           "shuffle.spillBytes",
           "shuffle.diskBytes",
           "shuffle.streamsOpen");
-  private static final Pattern SNAPSHOT = Pattern.compile("[0-9]{1,18}");
-  private static final Pattern VALUE = Pattern.compile("-?[0-9]{1,18}(\\.[0-9]{1,9})?");
   private static final Pattern PER_EXECUTOR =
       Pattern.compile("executor\\.[A-Za-z0-9][A-Za-z0-9_-]{0,63}\\.(heartbeatAgeMs|rttMs)");
 
-  /** One name's latest value, when its line arrived ({@link System#nanoTime}), in which snapshot. */
-  private record Value(double value, long arrivedNanos, String snapshot) {}
+  /** A name's latest value, whether an age, when its line arrived ({@link System#nanoTime}), its snapshot. */
+  private record Value(double value, boolean age, long arrivedNanos, String snapshot) {}
 
   private final MetricRegistry registry;
   private final Set<String> fixed;
@@ -88,50 +81,26 @@ final class PluginMetrics {
     return fixed.contains(name) || (perExecutor && PER_EXECUTOR.matcher(name).matches());
   }
 
-  /**
-   * The fields of {@code line} (name to value), or null unless the whole line is well formed; the
-   * snapshot number is under the key {@code ""}.
-   */
-  Map<String, String> parse(String line) {
-    if (line == null || !line.startsWith(PREFIX + " ")) {
-      return null;
-    }
-    String[] parts = line.substring(PREFIX.length() + 1).split(" ", -1);
-    if (parts.length < 2 || parts.length > MAX_FIELDS + 1 || !SNAPSHOT.matcher(parts[0]).matches()) {
-      return null;
-    }
-    Map<String, String> fields = new HashMap<>();
-    fields.put("", parts[0]);
-    for (int i = 1; i < parts.length; i++) {
-      int eq = parts[i].indexOf('=');
-      String name = eq <= 0 ? "" : parts[i].substring(0, eq);
-      String value = eq <= 0 ? "" : parts[i].substring(eq + 1);
-      if (!allowed(name) || !VALUE.matcher(value).matches() || fields.put(name, value) != null) {
-        return null;
-      }
-    }
-    return fields;
-  }
-
   /** Applies a well-formed line; false (nothing applied) for any other line. */
   synchronized boolean accept(String line) {
-    Map<String, String> fields = parse(line);
-    if (fields == null) {
+    Protocol.MetricsLine parsed = Protocol.parseMetrics(line, this::allowed);
+    if (parsed == null) {
       return false;
     }
-    String number = fields.remove("");
+    String number = parsed.snapshot();
     if (!number.equals(snapshot)) {
       String finished = snapshot;
       values.keySet().removeIf(name -> dropped(name, finished));
       snapshot = number;
     }
     long now = System.nanoTime();
-    for (Map.Entry<String, String> field : fields.entrySet()) {
+    for (Map.Entry<String, Protocol.Metric> field : parsed.fields().entrySet()) {
       String name = field.getKey();
       if (!values.containsKey(name) && registry.getMetrics().size() >= MAX_GAUGES) {
         continue;
       }
-      boolean fresh = values.put(name, new Value(Double.parseDouble(field.getValue()), now, number)) == null;
+      Protocol.Metric metric = field.getValue();
+      boolean fresh = values.put(name, new Value(metric.value(), metric.age(), now, number)) == null;
       if (fresh && !registry.getMetrics().containsKey(name)) {
         registry.register(name, (Gauge<Double>) () -> read(name));
       }
@@ -156,7 +125,7 @@ final class PluginMetrics {
     if (value == null) {
       return Double.NaN;
     }
-    if (name.endsWith("AgeMs")) {
+    if (value.age()) {
       return value.value() + (System.nanoTime() - value.arrivedNanos()) / 1_000_000.0;
     }
     return value.value();

@@ -19,7 +19,8 @@ import org.slf4j.LoggerFactory;
 /**
  * One supervised Python child process.
  *
- * <p>Protocol (the Python side is {@code spark_plugin.jvm.sidecar}): the JVM writes the settings to the
+ * <p>Protocol (every line is declared in {@link Protocol}; the Python side is {@code
+ * spark_plugin.jvm.sidecar}): the JVM writes the settings to the
  * child's stdin as {@code key<TAB>value} lines closed by an empty line, so secrets never appear in
  * argv or the environment. From then on the JVM writes one pulse line per pulse interval: it proves
  * this JVM is not frozen. EOF on stdin means the JVM is gone (even after SIGKILL, since the kernel
@@ -28,27 +29,20 @@ import org.slf4j.LoggerFactory;
  * that end from a crash; {@code stop} is an orderly stop by the plugin.
  *
  * <p>Two channels come back, kept apart: the child's <b>stdout is its protocol channel</b> (one
- * {@code ARROWBEAT-READY k=v ...} line, then {@link Command} lines: the child's Python side moves
- * its own stdout onto stderr at start-up, so no print or library output lands here), and its
- * <b>stderr is its log</b>, copied line by line to the JVM's log and never parsed. A log line that
- * looks like a command is only ever logged. Every protocol line is validated: anything that is not
- * a well-formed ready line, known command or {@link PluginMetrics} line is logged (rate-limited) and ignored.
+ * {@code ARROWBEAT-READY k=v ...} line, then {@link Protocol#parseCommand command} lines: the
+ * child's Python side moves its own stdout onto stderr at start-up, so no print or library output
+ * lands here), and its <b>stderr is its log</b>, copied line by line to the JVM's log and never
+ * parsed. A log line that looks like a command is only ever logged. Every protocol line is
+ * validated ({@link Protocol}): anything that is not a well-formed ready line, known command or
+ * metrics line is logged (rate-limited) and ignored.
  */
 final class Sidecar {
-  static final String READY = "ARROWBEAT-READY";
   private static final Logger LOG = LoggerFactory.getLogger(Sidecar.class);
   private static final int TAIL_LINES = 30;
   /** Room for a ready line carrying a generated certificate and key (base64 DER, ~1 KiB). */
   private static final int MAX_PROTOCOL_LINE_BYTES = 2048;
   private static final int MAX_LOG_LINE_BYTES = 16 * 1024;
-  private static final int MAX_READY_FIELDS = 16;
-  private static final Pattern READY_KEY = Pattern.compile("[a-z_]{1,32}");
-  private static final Pattern READY_VALUE = Pattern.compile("[\\x21-\\x7e]{1,256}");
-  /** The ready fields that carry DER as base64: a generated TLS certificate and its key. */
-  static final String READY_SSL_CERT = "ssl_cert";
-  static final String READY_SSL_KEY = "ssl_key_secret";
-  private static final Pattern READY_BASE64 = Pattern.compile("[A-Za-z0-9+/=]{1,1024}");
-  private static final Pattern READY_KEY_VALUE = Pattern.compile(READY_SSL_KEY + "=[^ ]*");
+  private static final Pattern READY_KEY_VALUE = Pattern.compile(Protocol.READY_SSL_KEY + "=[^ ]*");
   /** Environment variables the child does not inherit: secrets of Spark's or the user's. */
   private static final Pattern SECRET_ENV = Pattern.compile("(?i)secret|password|passphrase");
 
@@ -60,12 +54,12 @@ final class Sidecar {
   private final Deque<String> tail = new ArrayDeque<>();
   private final CompletableFuture<Map<String, String>> ready = new CompletableFuture<>();
   private volatile boolean stopping;
-  private volatile Consumer<Command> commands;
+  private volatile Consumer<Protocol.Command> commands;
   private volatile java.util.function.Predicate<String> metrics;
   private volatile Runnable onUnexpectedExit = () -> {};
   private Thread logPump;
   private Thread pulser;
-  private final Thread exitNotice = new Thread(() -> send("exiting"), "arrowbeat-exiting");
+  private final Thread exitNotice = new Thread(() -> send(Protocol.EXITING), "arrowbeat-exiting");
 
   private Sidecar(String name, Process process, Redactor redactor) {
     this.name = name;
@@ -92,9 +86,10 @@ final class Sidecar {
     try {
       Map<String, String> info = sidecar.ready.get(readyTimeoutMs, TimeUnit.MILLISECONDS);
       Map<String, String> shown = new HashMap<>(info);
-      shown.remove(READY_SSL_KEY); // never logged, not even redacted
-      if (shown.containsKey(READY_SSL_CERT)) {
-        shown.put(READY_SSL_CERT, "<" + shown.get(READY_SSL_CERT).length() + " base64 chars>");
+      shown.remove(Protocol.READY_SSL_KEY); // never logged, not even redacted
+      if (shown.containsKey(Protocol.READY_SSL_CERT)) {
+        String cert = shown.get(Protocol.READY_SSL_CERT);
+        shown.put(Protocol.READY_SSL_CERT, "<" + cert.length() + " base64 chars>");
       }
       LOG.info("arrowbeat {} started: {}", name, sidecar.redactor.clean(shown.toString()));
       return sidecar;
@@ -118,18 +113,8 @@ final class Sidecar {
   }
 
   private void writeSettings(Map<String, String> settings) throws IOException {
-    StringBuilder out = new StringBuilder();
-    for (Map.Entry<String, String> e : settings.entrySet()) {
-      out.append(escape(e.getKey())).append('\t').append(escape(e.getValue())).append('\n');
-    }
-    out.append('\n');
-    stdin.write(out.toString().getBytes(StandardCharsets.UTF_8));
+    stdin.write(Protocol.settings(settings).getBytes(StandardCharsets.UTF_8));
     stdin.flush();
-  }
-
-  /** One line of text for the child: backslash, newline and tab escaped (its unescape_line). */
-  static String escape(String s) {
-    return s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t");
   }
 
   /** The child's stderr, its log: copied to the JVM's log line by line, never parsed. */
@@ -204,11 +189,11 @@ final class Sidecar {
       return;
     }
     if (!ready.isDone()) {
-      Map<String, String> info = parseReady(line);
+      Map<String, String> info = Protocol.parseReady(line);
       if (info == null) {
         refuse("a line that is not its ready line", line);
       } else {
-        String key = info.get(READY_SSL_KEY);
+        String key = info.get(Protocol.READY_SSL_KEY);
         if (key != null) {
           redactor.learn(key); // before anything could log it
         }
@@ -216,15 +201,15 @@ final class Sidecar {
       }
       return;
     }
-    if (line.startsWith(PluginMetrics.PREFIX + " ")) {
+    if (line.startsWith(Protocol.METRICS + " ")) {
       java.util.function.Predicate<String> sink = metrics;
       if (sink == null || !sink.test(line)) {
         refuse("a malformed metrics line, or one it may not give", line);
       }
       return;
     }
-    Command command = Command.parse(line);
-    Consumer<Command> handler = commands;
+    Protocol.Command command = Protocol.parseCommand(line);
+    Consumer<Protocol.Command> handler = commands;
     if (command == null) {
       refuse("a line that is not a known command", line);
     } else if (handler == null) {
@@ -246,7 +231,7 @@ final class Sidecar {
             + what
             + " on its protocol channel; ignored: "
             + redactor.excerpt(
-                READY_KEY_VALUE.matcher(line).replaceAll(READY_SSL_KEY + "=<redacted>"), 120));
+                READY_KEY_VALUE.matcher(line).replaceAll(Protocol.READY_SSL_KEY + "=<redacted>"), 120));
   }
 
   private synchronized void remember(String line) {
@@ -260,43 +245,16 @@ final class Sidecar {
     return tail.isEmpty() ? "" : "; its last output:\n  " + String.join("\n  ", tail);
   }
 
-  /**
-   * {@code ARROWBEAT-READY k=v ...}: at most 16 fields, keys {@code [a-z_]}, values visible ASCII
-   * without spaces, each bounded; null for anything else.
-   */
-  static Map<String, String> parseReady(String line) {
-    if (!line.startsWith(READY + " ")) {
-      return null;
-    }
-    String[] parts = line.substring(READY.length() + 1).split(" ", -1);
-    if (parts.length > MAX_READY_FIELDS) {
-      return null;
-    }
-    Map<String, String> info = new HashMap<>();
-    for (String part : parts) {
-      int eq = part.indexOf('=');
-      String key = eq <= 0 ? "" : part.substring(0, eq);
-      boolean base64 = READY_SSL_CERT.equals(key) || READY_SSL_KEY.equals(key);
-      if (eq <= 0
-          || !READY_KEY.matcher(key).matches()
-          || !(base64 ? READY_BASE64 : READY_VALUE).matcher(part.substring(eq + 1)).matches()) {
-        return null;
-      }
-      info.put(part.substring(0, eq), part.substring(eq + 1));
-    }
-    return info;
-  }
-
   /** Runs (on the protocol thread) when a child that had been ready exits without being stopped. */
   void onUnexpectedExit(Runnable handler) {
     onUnexpectedExit = handler;
   }
 
   /**
-   * Valid {@link Command}s from the child go to {@code handler}; without one (the agents), every
+   * Valid {@link Protocol.Command}s from the child go to {@code handler}; without one (the agents), every
    * command is refused.
    */
-  void onCommand(Consumer<Command> handler) {
+  void onCommand(Consumer<Protocol.Command> handler) {
     commands = handler;
   }
 
@@ -321,7 +279,7 @@ final class Sidecar {
             () -> {
               try {
                 while (!stopping && process.isAlive()) {
-                  String pulse = "p " + runningTasks.getAsInt() + "\n";
+                  String pulse = Protocol.pulse(runningTasks.getAsInt()) + "\n";
                   synchronized (stdin) {
                     stdin.write(pulse.getBytes(StandardCharsets.UTF_8));
                     stdin.flush();
@@ -356,7 +314,7 @@ final class Sidecar {
     if (pulser != null) {
       pulser.interrupt();
     }
-    send("stop"); // An orderly stop; EOF without it tells the child that its JVM died.
+    send(Protocol.STOP); // An orderly stop; EOF without it tells the child that its JVM died.
     try {
       stdin.close();
     } catch (IOException e) {

@@ -4,6 +4,8 @@ import java.lang.management.GarbageCollectorMXBean;
 import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadInfo;
 import java.lang.management.ThreadMXBean;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import org.apache.spark.TaskContext;
@@ -13,16 +15,11 @@ import org.apache.spark.TaskContext;
  *
  * <p>Each task is tracked from {@code onTaskStart} to its end on the task's own thread (Spark calls
  * the plugin's task hooks on it), so the CPU time of that thread tells whether the JVM side of the
- * task advances. Once per pulse the agent gets one line:
- *
- * <pre>tasks &lt;gc count&gt; &lt;gc ms&gt; &lt;process cpu ms&gt; &lt;jvm clock ms&gt; [&lt;task&gt;:&lt;stage&gt;:&lt;stage attempt&gt;:&lt;partition&gt;:&lt;attempt&gt;:&lt;thread cpu ms&gt;:&lt;running ms&gt; ...]</pre>
- *
- * <p>The GC and CPU totals let the agent say what a gap between two lines was: the collectors'
- * pause time covering it (a GC pause), nothing at all (the whole process stopped), or neither. The
- * JVM's own monotonic clock dates each line, so a gap is one in the JVM's lines, not a delay of
- * the agent reading them. Only pausing collectors count: a concurrent one's cycles ("ZGC Cycles",
- * "G1 Concurrent GC") run beside the application and stop nothing. A stack
- * of a task's thread is taken only when the agent asks for one ({@code jstack <task>}).
+ * task advances. Once per pulse the agent gets one {@link Protocol#tasks} line: the process's CPU
+ * time, the JVM's own monotonic clock (so a gap is one in the JVM's lines, not a delay of the agent
+ * reading them), every garbage collector's totals (which of them pause the application is the
+ * agent's judgement) and each running task's figures. A stack of a task's thread is taken only
+ * when the agent asks for one ({@code jstack <task>}).
  */
 final class TaskWatch {
   /** Most tasks one line describes: far above any executor's cores. */
@@ -73,48 +70,24 @@ final class TaskWatch {
 
   /** The {@code tasks ...} line (no newline). */
   String line() {
-    long gcCount = 0;
-    long gcMs = 0;
+    List<Protocol.Collector> collectors = new ArrayList<>();
     for (GarbageCollectorMXBean gc : ManagementFactory.getGarbageCollectorMXBeans()) {
-      String name = gc.getName();
-      if (name.contains("Cycles") || name.contains("Concurrent")) {
-        continue;
-      }
-      gcCount += Math.max(0, gc.getCollectionCount());
-      gcMs += Math.max(0, gc.getCollectionTime());
+      long count = Math.max(0, gc.getCollectionCount());
+      collectors.add(new Protocol.Collector(gc.getName(), count, Math.max(0, gc.getCollectionTime())));
     }
-    StringBuilder line =
-        new StringBuilder("tasks ")
-            .append(gcCount)
-            .append(' ')
-            .append(gcMs)
-            .append(' ')
-            .append(processCpuMs())
-            .append(' ');
     long now = System.nanoTime();
-    line.append(now / 1_000_000);
-    int listed = 0;
+    List<Protocol.TaskFigures> tasks = new ArrayList<>();
     for (Running task : byThread.values()) {
-      if (listed++ >= MAX_TASKS) {
+      if (tasks.size() >= MAX_TASKS) {
         break;
       }
       long cpuNs = threadCpuNs(task.threadId());
-      line.append(' ')
-          .append(task.taskId())
-          .append(':')
-          .append(task.stage())
-          .append(':')
-          .append(task.stageAttempt())
-          .append(':')
-          .append(task.partition())
-          .append(':')
-          .append(task.attempt())
-          .append(':')
-          .append(cpuNs < 0 ? -1 : cpuNs / 1_000_000)
-          .append(':')
-          .append((now - task.startNanos()) / 1_000_000);
+      tasks.add(
+          new Protocol.TaskFigures(
+              task.taskId(), task.stage(), task.stageAttempt(), task.partition(), task.attempt(),
+              cpuNs < 0 ? -1 : cpuNs / 1_000_000, (now - task.startNanos()) / 1_000_000));
     }
-    return line.toString();
+    return Protocol.tasks(processCpuMs(), now / 1_000_000, collectors, tasks);
   }
 
   /** The stack of task {@code taskId}'s thread, or null if that task is not running here. */

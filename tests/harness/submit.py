@@ -13,7 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.procs import APP_MARKER, end, ours
+from tests.harness.procs import APP_MARKER, end, ours
+from tests.harness.session import DELTA_SNAPSHOT_PARTITIONS
 
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 
@@ -38,7 +39,8 @@ def printed_flags() -> list[str]:
 
 
 class SubmittedApp:
-    """One spark-submit process; its stdout is read line by line on a thread."""
+    """One spark-submit process; its stdout is read line by line on a thread. ``env`` adds to
+    this process's environment (e.g. ``SPARK_CONF_DIR``)."""
 
     def __init__(
         self,
@@ -48,6 +50,7 @@ class SubmittedApp:
         conf: dict[str, str] | None = None,
         args: list[str] | None = None,
         main_class: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.marker = uuid.uuid4().hex
         self.log_path = scratch / f"spark-submit-{self.marker[:8]}.log"
@@ -57,6 +60,7 @@ class SubmittedApp:
             "spark.ui.enabled": "false",
             "spark.sql.warehouse.dir": str(scratch / "warehouse"),
             "spark.driver.extraJavaOptions": f"-Dderby.system.home={scratch / 'derby'}",
+            DELTA_SNAPSHOT_PARTITIONS[0]: DELTA_SNAPSHOT_PARTITIONS[1],
         }
         base.update(conf or {})
         command = [SPARK_SUBMIT, "--master", master, *printed_flags()]
@@ -65,10 +69,15 @@ class SubmittedApp:
         if main_class:  # ``app`` is then a jar (standalone cluster mode takes no .py file)
             command += ["--class", main_class]
         command += [str(app), *(args or [])]
-        env = dict(os.environ, **{APP_MARKER: self.marker})
+        process_env = {**os.environ, **(env or {}), APP_MARKER: self.marker}
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env, text=True
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=process_env,
+            text=True,
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()

@@ -21,9 +21,10 @@ import pytest
 from arrow_shuffle import InputGate, NetworkBufferPool, RemoteChannelSpec, ShuffleConfig, ShuffleError
 from arrow_shuffle.ids import PartitionId
 from heartbeat.clock import ManualClock
-from spark_plugin.shuffle.agent_service import MapOutputService, note_read
+from spark_plugin.shuffle.agent_layout import note_read
+from spark_plugin.shuffle.agent_service import MapOutputService
 from spark_plugin.shuffle.map_output import MapOutputWriter
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 SECRET = "agent-buffers-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64()), ("x", pa.float64())])

@@ -12,12 +12,16 @@ variants:
   namespaces; ``private_tmp_unavailable()`` says why not, for a skip.
 
 ``SPARK_LOCAL_DIRS`` is unset for the Workers, so each falls back to its own temp dir, as an
-unconfigured host does. Everything inherits the test-run marker (``tests.procs.MARKER``); the
+unconfigured host does. Everything inherits the test-run marker (``tests.harness.procs.MARKER``); the
 cluster ends every process it started (Master, Workers and everything under them) by pid.
 
-    with StandaloneCluster.start(scratch / "cluster") as cluster:
-        spark = build_session(cluster.master_url, ...)
-        cluster.freeze(cluster.workers[0])  # SIGSTOP the whole host
+The one set-up of a client-mode application on it (``standalone_app``: the cluster, a session
+whose driver runs here, both executors up) serves ``tests/spark/test_standalone.py`` and
+``benchmarks/cluster_faults.py``, with the adaptive ``group_apply`` job both run (``keyed_source``,
+``summary``)::
+
+    with standalone_app(scratch / "cluster", scratch, "name", conf) as app:
+        app.cluster.freeze(app.cluster.workers[0])  # SIGSTOP the whole host
 """
 
 from __future__ import annotations
@@ -32,13 +36,18 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import psutil
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
 
-from tests.procs import end, wait_until
+from tests.harness.procs import end, wait_until
+from tests.harness.session import build_session, stop_session
 
 SPARK_CLASS = str(Path(sys.executable).parent / "spark-class")
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -266,6 +275,14 @@ class StandaloneCluster:
                     found.append(proc)
         return found
 
+    def executor_id(self, worker: Worker) -> str:
+        """The id of the one executor this Worker runs (``--executor-id N`` in its command line)."""
+        jvms = self.executors_of(worker)
+        if len(jvms) != 1:
+            raise AssertionError(f"{worker.name} runs {len(jvms)} executors, not one: {jvms}")
+        args = jvms[0].cmdline()
+        return args[args.index("--executor-id") + 1]
+
     def _signal_host(self, worker: Worker, action: str) -> list[psutil.Process]:
         """Applies ``action`` to the whole host until no new process appears under it (one may
         fork while the others are being stopped)."""
@@ -313,6 +330,74 @@ class StandaloneCluster:
             if popen is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     popen.wait(timeout=10)
+
+
+@dataclass
+class StandaloneApp:
+    """A client-mode application on a running cluster: its session and its history tables."""
+
+    cluster: StandaloneCluster
+    spark: SparkSession
+    tables: Path
+
+
+def spark_executors(spark: SparkSession) -> int:
+    """How many executors Spark's driver has (the driver itself not counted)."""
+    return int(spark.sparkContext._jsc.sc().getExecutorIds().size())
+
+
+@contextlib.contextmanager
+def standalone_app(
+    root: Path,
+    scratch: Path,
+    name: str,
+    conf: dict[str, str],
+    ready: Callable[[StandaloneApp], object] | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+) -> Iterator[StandaloneApp]:
+    """A cluster under ``root`` and a session on it (driver here, client mode) with ``conf`` and
+    its history tables in ``root / "tables"``, yielded once ``ready`` holds (by default: Spark has
+    both executors); the session and then the cluster are ended on the way out."""
+    tables = root / "tables"
+    with StandaloneCluster.start(root) as cluster:
+        spark = build_session(
+            cluster.master_url, scratch, name, conf={**conf, "spark.arrowbeat.tables.path": str(tables)}
+        )
+        try:
+            app = StandaloneApp(cluster, spark, tables)
+            check = ready or (lambda a: spark_executors(a.spark) == len(a.cluster.workers))
+            if not wait_until(lambda: check(app), timeout_s, interval_s=0.2):
+                raise AssertionError(f"{name} not ready within {timeout_s:g}s on {cluster.master_url}")
+            yield app
+        finally:
+            stop_session(spark)
+
+
+# -- the job the standalone tests and benchmark shuffle ---------------------------------------------
+SUMMARY = "k bigint, n bigint, sx double"
+
+
+def keyed_source(spark: SparkSession, rows: int, keys: int) -> DataFrame:
+    """``rows`` rows in four partitions: ``id``, a key ``k`` of ``keys`` values, a value ``x``."""
+    return spark.range(0, rows, numPartitions=4).selectExpr(
+        "id", f"pmod(hash(id), {keys}) AS k", "cast(id % 1000 AS double) AS x"
+    )
+
+
+def summary(table: pa.Table) -> pa.Table:
+    """One key's rows -> its key, row count and sum of ``x`` (schema ``SUMMARY``)."""
+    return pa.table(
+        {
+            "k": pa.array([table.column("k")[0].as_py()], pa.int64()),
+            "n": pa.array([table.num_rows], pa.int64()),
+            "sx": pa.array([pc.sum(table.column("x")).as_py()], pa.float64()),
+        }
+    )
+
+
+def spark_summary(df: DataFrame) -> dict[int, tuple[int, float]]:
+    """``summary`` per key through Spark's own shuffle: what an Arrow shuffle must equal."""
+    return {r.k: (r.n, r.sx) for r in df.groupBy("k").applyInArrow(summary, SUMMARY).collect()}
 
 
 def shared_top(path: Path) -> Path:

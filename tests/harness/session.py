@@ -10,6 +10,10 @@ from pyspark.sql import SparkSession
 
 from spark_plugin import configure
 
+DELTA_SNAPSHOT_PARTITIONS = ("spark.databricks.delta.snapshotPartitions", "2")
+"""Delta rebuilds a table's state in 50 partitions by default: 50 tasks per read of a history
+table, each small, which on a 2-core test machine costs tens of seconds per streaming query."""
+
 
 def build_session(
     master: str, scratch: Path, name: str, conf: dict[str, str] | None = None, delta: bool = True
@@ -27,6 +31,8 @@ def build_session(
         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch / 'derby'}")
     )
     builder = configure(builder, delta=delta)
+    if delta:
+        builder = builder.config(*DELTA_SNAPSHOT_PARTITIONS)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()  # type: ignore[no-any-return]

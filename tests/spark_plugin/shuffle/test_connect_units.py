@@ -25,7 +25,8 @@ from arrow_shuffle.private_files import write_private_atomic
 from spark_plugin.compat.connect import is_connect
 from spark_plugin.shuffle import session
 from spark_plugin.shuffle.agent_client import read_agent_file, secret_of
-from spark_plugin.shuffle.agent_service import MapOutputService, agent_file, app_dir
+from spark_plugin.shuffle.agent_layout import agent_file, app_dir
+from spark_plugin.shuffle.agent_service import MapOutputService
 from spark_plugin.shuffle.local_secret import SecretDesk, secret_from_agent
 from spark_plugin.shuffle.tasks import REPORT_COLUMNS, STATUS_SCHEMA, write_reports
 

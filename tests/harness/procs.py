@@ -1,8 +1,9 @@
 """Finding and ending the processes a test run started, and only those.
 
-Every process of the run inherits ``ARROWBEAT_TEST_RUN`` (set in ``tests/conftest.py``): Spark JVMs,
-executors launched by the local-cluster Worker, and arrowbeat's Python processes under them. That
-marker finds them even after they are re-parented to init, without touching anyone else's.
+Every process of the run inherits ``ARROWBEAT_TEST_RUN`` (set by ``tests.harness.env.prepare``):
+Spark JVMs, executors launched by the local-cluster Worker, and arrowbeat's Python processes under
+them. That marker finds them even after they are re-parented to init, without touching anyone
+else's; ``ARROWBEAT_TEST_APP`` narrows it to one spark-submit application.
 """
 
 from __future__ import annotations
@@ -38,6 +39,17 @@ def ours(role: str = "", app: str | None = None) -> list[psutil.Process]:
                 found.append(proc)
         except psutil.Error:
             continue
+    return found
+
+
+def executor_jvms(app: str | None = None) -> dict[str, psutil.Process]:
+    """Executor id -> executor JVM (of one app, if given), from their command lines
+    (``CoarseGrainedExecutorBackend ... --executor-id N``): the processes a test freezes or kills."""
+    found = {}
+    for proc in ours("CoarseGrainedExecutorBackend", app):
+        with contextlib.suppress(psutil.Error, ValueError, IndexError):
+            args = proc.cmdline()
+            found[args[args.index("--executor-id") + 1]] = proc
     return found
 
 

@@ -41,7 +41,7 @@ from spark_plugin.shuffle.tasks import (
     read_partitions,
     reads_from_disk,
 )
-from tests.procs import wait_until
+from tests.harness.procs import wait_until
 
 SECRET = "unit-test-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string()), ("x", pa.float64())])

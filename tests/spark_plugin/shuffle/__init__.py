@@ -1,0 +1,1 @@
+"""``spark_plugin.shuffle`` without Spark: map-output files, agents, reads, settings."""
