@@ -5,7 +5,6 @@ apart from the others, and a probe left waiting is closed (its ``finally`` runs)
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any, cast
@@ -121,19 +120,21 @@ def test_probes_are_found_by_scenario_once_each() -> None:
 
 def test_a_step_runs_while_the_run_waits(tmp_path: Path) -> None:
     """``alongside`` (the run's own wait) overlaps the probes' steps rather than preceding them."""
-    started: list[float] = []
+    stepped = threading.Event()
 
     class Stamps(Probe):
         def watch(self, run: FrozenRun) -> Generator[Phase, None, None]:
             yield Phase.FROZEN
-            started.append(time.monotonic())
+            stepped.set()
 
     probe = Stamps()
     driver = _Driver(a_run(tmp_path), [probe], THAW_PHASES)
     driver.phase(Phase.READY)
-    before = time.monotonic()
-    driver.phase(Phase.FROZEN, alongside=lambda: time.sleep(0.5))
-    assert started and started[0] - before < 0.4
+    # The run's own step waits for the probe's: it sees it only if the two overlap (were the
+    # probe's step run after ``alongside``, the wait would end at its deadline, unseen).
+    seen: list[bool] = []
+    driver.phase(Phase.FROZEN, alongside=lambda: seen.append(stepped.wait(30)))
+    assert seen == [True]
 
 
 def test_start_runs_before_ready_and_stop_always_runs(tmp_path: Path) -> None:
