@@ -198,9 +198,11 @@ class PartitionServer:
             log.info("shuffle stream refused: %s", exc)
             self._send_error(conn, _located(exc, where))
         except ShuffleError as exc:
-            log.info("shuffle stream ended: %s", _located(exc, where))
+            if sender is None or not sender.completed:  # after END the reader hangs up: no news
+                log.info("shuffle stream ended: %s", _located(exc, where))
         finally:
             if sender is not None:
+                sender.hung_up.set()
                 sender.stop()
                 if not sender.completed:  # the consumer went away mid-stream: fail the producer fast
                     sender.subpartition.release()

@@ -91,6 +91,8 @@ class RemoteInputChannel:
         self._ended = False
         self._closed = False
         self._error: BaseException | None = None
+        self._credit_error: ShuffleError | None = None
+        """A credit announcement that failed: named in the receiver's error if one follows."""
         self._credit = UnannouncedCredit()
         self._conn: Connection | None = None
         self._thread: threading.Thread | None = None
@@ -150,6 +152,8 @@ class RemoteInputChannel:
                 if self._closed:
                     return
                 self._error = self._located(exc)
+                if self._credit_error is not None and self._error.__cause__ is None:
+                    self._error.__cause__ = self._credit_error
             self._on_data(self.index)
 
     def _located(self, exc: Exception) -> ShuffleError:
@@ -201,6 +205,8 @@ class RemoteInputChannel:
                 self._check_seq(header)
                 with self._lock:
                     self._ended = True
+                    self._conn = None  # nothing more to announce: hang up, so the server may close
+                conn.close()
                 self._on_data(self.index)
                 return
             elif header.kind is Kind.KEEPALIVE:
@@ -297,21 +303,24 @@ class RemoteInputChannel:
             self._add_credit(1)
 
     def _add_credit(self, n: int) -> None:
+        """Announce ``n`` more credits. A failed announcement is not this channel's verdict: the
+        peer may have sent END and hung up before it arrived (the receiver has yet to read END
+        from the socket). The receiver thread decides: it reads what the peer sent, END included,
+        and then fails on the closed connection only if END was not among it."""
         if n <= 0 or not self._credit.add(n):
             return
         credit = self._credit.take()
         with self._lock:  # in the ledger before it is sent: a buffer spending it cannot come earlier
             self._ledger.announce(credit)
-            conn = self._conn
+            conn = None if self._ended else self._conn
         if conn is None or credit == 0:  # the send is I/O: outside our lock
             return
         try:
             conn.send(Kind.ADD_CREDIT, value=credit)
         except ShuffleError as exc:
             with self._lock:
-                if self._error is None and not self._closed and not self._ended:
-                    self._error = exc
-            self._on_data(self.index)
+                if self._credit_error is None:
+                    self._credit_error = exc
 
     @property
     def credits_announced(self) -> int:

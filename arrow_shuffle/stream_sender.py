@@ -44,6 +44,8 @@ class StreamSender:
         self._signalled = False
         self._stopped = False
         self.completed = False
+        self.hung_up = threading.Event()
+        """Set when the stream's connection ended: the reader hung up (after END, or cancelled)."""
         self.buffers_sent = 0
         self.keepalives_sent = 0
         self.max_overdraft = 0  # max(sent - granted); > 0 would mean a buffer went out without credit

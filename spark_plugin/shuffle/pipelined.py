@@ -52,6 +52,10 @@ from spark_plugin.shuffle.tasks import (
 CONSUME_TIMEOUT_S = 120.0
 """Longest a finished map task waits for its reducers to drain it."""
 
+HANG_UP_GRACE_S = 10.0
+"""Longest a drained map task waits for its readers to hang up before it closes its server (a
+reader hangs up as soon as it reads END; past this it learns END from the stream anyway)."""
+
 
 def _host() -> str:
     """The address reducers reach this worker at: Spark's own choice (``SPARK_LOCAL_IP``) first."""
@@ -140,6 +144,7 @@ def _map(
             if clock.monotonic() > deadline:
                 raise ShuffleError(f"pipelined map partition {index}: reducers did not drain it in time")
             time.sleep(0.01)
+        _wait_for_hang_ups(server, clock)
         stats = partition.stats()
         report(
             {
@@ -161,6 +166,15 @@ def _map(
         server.close()
     return
     yield
+
+
+def _wait_for_hang_ups(server: PartitionServer, clock: Clock) -> None:
+    """Close only once every reader hung up after END (bounded): a credit a reader announces
+    while END is still in flight must find the connection open, not a reset."""
+    deadline = clock.monotonic() + HANG_UP_GRACE_S
+    for sender in server.senders():
+        if sender.completed:
+            sender.hung_up.wait(max(0.0, deadline - clock.monotonic()))
 
 
 def _reduce(

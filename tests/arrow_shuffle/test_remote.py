@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from typing import cast
 
 import pyarrow as pa
 import pytest
@@ -32,9 +33,10 @@ from arrow_shuffle import (
     ShuffleError,
 )
 from arrow_shuffle.codec import BufferBuilder
-from arrow_shuffle.frames import Kind
+from arrow_shuffle.frames import FrameHeader, Kind
 from arrow_shuffle.remote_channel import RemoteInputChannel
-from arrow_shuffle.transport import TcpConnection
+from arrow_shuffle.transport import Connection, Listener, TcpConnection, TcpTransport
+from heartbeat.clock import Clock
 from tests.harness.procs import wait_until
 
 from .conftest import APP, SCHEMA, SECRET, make_batch
@@ -349,6 +351,111 @@ def test_protocol_violations_fail_the_stream_with_typed_errors(
     assert not producer.is_alive()
     server.release(good_part.partition_id)
     assert pool.num_available == pool.num_segments
+
+
+class _LateReceiver:
+    """A client connection whose receiver reads nothing after ``hold_after`` buffers until
+    ``release`` is set (a receiver thread late to read END), and that records failed sends."""
+
+    def __init__(self, inner: Connection, hold_after: int) -> None:
+        self._inner = inner
+        self._hold_after = hold_after
+        self.buffers = 0
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.failed_sends: list[ShuffleError] = []
+
+    def recv_header(self, idle_ok: bool = False) -> FrameHeader | None:
+        if self.buffers == self._hold_after:
+            self.holding.set()
+            assert self.release.wait(10)
+        header = self._inner.recv_header(idle_ok)
+        if header is not None and header.kind is Kind.BUFFER:
+            self.buffers += 1
+        return header
+
+    def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None:
+        try:
+            self._inner.send(kind, payload, seq, value)
+        except ShuffleError as exc:
+            self.failed_sends.append(exc)
+            raise
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+class _LateTransport:
+    def __init__(self, hold_after: int) -> None:
+        self._hold_after = hold_after
+        self.conns: list[_LateReceiver] = []
+
+    def connect(
+        self, address: tuple[str, int], connect_timeout_s: float, read_timeout_s: float, clock: Clock
+    ) -> Connection:
+        conn = _LateReceiver(
+            TcpTransport().connect(address, connect_timeout_s, read_timeout_s, clock), self._hold_after
+        )
+        self.conns.append(conn)
+        return cast(Connection, conn)
+
+    def listen(self, host: str, port: int, read_timeout_s: float, clock: Clock) -> Listener:
+        raise NotImplementedError("client side only")
+
+
+def test_end_wins_over_a_credit_announcement_that_hit_the_closed_connection(
+    config: ShuffleConfig, pool: NetworkBufferPool
+) -> None:
+    """A server sends its last buffers and END and hangs up at once; the reader consumes those
+    buffers (each one a credit announcement, refused by the closed socket) before its receiver
+    reads END. The stream still ends normally with every row: the failed announcements do not
+    decide, END does (hole (a) of issue 24: the pipelined shuffle failed after all its rows)."""
+    sent = config.exclusive_buffers_per_channel
+    payload = _payload(config, pool)
+
+    def all_then_end(conn: TcpConnection, credit: int) -> None:
+        for seq in range(sent):
+            conn.send(Kind.BUFFER, payload, seq=seq, value=0)
+        conn.send(Kind.END_OF_PARTITION, seq=sent)
+
+    fake = FakeServer(SECRET.encode(), all_then_end, hang_up=True)
+    transport = _LateTransport(hold_after=sent)
+    spec = RemoteChannelSpec(fake.address, PartitionId(APP, 7, 0), 0)
+    try:
+        with InputGate([spec], SCHEMA, pool, config, SECRET, transport) as gate:
+            batches = iter(gate)
+            rows = [next(batches).num_rows for _ in range(sent)]  # all received before END is read
+            (conn,) = transport.conns
+            assert conn.holding.wait(5) and fake.hung_up.wait(5)
+            assert wait_until(lambda: bool(conn.failed_sends), 5)  # the announcement hit the reset
+            conn.release.set()
+            rows += [b.num_rows for b in batches]
+            assert gate.stats().channels_finished == 1
+        assert rows == [10] * sent
+        assert isinstance(conn.failed_sends[0], PeerLostError)
+    finally:
+        fake.close()
+    assert pool.num_available == pool.num_segments
+
+
+def test_a_reader_hangs_up_as_soon_as_it_reads_end(
+    config: ShuffleConfig, pool: NetworkBufferPool, server: PartitionServer
+) -> None:
+    """The server learns a stream is over from the reader's hang-up, before the reader's gate is
+    closed: a pipelined map task waits for that (bounded) before it closes its server."""
+    part = ResultPartition(PartitionId(APP, 8, 0), 1, SCHEMA, pool, config=config)
+    server.register(part)
+    producer = produce(part, 3000)
+    gate = InputGate([RemoteChannelSpec(server.address, part.partition_id, 0)], SCHEMA, pool, config, SECRET)
+    try:
+        assert gate.read_all().num_rows == 3000
+        (sender,) = server.senders()
+        assert sender.completed
+        assert sender.hung_up.wait(5)  # the gate is still open
+    finally:
+        gate.close()
+    producer.join(10)
+    server.release(part.partition_id)
 
 
 def test_releasing_a_partition_mid_stream_fails_its_readers_clearly(
