@@ -81,9 +81,10 @@ typecheck: setup-python
 unit: setup-python
 	$(PY) -m pytest -q -m 'not spark' tests
 
-# The whole suite on the primary cell, then the compatibility subset on every other cell.
+# The whole suite on the primary cell (its JVM-less half beside its Spark half: scripts/run_tests.py),
+# then the compatibility subset on every other cell.
 test: setup lint $(CACHE)/.chromium
-	$(PY) -m pytest -q -rs --durations=15 tests
+	$(PY) -m scripts.run_tests
 	@$(MAKE) --no-print-directory matrix
 
 # The version matrix's other cells (one venv each under .cache/venvs/, from locks/<cell>.txt), each
@@ -115,7 +116,7 @@ proto: $(VENV)/.installed
 # saves each one's output as .cache/bench/<name>.txt (only when it succeeds) and rewrites the
 # README's benchmark table from the RESULT lines saved there. They take long: minutes each, the
 # soak SOAK_MINUTES (default 10).
-BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark shuffle_matrix stuck_tasks cluster_faults
+BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark shuffle_matrix e2e_pandas stuck_tasks cluster_faults
 BENCH ?= $(BENCHES)
 SOAK_MINUTES ?= 10
 BENCH_DIR := $(CACHE)/bench

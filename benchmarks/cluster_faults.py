@@ -73,10 +73,9 @@ def freeze_round(cluster: StandaloneCluster, tables: Path, worker: Worker) -> fl
     try:
         must(lambda: event_ts(tables, executor, "HEARTBEAT_TIMEOUT", stopped_at), f"{worker.name} reported")
     finally:
-        cluster.thaw(worker)
+        thawed_at = cluster.thaw(worker)  # before the SIGCONT: a re-registration may follow at once
     detected = event_ts(tables, executor, "HEARTBEAT_TIMEOUT", stopped_at)
     assert detected is not None
-    thawed_at = time.time()
     must(
         lambda: event_ts(tables, executor, "REREGISTERED", thawed_at),
         f"{worker.name} back: {[(r['ts'], r['event'], r['detail']) for r in rows(tables, EVENTS)]}",

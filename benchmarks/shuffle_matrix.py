@@ -14,12 +14,17 @@ aggregations, so the shuffle is what is measured. Each cell prints both times, t
 (Spark / arrowbeat: above 1 means arrowbeat is faster) and both peak executor memories (the
 executors' process trees, sampled every 0.1 s).
 
+An ``auto`` column runs the same arrowbeat call with ``path="auto"`` (``spark_plugin.shuffle.route``:
+Spark's exchange below a measured input size, arrowbeat's above): its ratio is Spark / auto, and
+each input's size as the optimizer reports it (the cached relation's real size, the number the
+routing decides on) is printed beside it, so the crossover can be read off in bytes.
+
 Also, when Dask is installed (``pip install .[bench]``), a peer on the same data in the same run:
 Dask distributed's P2P shuffle (``groupby("k").apply(f, shuffle_method="p2p")`` on a
 ``LocalCluster`` of 2 workers x 1 thread), beside arrowbeat's ``group_apply`` of the largest
 uniform cell with default partitions: ``RESULT vs_dask_p2p=<dask / arrowbeat>``.
 
-    .venv/bin/python -m benchmarks.shuffle_matrix [--rows 400000,4000000,20000000] [--repeat 2]
+    .venv/bin/python -m benchmarks.shuffle_matrix [--rows 400000,4000000,20000000] [--repeat 2] [--no-auto]
 """
 
 from __future__ import annotations
@@ -90,9 +95,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="runs per side and cell; the best counts")
     parser.add_argument("--worker-mb", type=int, default=2048, help="M of local-cluster[2,1,M]")
     parser.add_argument("--no-dask", action="store_true", help="skip the Dask P2P peer")
+    parser.add_argument("--no-auto", action="store_true", help="skip the path='auto' column")
+    parser.add_argument("--ops", default="group,repart", help="comma-separated operations to run")
     args = parser.parse_args()
     sizes = [int(r) for r in args.rows.split(",")]
 
+    from spark_plugin.compat.plan_stats import plan_size
     from spark_plugin.shuffle import group_apply, partition_apply, release
 
     scratch = prepare()  # loopback, the venv's Python everywhere, the run marker
@@ -131,12 +139,18 @@ def main() -> None:
                     .cache()
                 )
                 df.count()
+                size = plan_size(df).bytes or 0  # the cached relation's real size, as routing sees it
+                print(f"input rows={rows:,} keys={keys}: {size:,} bytes (optimizer statistics)", flush=True)
                 for partitions in ("default", "8"):
                     n = None if partitions == "default" else 8
-                    for op in ("group", "repart"):
+                    for op in args.ops.split(","):
                         spark_step, arrow_step = _steps(df, op, n, group_apply, partition_apply, release)
                         arrow_s, arrow_mem = best(arrow_step, args.repeat)  # first: see shuffle_vs_spark
                         spark_s, spark_mem = best(spark_step, args.repeat)
+                        auto_s = None
+                        if not args.no_auto:
+                            _, auto_step = _steps(df, op, n, group_apply, partition_apply, release, "auto")
+                            auto_s, _ = best(auto_step, args.repeat)
                         cell = {
                             "rows": rows,
                             "keys": keys,
@@ -147,6 +161,8 @@ def main() -> None:
                             "ratio": spark_s / arrow_s,
                             "spark_mem": spark_mem,
                             "arrow_mem": arrow_mem,
+                            "bytes": size,
+                            "auto_ratio": None if auto_s is None else spark_s / auto_s,
                         }
                         cells.append(cell)
                         if keys == "uniform" and partitions == "default" and op == "group":
@@ -155,7 +171,12 @@ def main() -> None:
                             f"rows={rows:>10,} keys={keys:7s} partitions={partitions:7s} op={op:6s} "
                             f"spark {spark_s:7.2f} s  arrowbeat {arrow_s:7.2f} s  "
                             f"ratio {cell['ratio']:5.2f}  "
-                            f"peak MiB spark {spark_mem / 2**20:6.0f} arrowbeat {arrow_mem / 2**20:6.0f}",
+                            f"peak MiB spark {spark_mem / 2**20:6.0f} arrowbeat {arrow_mem / 2**20:6.0f}"
+                            + (
+                                ""
+                                if auto_s is None
+                                else f"  auto {auto_s:7.2f} s ratio {spark_s / auto_s:5.2f}"
+                            ),
                             flush=True,
                         )
                 df.unpersist()
@@ -192,21 +213,34 @@ def main() -> None:
     if big:
         print(f"RESULT min_20m_cell_ratio={min(big):.3f}")
     print(f"RESULT max_peak_mem_ratio={mem_ratio:.3f}")
+    autos = [c["auto_ratio"] for c in cells if c["auto_ratio"] is not None]
+    if autos:
+        print(f"RESULT worst_cell_ratio_auto={min(autos):.3f}")
+        print(f"RESULT median_cell_ratio_auto={statistics.median(autos):.3f}")
     if dask_ratio is not None:
         print(f"RESULT vs_dask_p2p={dask_ratio:.3f}")
 
 
 def _steps(
-    df: Any, op: str, n: int | None, group_apply: Any, partition_apply: Any, release: Any
+    df: Any,
+    op: str,
+    n: int | None,
+    group_apply: Any,
+    partition_apply: Any,
+    release: Any,
+    path: str | None = None,
 ) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """The Spark and the arrowbeat side of one cell; each arrowbeat run releases its shuffle."""
+    """The Spark and the arrowbeat side of one cell; each arrowbeat run releases its shuffle (a
+    call routed to Spark's path has none: ``release`` returns 0). ``path``: the routing argument
+    (None: the key's, arrowbeat's path by default)."""
+    routing = {} if path is None else {"path": path}
     if op == "group":
 
         def spark_step() -> Any:
             return df.groupBy("k").applyInArrow(summarize, SUMMARY).collect()
 
         def arrow_step() -> Any:
-            out = group_apply(df, ["k"], summarize, SUMMARY, num_partitions=n)
+            out = group_apply(df, ["k"], summarize, SUMMARY, num_partitions=n, **routing)
             try:
                 return out.collect()
             finally:
@@ -219,7 +253,7 @@ def _steps(
             return shuffled.mapInArrow(partial, PARTIAL).collect()
 
         def arrow_step() -> Any:
-            out = partition_apply(df, n, ["k"], partial, PARTIAL)
+            out = partition_apply(df, n, ["k"], partial, PARTIAL, **routing)
             try:
                 return out.collect()
             finally:

@@ -44,6 +44,7 @@ __all__ = [
 LAUNCHER_SOURCES = Path("launcher") / "src" / "main" / "java"
 JAR_IN_PACKAGE = Path("spark_plugin") / "jars" / "arrowbeat-launcher.jar"
 CLASSPATH_ENV = "ARROWBEAT_LAUNCHER_CLASSPATH"
+STARTUP_PTH = "arrowbeat.pth"
 
 
 class BuildPyWithLauncher(build_py):  # type: ignore[misc]  # setuptools ships no type hints
@@ -53,6 +54,8 @@ class BuildPyWithLauncher(build_py):  # type: ignore[misc]  # setuptools ships n
         super().run()
         if self.editable_mode:
             return
+        # site-packages' root: Python's ``site`` runs its line at start-up (_arrowbeat_startup.py)
+        self.copy_file(str(Path.cwd() / STARTUP_PTH), str(Path(self.build_lib) / STARTUP_PTH))
         target = Path(self.build_lib) / JAR_IN_PACKAGE
         compile_launcher(Path.cwd() / LAUNCHER_SOURCES, target)
         self.announce(f"compiled the arrowbeat launcher into {target}", level=2)

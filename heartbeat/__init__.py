@@ -29,6 +29,7 @@ from ._text import one_line
 from .agent_core import AgentCore, Registration
 from .clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
 from .errors import (
+    AgentFailedError,
     ClosedError,
     HeartbeatAuthenticationError,
     HeartbeatConfigError,
@@ -67,6 +68,7 @@ from .target import HeartbeatTarget
 __all__ = [
     "SYSTEM_CLOCK",
     "AgentCore",
+    "AgentFailedError",
     "AgentThread",
     "AsyncAgent",
     "Cancellable",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ._proto import heartbeat_pb2 as pb
-from ._text import MAX_METRIC_NAME_CHARS, check_text
+from ._text import MAX_METRIC_NAME_CHARS, MAX_REASON_CHARS, check_text, one_line
 from .errors import (
     HeartbeatProtocolError,
     MalformedMessageError,
@@ -113,6 +113,7 @@ def status_to_proto(info: ExecutorInfo) -> pb.ExecutorStatus:
         last_heartbeat=info.last_heartbeat or 0.0,
         last_rtt_ms=UNKNOWN if info.last_rtt_ms is None else info.last_rtt_ms,
         payload=payload_to_proto(info.payload) if info.payload is not None else None,
+        detail=info.detail,
     )
 
 
@@ -127,4 +128,5 @@ def status_from_proto(status: pb.ExecutorStatus) -> ExecutorInfo:
         last_rtt_ms=None if status.last_rtt_ms < 0 else status.last_rtt_ms,
         payload=payload_from_proto(status.payload) if status.HasField("payload") else None,
         pid=status.pid,
+        detail=one_line(status.detail, MAX_REASON_CHARS),
     )

@@ -41,6 +41,7 @@ from .agent_core import AgentCore, RegisterRequest, Registration, error_for_stat
 from .agent_session import AgentSession, status_name
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
+    AgentFailedError,
     ClosedError,
     HeartbeatAuthenticationError,
     HeartbeatError,
@@ -128,8 +129,9 @@ class AsyncAgent:
         return self.core.error
 
     async def run(self) -> None:
-        """Register, serve, re-register, until ``stop``, a non-retryable registration error, or a
-        newer registration of our executor id (the error is kept in ``error``)."""
+        """Register, serve, re-register, until ``stop``, a non-retryable registration error, a
+        newer registration of our executor id, or an unexpected failure (the error is kept in
+        ``error``; ``run`` itself returns)."""
         self._task = asyncio.current_task()
         try:
             while not self._stopping:
@@ -154,6 +156,10 @@ class AsyncAgent:
             pass
         except (RegistrationError, MalformedMessageError) as exc:
             self.core.give_up(exc)
+        except Exception as exc:  # never an unlogged end: the host must learn of it and exit
+            failed = AgentFailedError(f"unexpected {type(exc).__name__}: {one_line(str(exc))}")
+            failed.__cause__ = exc
+            self.core.give_up(failed)
         finally:
             self.core.end_session()
             self._done.set()

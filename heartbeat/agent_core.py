@@ -38,6 +38,7 @@ from ._auth import VERSION_MISMATCH
 from ._text import excerpt, one_line
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
+    AgentFailedError,
     HeartbeatAuthenticationError,
     HeartbeatConfigError,
     HeartbeatError,
@@ -225,7 +226,9 @@ class AgentCore:
     def give_up(self, error: HeartbeatError) -> None:
         """Keep the error that ended the agent (sticky, in ``error``) and say why in one line."""
         self.error = error
-        if isinstance(error, RegistrationReplacedError):
+        if isinstance(error, AgentFailedError):  # with the traceback of what failed
+            log.error("agent %s failed: %s", self.executor_id, error, exc_info=error.__cause__)
+        elif isinstance(error, RegistrationReplacedError):
             log.error("agent %s stops: %s", self.executor_id, error)
         elif isinstance(error, RegistrationError):
             log.error("agent %s gives up: %s", self.executor_id, error)

@@ -7,7 +7,8 @@ process's environment once read, so no child inherits it), never from argv (argv
 
 Prints ``READY <epoch> <instance_id>`` on the first registration and ``REGISTERED <epoch>
 <instance_id>`` on each later one; exits on SIGTERM/SIGINT after unregistering, or with status
-2 if registration gives up or a setting is invalid.
+2, the cause on stderr, if the agent ends any other way (a ``--retry-deadline`` passed, a newer
+agent registered its executor id, an unexpected failure) or a setting is invalid.
 
 Settings come from the command line only, never from a table of configuration keys. The RM
 announces its interval and timeout when the agent registers, and the agent watches the RM with
@@ -54,7 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--retry-min", type=float, default=0.05, help="min registration backoff, s")
     parser.add_argument("--retry-max", type=float, default=1.0, help="max registration backoff, s")
-    parser.add_argument("--retry-deadline", type=float, default=60.0, help="give up registering after, s")
+    parser.add_argument(
+        "--retry-deadline",
+        type=float,
+        default=None,
+        help="give up registering after, s (then exit with status 2); default: never give up",
+    )
     return parser.parse_args(argv)
 
 

@@ -3,7 +3,8 @@
 It is not Flink's TaskExecutor, only a thread-safe handle: ``start`` schedules the agent's
 ``run`` on the shared grpc.aio loop (``_io_loop``: one loop per process, see there why) and
 returns at once; ``wait_registered`` blocks the caller until the first registration (or until
-the agent gave up); ``stop`` unregisters and waits for the agent to end. The Spark executor
+the agent gave up); ``on_ended``/``wait_ended`` tell the host that the agent's ``run`` is over
+(given up: see ``error``); ``stop`` unregisters and waits for the agent to end. The Spark executor
 wiring and other code without an event loop use it; code on a loop uses ``AsyncAgent`` directly.
 """
 
@@ -100,6 +101,24 @@ class AgentThread:
         self._agent = submit(_make_agent(self._kwargs)).result()
         self._running = submit(self._agent.run())
         self._running.add_done_callback(lambda _: self._registered(None))
+
+    @property
+    def ended(self) -> bool:
+        """True once the agent's ``run`` is over: stopped, or given up (then see ``error``)."""
+        return self._running is not None and self._running.done()
+
+    def on_ended(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (on the loop's thread) once the agent's ``run`` is over, however it
+        ended: a process hosting the agent watches it with this, so that an agent that gave up
+        ends its process loudly instead of leaving it running unmonitored. Call after ``start``."""
+        if self._running is None:
+            raise ClosedError("the agent was not started")
+        self._running.add_done_callback(lambda _: callback())
+
+    def wait_ended(self, timeout_s: float) -> bool:
+        """True once the agent's ``run`` is over; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.ended, timeout_s)
 
     def wait_registered(self, timeout_s: float) -> bool:
         """True once registered; False on timeout or if the agent gave up (see ``error``)."""

@@ -5,6 +5,7 @@
     HeartbeatError
     ├── HeartbeatConfigError (also ValueError)  invalid interval/timeout/threshold/retry settings
     ├── ClosedError                             we stopped it; the call came after stop()
+    ├── AgentFailedError                        the agent's own code failed unexpectedly (final)
     ├── HeartbeatRpcError                       the peer is gone or the transport failed
     ├── RegistrationError                       an agent could not (or must no longer) register
     │   ├── RegistrationTimeoutError            retries ran past the policy's deadline
@@ -49,6 +50,12 @@ class HeartbeatConfigError(HeartbeatError, ValueError):
 
 class ClosedError(HeartbeatError):
     """The object was stopped by its owner; create a new one instead of reusing it."""
+
+
+class AgentFailedError(HeartbeatError):
+    """An unexpected exception ended the agent (a bug, or a broken environment): kept as the
+    agent's error with the original as ``__cause__``, so the process hosting it can end loudly
+    and be restarted instead of running on silently unmonitored."""
 
 
 class HeartbeatRpcError(HeartbeatError):

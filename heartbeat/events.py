@@ -44,6 +44,10 @@ class EventKind(enum.Enum):
     the detail names it and where it waits (``WorkProgress`` in the payload)."""
     TASK_RESUMED = "TASK_RESUMED"
     """A stuck unit of work progressed again or ended; the detail says which."""
+    MONITORING_GAP = "MONITORING_GAP"
+    """Not about one executor: the RM itself was down (dead or hung, then restarted) and nothing
+    was recorded between the event's ``ts`` and the end its detail gives; an interval without
+    history is a hole, never health. Written by the restarted RM's host process."""
 
 
 @dataclass(frozen=True, slots=True)

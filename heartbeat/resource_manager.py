@@ -14,6 +14,13 @@ agent registers for it in time it is reported and listed UNMONITORED instead of 
 missing, and a removal by the cluster manager is recorded as such (``cluster_removed``), so an
 executor let go on purpose does not read as a crash.
 
+Every executor the cluster manager runs is listed RUNNING, or UNMONITORED with the reason, never
+TIMEOUT (or UNREACHABLE, UNREGISTERED) for good: the executor's side reports an agent that exited
+(``agent_down``: UNMONITORED at once, with the exit and what its JVM does about it), and an
+executor whose registration ended by any other way gets the same grace as a new one (``expect``'s
+``within_s``: the driver gives the startup timeout plus the heartbeat timeout) to have an agent
+registered again, else it is reported UNMONITORED ("no agent registered again within ...").
+
 All methods are meant to run on one thread (the server's loop); a lock still guards the table
 so ``executors()`` can be read from any thread.
 """
@@ -74,6 +81,7 @@ class ExecutorInfo:
     last_rtt_ms: float | None
     payload: Payload | None
     pid: int = 0  # the agent process's pid as it registered; 0 if it did not say
+    detail: str = ""  # UNMONITORED: why the executor has no agent
 
 
 class _AgentTarget:
@@ -122,6 +130,7 @@ class _Expected:
     added_at: float  # wall clock
     timer: Cancellable | None = None
     unmonitored: bool = False
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -160,6 +169,9 @@ class ResourceManagerCore:
         """How often each id is in ``_ended``: an O(1) "still there?" (not a scan of 10,000)."""
         self._max_ended = max_ended
         self._expected: dict[str, _Expected] = {}
+        self._in_cluster: dict[str, float] = {}
+        """Executors the cluster manager runs (added, not removed), with the grace their agent
+        has to register (again) before the executor is reported UNMONITORED."""
         self._removed_on_purpose: dict[str, str] = {}
         self._cluster_gone: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Executors the cluster manager removed (ids are never reused), the last ``max_ended``:
@@ -283,7 +295,10 @@ class ResourceManagerCore:
         check_text("executor_id", executor_id)
         check_text("host", host, allow_empty=True)
         with self._lock:
-            if self._stopped or executor_id in self._registrations or executor_id in self._expected:
+            if self._stopped or executor_id in self._cluster_gone:
+                return
+            self._in_cluster[executor_id] = within_s
+            if self._has_agent(executor_id) or executor_id in self._expected:
                 return
             expected = _Expected(host, self._clock.time())
             self._expected[executor_id] = expected
@@ -299,10 +314,41 @@ class ResourceManagerCore:
         rather than after the ``expect`` bound (if no agent registered for it meanwhile)."""
         check_text("executor_id", executor_id)
         with self._lock:
-            if self._stopped or executor_id in self._registrations or executor_id in self._cluster_gone:
+            if self._stopped or self._has_agent(executor_id) or executor_id in self._cluster_gone:
                 return
             self._expected.setdefault(executor_id, _Expected("", self._clock.time()))
         self._unmonitored(executor_id, f"its agent did not start: {clean_reason(reason)}")
+
+    def agent_down(self, executor_id: str, pid: int, detail: str) -> None:
+        """The executor's side says its agent process ``pid`` exited (or could not be restarted):
+        UNMONITORED now with ``detail`` (each report again, the latest detail listed), its live
+        registration, if it is that agent's, ended without a timeout (nobody answers it any
+        more); a newer agent's registration is left alone (the report came late), as is an
+        executor the cluster manager removed. Its next registration ends the state."""
+        check_text("executor_id", executor_id)
+        detail = clean_reason(detail)
+        with self._lock:
+            if self._stopped or executor_id in self._cluster_gone:
+                return
+            registration = self._registrations.get(executor_id)
+            live = registration is not None and registration.state == "RUNNING"
+            if registration is not None and live and pid and registration.pid and registration.pid != pid:
+                return
+            if registration is not None and live:
+                registration.state = "AGENT_EXITED"
+                self._forget_old_ended(executor_id)
+            host = registration.host if registration is not None else ""
+            expected = self._expected.setdefault(executor_id, _Expected(host, self._clock.time()))
+            timer, expected.timer = expected.timer, None
+            expected.unmonitored = True
+            expected.detail = detail
+        if timer is not None:
+            timer.cancel()
+        instance_id = ""
+        if registration is not None and live:
+            self._sender.unmonitor_if(executor_id, registration.monitor)
+            instance_id = registration.instance_id
+        self._emit(EventKind.UNMONITORED, executor_id, expected.host, instance_id, detail)
 
     def cluster_removed(self, executor_id: str, kind: EventKind, detail: str) -> None:
         """The cluster manager removed ``executor_id``: recorded as ``kind`` (``SPARK_REMOVED`` when
@@ -315,6 +361,7 @@ class ResourceManagerCore:
         detail = clean_reason(detail)
         with self._lock:
             expected = self._expected.pop(executor_id, None)
+            self._in_cluster.pop(executor_id, None)
             registration = self._registrations.get(executor_id)
             self._cluster_gone[executor_id] = None
             while len(self._cluster_gone) > self._max_ended:
@@ -331,9 +378,10 @@ class ResourceManagerCore:
     def _unmonitored(self, executor_id: str, detail: str) -> None:
         with self._lock:
             expected = self._expected.get(executor_id)
-            if expected is None or expected.unmonitored or executor_id in self._registrations:
+            if expected is None or expected.unmonitored or self._has_agent(executor_id):
                 return
             expected.unmonitored = True
+            expected.detail = detail
             timer, expected.timer = expected.timer, None
         if timer is not None:
             timer.cancel()
@@ -375,9 +423,18 @@ class ResourceManagerCore:
 
     def executors(self) -> list[ExecutorInfo]:
         """Every registration (live or ended), then every executor the cluster manager runs
-        without an agent (state ``UNMONITORED``, no instance; ``registered_at`` is when the
-        cluster manager started it)."""
+        without an agent (state ``UNMONITORED``, no instance, ``detail`` the reason;
+        ``registered_at`` is when it was found without one), which replaces its ended
+        registration in the list."""
         with self._lock:
+            unmonitored = [
+                ExecutorInfo(
+                    executor_id, e.host, "", "UNMONITORED", e.added_at, None, None, None, 0, e.detail
+                )
+                for executor_id, e in self._expected.items()
+                if e.unmonitored
+            ]
+            shown = {info.executor_id for info in unmonitored}  # its ended registration is history
             registered = [
                 ExecutorInfo(
                     r.executor_id,
@@ -391,11 +448,7 @@ class ResourceManagerCore:
                     r.pid,
                 )
                 for r in self._registrations.values()
-            ]
-            unmonitored = [
-                ExecutorInfo(executor_id, e.host, "", "UNMONITORED", e.added_at, None, None, None)
-                for executor_id, e in self._expected.items()
-                if e.unmonitored
+                if r.executor_id not in shown
             ]
         return registered + unmonitored
 
@@ -440,6 +493,29 @@ class ResourceManagerCore:
         if close is not None:
             registration.target.link.close(*close)
         self._emit(kind, registration.executor_id, registration.host, registration.instance_id, detail)
+        self._await_agent(registration.executor_id, registration.host, f"{kind.value} ({detail})")
+
+    def _await_agent(self, executor_id: str, host: str, after: str) -> None:
+        """An executor the cluster manager still runs lost its registration: it has the grace of
+        a new executor to get an agent registered again, else it is UNMONITORED (never left
+        TIMEOUT for good)."""
+        with self._lock:
+            grace = self._in_cluster.get(executor_id)
+            if self._stopped or grace is None or executor_id in self._expected:
+                return
+            expected = _Expected(host, self._clock.time())
+            self._expected[executor_id] = expected
+        expected.timer = self._scheduler.schedule(
+            grace,
+            lambda: self._unmonitored(
+                executor_id, f"no agent registered again within {grace:g} s after {after}"
+            ),
+        )
+
+    def _has_agent(self, executor_id: str) -> bool:
+        """Whether a live (RUNNING) registration serves ``executor_id``; call under the lock."""
+        registration = self._registrations.get(executor_id)
+        return registration is not None and registration.state == "RUNNING"
 
     def _forget_old_ended(self, executor_id: str) -> None:
         """Keep at most ``max_ended`` ended entries in the table so executor churn cannot grow it.

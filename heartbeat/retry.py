@@ -2,7 +2,11 @@
 
 Delays grow exponentially from ``min_delay_s`` up to ``max_delay_s`` with "full jitter" (each
 delay drawn uniformly from [(1 - jitter) * d, d]) so many agents restarting together do not
-retry in lockstep. Past ``deadline_s`` the loop raises ``RegistrationTimeoutError``.
+retry in lockstep. By default the loop never gives up (``deadline_s=None``): an agent that
+stopped trying would leave its executor silently unmonitored while the RM is down, frozen or
+restarting, however long that lasts, so it keeps trying at the capped delay. A caller that keeps a
+deadline gets ``RegistrationTimeoutError`` past it and must end loudly (Flink's TaskExecutor exits
+when ``taskmanager.registration.timeout`` passes).
 
 A failed proof of the secret and a version refusal are retried by default: before the RM has
 proved itself, the agent cannot tell them from a process squatting the RM's port (e.g. in the
@@ -38,13 +42,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Bounded exponential backoff; ``retry_on`` lists the errors worth another attempt."""
+    """Capped exponential backoff; ``retry_on`` lists the errors worth another attempt.
+
+    ``deadline_s=None`` (the default) retries for as long as the caller lives."""
 
     min_delay_s: float = 0.1
     max_delay_s: float = 5.0
     multiplier: float = 2.0
     jitter: float = 0.5
-    deadline_s: float = 60.0
+    deadline_s: float | None = None
     attempt_timeout_s: float = 5.0
     retry_on: tuple[type[BaseException], ...] = field(
         default=(
@@ -64,16 +70,23 @@ class RetryPolicy:
             ("max_delay_s", self.max_delay_s, self.max_delay_s >= self.min_delay_s, ">= min_delay_s"),
             ("multiplier", self.multiplier, self.multiplier >= 1, ">= 1"),
             ("jitter", self.jitter, 0 <= self.jitter <= 1, "in [0, 1]"),
-            ("deadline_s", self.deadline_s, self.deadline_s > 0, "> 0"),
             ("attempt_timeout_s", self.attempt_timeout_s, self.attempt_timeout_s > 0, "> 0"),
         ]
+        if self.deadline_s is not None:
+            checks.append(
+                ("deadline_s", self.deadline_s, self.deadline_s > 0, "> 0, or None for no deadline")
+            )
         for name, value, ok, allowed in checks:
             if not (ok and math.isfinite(value)):
                 raise HeartbeatConfigError(f"RetryPolicy.{name}", value, allowed)
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Backoff before attempt ``attempt + 1`` (``attempt`` counts from 1)."""
-        base = min(self.max_delay_s, self.min_delay_s * self.multiplier ** max(0, attempt - 1))
+        try:
+            grown = self.min_delay_s * self.multiplier ** max(0, attempt - 1)
+        except OverflowError:  # a registration retried for hours: long at the cap
+            grown = math.inf
+        base = min(self.max_delay_s, grown)
         draw = (rng or random).random()
         return base * (1.0 - self.jitter * draw)
 
@@ -89,16 +102,20 @@ async def retry_until_deadline(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     rng: random.Random | None = None,
 ) -> T:
-    """Run ``attempt(timeout_s)`` until it succeeds, a non-retryable error escapes, or time is up.
+    """Run ``attempt(timeout_s)`` until it succeeds, a non-retryable error escapes, or the policy's
+    deadline (if it has one) passes.
 
     ``clock`` and ``sleep`` are injected so tests run the whole schedule without real waiting.
     """
     start = clock.monotonic()
+    deadline = policy.deadline_s
     last_error: BaseException | None = None
-    for number in range(1, 1_000_000):
-        remaining = policy.deadline_s - (clock.monotonic() - start)
-        if remaining <= 0:
-            raise RegistrationTimeoutError(address, policy.deadline_s, number - 1, last_error)
+    number = 0
+    while True:
+        number += 1
+        remaining = math.inf if deadline is None else deadline - (clock.monotonic() - start)
+        if deadline is not None and remaining <= 0:
+            raise RegistrationTimeoutError(address, deadline, number - 1, last_error)
         timeout_s = min(policy.attempt_timeout_s, remaining)
         try:
             return await attempt(timeout_s)
@@ -110,8 +127,7 @@ async def retry_until_deadline(
             if not (cut_short and last_error is not None):
                 last_error = exc
             log.debug("registration attempt %d with %s failed: %r", number, address, exc)
-        remaining = policy.deadline_s - (clock.monotonic() - start)
-        if remaining <= 0:
-            raise RegistrationTimeoutError(address, policy.deadline_s, number, last_error)
+        remaining = math.inf if deadline is None else deadline - (clock.monotonic() - start)
+        if deadline is not None and remaining <= 0:
+            raise RegistrationTimeoutError(address, deadline, number, last_error)
         await sleep(min(policy.delay(number, rng), remaining))
-    raise RegistrationTimeoutError(address, policy.deadline_s, number, last_error)  # pragma: no cover

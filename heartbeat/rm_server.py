@@ -211,9 +211,27 @@ class ResourceManagerServer:
         """``executor_id``'s agent could not start; see ``ResourceManagerCore.agent_not_started``."""
         self._on_loop("an agent's failed start", lambda core: core.agent_not_started(executor_id, reason))
 
+    def agent_down(self, executor_id: str, pid: int, detail: str) -> None:
+        """``executor_id``'s agent process ``pid`` exited; see ``ResourceManagerCore.agent_down``."""
+        self._on_loop("an agent's exit", lambda core: core.agent_down(executor_id, pid, detail))
+
     def executor_removed(self, executor_id: str, kind: EventKind, detail: str) -> None:
         """The cluster manager removed ``executor_id``; see ``ResourceManagerCore.cluster_removed``."""
         self._on_loop("an executor removal", lambda core: core.cluster_removed(executor_id, kind, detail))
+
+    def when_serving(self, callback: Callable[[], None]) -> None:
+        """Runs ``callback`` from the RM's serving loop, soon, without waiting: a liveness probe.
+        A wedged loop never runs it, so an answer sent from it proves that the RM serves (the
+        driver-side process answers the JVM's pulses this way). A failure is logged."""
+
+        async def run() -> None:
+            callback()
+
+        def done(future: Future[None]) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                log.warning("a liveness probe of the RM failed: %s", one_line(repr(future.exception())))
+
+        submit(run()).add_done_callback(done)
 
     def _on_loop(self, what: str, apply: Callable[[ResourceManagerCore], None]) -> None:
         """Runs ``apply`` on the core from the loop, without waiting; a failure is logged."""

@@ -36,6 +36,9 @@ BENCHMARKS: dict[str, str] = {
     "shuffle_matrix": "arrowbeat vs Spark on everyday settings: rows x partitions (default 200 + AQE, "
     "8) x keys (uniform, 60% hot) x {groupBy.applyInArrow, repartition.mapInArrow}, every cell; "
     "Dask P2P as a peer (ratios: other / arrowbeat)",
+    "e2e_pandas": "a pandas user's job end to end (Parquet in, a pandas function computing several "
+    "statistics per key over 20,000 keys, Parquet out, 4 M rows): Spark `applyInPandas`, arrowbeat "
+    "`group_by(...).applyInPandas`, Dask P2P `groupby().apply` (ratios: other / arrowbeat)",
     "stuck_tasks": "hung UDFs beside CPU-bound ones, GC pauses under and over the heartbeat timeout, "
     "SIGSTOPs: stuck-task detection, false positives, gaps told apart",
     "cluster_faults": "a standalone cluster, two Workers as hosts: a whole host frozen (arrowbeat 1 s / 5 s) "

@@ -26,6 +26,8 @@ from tests.installed import ROOT, Installed, spark_lock
 pytestmark = [pytest.mark.slow, pytest.mark.spark]  # builds a wheel (javac) and runs spark-submit
 
 PRODUCT = {"heartbeat", "arrow_shuffle", "spark_plugin"}
+STARTUP = {"_arrowbeat_startup.py", "arrowbeat.pth"}
+"""The start-up line that installs the grouped-map hook (``spark.arrowbeat.shuffle.groupedMap``)."""
 JAR = "spark_plugin/jars/arrowbeat-launcher.jar"
 JAVA_17_CLASS_VERSION = 61
 
@@ -35,13 +37,37 @@ def test_the_wheel_carries_the_launcher_jar_and_only_the_product(installed_wheel
         names = wheel.namelist()
         jar_bytes = wheel.read(JAR)
     tops = {name.split("/")[0] for name in names}
-    assert tops - {n for n in tops if n.endswith(".dist-info")} == PRODUCT, sorted(tops)
+    assert tops - {n for n in tops if n.endswith(".dist-info")} == PRODUCT | STARTUP, sorted(tops)
     with zipfile.ZipFile(io.BytesIO(jar_bytes)) as jar:
         classes = {n for n in jar.namelist() if n.endswith(".class")}
         plugin = jar.read("arrowbeat/ArrowBeatPlugin.class")
     sources = {p.stem for p in (ROOT / "launcher" / "src" / "main" / "java" / "arrowbeat").glob("*.java")}
     assert {f"arrowbeat/{s}.class" for s in sources} <= classes
     assert int.from_bytes(plugin[6:8], "big") == JAVA_17_CLASS_VERSION  # javac --release 17
+
+
+def test_the_installed_wheel_wraps_pysparks_grouped_maps_with_no_import_of_arrowbeat(
+    installed_wheel: Installed, tmp_path: Path
+) -> None:
+    """``arrowbeat.pth`` runs at start-up: a script that imports only PySpark finds its grouped-map
+    methods wrapped (no JVM; the key, off by default, is read at each call)."""
+    code = (
+        "from pyspark.sql.pandas.group_ops import PandasGroupedOpsMixin, PandasCogroupedOps\n"
+        "from pyspark.sql.classic.dataframe import DataFrame\n"
+        "methods = (DataFrame.groupBy, PandasGroupedOpsMixin.applyInPandas,\n"
+        "           PandasCogroupedOps.applyInArrow)\n"
+        "print(*(getattr(m, '__arrowbeat_wrapped__', False) for m in methods))\n"
+    )
+    done = subprocess.run(
+        [str(installed_wheel.python), "-c", code],
+        cwd=tmp_path,
+        env=installed_wheel.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True", "True", "True"], done.stdout + done.stderr[-2000:]
 
 
 def conf_flags(installed: Installed, cwd: Path) -> list[str]:

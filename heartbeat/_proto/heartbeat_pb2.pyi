@@ -25,7 +25,7 @@ class ListExecutorsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ExecutorStatus(_message.Message):
-    __slots__ = ("executor_id", "host", "pid", "instance_id", "state", "registered_at", "last_heartbeat", "last_rtt_ms", "payload")
+    __slots__ = ("executor_id", "host", "pid", "instance_id", "state", "registered_at", "last_heartbeat", "last_rtt_ms", "payload", "detail")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class ExecutorStatus(_message.Message):
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     LAST_RTT_MS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     host: str
     pid: int
@@ -44,7 +45,8 @@ class ExecutorStatus(_message.Message):
     last_heartbeat: float
     last_rtt_ms: float
     payload: Payload
-    def __init__(self, executor_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., state: _Optional[str] = ..., registered_at: _Optional[float] = ..., last_heartbeat: _Optional[float] = ..., last_rtt_ms: _Optional[float] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ...) -> None: ...
+    detail: str
+    def __init__(self, executor_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., instance_id: _Optional[str] = ..., state: _Optional[str] = ..., registered_at: _Optional[float] = ..., last_heartbeat: _Optional[float] = ..., last_rtt_ms: _Optional[float] = ..., payload: _Optional[_Union[Payload, _Mapping]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ListExecutorsResponse(_message.Message):
     __slots__ = ("epoch", "executors")

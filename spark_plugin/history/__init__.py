@@ -10,7 +10,7 @@ heartbeat library's clock and ``one_line`` of arrowbeat, so the user's driver (t
 shuffle metrics) can use it without loading the plugin's processes."""
 
 from spark_plugin.errors import HistoryTableError, IncompatibleTableError, TablePathError
-from spark_plugin.history.recovery import KnownExecutor, known_executors
+from spark_plugin.history.recovery import KnownExecutor, Recovered, known_executors, recover
 from spark_plugin.history.storage import TablesLocation, locate, tables_location
 from spark_plugin.history.tables import EXECUTOR_EVENTS, HEARTBEATS, TABLES
 from spark_plugin.history.wire_text import wire_text
@@ -24,12 +24,14 @@ __all__ = [
     "HistoryWriter",
     "IncompatibleTableError",
     "KnownExecutor",
+    "Recovered",
     "TablePathError",
     "TablesLocation",
     "event_row",
     "heartbeat_row",
     "known_executors",
     "locate",
+    "recover",
     "tables_location",
     "wire_text",
 ]

@@ -4,7 +4,8 @@ executors): delta-rs, no Spark session, so an operator's laptop reads what a clu
 :func:`open_history_table` opens one table under a located root, :func:`read_rows` reads an
 application's rows in time order, :func:`resolve_app` turns an ``--app`` value (or :data:`LATEST`)
 into an application the tables hold, and :func:`load_history` gathers everything one application
-recorded (heartbeats, lifecycle events, shuffle metrics) per executor for the report. A process
+recorded (heartbeats, lifecycle events, shuffle metrics) per executor for the report, with the
+intervals the RM kept no history (``MONITORING_GAP``, ``history.gaps``) apart. A process
 that read them ends through :func:`run_reader` / :func:`exit_after_reading` (the CLI, the
 benchmarks, the demo job): delta-rs's readers can abort a normal interpreter exit. Every text
 that came from the wire (ids, hosts) passes ``wire_text``; a storage error is one line, scrubbed
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from heartbeat import one_line
 from spark_plugin.errors import TablePathError, UnknownApplicationError
+from spark_plugin.history.gaps import KIND as GAP_KIND
+from spark_plugin.history.gaps import MonitoringGap, parse_gap
 from spark_plugin.history.storage import TablesLocation, locate
 from spark_plugin.history.tables import EXECUTOR_EVENTS, HEARTBEATS, SHUFFLE_METRICS
 from spark_plugin.history.wire_text import MAX_ERROR_CHARS, MAX_ID_CHARS, wire_text
@@ -179,6 +182,9 @@ class AppHistory:
     events: list[dict[str, Any]]
     shuffles: list[ShuffleSummary]
     shuffle_table: bool
+    monitoring_gaps: list[MonitoringGap] = field(default_factory=list)
+    """Intervals without history (the RM was down, then restarted: ``history.gaps``), oldest
+    first: in them, no heartbeat and no event says nothing about the executors' health."""
 
 
 def load_history(location: TablesLocation | Path | str, app_id: str) -> AppHistory:
@@ -206,7 +212,13 @@ def load_history(location: TablesLocation | Path | str, app_id: str) -> AppHisto
         e = executor(row)
         e.beat_ts.append(row["ts"])
         e.rtt_ms.append(float(row["rtt_ms"]) if row["rtt_ms"] is not None else float("nan"))
+    monitoring_gaps = []
     for row in events:
+        if row["event"] == GAP_KIND:  # not an executor's: the RM's own hole in the history
+            gap = parse_gap(row["detail"])
+            if gap is not None:
+                monitoring_gaps.append(gap)
+            continue
         executor(row).events.append(row)
     shuffles: dict[int, ShuffleSummary] = {}
     shuffle_table = has_table(location, SHUFFLE_METRICS.name)
@@ -231,6 +243,7 @@ def load_history(location: TablesLocation | Path | str, app_id: str) -> AppHisto
         events=events,
         shuffles=list(shuffles.values()),  # rows come sorted by time
         shuffle_table=shuffle_table,
+        monitoring_gaps=monitoring_gaps,
     )
 
 

@@ -45,6 +45,8 @@ def rows_of(
         reducers = r.get("reducers")
         if reducers and reducers[0] != reducers[1]:  # a coalesced reduce task: the partitions it read
             detail["reducers"] = [int(reducers[0]), int(reducers[1])]
+        if r.get("route"):  # a routing decision (spark_plugin.shuffle.route): path, reason, threshold
+            detail["route"] = dict(r["route"])
         values = {
             "app_id": app_id,
             "shuffle_id": shuffle_id,
@@ -75,11 +77,20 @@ def append_rows(
     clock: Clock = SYSTEM_CLOCK,
 ) -> None:
     """Appends the reports as one commit to ``root/shuffle_metrics`` (created on first use)."""
+    append_batches(root, [(app_id, shuffle_id, reports)], clock)
+
+
+def append_batches(
+    root: TablesLocation | Path | str,
+    batches: Sequence[tuple[str, int, Sequence[dict[str, Any]]]],
+    clock: Clock = SYSTEM_CLOCK,
+) -> None:
+    """Appends the reports of several shuffles, ``(app_id, shuffle_id, reports)`` each, as one commit."""
     from deltalake import write_deltalake
 
     location = locate(root)
     path = open_table(location, SHUFFLE_METRICS)
-    rows = rows_of(app_id, shuffle_id, reports, clock)
+    rows = pa.concat_tables([rows_of(app, shuffle, reports, clock) for app, shuffle, reports in batches])
     try:
         write_deltalake(path, rows, mode="append", storage_options=location.options())
     except Exception as exc:

@@ -97,6 +97,8 @@ class HistoryWriter:
         self._last_maintenance = clock.monotonic()
         self.writer_id = f"arrowbeat-history-{uuid.uuid4().hex}"
         """Delta application-transaction id of this writer's commits (new per process)."""
+        self._complete_until = clock.time()
+        self._in_flight = 0
 
     def open(self) -> None:
         """Creates or checks every table; raises :class:`HistoryTableError` naming the path."""
@@ -149,22 +151,48 @@ class HistoryWriter:
         return max(0.0, self._next_flush - self._clock.monotonic())
 
     def flush(self) -> None:
-        """Commits every table's buffered rows (one commit per table); failed rows stay buffered."""
+        """Commits every table's buffered rows (one commit per table); failed rows stay buffered.
+        When every table committed, history is complete up to this flush's start
+        (:meth:`complete_until`)."""
         with self._flush_lock:
-            for pending in self._tables.values():
-                self._flush_table(pending)
+            started = self._clock.time()
+            committed = [self._flush_table(pending) for pending in self._tables.values()]
+            if all(committed):
+                with self._lock:
+                    self._complete_until = max(self._complete_until, started)
 
-    def _flush_table(self, pending: _Pending) -> None:
-        from deltalake import CommitProperties, Transaction, write_deltalake
+    def complete_until(self) -> float:
+        """Wall-clock time before which every appended row is committed (or was rejected or
+        dropped, and counted): the writer's creation, then the start of the last flush in which
+        every table committed. A restarted RM's gap starts here (``history.gaps``)."""
+        with self._lock:
+            return self._complete_until
 
+    def unsaved_rows(self) -> int:
+        """Rows appended and not committed yet: buffered, or in a commit under way."""
+        with self._lock:
+            return self._in_flight + sum(len(p.rows) for p in self._tables.values())
+
+    def _flush_table(self, pending: _Pending) -> bool:
+        """True once the rows taken are committed (or there were none); False if they went back."""
         with self._lock:
             rows = list(pending.rows)
             pending.rows.clear()
+            self._in_flight = len(rows)
+        try:
+            return self._commit(pending, rows)
+        finally:
+            with self._lock:
+                self._in_flight = 0
+
+    def _commit(self, pending: _Pending, rows: list[Row]) -> bool:
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
         if not rows:
-            return
+            return True
         batch = self._to_table(pending, rows)
         if batch.num_rows == 0:
-            return
+            return True
         delay = 0.05
         pending.batch += 1
         marker = CommitProperties(app_transactions=[Transaction(self.writer_id, pending.batch)])
@@ -178,7 +206,7 @@ class HistoryWriter:
                     storage_options=self._options,
                 )
                 pending.commits += 1
-                return
+                return True
             except Exception as exc:  # commit conflicts, I/O errors: retry, then keep the rows
                 if self._landed(pending):
                     log.info(
@@ -188,7 +216,7 @@ class HistoryWriter:
                         self.location.scrub(exc),
                     )
                     pending.commits += 1
-                    return
+                    return True
                 if attempt == self._attempts:
                     log.warning(
                         "could not append %d rows to %s after %d attempts (%s); keeping them buffered",
@@ -203,9 +231,11 @@ class HistoryWriter:
                 delay = min(delay * 2, 1.0)
         with self._lock:  # a later flush retries these rows as a new batch
             pending.rows.extendleft(reversed(rows))
+            self._in_flight = 0
             while len(pending.rows) > self._max_rows:
                 pending.rows.popleft()
                 pending.dropped += 1
+        return False
 
     def _landed(self, pending: _Pending) -> bool:
         """Did this writer's current batch of ``pending`` commit although the call raised?

@@ -124,24 +124,33 @@ class LivenessTally:
         self._max_gone = max_gone
 
     def __call__(self, event: object) -> None:
-        from heartbeat import EventKind, ExecutorEvent
+        from heartbeat import ExecutorEvent
 
-        if not isinstance(event, ExecutorEvent):
-            return
+        if isinstance(event, ExecutorEvent):
+            self._count(event.kind.value, event.executor_id)
+
+    def replay(self, recorded: Iterable[tuple[str, str]]) -> None:
+        """Counts ``(event, executor_id)`` pairs an earlier process of this application recorded
+        (``history.recovery.Recovered.events``, oldest first), as if they had just happened: a
+        restarted RM's counters go on from where the dead one's stopped, as Spark's counters must."""
+        for kind, executor_id in recorded:
+            self._count(kind, executor_id)
+
+    def _count(self, kind: str, executor_id: str) -> None:
         counted = {
-            EventKind.HEARTBEAT_TIMEOUT: "events.heartbeatTimeout",
-            EventKind.UNREACHABLE: "events.unreachable",
-            EventKind.REREGISTERED: "events.reregistered",
-        }.get(event.kind)
+            "HEARTBEAT_TIMEOUT": "events.heartbeatTimeout",
+            "UNREACHABLE": "events.unreachable",
+            "REREGISTERED": "events.reregistered",
+        }.get(kind)
         with self._lock:
             if counted is not None:
                 self._counts[counted] += 1
-            if event.kind in (EventKind.UNREGISTERED, EventKind.SPARK_REMOVED, EventKind.SPARK_LOST):
-                self._gone[event.executor_id] = None
+            if kind in ("UNREGISTERED", "SPARK_REMOVED", "SPARK_LOST"):
+                self._gone[executor_id] = None
                 while len(self._gone) > self._max_gone:
                     self._gone.popitem(last=False)
-            elif event.kind in (EventKind.REGISTERED, EventKind.REREGISTERED):
-                self._gone.pop(event.executor_id, None)
+            elif kind in ("REGISTERED", "REREGISTERED"):
+                self._gone.pop(executor_id, None)
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -12,14 +12,17 @@ To us, on stdin (the JVM writes, we parse):
   (:func:`parse_link_line`);
 * on the driver, Spark's view of its executors (:func:`parse_executor_line`):
   ``executor-added <id> <host>``, ``executor-removed <id> <facts> <reason>``,
-  ``executor-unmonitored <id> <reason>``, ``executor-outputs-lost <id> <reason> <tasks started>``,
+  ``executor-unmonitored <id> <reason>``, ``executor-agent-down <id> <pid> <restart in ms>
+  <cause>``, ``executor-outputs-lost <id> <reason> <tasks started>``,
   ``executor-replacement <id> accepted|refused|unavailable``;
 * on an executor, ``tasks ...`` (:func:`parse_tasks`) and ``stack <task> <escaped text>``
   (:func:`parse_stack`).
 
 From us, on the protocol channel (we encode, the JVM parses): ``ARROWBEAT-READY k=v ...``
-(:func:`ready_line`), ``ARROWBEAT-CMD <verb> <argument>`` (:func:`command_line`) and
-``ARROWBEAT-METRICS <snapshot> name=value ...`` (:func:`metrics_lines`).
+(:func:`ready_line`), ``ARROWBEAT-CMD <verb> <argument>`` (:func:`command_line`),
+``ARROWBEAT-METRICS <snapshot> name=value ...`` (:func:`metrics_lines`) and, from the driver-side
+process, ``ARROWBEAT-ALIVE <complete until ms> <unsaved rows>`` (:func:`alive_line`): its answer
+to a pulse, which the JVM's hang detector waits for.
 
 Pure: no I/O, no clock; what the lines mean is decided by their readers (``monitoring``).
 """
@@ -43,6 +46,7 @@ KINDS = frozenset(
         "executor-added",
         "executor-removed",
         "executor-unmonitored",
+        "executor-agent-down",
         "executor-outputs-lost",
         "executor-replacement",
         "tasks",
@@ -50,11 +54,13 @@ KINDS = frozenset(
         "ready",
         "command",
         "metrics",
+        "alive",
     }
 )
 """The line kinds between the JVM and us. ``Protocol.KINDS`` adds ``plugin-message``: what an
-executor plugin sends the driver plugin over Spark's RPC, an ``executor-outputs-lost`` or
-``executor-unmonitored`` line that the driver plugin checks again and relays to us."""
+executor plugin sends the driver plugin over Spark's RPC, an ``executor-outputs-lost``,
+``executor-unmonitored`` or ``executor-agent-down`` line that the driver plugin checks again and
+relays to us."""
 
 EXECUTOR_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """An executor id as Spark forms it (``Protocol.EXECUTOR_ID``)."""
@@ -123,6 +129,9 @@ EXECUTOR_LINES = "executor-"
 MAX_EXECUTOR_LINE_CHARS = 1024
 """A longer line is not the JVM's (it cuts Spark's reason to 400 characters)."""
 ADDED, REMOVED, UNMONITORED = "executor-added", "executor-removed", "executor-unmonitored"
+AGENT_DOWN = "executor-agent-down"
+MAX_AGENT_DOWN_CAUSE_CHARS = 160
+"""The JVM cuts an exited agent's cause (its last log line) to this (``Protocol.executorAgentDown``)."""
 OUTPUTS_LOST_LINE, REPLACEMENT = "executor-outputs-lost", "executor-replacement"
 REMOVAL_FACTS = frozenset({"replaced", "app-end"})
 """What the JVM saw of a removal beyond Spark's text: it had asked Spark to kill and replace the
@@ -153,6 +162,18 @@ class AgentNotStarted:
 
 
 @dataclass(frozen=True)
+class AgentDown:
+    """An executor's plugin saw its agent process ``pid`` exit (or a restart of it fail): ``cause``
+    is the JVM's printable text (the exit status and the agent's last log line, or why the
+    restart failed); ``restart_in_ms`` when the JVM starts the agent again (0: now)."""
+
+    executor_id: str
+    pid: int
+    restart_in_ms: int
+    cause: str
+
+
+@dataclass(frozen=True)
 class OutputsLost:
     """An executor's plugin said its map outputs are lost; it ever started ``tasks_started`` tasks."""
 
@@ -169,7 +190,9 @@ class ReplacementOutcome:
     outcome: str
 
 
-ExecutorLine = ExecutorAdded | ExecutorRemoved | AgentNotStarted | OutputsLost | ReplacementOutcome
+ExecutorLine = (
+    ExecutorAdded | ExecutorRemoved | AgentNotStarted | AgentDown | OutputsLost | ReplacementOutcome
+)
 
 
 def parse_executor_line(line: str) -> ExecutorLine | None:
@@ -182,6 +205,13 @@ def parse_executor_line(line: str) -> ExecutorLine | None:
         facts = _removal_facts(words[1]) if len(words) >= 2 else None
         if facts is not None and EXECUTOR_ID.fullmatch(words[0]):
             return ExecutorRemoved(words[0], facts, words[2] if len(words) == 3 else "")
+        return None
+    if verb == AGENT_DOWN:
+        words = rest.split(" ", 3)
+        if len(words) == 4 and EXECUTOR_ID.fullmatch(words[0]) and all(map(_COUNT.fullmatch, words[1:3])):
+            cause = words[3]
+            if 0 < len(cause) <= MAX_AGENT_DOWN_CAUSE_CHARS + len("...(cut)"):
+                return AgentDown(words[0], int(words[1]), int(words[2]), cause)
         return None
     words = rest.split(" ")
     if not words or not EXECUTOR_ID.fullmatch(words[0]):
@@ -383,3 +413,20 @@ def metrics_lines(snapshot: int, fields: Mapping[str, float]) -> list[str]:
     if current or not lines:
         lines.append(" ".join([head, *current]))
     return lines
+
+
+ALIVE = "ARROWBEAT-ALIVE"
+MAX_ALIVE_NUMBER = 10**15
+"""Both fields of an alive line stay below this (a wall clock in ms until the year 33658)."""
+
+
+def alive_line(complete_until_ms: int, unsaved_rows: int) -> str:
+    """``ARROWBEAT-ALIVE <complete until ms> <unsaved rows>``: the driver-side process's answer to
+    a pulse (``Protocol.parseAlive``). ``complete_until_ms``: the wall-clock time before which its
+    history is complete (every row recorded before it is committed; 0 if it keeps none);
+    ``unsaved_rows``: rows recorded but not yet committed. The JVM hands both to a restarted
+    process, which records the gap (``spark_plugin.history.gaps``)."""
+    for name, value in (("complete_until_ms", complete_until_ms), ("unsaved_rows", unsaved_rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_ALIVE_NUMBER:
+            raise JvmCommandError(f"alive line: {name}={value!r} is not an integer in [0, 10^15)")
+    return f"{ALIVE} {complete_until_ms} {unsaved_rows}"

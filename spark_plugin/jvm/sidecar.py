@@ -24,9 +24,11 @@ original stdout, which :meth:`JvmChannel.claim_stdout` moves to a private descri
 at start-up (descriptor 1 then points at stderr, so a stray ``print`` or a library writing to
 stdout lands in the log): it carries the ready line and validated commands only
 (:meth:`JvmChannel.kill_executor`), and once per heartbeat interval the figures for Spark's metrics
-system (:meth:`JvmChannel.metrics`). The **log** is stderr (:func:`setup_logging`), which the
-JVM copies to its own log and never reads for commands, so a log line that looks like a command
-(a reason from the wire, say) is only ever logged. The JVM validates every protocol line again.
+system (:meth:`JvmChannel.metrics`); the driver-side process also answers each pulse
+(:meth:`JvmChannel.alive`), and the JVM restarts it when the answers stop. The **log** is
+stderr (:func:`setup_logging`), which the JVM copies to its own log and never reads for
+commands, so a log line that looks like a command (a reason from the wire, say) is only ever
+logged. The JVM validates every protocol line again.
 Every line's format is declared in :mod:`spark_plugin.jvm.protocol`; this module does the I/O.
 """
 
@@ -84,6 +86,7 @@ class JvmLink:
         self._thread: threading.Thread | None = None
         self._executor_lines: Callable[[str], None] | None = None
         self._task_lines: Callable[[str], None] | None = None
+        self._pulses: Callable[[], None] | None = None
 
     def on_executor_lines(self, handler: Callable[[str], None]) -> None:
         """``executor-...`` lines (Spark's view of its executors) go to ``handler``, on the link's
@@ -94,6 +97,12 @@ class JvmLink:
         """``tasks ...`` and ``stack ...`` lines (the executor JVM's ``TaskWatch``) go to ``handler``,
         on the link's thread, in order; they count as pulses too. Set it before :meth:`start`."""
         self._task_lines = handler
+
+    def on_pulse(self, handler: Callable[[], None]) -> None:
+        """``handler()`` runs on the link's thread after each pulse line: the driver-side process
+        answers it (:meth:`JvmChannel.alive`), which is how the JVM tells a hung process from a
+        live one. It must not block. Set it before :meth:`start`."""
+        self._pulses = handler
 
     def read_settings(self) -> dict[str, str]:
         """Reads the settings block; raises :class:`SettingsTruncatedError` (an ``EOFError``) if the
@@ -164,6 +173,12 @@ class JvmLink:
             self._last_pulse = self._clock.monotonic()
             if running is not None:
                 self._running_tasks = running
+        pulses = self._pulses
+        if running is not None and pulses is not None:
+            try:
+                pulses()
+            except Exception:  # as above: the link must outlive a failed answer
+                log.exception("answering the JVM's pulse failed")
 
     def pulse_age_s(self) -> float:
         """Seconds since the JVM last proved it runs."""
@@ -223,6 +238,11 @@ class JvmChannel:
     def kill_task(self, task_id: int) -> None:
         """Asks the driver JVM to have Spark kill task attempt ``task_id`` (Spark runs it again)."""
         self._write(protocol.command_line(protocol.KILL_TASK, task_id))
+
+    def alive(self, complete_until_ms: int, unsaved_rows: int) -> None:
+        """The driver-side process's answer to a pulse (:func:`protocol.alive_line`): it is
+        alive, and how far its history is complete, for the JVM to hand a restarted process."""
+        self._write(protocol.alive_line(complete_until_ms, unsaved_rows))
 
     def metrics(self, snapshot: int, figures: Mapping[str, float | None], role: str) -> None:
         """One snapshot of figures for the JVM plugin's gauges in Spark's metrics system

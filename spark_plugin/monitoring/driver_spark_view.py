@@ -13,6 +13,8 @@ is ``spark_plugin.jvm.protocol.parse_executor_line``):
   JVM and cut; it is passed through :func:`wire_text` all the same;
 * ``executor-unmonitored <id> <reason>``: the executor's plugin told the driver its agent did not
   start (``reason`` one ``[a-z-]`` token);
+* ``executor-agent-down <id> <pid> <restart in ms> <cause>``: the executor's plugin saw its agent
+  process exit (or a restart of it fail) and restarts it (:func:`agent_down_detail` words it);
 * ``executor-outputs-lost`` and ``executor-replacement``: an executor's map outputs are lost, and
   what became of a replacement; ``monitoring.driver_lost_outputs`` decides on those.
 
@@ -33,7 +35,13 @@ from typing import Protocol
 from heartbeat import EventKind
 from spark_plugin.history.wire_text import MAX_ID_CHARS, wire_text
 from spark_plugin.jvm import protocol
-from spark_plugin.jvm.protocol import AgentNotStarted, ExecutorAdded, OutputsLost, ReplacementOutcome
+from spark_plugin.jvm.protocol import (
+    AgentDown,
+    AgentNotStarted,
+    ExecutorAdded,
+    OutputsLost,
+    ReplacementOutcome,
+)
 from spark_plugin.monitoring.driver_lost_outputs import LostOutputs
 
 log = logging.getLogger("arrowbeat.spark_view")
@@ -52,7 +60,7 @@ class ExecutorRemoved:
     reason: str
 
 
-SparkEvent = ExecutorAdded | ExecutorRemoved | AgentNotStarted | OutputsLost | ReplacementOutcome
+SparkEvent = ExecutorAdded | ExecutorRemoved | AgentNotStarted | AgentDown | OutputsLost | ReplacementOutcome
 
 
 def removal_cause(facts: frozenset[str]) -> str:
@@ -70,6 +78,15 @@ def parse_line(line: str) -> SparkEvent | None:
     if isinstance(event, protocol.ExecutorRemoved):
         return ExecutorRemoved(event.executor_id, removal_cause(event.facts), wire_text(event.reason))
     return event
+
+
+def agent_down_detail(down: AgentDown) -> str:
+    """The UNMONITORED detail of an agent the JVM saw exit: its cause, then what the JVM does."""
+    if down.restart_in_ms == 0:
+        then = "restarting it"
+    else:
+        then = f"restarting it in {down.restart_in_ms / 1000:.3g} s (restarts are rate-limited)"
+    return f"{wire_text(down.cause)}; {then}"
 
 
 def classify(removed: ExecutorRemoved, dynamic_allocation: bool) -> tuple[EventKind, str]:
@@ -99,6 +116,8 @@ class ClusterView(Protocol):
     def executor_started(self, executor_id: str, host: str, within_s: float) -> None: ...
 
     def agent_not_started(self, executor_id: str, reason: str) -> None: ...
+
+    def agent_down(self, executor_id: str, pid: int, detail: str) -> None: ...
 
     def executor_removed(self, executor_id: str, kind: EventKind, detail: str) -> None: ...
 
@@ -132,6 +151,8 @@ class SparkView:
                 self._lost_outputs.forget(event.executor_id)
         elif isinstance(event, AgentNotStarted):
             self._rm.agent_not_started(event.executor_id, event.reason)
+        elif isinstance(event, AgentDown):
+            self._rm.agent_down(event.executor_id, event.pid, agent_down_detail(event))
         elif isinstance(event, OutputsLost):
             if self._lost_outputs is not None:
                 self._lost_outputs.on_lost(event)
@@ -149,10 +170,12 @@ class SparkView:
 
 
 __all__ = [
+    "AgentDown",
     "AgentNotStarted",
     "ExecutorAdded",
     "ExecutorRemoved",
     "SparkView",
+    "agent_down_detail",
     "classify",
     "parse_line",
     "removal_cause",

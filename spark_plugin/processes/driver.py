@@ -11,12 +11,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.compat import versions
 from spark_plugin.errors import JvmCommandError
+from spark_plugin.history.gaps import GapBook, carried_gap, describe, gap_detail
+from spark_plugin.history.recovery import Recovered
 from spark_plugin.history.wire_text import MAX_ID_CHARS, wire_text
 from spark_plugin.jvm.plugin_metrics import LivenessTally, MetricsReporter, driver_figures
 from spark_plugin.jvm.sidecar import (
@@ -129,9 +132,69 @@ class EventRouter:
                 log.warning("not asking Spark to kill executor: %s", exc)
 
 
-def open_history(config: ArrowBeatConfig, settings: dict[str, str]) -> tuple[Any, list[str]]:
-    """The history writer and the executors this application's history knows; on a bad path, (None, [])."""
-    from spark_plugin.history import HistoryTableError, HistoryWriter, known_executors, tables_location
+class PulseAnswers:
+    """Answers each of the JVM's pulses (``JvmLink.on_pulse``, on the link's thread) from the RM's
+    serving loop (``ResourceManagerServer.when_serving``), with ``answer()``'s figures (a
+    ``GapBook``'s): a wedged loop sends nothing, and the JVM calls this process hung. At most one
+    answer is pending, so a wedged loop does not pile them up."""
+
+    def __init__(
+        self,
+        when_serving: Callable[[Callable[[], None]], None],
+        answer: Callable[[], tuple[int, int]],
+        send: Callable[[int, int], None],
+    ) -> None:
+        self._when_serving = when_serving
+        self._answer = answer
+        self._send = send
+        self._lock = threading.Lock()
+        self._pending = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._pending:
+                return
+            self._pending = True
+        try:
+            self._when_serving(self._reply)
+        except Exception:
+            with self._lock:
+                self._pending = False
+            raise
+
+    def _reply(self) -> None:
+        with self._lock:
+            self._pending = False
+        self._send(*self._answer())
+
+
+def record_gap(book: GapBook, history: Any, app_id: str, host: str, epoch: str) -> None:
+    """A restarted RM's first record: the gap its predecessor left (``history.gaps``), logged, and
+    a ``MONITORING_GAP`` row (whose commit the book waits for before it stops passing the gap on)."""
+    from heartbeat import EventKind, ExecutorEvent
+    from spark_plugin.history import EXECUTOR_EVENTS, event_row
+
+    gap = book.gap()
+    if gap is None:
+        return
+    log.warning("arrowbeat's ResourceManager was restarted: %s", describe(gap))
+    if history is not None:
+        event = ExecutorEvent(
+            EventKind.MONITORING_GAP,
+            "",
+            host,
+            epoch,
+            gap.end if gap.start is None else gap.start,
+            gap_detail(gap),
+        )
+        history.append(EXECUTOR_EVENTS.name, event_row(app_id, event))
+    book.recorded()
+
+
+def open_history(config: ArrowBeatConfig, settings: dict[str, str]) -> tuple[Any, Recovered]:
+    """The history writer and what this application's history holds already (a restart's);
+    on a bad path, None and nothing."""
+    from spark_plugin.history import HistoryTableError, HistoryWriter, recover, tables_location
 
     root = tables_location(config, settings)  # str(root): the Spark-side URI, no credentials
     writer = HistoryWriter(
@@ -139,13 +202,14 @@ def open_history(config: ArrowBeatConfig, settings: dict[str, str]) -> tuple[Any
     )
     try:
         writer.open()
-        known = [e.executor_id for e in known_executors(root, settings.get("spark.app.id", ""))]
+        recovered = recover(root, settings.get("spark.app.id", ""))
     except HistoryTableError as exc:
         log.error("history tables off, heartbeats continue in memory only: %s", exc)
-        return None, []
+        return None, Recovered([], [])
     writer.start()
+    known = [e.executor_id for e in recovered.known]
     log.info("history tables at %s%s", root, f"; recovered executors {known}" if known else "")
-    return writer, known
+    return writer, recovered
 
 
 def main() -> int:
@@ -174,13 +238,13 @@ def main() -> int:
             log.error("bad arrowbeat TLS setting: %s", problem)
         log.error("arrowbeat stays off for this application; the application runs on")
         return 2
-    history, known = open_history(config, settings)
+    history, recovered = open_history(config, settings)
     rm = ResourceManagerServer(
         config.heartbeat_services(),
         secret=config.secret,
         host=rm_host(config, settings),
         port=config.rm_port,
-        known_executors=known,
+        known_executors=[e.executor_id for e in recovered.known],
         server_credentials=None if material is None else tls.grpc_server_credentials(material),
     )
     app_id = settings.get("spark.app.id", "")
@@ -203,8 +267,16 @@ def main() -> int:
     )
     rm.subscribe(router)
     tally = LivenessTally()
+    tally.replay(recovered.events)  # before the RM starts: no event of ours can come first
     rm.subscribe(tally)
     address = rm.start()
+    book = GapBook(
+        SYSTEM_CLOCK,
+        carried_gap(settings),
+        None if history is None else history.complete_until,
+        (lambda: 0) if history is None else history.unsaved_rows,
+    )
+    record_gap(book, history, link.app_id(app_id), rm_host(config, settings), rm.epoch)
     page = None
     no_live_page = extras.missing("live") if config.ui_enabled else None
     if no_live_page:
@@ -231,12 +303,18 @@ def main() -> int:
     link.on_executor_lines(
         SparkView(rm, register_within_s(config), dynamic_allocation(settings), lost_outputs)
     )
+    link.on_pulse(PulseAnswers(rm.when_serving, book.answer, channel.alive))
     link.start()
     channel.announce_ready(
         address=address,
         pid=os.getpid(),
         epoch=rm.epoch,
         pulse_ms=int(config.heartbeat_interval_s * 1000),
+        # The JVM's supervisor (Supervision.java): when this process is hung, how often to restart.
+        hang_ms=round(config.rm_hang_bound_s() * 1000),
+        restart_max=config.rm_restarts_max,
+        restart_window_ms=round(config.rm_restarts_window_s * 1000),
+        restart_backoff_ms=round(config.rm_restart_backoff_max_s * 1000),
         **({} if material is None else tls.ready_fields(material)),  # the JVM hands them on
         **({} if page is None else {"ui_url": page.url}),  # no token: the SparkConf shows it
     )

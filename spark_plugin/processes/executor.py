@@ -2,7 +2,10 @@
 
 It registers with the driver-side ResourceManager and answers its heartbeat requests with a
 payload describing the executor. It answers only while the executor JVM keeps pulsing: a frozen
-JVM must look dead to the ResourceManager even though this process still runs.
+JVM must look dead to the ResourceManager even though this process still runs. It registers
+again, with capped backoff and no deadline, whenever the RM is gone; if the agent ends anyway
+(a newer agent took its executor id, an unexpected failure) this process exits with status
+:data:`AGENT_ENDED`, its last log line the cause, and the JVM restarts it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import psutil
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.transport import TcpTransport
-from heartbeat import AgentThread, PayloadProvider, rss_provider, slots_provider
+from heartbeat import AgentThread, PayloadProvider, one_line, rss_provider, slots_provider
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.jvm.plugin_metrics import MetricsReporter, executor_figures
 from spark_plugin.jvm.sidecar import (
@@ -87,6 +90,7 @@ def main() -> int:
         # Pulses come every interval/2: one interval without one means the JVM is frozen, and the
         # agent stops answering so the RM's timeout reports it (after interval + timeout at most).
         is_healthy=lambda: link.pulse_age_s() < config.heartbeat_interval_s,
+        retry_policy=config.registration_policy(),  # no deadline: it tries while the executor lives
         channel_credentials=None if material is None else tls.grpc_channel_credentials(material),
         channel_options=() if material is None else tls.grpc_channel_options(material),
     )
@@ -98,6 +102,7 @@ def main() -> int:
     link.start()
     shuffle.start_when_app_known(link)  # before registering: a registered agent serves shuffles
     agent.start()
+    agent.on_ended(link.gone.set)  # an agent that gave up ends this process too (below)
     channel.announce_ready(
         pid=os.getpid(),
         executor_id=executor_id,
@@ -111,11 +116,34 @@ def main() -> int:
     )
     metrics.start()  # the agent's shuffle figures as Spark metrics (plugin_metrics)
     reason = wait_for_exit(link)
+    if agent.ended:  # it gave up while the JVM runs: end loudly, the JVM restarts us
+        metrics.stop()
+        shuffle.close()
+        log.error(
+            "arrowbeat agent of executor %s exits with status %d: %s",
+            executor_id,
+            AGENT_ENDED,
+            agent_end_cause(agent.error),
+        )  # the last line: the JVM reports it to the driver as the cause
+        return AGENT_ENDED
     log.info("agent for executor %s stopping (%s)", executor_id, reason)
     metrics.stop()
     agent.stop(reason=reason)
     shuffle.close()
     return 0
+
+
+AGENT_ENDED = 3
+"""Exit status of an agent process whose agent ended while its JVM runs (it gave up registering,
+a newer agent took its executor id, or it failed unexpectedly): the JVM restarts it, rate-limited,
+and tells the driver (``ArrowBeatExecutorPlugin``)."""
+
+
+def agent_end_cause(error: BaseException | None) -> str:
+    """One line saying why the agent ended: its error's kind and message."""
+    if error is None:
+        return "the agent ended without an error"
+    return one_line(f"{type(error).__name__}: {error}")
 
 
 def task_watch(

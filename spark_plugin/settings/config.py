@@ -28,6 +28,7 @@ from spark_plugin.settings.tables_uri import tables_path_problem
 from spark_plugin.settings.units import parse_bool, parse_bytes, parse_duration
 
 if TYPE_CHECKING:
+    from heartbeat.retry import RetryPolicy
     from heartbeat.services import HeartbeatServices
 
 PREFIX = "spark.arrowbeat."
@@ -158,6 +159,44 @@ OPTIONS: tuple[Option, ...] = (
         _parse_int,
     ),
     Option(
+        "spark.arrowbeat.rm.hangTimeout",
+        "rm_hang_timeout_s",
+        "0",
+        "a duration like 10s, at least twice `heartbeat.interval`; 0 derives it",
+        "The driver-side process (the ResourceManager) answers each of the driver JVM's pulses (one "
+        "per heartbeat interval) from the RM's serving loop; left unanswered this long, it is hung: "
+        "the JVM kills it (SIGKILL by pid) and starts it again. 0 means twice `heartbeat.timeout`, at "
+        "least 5s: by then every agent has lost the RM anyway.",
+        parse_duration,
+    ),
+    Option(
+        "spark.arrowbeat.rm.restarts.max",
+        "rm_restarts_max",
+        "10",
+        "an integer >= 1",
+        "At most this many restarts of a dead or hung driver-side process start within any "
+        "`rm.restarts.window` (a sliding window: a further restart waits until the oldest leaves it). "
+        "Restarts never stop for good while the application runs.",
+        _parse_int,
+    ),
+    Option(
+        "spark.arrowbeat.rm.restarts.window",
+        "rm_restarts_window_s",
+        "10min",
+        "a duration like 10min, at least 1s",
+        "The sliding window of `rm.restarts.max`.",
+        parse_duration,
+    ),
+    Option(
+        "spark.arrowbeat.rm.restarts.backoffMax",
+        "rm_restart_backoff_max_s",
+        "30s",
+        "a duration like 30s, between 100ms and 10min",
+        "A restart of the driver-side process that failed (it did not report ready) is tried again "
+        "after 1s, doubling per further failure up to this.",
+        parse_duration,
+    ),
+    Option(
         "spark.arrowbeat.ui.enabled",
         "ui_enabled",
         "true",
@@ -200,6 +239,26 @@ OPTIONS: tuple[Option, ...] = (
         "an integer >= 1, or -1 to disable",
         "Consecutive failed heartbeat RPCs after which an executor is reported UNREACHABLE.",
         _parse_int,
+    ),
+    Option(
+        "spark.arrowbeat.heartbeat.registrationBackoff.min",
+        "registration_backoff_min_s",
+        "100ms",
+        "a duration like 100ms, at least 1ms",
+        "First delay before an executor agent registers with the ResourceManager again after a "
+        "failed attempt; each further delay doubles (with jitter) up to "
+        "`heartbeat.registrationBackoff.max`. Agents never stop trying while their executor runs.",
+        parse_duration,
+    ),
+    Option(
+        "spark.arrowbeat.heartbeat.registrationBackoff.max",
+        "registration_backoff_max_s",
+        "5s",
+        "a duration like 5s, at least `heartbeat.registrationBackoff.min`, at most 10min",
+        "Longest delay between an executor agent's registration attempts: after the "
+        "ResourceManager was down or frozen, every agent is registered again within about this "
+        "plus one heartbeat interval once it answers.",
+        parse_duration,
     ),
     Option(
         "spark.arrowbeat.tables.path",
@@ -361,6 +420,35 @@ OPTIONS: tuple[Option, ...] = (
         parse_bool,
     ),
     Option(
+        "spark.arrowbeat.shuffle.path",
+        "shuffle_path",
+        "",
+        "auto, arrowbeat or spark (unset: the caller's default)",
+        "Which exchange `group_apply`, `partition_apply` and `repartition` (and the grouped-map "
+        "calls arrowbeat takes over) use: `arrowbeat` forces arrowbeat's shuffle, `spark` Spark's own "
+        "(`groupBy(...).applyInArrow`, `repartition(...).mapInArrow`), `auto` decides per call from "
+        "the optimizer's size statistics of the input (a cached relation's real size once "
+        "materialized): Spark's path below a size measured on a 2-core machine "
+        "(`spark_plugin.shuffle.route`), arrowbeat's above it or without statistics (Spark Connect). "
+        "Unset: the explicit calls use arrowbeat's, `shuffle.groupedMap=auto` decides as `auto`. A "
+        "call's `path=` argument wins. Each choice and its reason is a `shuffle_metrics` row (side "
+        "`route`). Settable per query with `spark.conf.set`.",
+        _choice("", "auto", "arrowbeat", "spark"),
+    ),
+    Option(
+        "spark.arrowbeat.shuffle.groupedMap",
+        "shuffle_grouped_map",
+        "off",
+        "off, on or auto",
+        "Runs the application's own `df.groupBy(...).applyInPandas/applyInArrow` and "
+        "`cogroup(...).applyInPandas/applyInArrow` on arrowbeat's shuffle, no code change (a hook "
+        "the wheel installs wraps PySpark's methods; `off` calls Spark's own after one conf lookup). "
+        "`auto`: only where arrowbeat's shuffle is expected to be faster for the input. Forms it "
+        "does not take over run on Spark's path with one log line saying why. Read at each call: "
+        "settable per query with `spark.conf.set`.",
+        _choice("off", "on", "auto"),
+    ),
+    Option(
         "spark.arrowbeat.ssl.enabled",
         "ssl_enabled",
         "false",
@@ -483,11 +571,17 @@ class ArrowBeatConfig:
     """Never in ``repr``/``str`` (nor, by the plugin, in any log, argv, environment or file)."""
     rm_host: str
     rm_port: int
+    rm_hang_timeout_s: float
+    rm_restarts_max: int
+    rm_restarts_window_s: float
+    rm_restart_backoff_max_s: float
     ui_enabled: bool
     ui_port: int
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     rpc_failure_threshold: int
+    registration_backoff_min_s: float
+    registration_backoff_max_s: float
     tables_path: str
     tables_flush_interval_s: float
     tables_compact_interval_s: float
@@ -504,6 +598,8 @@ class ArrowBeatConfig:
     shuffle_buffer_reserve_timeout_s: float
     shuffle_read_host_local: bool
     shuffle_adaptive: str
+    shuffle_path: str
+    shuffle_grouped_map: str
     ssl_enabled: bool
     ssl_private_key: str
     ssl_cert_chain: str
@@ -516,6 +612,11 @@ class ArrowBeatConfig:
     ssl_generated_key: str = field(repr=False)
     """The generated TLS material (``spark_plugin.settings.tls``): never in ``repr``, errors or logs."""
 
+    def rm_hang_bound_s(self) -> float:
+        """How long the driver-side process may leave a pulse unanswered before the JVM calls it
+        hung: ``rm.hangTimeout``, or twice ``heartbeat.timeout`` and at least 5 s."""
+        return self.rm_hang_timeout_s or max(2 * self.heartbeat_timeout_s, 5.0)
+
     def heartbeat_services(self) -> HeartbeatServices:
         """The heartbeat library's settings object, built from the three ``heartbeat.*`` keys.
 
@@ -527,6 +628,20 @@ class ArrowBeatConfig:
             interval_s=self.heartbeat_interval_s,
             timeout_s=self.heartbeat_timeout_s,
             rpc_failure_threshold=self.rpc_failure_threshold,
+        )
+
+    def registration_policy(self) -> RetryPolicy:
+        """How an executor's agent retries registering: capped, jittered exponential backoff from
+        the two ``heartbeat.registrationBackoff.*`` keys, with no deadline (it tries for as long as
+        its executor lives; ``load`` checked the range); each attempt bounded by the heartbeat
+        timeout, so a frozen RM costs one timeout per attempt, not a hang."""
+        from heartbeat.retry import RetryPolicy
+
+        return RetryPolicy(
+            min_delay_s=self.registration_backoff_min_s,
+            max_delay_s=self.registration_backoff_max_s,
+            deadline_s=None,
+            attempt_timeout_s=max(0.5, self.heartbeat_timeout_s),
         )
 
 
@@ -545,6 +660,28 @@ def _check_ranges(c: ArrowBeatConfig) -> list[str]:
         problems.append(
             f"spark.arrowbeat.heartbeat.interval ({c.heartbeat_interval_s:g}s) must be smaller than "
             f"spark.arrowbeat.heartbeat.timeout ({c.heartbeat_timeout_s:g}s)"
+        )
+    backoff_min, backoff_max = key_of("registration_backoff_min_s"), key_of("registration_backoff_max_s")
+    if c.registration_backoff_min_s < 0.001:
+        problems.append(f"{backoff_min} ({c.registration_backoff_min_s:g}s): expected at least 1ms")
+    if not c.registration_backoff_min_s <= c.registration_backoff_max_s <= 600:
+        problems.append(
+            f"{backoff_max} ({c.registration_backoff_max_s:g}s): expected at least {backoff_min} "
+            f"({c.registration_backoff_min_s:g}s) and at most 10min"
+        )
+    if c.rm_hang_timeout_s and c.rm_hang_timeout_s < 2 * c.heartbeat_interval_s:
+        problems.append(
+            f"{key_of('rm_hang_timeout_s')} ({c.rm_hang_timeout_s:g}s) must be 0 or at least twice "
+            f"spark.arrowbeat.heartbeat.interval ({c.heartbeat_interval_s:g}s)"
+        )
+    if c.rm_restarts_max < 1:
+        problems.append(f"{key_of('rm_restarts_max')}={c.rm_restarts_max}: expected an integer >= 1")
+    if c.rm_restarts_window_s < 1:
+        problems.append(f"{key_of('rm_restarts_window_s')} ({c.rm_restarts_window_s:g}s) must be at least 1s")
+    if not 0.1 <= c.rm_restart_backoff_max_s <= 600:
+        problems.append(
+            f"{key_of('rm_restart_backoff_max_s')} ({c.rm_restart_backoff_max_s:g}s) must be between 100ms "
+            "and 10min"
         )
     if c.tables_flush_interval_s <= 0:
         problems.append("spark.arrowbeat.tables.flushInterval must be > 0")

@@ -3,8 +3,17 @@
 Modules, one role each:
 
 - ``dataframe``: the public API on the driver (``repartition``, ``group_apply``,
-  ``partition_apply``, ``map_in_arrow``, ``shuffle_of``, ``release``); ``mode="materialized"``
-  (default) or ``mode="pipelined"``.
+  ``partition_apply``, ``map_in_arrow``, ``map_in_pandas``, ``shuffle_of``, ``release``);
+  ``mode="materialized"`` (default) or ``mode="pipelined"``.
+- ``grouped``: Spark's grouped-map API (``group_by(df, *cols)`` -> ``applyInPandas``,
+  ``applyInArrow``, ``cogroup(...).applyInPandas/applyInArrow``); ``grouped_map``: the function
+  forms (signature dispatch as Spark's, pandas/Arrow conversion, result checks) run per group in
+  the reduce tasks.
+- ``takeover``: whether an application's own ``groupBy().applyInPandas/applyInArrow`` (and
+  cogroup) call runs on arrowbeat's shuffle (``spark.arrowbeat.shuffle.groupedMap``; the PySpark
+  side is ``spark_plugin.compat.grouped_map_hook``, installed by the wheel's ``arrowbeat.pth``).
+- ``route``: which exchange a call takes (``path="auto"``: Spark's own below a measured input
+  size, from the optimizer's statistics; ``choose`` for the groupedMap hook), and its record.
 - ``tasks``: the map and reduce task bodies of the materialized mode, run in Spark's Python
   workers (host-local file reads, and streams from other agents through an engine ``InputGate``).
 - ``map_output``: materialized map-output files (Arrow IPC, one segment run per reduce partition).
@@ -35,16 +44,22 @@ from spark_plugin.shuffle.dataframe import (
     ShuffleHandle,
     group_apply,
     map_in_arrow,
+    map_in_pandas,
     partition_apply,
     release,
     repartition,
     shuffle_of,
 )
+from spark_plugin.shuffle.grouped import CoGroupedData, GroupedData, group_by
 
 __all__ = [
+    "CoGroupedData",
+    "GroupedData",
     "ShuffleHandle",
     "group_apply",
+    "group_by",
     "map_in_arrow",
+    "map_in_pandas",
     "partition_apply",
     "release",
     "repartition",

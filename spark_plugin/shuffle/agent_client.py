@@ -8,7 +8,8 @@ to its executor. The file also names the agent's secret desk (``secret_of``), fo
 plan carries no secret. ``MapOutputClient`` then speaks the service's control channel (stage, unstage,
 release, metrics: typed calls of ``agent_protocol.AGENT_CONTROL`` over an engine
 ``control_client.ControlClient``); the driver uses it too, to release a shuffle in every agent. A reducer
-whose stream failed asks the agent ``report_lost`` (are these map outputs gone?).
+whose stream failed asks the agent ``report_lost`` (are these map outputs gone?), and tells the agent
+of an executor that carries stale status rows of lost outputs ``carried_lost``.
 
 Errors, all in the engine's tree (``arrow_shuffle.errors``): an agent that cannot be reached, goes
 away, or is stopped or silent past ``peer_timeout_s`` (or a call past its deadline) is
@@ -47,7 +48,7 @@ from arrow_shuffle.private_files import check_id, check_private_dir, check_root,
 from arrow_shuffle.transport import Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 from heartbeat.rate_log import RateLog
-from spark_plugin.shuffle.agent_layout import AGENTS, agent_file, app_dir
+from spark_plugin.shuffle.agent_layout import AGENTS, agent_file, app_dir, names_live_agent
 from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
 from spark_plugin.shuffle.local_secret import NAME as DESK_NAME
 from spark_plugin.shuffle.local_secret import ancestors as parent_chain
@@ -57,6 +58,11 @@ log = logging.getLogger(__name__)
 MAX_AGENT_FILE_BYTES = 4096
 """An announcement is ~200 bytes; anything far larger is not one."""
 _ignored = RateLog(log)
+
+
+class StaleAgentFileError(FileNotFoundError):
+    """A well-formed discovery file whose agent process is gone: as good as no file (a worker
+    waits for the restarted agent's), never trusted."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,8 @@ def _port(data: dict[str, object], name: str, path: str) -> int:
 def read_agent_file(path: str, app: str) -> AgentInfo:
     """The announcement at ``path`` in the discovery folder of application folder ``app``.
 
-    ``FileNotFoundError`` if it is gone (its agent is just exiting); ``UnsafePathError`` if it is
+    ``FileNotFoundError`` if it is gone (its agent is just exiting), ``StaleAgentFileError`` (one)
+    if the agent it names is not running (``agent_layout.names_live_agent``); ``UnsafePathError`` if it is
     not a private file of ours, or not an announcement: wrong JSON, wrong field types, or a
     ``dir`` other than ``<app>/<executor id>`` (a worker writes its map outputs there)."""
     raw = read_private_file(path, MAX_AGENT_FILE_BYTES)
@@ -142,6 +149,11 @@ def read_agent_file(path: str, app: str) -> AgentInfo:
     desk = data.get("secret_socket", "")
     if not isinstance(desk, str) or (desk and not DESK_NAME.fullmatch(desk)):
         raise UnsafePathError(f"discovery file {path}: secret_socket is not a desk's name: not trusted")
+    if not names_live_agent(data):
+        raise StaleAgentFileError(
+            f"discovery file {path} names agent pid {data.get('pid')!r}, which is not running "
+            "(its agent died; its JVM starts another): ignored"
+        )
     return AgentInfo(executor_id, host, data_port, control_port, folder, tuple(spread), desk)
 
 
@@ -177,6 +189,8 @@ def announced_agents(root: str | Sequence[str], app_id: str) -> list[AgentInfo]:
             continue
         try:
             found.append(read_agent_file(os.path.join(folder, name), app_dir(root, app_id)))
+        except StaleAgentFileError as exc:
+            _ignored.log("stale " + folder, logging.INFO, "ignoring a stale discovery file: %s", exc)
         except FileNotFoundError:  # an agent that is just exiting
             continue
         except UnsafePathError as exc:
@@ -230,6 +244,10 @@ def _find_in(root: str, app_id: str, ancestors: list[int], only_root: bool) -> A
         path = agent_file(root, app_id, pid)
         try:
             return read_agent_file(path, app)
+        except StaleAgentFileError as exc:  # wait for the restarted agent's own
+            _ignored.log(
+                "stale " + os.path.dirname(path), logging.INFO, "ignoring a stale discovery file: %s", exc
+            )
         except FileNotFoundError:
             continue
         except UnsafePathError as exc:
@@ -308,6 +326,13 @@ class MapOutputClient:
         JVM, which has Spark recompute them. A path not the agent's is refused (``ControlRequestError``)."""
         found: int = self._client.call("report_lost", shuffle=shuffle_id, paths=list(paths))
         return bool(found)
+
+    def carried_lost(self, shuffle_id: int, owners: Sequence[str]) -> bool:
+        """Tell the agent that status rows its executor carries (read from a cache off their
+        owners) name map outputs of ``owners`` that are lost; whether it has its JVM ask Spark to
+        replace the executor, so that those rows go and their map partitions are recomputed."""
+        taken: int = self._client.call("carried_lost", shuffle=shuffle_id, owners=list(owners))
+        return bool(taken)
 
     def metrics(self) -> dict[str, Any]:
         figures: dict[str, Any] = self._client.call("metrics")

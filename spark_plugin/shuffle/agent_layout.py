@@ -5,7 +5,10 @@ that write map outputs and read them host-locally (``tasks``).
 ``<root>/<app>/<executor>/s<shuffle>/<name>.arrows`` holds an executor's map outputs;
 ``<root>/<app>/agents/<jvm pid>.json`` announces the agent of the executor JVM with that pid, so
 Python workers, children of the same executor JVM, find it by walking their parent chain
-(``agent_client.find_agent``).
+(``agent_client.find_agent``). The file names the agent process itself (``agent_identity``: its
+pid and start time) and is trusted only while that very process runs (``names_live_agent``): the
+file of an agent that died (killed, before its JVM restarts it) names nobody and is ignored, and
+a reused pid does not revive it.
 
 Where (``shuffle_roots``): on each executor's own local disks, found from the executor's side and
 never from a path computed on the driver. By default Spark's local directories of that executor
@@ -31,7 +34,9 @@ import os
 import stat
 import tempfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import psutil
 
 from arrow_shuffle.errors import ShuffleConfigError, UnsafeIdError, UnsafePathError
 from arrow_shuffle.private_files import check_id, check_private_dir, make_private_dir, private_root
@@ -40,6 +45,26 @@ from heartbeat.clock import SYSTEM_CLOCK, Clock
 log = logging.getLogger(__name__)
 AGENTS = "agents"
 """The discovery folder of an application (an executor id can never be this name)."""
+
+
+def agent_identity() -> dict[str, float]:
+    """This process as a discovery file names it: its pid and start time (which a reused pid
+    does not share)."""
+    return {"pid": os.getpid(), "started": psutil.Process().create_time()}
+
+
+def names_live_agent(announcement: Mapping[str, object]) -> bool:
+    """Whether the process a discovery file names (``agent_identity``) is running: that pid, started
+    at that time (as ``agent_identity`` read it). False for a missing or malformed identity."""
+    pid, started = announcement.get("pid"), announcement.get("started")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    if not isinstance(started, int | float) or isinstance(started, bool):
+        return False
+    try:
+        return abs(psutil.Process(pid).create_time() - float(started)) < 0.001
+    except psutil.Error:
+        return False
 
 
 def default_root() -> str:

@@ -52,6 +52,11 @@ AGENT_CONTROL = Service(
             Record({"shuffle": Int(0, I32), "paths": List(Str(4096, 1), 1 << 12)}),
             Int(0, 1),
         ),
+        Operation(
+            "carried_lost",
+            Record({"shuffle": Int(0, I32), "owners": List(Str(256, 1), 1 << 12)}),
+            Int(0, 1),
+        ),
     ),
 )
 """The agent's control operations: what ``MapOutputService`` serves and ``MapOutputClient`` calls."""

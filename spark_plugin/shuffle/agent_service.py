@@ -15,14 +15,19 @@ One per executor agent, living exactly as long as the agent (and so the executor
   ``buffer_reserve_timeout_s`` (then the reader is told what it waited for), and holds at most
   ``STREAM_POOL_SHARE`` of the pool (``partition_pool_share``). A stage nobody connected to
   within ``peer_timeout_s`` (a reducer that died in between) is freed by the reaper thread; so is
-  a stream whose reader was handed its end but never unstaged it;
+  a stream whose reader was handed its end but never unstaged it, and one whose reader went away
+  after the whole stream was queued (``abandoned``: nothing else would ever end it, and a staged
+  stream keeps its shuffle from the TTL);
 - lost outputs: a ``stage`` naming a map-output file of ours that is gone fails at once, and a
   reducer whose stream failed asks ``report_lost``; either way ``on_outputs_lost`` (the JVM side,
-  which has Spark drop this executor's map outputs so they are recomputed) is told, once;
+  which has Spark drop this executor's map outputs so they are recomputed) is told, once. So is it
+  for ``carried_lost``: this executor carries status rows of *another* executor's outputs (an
+  adaptive shuffle's cached rows, read here when the locality wait ran out), and those outputs
+  are lost: Spark drops the rows only with the executor that carries them (``tasks.carry_function``);
 - the control channel: an engine ``control_server.ControlServer`` of ``agent_protocol.AGENT_CONTROL``
-  (stage / unstage / release / metrics / report_lost, each a typed, size-capped JSON message checked
-  against its schema, sealed with the connection's session key after the mutual HMAC handshake;
-  nothing is unpickled), spoken by ``agent_client.MapOutputClient``;
+  (stage / unstage / release / metrics / report_lost / carried_lost, each a typed, size-capped JSON
+  message checked against its schema, sealed with the connection's session key after the mutual
+  HMAC handshake; nothing is unpickled), spoken by ``agent_client.MapOutputClient``;
 - a discovery file ``<root>/<app>/agents/<jvm pid>.json`` so Python workers, children of the
   same executor JVM, find it by walking their parent chain (``agent_client.find_agent``);
 - a secret desk (``local_secret.SecretDesk``, named in the discovery file) that hands the
@@ -37,7 +42,7 @@ times a shuffle's last read (both ends measured in this process), ``time()`` onl
 whose modification times are wall clock; a test moves a ``ManualClock`` past the TTL instead of
 waiting an hour. The TTL counts reads: a shuffle is forgotten after ``ttl_s`` with no stage, no
 stream end, no host-local read (``note_read`` touches its folder) and no write, and never while
-one of its streams is staged.
+one of its streams is staged (which a dead reader's stream is not for long: ``expire_stages``).
 """
 
 from __future__ import annotations
@@ -76,7 +81,7 @@ from arrow_shuffle.transport import Transport
 from arrow_shuffle.writer import RecordWriter
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 from heartbeat.rate_log import RateLog
-from spark_plugin.shuffle.agent_layout import agent_file, shuffle_folder, usable_executor_dirs
+from spark_plugin.shuffle.agent_layout import agent_file, agent_identity, shuffle_folder, usable_executor_dirs
 from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
 from spark_plugin.shuffle.local_secret import SecretDesk
 from spark_plugin.shuffle.map_output import Segment, read_segments
@@ -122,6 +127,21 @@ class _Staged:
     """``clock.monotonic()`` when the stream was staged."""
     thread: threading.Thread
     error: BaseException | None = None
+    drained_since: float | None = None
+    """``clock.monotonic()`` when the reaper first saw the stream ``_drained``; None while not."""
+
+
+def _drained(partition: ResultPartition) -> bool:
+    """Whole stream queued, queue empty, and its end not taken: a live reader takes the end at
+    once (it needs no credit), so this lasts only while the last buffer is being sent (a send is
+    bounded by ``peer_timeout_s``); past that, the reader went away and the server dropped the
+    queue (it does, for a reader that leaves before the end)."""
+    return (
+        partition.finished
+        and partition.connected
+        and not partition.consumed
+        and all(sub.backlog == 0 for sub in partition.subpartitions)
+    )
 
 
 class MapOutputService:
@@ -194,6 +214,7 @@ class MapOutputService:
             "spill_bytes": 0.0,  # staged streams never spill; the JVM's shuffle.spillBytes reads 0
             "shuffles_released": 0.0,
             "streams_expired": 0.0,
+            "streams_abandoned": 0.0,
             "streams_wait_timeouts": 0.0,
         }
         self._threads: list[threading.Thread] = []
@@ -228,6 +249,7 @@ class MapOutputService:
                 "release": self._release,
                 "metrics": self._metrics,
                 "report_lost": self._report_lost,
+                "carried_lost": self._carried_lost,
             },
             host,
             port,
@@ -255,7 +277,7 @@ class MapOutputService:
             "control_port": self.control_address[1],
             "dir": self.dir,
             "spread": list(self.dirs[1:]),
-            "pid": os.getpid(),
+            **agent_identity(),  # trusted only while this very process runs
         }
         if self._desk is not None:
             info["secret_socket"] = self._desk.name
@@ -367,26 +389,41 @@ class MapOutputService:
 
     def expire_stages(self) -> int:
         """Free the stages nobody connected to within ``peer_timeout_s`` of staging (their reducer
-        died or gave up in between), and forget streams that ended without an ``unstage``
-        (reader handed its end, or the stream failed); returns how many stages expired."""
+        died or gave up in between) and those whose reader went away after the whole stream was
+        queued (``_drained`` for ``peer_timeout_s``: no writer is left to notice), and forget
+        streams that ended without an ``unstage`` (reader handed its end, or the stream failed);
+        returns how many stages expired or were abandoned."""
         now = self._clock.monotonic()
-        expired, ended = [], []
+        timeout = self.config.peer_timeout_s
+        expired, abandoned, ended = [], [], []
         with self._lock:
             for pid, staged in self._staged.items():
                 partition = staged.partition
                 if partition.released or partition.consumed:
                     ended.append(pid)
-                elif not partition.connected and now - staged.started >= self.config.peer_timeout_s:
+                elif not partition.connected and now - staged.started >= timeout:
                     expired.append(pid)
+                elif not _drained(partition):
+                    staged.drained_since = None
+                elif staged.drained_since is None:
+                    staged.drained_since = now
+                elif now - staged.drained_since >= timeout:
+                    abandoned.append(pid)
             self._counters["streams_expired"] += len(expired)
+            self._counters["streams_abandoned"] += len(abandoned)
         for pid in expired:
+            log.info("staged stream %s expired: no reader connected within %gs", pid, timeout)
+            self.unstage(pid)
+        for pid in abandoned:
             log.info(
-                "staged stream %s expired: no reader connected within %gs", pid, self.config.peer_timeout_s
+                "staged stream %s abandoned: its reader went away before the end (not taken for %gs)",
+                pid,
+                timeout,
             )
             self.unstage(pid)
         for pid in ended:
             self.unstage(pid)
-        return len(expired)
+        return len(expired) + len(abandoned)
 
     def _next_expiry_s(self) -> float:
         """Real seconds until the next stage may expire, re-read at least every ``peer_timeout_s / 4``
@@ -395,9 +432,9 @@ class MapOutputService:
         now = self._clock.monotonic()
         with self._lock:
             deadlines = [
-                s.started + self.config.peer_timeout_s - now
+                (s.started if s.drained_since is None else s.drained_since) + self.config.peer_timeout_s - now
                 for s in self._staged.values()
-                if not s.partition.connected
+                if not s.partition.connected or s.drained_since is not None
             ]
         return max(0.01, min([tick, *deadlines]))
 
@@ -480,6 +517,43 @@ class MapOutputService:
                 missing.append(path)
         return missing
 
+    def carried_lost(self, shuffle_id: int, owners: Sequence[str]) -> bool:
+        """Status rows this executor carries name map outputs of ``owners`` that are lost (a
+        reducer found them gone or their agent unreachable): whether ``on_outputs_lost`` is told
+        (``"rows-stale"``), so that Spark replaces this executor, drops the rows it carries and
+        recomputes their map partitions. Not for a shuffle released or swept here (the query is
+        over) nor for rows of this executor's own outputs (``report_lost`` checks those)."""
+        with self._lock:
+            deleted = shuffle_id in self._deleted
+        if deleted or self.executor_id in owners:
+            log.warning(
+                "not taking stale status rows of shuffle %s (owners %s): %s",
+                shuffle_id,
+                list(owners)[:5],
+                "released or swept here"
+                if deleted
+                else "this executor's own outputs are checked by report_lost",
+            )
+            return False
+        log.warning(
+            "executor %s carries status rows of shuffle %s naming lost map outputs of executors %s",
+            self.executor_id,
+            shuffle_id,
+            list(owners)[:5],
+        )
+        self._tell_jvm("rows-stale")
+        return True
+
+    def _tell_jvm(self, reason: str) -> None:
+        """``on_outputs_lost(reason)``, the first time only (one replacement is all it takes)."""
+        with self._lock:
+            first, self._lost_reported = not self._lost_reported, True
+        if first and self._on_outputs_lost is not None:
+            try:
+                self._on_outputs_lost(reason)
+            except Exception:  # the caller's hook must not turn a lost file into a hung stage
+                log.exception("on_outputs_lost failed")
+
     def _outputs_lost(self, shuffle_id: int, missing: list[str]) -> bool:
         """Whether ``missing`` are lost (and the JVM told), not deleted here on purpose."""
         with self._lock:
@@ -498,13 +572,7 @@ class MapOutputService:
             self.executor_id,
             missing[:5],
         )
-        with self._lock:
-            first, self._lost_reported = not self._lost_reported, True
-        if first and self._on_outputs_lost is not None:
-            try:
-                self._on_outputs_lost("files-missing")
-            except Exception:  # the caller's hook must not turn a lost file into a hung stage
-                log.exception("on_outputs_lost failed")
+        self._tell_jvm("files-missing")
         return True
 
     def disk_bytes(self) -> int:
@@ -583,6 +651,9 @@ class MapOutputService:
 
     def _report_lost(self, args: dict[str, Any]) -> int:
         return int(self.report_lost(args["shuffle"], args["paths"]))
+
+    def _carried_lost(self, args: dict[str, Any]) -> int:
+        return int(self.carried_lost(args["shuffle"], args["owners"]))
 
 
 def _newest_mtime(path: str) -> float:

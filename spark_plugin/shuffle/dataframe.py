@@ -73,11 +73,24 @@ from spark_plugin.settings.units import parse_duration
 from spark_plugin.shuffle.adaptive import CoalesceSettings, coalesce, route_keys, settings_from_sql_conf
 from spark_plugin.shuffle.agent_client import MapOutputClient
 from spark_plugin.shuffle.map_output import check_keys
+from spark_plugin.shuffle.route import (
+    Route,
+    record_spark_path,
+    report,
+    route_of,
+    routed,
+    spark_group_apply,
+    spark_partition_apply,
+    spark_repartition,
+)
+from spark_plugin.shuffle.route import mark as mark_route
 from spark_plugin.shuffle.session import app_id, conf_entries, conf_value, default_parallelism, new_shuffle_id
 from spark_plugin.shuffle.tasks import (
+    CARRIED_DDL,
     REPORT_COLUMNS,
     STATUS_DDL,
     ShufflePlan,
+    carry_function,
     client_transport,
     group_consumer,
     map_function,
@@ -308,6 +321,12 @@ def _attached(df: DataFrame, name: str) -> Any:
 def shuffle_of(df: DataFrame) -> ShuffleHandle:
     """The shuffle behind a DataFrame returned by this module."""
     handle = _attached(df, "_arrowbeat_shuffle")
+    route = route_of(df)
+    if not isinstance(handle, ShuffleHandle) and route is not None:
+        raise ShuffleConfigError(
+            f"this DataFrame ran on Spark's exchange, not arrowbeat's ({route.reason}): it has no "
+            "arrowbeat shuffle; pass path='arrowbeat' to force one"
+        )
     if not isinstance(handle, ShuffleHandle):
         raise ShuffleConfigError(
             "this DataFrame was not produced by arrow_shuffle.repartition/group_apply/partition_apply"
@@ -316,8 +335,22 @@ def shuffle_of(df: DataFrame) -> ShuffleHandle:
 
 
 def release(df: DataFrame) -> int:
-    """Release the shuffle behind ``df`` (see ``ShuffleHandle.release``)."""
+    """Release the shuffle behind ``df`` (see ``ShuffleHandle.release``); 0 for a call that was
+    routed to Spark's exchange (``route``), which holds nothing of arrowbeat's."""
+    if route_of(df) is not None and not isinstance(_attached(df, "_arrowbeat_shuffle"), ShuffleHandle):
+        return 0
     return shuffle_of(df).release()
+
+
+def _routed_out(out: DataFrame, route: Route | None) -> DataFrame:
+    """Record a decided route: with the shuffle's own rows (arrowbeat's path), or on its own."""
+    if route is None:
+        return out
+    if route.path == "spark":
+        record_spark_path(out.sparkSession, route)
+    else:
+        shuffle_of(out).collected([report(route)])
+    return mark_route(out, route)
 
 
 # -- building the plan ---------------------------------------------------------------------------
@@ -517,7 +550,6 @@ def _build(
 ) -> DataFrame:
     handle = ShuffleHandle(spark, plan, mode)
     report = handle.reporter()
-    statuses: DataFrame
     chained = _attached(df, "_arrowbeat_chain")
     if mode == "pipelined":
         from spark_plugin.shuffle.pipelined import pipelined_function
@@ -530,16 +562,53 @@ def _build(
         _check_one_stage(pipelined, maps, plan.num_partitions)
         pipelined._arrowbeat_shuffle = handle  # type: ignore[attr-defined]
         return pipelined
+    statuses = map_side(df, plan, report)
+    return reduce_side(
+        spark, plan, handle, statuses, reduce_function(plan, report, consume), out_schema, adaptive
+    )
+
+
+def map_side(
+    df: DataFrame, plan: ShufflePlan, report: Callable[[dict[str, Any]], None], map_offset: int = 0
+) -> DataFrame:
+    """The status rows of ``df``'s map tasks (a chained ``map_in_arrow``/``map_in_pandas`` runs
+    inside them)."""
+    chained = _attached(df, "_arrowbeat_chain")
     if chained is not None:  # run the producing mapInArrow inside the map task: no JVM in between
         parent, pre = chained
-        statuses = parent.mapInArrow(map_function(plan, report, pre), STATUS_DDL)
-    else:
-        statuses = df.mapInArrow(map_function(plan, report), STATUS_DDL)
+        statuses: DataFrame = parent.mapInArrow(
+            _named(map_function(plan, report, pre, map_offset=map_offset), WRITE_UDF), STATUS_DDL
+        )
+        return statuses
+    return df.mapInArrow(_named(map_function(plan, report, map_offset=map_offset), WRITE_UDF), STATUS_DDL)
+
+
+WRITE_UDF, READ_UDF = "arrowbeat_shuffle_write", "arrowbeat_shuffle_read"
+"""The Python UDF names of the map and reduce sides: what ``explain()`` and the Spark UI's SQL
+tab show for an arrowbeat shuffle (Spark names a UDF after its function)."""
+
+
+def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+def reduce_side(
+    spark: SparkSession,
+    plan: ShufflePlan,
+    handle: ShuffleHandle,
+    statuses: DataFrame,
+    reduce_fn: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    out_schema: StructType,
+    adaptive: bool,
+) -> DataFrame:
+    """The reduce stage over ``statuses`` (coalesced by real sizes when ``adaptive``); the result
+    carries ``handle``."""
     tasks = plan.num_partitions
     coalesced = adaptive and plan.num_partitions > 1
     if coalesced or handle.connect:  # Spark Connect: the map side's reports are its status rows
         statuses, tasks = _eager_map_side(spark, plan, handle, statuses, coalesced)
-    out = statuses.repartition(tasks, "rk").mapInArrow(reduce_function(plan, report, consume), out_schema)
+    out = statuses.repartition(tasks, "rk").mapInArrow(_named(reduce_fn, READ_UDF), out_schema)
     out._arrowbeat_shuffle = handle  # type: ignore[attr-defined]
     return out
 
@@ -554,7 +623,8 @@ def _eager_map_side(
     Packing is what AQE does between query stages, done between the map side and the reduce
     side. The map stage runs here, once: its status rows are persisted, so the reduce side and
     any later evaluation read them instead of rerunning the maps (lost ones are recomputed from
-    lineage, with their map outputs). On Spark Connect the map side always runs here: the rows
+    lineage, with their map outputs), each stamped with the executor that shuffles it
+    (``tasks.carry_function``). On Spark Connect the map side always runs here: the rows
     it collects are also the map tasks' reports (which agents hold outputs to release), since
     there are no accumulators to carry them."""
     from pyspark import StorageLevel
@@ -574,9 +644,12 @@ def _eager_map_side(
         raise
     if handle.connect:
         handle.collected(write_reports(table))
-    if settings is None:
-        return statuses, plan.num_partitions
-    return _coalesced(plan, handle, statuses, table, settings)
+    tasks = plan.num_partitions
+    if settings is not None:
+        statuses, tasks = _coalesced(plan, handle, statuses, table, settings)
+    # Spark shuffles a cached partition from wherever it reads it, off its owner once the locality
+    # wait runs out: stamped, rows carried off their owner go with it if it loses its outputs.
+    return statuses.mapInArrow(carry_function(plan), CARRIED_DDL), tasks
 
 
 def _coalesced(
@@ -627,6 +700,26 @@ def map_in_arrow(
     return out
 
 
+def map_in_pandas(
+    df: DataFrame,
+    func: Callable[[Iterator[Any]], Iterator[Any]],
+    schema: StructType | str,
+) -> DataFrame:
+    """``df.mapInPandas(func, schema)`` that an arrowbeat shuffle after it *chains*, as
+    ``map_in_arrow``: inside the map task, its frames are converted as Spark converts them
+    (``compat.pandas_udf``) and go to the shuffle without becoming JVM rows."""
+    from spark_plugin.shuffle.grouped_map import pandas_batches
+    from spark_plugin.shuffle.session import pandas_conversion
+
+    out = df.mapInPandas(func, schema)
+    declared = out.schema
+    out._arrowbeat_chain = (  # type: ignore[attr-defined]
+        df,
+        pandas_batches(func, declared, to_arrow_schema(declared), pandas_conversion(df.sparkSession)),
+    )
+    return out
+
+
 def _partitions(
     df: DataFrame, num_partitions: int | None, key_columns: Sequence[str], mode: str, exact: bool
 ) -> tuple[SparkSession, ShufflePlan, bool]:
@@ -665,16 +758,24 @@ def _partitions(
 
 
 def repartition(
-    df: DataFrame, num_partitions: int | None, *key_columns: str, mode: str = "materialized"
+    df: DataFrame,
+    num_partitions: int | None,
+    *key_columns: str,
+    mode: str = "materialized",
+    path: str | None = None,
 ) -> DataFrame:
     """Like ``df.repartition(num_partitions, *key_columns)``: same rows, each key in one partition.
 
     ``num_partitions=None`` is ``df.repartition(*key_columns)``: Spark's partition count as the
     upper bound, coalesced by size once the map side has run (``spark.arrowbeat.shuffle.adaptive``);
-    an explicit count is kept exactly, as Spark keeps it."""
+    an explicit count is kept exactly, as Spark keeps it. ``path``: ``auto``, ``arrowbeat`` or
+    ``spark`` (None: ``spark.arrowbeat.shuffle.path``, arrowbeat's when unset; see ``route``)."""
     mode = check_mode(mode)
+    route = routed(df, "partition", path, num_partitions is not None)
+    if route is not None and route.path == "spark":
+        return _routed_out(spark_repartition(df, num_partitions, key_columns), route)
     spark, plan, adaptive = _partitions(df, num_partitions, key_columns, mode, exact=True)
-    return _build(df, spark, plan, mode, passthrough, df.schema, adaptive)
+    return _routed_out(_build(df, spark, plan, mode, passthrough, df.schema, adaptive), route)
 
 
 def partition_apply(
@@ -684,16 +785,21 @@ def partition_apply(
     func: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     schema: StructType | str,
     mode: str = "materialized",
+    path: str | None = None,
 ) -> DataFrame:
     """Like ``df.repartition(n, *keys).mapInArrow(func, schema)`` without Arrow -> JVM -> Arrow between.
 
     ``func`` runs once per reduce task, on every row of its partitions; partition counts as for
-    ``repartition``."""
+    ``repartition`` (``path`` too)."""
     mode = check_mode(mode)
+    route = routed(df, "partition", path, num_partitions is not None)
+    if route is not None and route.path == "spark":
+        out = spark_partition_apply(df, num_partitions, list(key_columns), func, schema)
+        return _routed_out(out, route)
     spark, plan, adaptive = _partitions(df, num_partitions, list(key_columns), mode, exact=True)
     out_schema = _struct(spark, schema)
     consume = partition_consumer(func, to_arrow_schema(out_schema))
-    return _build(df, spark, plan, mode, consume, out_schema, adaptive)
+    return _routed_out(_build(df, spark, plan, mode, consume, out_schema, adaptive), route)
 
 
 def group_apply(
@@ -703,24 +809,32 @@ def group_apply(
     schema: StructType | str,
     num_partitions: int | None = None,
     mode: str = "materialized",
+    path: str | None = None,
 ) -> DataFrame:
     """Like ``df.groupBy(*keys).applyInArrow(func, schema)``: ``func`` once per key group.
 
     Groups are found in Arrow in the reduce task (``grouping.iter_groups``), not by a JVM sort.
     ``num_partitions`` (default: Spark's) is an upper bound: with ``spark.arrowbeat.shuffle.adaptive``
     on (by default when AQE is) the map side runs when this is called and contiguous reduce
-    partitions are packed into tasks by their real sizes, as AQE packs a ``groupBy``'s."""
+    partitions are packed into tasks by their real sizes, as AQE packs a ``groupBy``'s. ``path``:
+    ``auto`` (Spark's ``applyInArrow`` for inputs measured faster there), ``arrowbeat`` or ``spark``
+    (None: ``spark.arrowbeat.shuffle.path``, arrowbeat's when unset; see ``route``)."""
     mode = check_mode(mode)
+    route = routed(df, "group", path, num_partitions is not None)
+    if route is not None and route.path == "spark":
+        out = spark_group_apply(df, list(key_columns), func, schema, num_partitions)
+        return _routed_out(out, route)
     spark, plan, adaptive = _partitions(df, num_partitions, list(key_columns), mode, exact=False)
     out_schema = _struct(spark, schema)
     consume = group_consumer(func, plan.key_columns, plan.schema, to_arrow_schema(out_schema))
-    return _build(df, spark, plan, mode, consume, out_schema, adaptive)
+    return _routed_out(_build(df, spark, plan, mode, consume, out_schema, adaptive), route)
 
 
 __all__ = [
     "ShuffleHandle",
     "group_apply",
     "map_in_arrow",
+    "map_in_pandas",
     "partition_apply",
     "release",
     "repartition",

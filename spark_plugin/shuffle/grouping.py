@@ -153,14 +153,42 @@ def _components(column: pa.Array) -> list[pa.Array]:
     raise ShuffleConfigError(f"cannot group by a column of type {kind}")
 
 
-def iter_groups(table: pa.Table, key_columns: Sequence[str]) -> Iterator[pa.Table]:
-    """Each group of rows with equal ``key_columns``, as a slice of the key-sorted table."""
+def group_bounds(table: pa.Table, key_columns: Sequence[str]) -> tuple[pa.Table, np.ndarray]:
+    """``table`` sorted by ``key_columns`` and where its groups start (plus its row count last):
+    group i is rows ``bounds[i]:bounds[i + 1]`` of the sorted table."""
     n = table.num_rows
     if n == 0:
-        return
+        return table, np.zeros(1, dtype=np.int64)
     components = [c for name in key_columns for c in _components(table.column(name).combine_chunks())]
     order, starts = _sorted_runs(components, n)
-    ordered = table.take(order)
-    bounds = np.append(np.flatnonzero(starts), n)
+    return table.take(order), np.append(np.flatnonzero(starts), n)
+
+
+def iter_groups(table: pa.Table, key_columns: Sequence[str]) -> Iterator[pa.Table]:
+    """Each group of rows with equal ``key_columns``, as a slice of the key-sorted table."""
+    ordered, bounds = group_bounds(table, key_columns)
     for start, end in itertools.pairwise(bounds):
         yield ordered.slice(int(start), int(end - start))
+
+
+def iter_cogroups(
+    left: pa.Table, left_keys: Sequence[str], right: pa.Table, right_keys: Sequence[str]
+) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """Each key present on either side: that key's rows of ``left`` and of ``right`` (one of the two
+    empty, with its columns, when the key is on one side only, as Spark's cogroup passes it).
+
+    One sort over both sides' keys together, so the two sides meet with the same equality as one
+    side's rows (the n-th key of each side must have the same type)."""
+    n_left, n = left.num_rows, left.num_rows + right.num_rows
+    if n == 0:
+        return
+    components = []
+    for lk, rk in zip(left_keys, right_keys, strict=True):
+        both = pa.concat_arrays([left.column(lk).combine_chunks(), right.column(rk).combine_chunks()])
+        components += _components(both)
+    order, starts = _sorted_runs(components, n)
+    bounds = np.append(np.flatnonzero(starts), n)
+    for start, end in itertools.pairwise(bounds):
+        rows = np.sort(order[int(start) : int(end)])  # each side's rows in their arrival order
+        split = int(np.searchsorted(rows, n_left))
+        yield left.take(rows[:split]), right.take(rows[split:] - n_left)

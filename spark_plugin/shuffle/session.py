@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
 from spark_plugin.compat.connect import is_connect
+from spark_plugin.compat.pandas_udf import PandasConversion
 
 log = logging.getLogger("arrowbeat.shuffle")
 
@@ -138,3 +139,44 @@ def default_parallelism(spark: Any) -> int:
             pass  # Spark would refuse it too; count what it really does
     _, partitions = probe(spark, count_parallelism=True)
     return partitions
+
+
+def sql_conf(spark: Any, key: str, default: str) -> str:
+    """One SQL setting as the session sees it (runtime conf: ``spark.conf.set`` included)."""
+    value = spark.conf.get(key, None)
+    return default if value in (None, "", "<undefined>") else str(value)
+
+
+def _flag(spark: Any, key: str, default: str) -> bool:
+    return sql_conf(spark, key, default).strip().lower() == "true"
+
+
+def pandas_conversion(spark: Any) -> PandasConversion:
+    """The settings PySpark's pandas UDF workers would convert with in this session (read once,
+    when the plan is made, and shipped with it)."""
+    return PandasConversion(
+        timezone=sql_conf(spark, "spark.sql.session.timeZone", "") or None,
+        safecheck=_flag(spark, "spark.sql.execution.pandas.convertToArrowArraySafely", "false"),
+        assign_cols_by_name=_flag(
+            spark, "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName", "true"
+        ),
+        prefer_int_ext_dtype=_flag(
+            spark, "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype", "false"
+        ),
+        int_to_decimal_coercion=_flag(
+            spark, "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled", "false"
+        ),
+        large_var_types=_flag(spark, "spark.sql.execution.arrow.useLargeVarTypes", "false"),
+    )
+
+
+def arrow_batch_rows(spark: Any) -> int:
+    """``spark.sql.execution.arrow.maxRecordsPerBatch`` (<= 0: no limit, as in Spark)."""
+    text = sql_conf(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+    try:
+        rows = int(text)
+    except ValueError:
+        raise ShuffleConfigError(
+            f"spark.sql.execution.arrow.maxRecordsPerBatch={text!r}: expected an integer"
+        ) from None
+    return rows if rows > 0 else 1 << 62

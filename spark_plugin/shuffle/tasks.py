@@ -92,6 +92,12 @@ STATUS_DDL = (
     "control_port int, path string, segments string, bytes bigint, batches bigint, rows bigint, "
     "spill_bytes bigint, seconds double"
 )
+CARRIER_SCHEMA = pa.schema(
+    [("carrier", pa.string()), ("carrier_host", pa.string()), ("carrier_port", pa.int32())]
+)
+"""Where a status row was shuffled from (``carry_function``): the executor, and its agent's host and
+control port. Absent, the row was shuffled by the map task itself, from the executor it names."""
+CARRIED_DDL = STATUS_DDL + ", carrier string, carrier_host string, carrier_port int"
 
 
 @dataclass(frozen=True)
@@ -187,14 +193,19 @@ def map_function(
     report: Report,
     pre: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]] | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    map_offset: int = 0,
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The map task; ``pre`` is a chained ``mapInArrow`` function run in the same worker first."""
+    """The map task; ``pre`` is a chained ``mapInArrow`` function run in the same worker first.
+
+    ``map_offset`` is added to Spark's partition index: a cogroup's right side numbers its map
+    partitions from ``RIGHT_MAPS`` so that both sides' outputs of one shuffle stay apart."""
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         if pre is not None:
             batches = _checked(pre(batches), plan.schema, "the chained mapInArrow function")
         started = clock.monotonic()
         map_index, attempt, stage = _task()
+        map_index += map_offset
         agent = find_agent(shuffle_roots(plan.root), plan.app_id, clock=clock)
         name = f"m{check_id(map_index, 'map partition')}-{check_id(attempt, 'task attempt')}"
         path = os.path.join(
@@ -252,6 +263,38 @@ def map_function(
             ],
             schema=STATUS_SCHEMA,
         )
+
+    return run
+
+
+def carry_function(
+    plan: ShufflePlan, clock: Clock = SYSTEM_CLOCK
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Stamps persisted status rows with the executor that shuffles them (``CARRIER_SCHEMA``).
+
+    An adaptive shuffle's status rows are cached where their map task ran, and Spark shuffles a
+    cached partition from wherever it reads it: off its owner when the locality wait runs out. The
+    rows are then held by an executor that does not hold their files, and replacing the owner
+    (lost outputs) leaves them behind, stale, for every retry. Stamped, a reducer that finds the
+    outputs lost tells the carrier too (``lost_outputs``), whose replacement is the fetch failure
+    that has Spark recompute them."""
+
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        me: AgentInfo | None = None
+        for batch in batches:
+            if me is None:
+                me = find_agent(shuffle_roots(plan.root), plan.app_id, clock=clock)
+            n = batch.num_rows
+            columns = [batch.column(name) for name in STATUS_SCHEMA.names]
+            columns += [
+                pa.array([me.executor_id] * n, pa.string()),
+                pa.array([me.host] * n, pa.string()),
+                pa.array([me.control_port] * n, pa.int32()),
+            ]
+            schema = pa.schema([*STATUS_SCHEMA, *CARRIER_SCHEMA])
+            yield pa.RecordBatch.from_arrays(
+                [c.cast(f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+            )
 
     return run
 
@@ -326,7 +369,11 @@ def statuses_by_reducer(batches: Iterable[pa.RecordBatch]) -> dict[int, list[dic
     if not received:
         return {}
     # Columns by name, nullability ignored: an adaptive shuffle recomputes ``rk`` (non-null).
-    table = pa.Table.from_batches(received).select(STATUS_SCHEMA.names).cast(STATUS_SCHEMA)
+    table = pa.Table.from_batches(received)
+    schema = STATUS_SCHEMA
+    if CARRIER_SCHEMA.names[0] in table.column_names:  # rows shuffled from a cache (``carry_function``)
+        schema = pa.schema([*STATUS_SCHEMA, *CARRIER_SCHEMA])
+    table = table.select(schema.names).cast(schema)
     rows = table.to_pylist()
     found: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
     for row in rows:
@@ -497,7 +544,9 @@ def lost_outputs(
     the task's retry meets a fetch failure and Spark recomputes exactly those map partitions. So,
     first, each owner's agent is told which of its files could not be read (``report_lost``): one
     that finds them gone has its JVM ask Spark to replace the executor; an agent that died made
-    its JVM ask already. Then the task waits, at most ``plan.lost_wait_s`` (Spark's own
+    its JVM ask already. Rows of those owners that another executor carries (``stale_carriers``)
+    would outlive that replacement: the carrier's agent is told (``carried_lost``) and has its
+    executor replaced too. Then the task waits, at most ``plan.lost_wait_s`` (Spark's own
     ``spark.shuffle.io.retryWait`` before a fetch failure), for those agents to stop answering:
     their executors are going, and the retry then sees a fetch failure, not the same stale
     outputs."""
@@ -505,6 +554,7 @@ def lost_outputs(
     for s in statuses:
         owners[(str(s["host"]), int(s["control_port"]))].append(str(s["path"]))
     answering = []
+    lost = set()
     for (host, port), paths in owners.items():
         try:
             with MapOutputClient(
@@ -513,8 +563,19 @@ def lost_outputs(
                 chunks = [paths[i : i + 1000] for i in range(0, len(paths), 1000)]
                 if any([client.report_lost(plan.shuffle_id, chunk) for chunk in chunks]):
                     answering.append((host, port))
+                    lost.add((host, port))
         except ShuffleError:
+            lost.add((host, port))
             continue  # the agent is gone: its JVM reported the loss when it died
+    for (host, port), gone in stale_carriers(statuses, lost).items():
+        try:
+            with MapOutputClient(
+                (host, port), plan.secret, f"agent {host}:{port}", transport=client_transport(plan)
+            ) as client:
+                if client.carried_lost(plan.shuffle_id, gone):
+                    answering.append((host, port))
+        except ShuffleError:
+            continue  # the carrier is gone: Spark dropped what it carried
     deadline = clock.monotonic() + plan.lost_wait_s
     pause = threading.Event()
     while answering and clock.monotonic() < deadline:
@@ -523,6 +584,23 @@ def lost_outputs(
     if not answering:  # give the driver the moment it needs to drop the executor's outputs
         pause.wait(min(1.0, plan.lost_wait_s))
     return MapOutputLostError(message)
+
+
+def stale_carriers(
+    statuses: Sequence[dict[str, Any]], lost: set[tuple[str, int]]
+) -> dict[tuple[str, int], list[str]]:
+    """The agents (host, control port) of executors that carry status rows naming outputs of the
+    owners in ``lost`` (their agent found them missing, or is unreachable), with those owners'
+    executor ids. A row is trusted only where its outputs are: one carried elsewhere
+    (``carry_function``) outlives its owner's replacement, so the carrier must go too."""
+    carriers: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for s in statuses:
+        carrier = s.get("carrier")
+        if not carrier or carrier == s["executor"]:
+            continue
+        if (str(s["host"]), int(s["control_port"])) in lost:
+            carriers[(str(s["carrier_host"]), int(s["carrier_port"]))].add(str(s["executor"]))
+    return {address: sorted(owners) for address, owners in carriers.items()}
 
 
 def _answers(address: tuple[str, int]) -> bool:
@@ -584,28 +662,80 @@ def reduce_function(
         stats = ReadStats()
         yield from consume(reducers[0], read_partitions(plan, by_reducer, me, stats))
         pa.default_memory_pool().release_unused()
-        report(
-            {
-                "side": "read",
-                "partition": reducers[0],
-                "reducers": [reducers[0], reducers[-1]],
-                "attempt": attempt,
-                "recomputed": bool(stats.recomputed),
-                "recomputed_maps": stats.recomputed,
-                "executor": me.executor_id,
-                "control": [me.host, me.control_port],
-                "bytes": stats.bytes,
-                "file_bytes": stats.file_bytes,
-                "streamed_bytes": stats.streamed_bytes,
-                "batches": stats.batches,
-                "rows": stats.rows,
-                "spill_bytes": 0,
-                "blocked_s": stats.blocked_s,
-                "seconds": clock.monotonic() - started,
-            }
-        )
+        report(_read_report(reducers, attempt, me, stats, clock.monotonic() - started))
 
     return run
+
+
+RIGHT_MAPS = 1 << 30
+"""A cogroup's two inputs share one shuffle: map partition ``i`` of the right side is ``RIGHT_MAPS + i``
+in its status rows, file names and ``shuffle_metrics`` rows."""
+
+
+def cogroup_reduce_function(
+    left: ShufflePlan,
+    right: ShufflePlan,
+    report: Report,
+    consume: Callable[[int, Iterator[pa.RecordBatch], Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+    clock: Clock = SYSTEM_CLOCK,
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The reduce task of a cogroup: both sides' map outputs of its reduce partitions (told apart
+    by map index, ``RIGHT_MAPS``), each read with its own schema, then ``consume(first reducer,
+    left batches, right batches)``. One read report for both sides."""
+
+    def run(status_batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        by_reducer = statuses_by_reducer(status_batches)
+        if not by_reducer:
+            return
+        me = find_agent(shuffle_roots(left.root), left.app_id, clock=clock)
+        _, attempt, _ = _task()
+        reducers = sorted(by_reducer)
+        lefts = {r: [s for s in rows if s["map"] < RIGHT_MAPS] for r, rows in by_reducer.items()}
+        rights = {r: [s for s in rows if s["map"] >= RIGHT_MAPS] for r, rows in by_reducer.items()}
+        started = clock.monotonic()
+        stats, right_stats = ReadStats(), ReadStats()
+        left_batches = _side(left, lefts, me, stats)
+        right_batches = _side(right, rights, me, right_stats)
+        yield from consume(reducers[0], left_batches, right_batches)
+        pa.default_memory_pool().release_unused()
+        for name in ("bytes", "batches", "rows", "file_bytes", "streamed_bytes", "blocked_s"):
+            setattr(stats, name, getattr(stats, name) + getattr(right_stats, name))
+        stats.recomputed = sorted(stats.recomputed + right_stats.recomputed)
+        report(_read_report(reducers, attempt, me, stats, clock.monotonic() - started))
+
+    return run
+
+
+def _side(
+    plan: ShufflePlan, by_reducer: dict[int, list[dict[str, Any]]], me: AgentInfo, stats: ReadStats
+) -> Iterator[pa.RecordBatch]:
+    """One cogroup side's batches (none when no map task of that side wrote to these partitions)."""
+    present = {r: rows for r, rows in by_reducer.items() if rows}
+    if present:
+        yield from read_partitions(plan, present, me, stats)
+
+
+def _read_report(
+    reducers: Sequence[int], attempt: str, me: AgentInfo, stats: ReadStats, seconds: float
+) -> dict[str, Any]:
+    return {
+        "side": "read",
+        "partition": reducers[0],
+        "reducers": [reducers[0], reducers[-1]],
+        "attempt": attempt,
+        "recomputed": bool(stats.recomputed),
+        "recomputed_maps": stats.recomputed,
+        "executor": me.executor_id,
+        "control": [me.host, me.control_port],
+        "bytes": stats.bytes,
+        "file_bytes": stats.file_bytes,
+        "streamed_bytes": stats.streamed_bytes,
+        "batches": stats.batches,
+        "rows": stats.rows,
+        "spill_bytes": 0,
+        "blocked_s": stats.blocked_s,
+        "seconds": seconds,
+    }
 
 
 # -- what the reduce side does with the batches --------------------------------------------------

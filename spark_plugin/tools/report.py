@@ -4,7 +4,8 @@ The history comes from ``spark_plugin.history.reader`` (delta-rs, no Spark sessi
 from ``report_plots``; this module lays them out: per executor, the heartbeat round-trip times and
 the gaps between consecutive heartbeats over time, with the lifecycle events marked (a missed
 heartbeat, a broken stream, a re-registration, an unregistration, Spark's own removals); the Arrow
-shuffle's bytes per shuffle; summary tables (each executor's lifetime, longest gap, timeouts).
+shuffle's bytes per shuffle; summary tables (each executor's lifetime, longest gap, timeouts);
+first of all, the intervals in which the RM itself kept no history (``MONITORING_GAP``).
 The plots are embedded as ``data:`` URIs, so the file opens anywhere, offline, and names no
 external URL. Every text that came from the wire (ids, hosts, details) passes ``wire_text`` and
 is HTML-escaped.
@@ -74,6 +75,31 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _gaps_section(history: AppHistory) -> list[str]:
+    """The intervals without history (the RM was down and restarted), first: there, the plots'
+    silence is a hole in the record, not health."""
+    gaps = history.monitoring_gaps
+    if not gaps:
+        return []
+    rows = [
+        [
+            _when(None if g.start is None else dt.datetime.fromtimestamp(g.start, dt.UTC)),
+            _when(dt.datetime.fromtimestamp(g.end, dt.UTC)),
+            "-" if g.seconds is None else f"{g.seconds:.1f}",
+            str(g.lost_rows),
+            _t(wire_text(g.cause)),
+        ]
+        for g in gaps
+    ]
+    return [
+        '<h2 class="bad">Monitoring gaps</h2>',
+        f'<p class="note">{len(gaps)} intervals in which arrowbeat\'s ResourceManager was down (dead or '
+        "hung, then restarted) and kept no history: no heartbeat or event there says nothing about "
+        "the executors. Rows lost in flight are a lower bound.</p>",
+        _table(["from", "to", "seconds", "rows lost", "cause"], rows, text_columns=(4,)),
+    ]
+
+
 def render(history: AppHistory, timeout_s: float = DEFAULT_TIMEOUT_S, max_plots: int = 64) -> str:
     """The report as one HTML document (PNG plots inline)."""
     execs = history.executors
@@ -90,6 +116,7 @@ def render(history: AppHistory, timeout_s: float = DEFAULT_TIMEOUT_S, max_plots:
         f"(UTC). {len(execs)} executors, {sum(len(e.beat_ts) for e in execs)} heartbeats, "
         f"{len(history.events)} lifecycle events ({losses} losses). Gaps are measured against the "
         f"heartbeat timeout {timeout_s:g} s (<code>--timeout</code>).</p>",
+        *_gaps_section(history),
         "<h2>Executors</h2>",
     ]
     summary = []

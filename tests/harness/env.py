@@ -18,6 +18,9 @@ from pathlib import Path
 from tests.harness.procs import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
+NO_JVM = "ARROWBEAT_TESTS_NO_JVM"
+"""Set when this run starts no JVM beside another that does (``scripts/run_tests.py``): the work
+dirs that appear meanwhile are the other run's, and it removes them."""
 _scratch: Path | None = None
 _work_before: set[str] = set()
 
@@ -60,7 +63,7 @@ def remove_own_work_dirs() -> list[str]:
     import psutil
 
     work = _local_cluster_work()
-    if _scratch is None or not work.is_dir():
+    if _scratch is None or not work.is_dir() or os.environ.get(NO_JVM):
         return []
     new = [work / name for name in os.listdir(work) if name not in _work_before]
     busy: set[Path] = set()

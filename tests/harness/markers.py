@@ -2,7 +2,8 @@
 JVM and builds no wheel without each module having to remember its ``pytestmark``.
 
 ``tests/conftest.py`` imports the hook below; a test is marked ``spark`` when it lives under one
-of ``SPARK_FOLDERS`` or uses one of ``JVM_FIXTURES`` (directly or through another fixture)."""
+of ``SPARK_FOLDERS`` or uses one of ``JVM_FIXTURES`` (directly or through another fixture). Tests
+marked ``chaos`` run last."""
 
 from __future__ import annotations
 
@@ -27,9 +28,17 @@ def needs_jvm(item: pytest.Item) -> bool:
     return not JVM_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
 
 
-@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Adds the ``spark`` marker to every collected test that ``needs_jvm``."""
+LAST = ("chaos",)
+"""Markers whose tests run after every other test of the session: the chaos soak's short form
+(minutes of faults on a cluster of its own) runs when the suite's other applications are done and
+the JVM-less half beside it (``scripts/run_tests.py``) has long finished."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Adds the ``spark`` marker to every collected test that ``needs_jvm``, and moves the tests
+    of a ``LAST`` marker to the end."""
     for item in items:
         if needs_jvm(item) and item.get_closest_marker("spark") is None:
             item.add_marker(pytest.mark.spark)
+    items.sort(key=lambda item: any(item.get_closest_marker(m) for m in LAST))  # stable: order kept

@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -301,11 +302,16 @@ class StandaloneCluster:
         """SIGSTOP on the Worker and every process under it: the whole host hangs."""
         return self._signal_host(worker, "suspend")
 
-    def thaw(self, worker: Worker) -> None:
-        """SIGCONT on the Worker and every process under it."""
-        for proc in reversed(self.processes_of(worker)):
+    def thaw(self, worker: Worker) -> float:
+        """SIGCONT on the Worker and every process under it; returns the wall time taken just
+        before the first SIGCONT. Whatever the host records after it (a re-registration may come
+        within milliseconds, before the caller could read a clock) is this thaw's doing."""
+        procs = list(reversed(self.processes_of(worker)))
+        thawed_at = time.time()
+        for proc in procs:
             with contextlib.suppress(psutil.Error):
                 proc.resume()
+        return thawed_at
 
     def kill(self, worker: Worker) -> None:
         """SIGKILL on the Worker and everything under it: the host is gone (``start_worker`` and

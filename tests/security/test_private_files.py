@@ -30,7 +30,13 @@ from arrow_shuffle.private_files import (
 )
 from spark_plugin.shuffle import agent_client, agent_service
 from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, announced_agents, find_agent
-from spark_plugin.shuffle.agent_layout import agent_file, default_root, shuffle_root, shuffle_roots
+from spark_plugin.shuffle.agent_layout import (
+    agent_file,
+    agent_identity,
+    default_root,
+    shuffle_root,
+    shuffle_roots,
+)
 from spark_plugin.shuffle.agent_service import MapOutputService
 from spark_plugin.shuffle.map_output import MapOutputWriter
 from spark_plugin.shuffle.tasks import ReadStats, ShufflePlan, map_function, read_partitions
@@ -93,7 +99,7 @@ def announcement(app: Path, executor: str = "9", **override: Any) -> dict[str, A
         "data_port": 4000,
         "control_port": 4001,
         "dir": str(app / executor),
-        "pid": 1,
+        **agent_identity(),  # a live process: a discovery file naming a dead one is ignored
     }
     info.update(override)
     return info

@@ -222,7 +222,8 @@ def test_lifecycle_feed_prints_every_event(frozen_run: FrozenRun) -> None:
 
 
 def test_the_jobs_run_through_spark_submit(frozen_run: FrozenRun, scratch: Path) -> None:
-    """Both jobs as users start them: ``spark-submit <plugin flags> jobs/X.py ... --available-now``."""
+    """Both jobs as users start them: ``spark-submit <plugin flags> jobs/X.py ... --available-now``
+    (the two applications run at once: each reads the tables, neither writes what the other reads)."""
     tables = frozen_run.tables
     health_out = scratch / "submitted-health"
     health = SubmittedApp(
@@ -236,11 +237,6 @@ def test_the_jobs_run_through_spark_submit(frozen_run: FrozenRun, scratch: Path)
     )
     feed = None
     try:
-        assert health.wait(timeout_s=300) == 0, health.log_tail()
-        from deltalake import DeltaTable
-
-        flagged = DeltaTable(str(health_out)).to_pyarrow_table().to_pylist()
-        assert frozen_run.frozen in {r["executor_id"] for r in flagged if r["gap_exceeds_timeout"]}
         feed = SubmittedApp(
             JOBS / "lifecycle_feed.py",
             "local[1]",
@@ -250,6 +246,11 @@ def test_the_jobs_run_through_spark_submit(frozen_run: FrozenRun, scratch: Path)
                 "--available-now",
             ],
         )
+        assert health.wait(timeout_s=300) == 0, health.log_tail()
+        from deltalake import DeltaTable
+
+        flagged = DeltaTable(str(health_out)).to_pyarrow_table().to_pylist()
+        assert frozen_run.frozen in {r["executor_id"] for r in flagged if r["gap_exceeds_timeout"]}
         assert feed.wait(timeout_s=300) == 0, feed.log_tail()
         printed = [line for line in feed.stdout_lines() if " executor " in line]
         assert len(printed) == len(events(tables))

@@ -292,8 +292,7 @@ class TestClientMode:
         try:
             assert wait_until(lambda: first_event(tables, frozen_id, LOSS_EVENTS, stopped_at), WAIT_S)
         finally:
-            cluster.thaw(frozen)
-        thawed_at = time.time()
+            thawed_at = cluster.thaw(frozen)  # before the SIGCONT: a re-registration may follow at once
         assert wait_until(lambda: first_event(tables, frozen_id, {"REREGISTERED"}, thawed_at), WAIT_S)
         loss = first_event(tables, frozen_id, LOSS_EVENTS, stopped_at)
         assert loss is not None and loss["event"] == "HEARTBEAT_TIMEOUT", events_after(tables, frozen_id, 0)

@@ -18,6 +18,7 @@ from spark_plugin.history import (
     IncompatibleTableError,
     TablePathError,
     known_executors,
+    recover,
 )
 from tests.harness.procs import wait_until
 
@@ -368,3 +369,7 @@ def test_a_restarted_rm_recovers_the_executors_it_knew(tmp_path: Path) -> None:
     known = {e.executor_id: e.last_event for e in known_executors(tmp_path, "app-1")}
     assert known == {"1": "REGISTERED", "3": "HEARTBEAT_TIMEOUT"}
     assert known_executors(tmp_path / "elsewhere", "app-1") == []
+    replayed = recover(tmp_path, "app-1").events  # every event of the application, oldest first
+    assert ("REGISTERED", "9") not in replayed  # another application's
+    assert replayed[-2:] == [("UNMONITORED", "6"), ("TASK_STUCK", "1")]
+    assert [x for _, x in replayed].count("5") == 2 and len(replayed) == 11

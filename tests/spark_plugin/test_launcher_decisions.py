@@ -123,6 +123,9 @@ class FakeRm:
     def agent_not_started(self, executor_id: str, reason: str) -> None:
         pass
 
+    def agent_down(self, executor_id: str, pid: int, detail: str) -> None:
+        pass
+
     def executor_removed(self, executor_id: str, kind: EventKind, detail: str) -> None:
         self.removed.append((executor_id, kind, detail))
 

@@ -97,6 +97,9 @@ class Cluster:
     def agent_not_started(self, executor_id: str, reason: str) -> None:
         self._core.agent_not_started(executor_id, reason)
 
+    def agent_down(self, executor_id: str, pid: int, detail: str) -> None:
+        self._core.agent_down(executor_id, pid, detail)
+
     def executor_removed(self, executor_id: str, kind: EventKind, detail: str) -> None:
         self._core.cluster_removed(executor_id, kind, detail)
 

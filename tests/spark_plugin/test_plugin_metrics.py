@@ -136,6 +136,36 @@ def test_driver_figures_count_states_and_age_each_watched_executor() -> None:
     assert "executor.1.rttMs=1.25" in lines[0].split(" ")
 
 
+def test_a_restarted_rms_counters_go_on_from_the_recorded_events() -> None:
+    """Spark's ``events.*`` counters never go back to zero when the driver-side process restarts:
+    the new process replays what the old one recorded, then counts on."""
+    before = LivenessTally()
+    recorded = [
+        ("REGISTERED", "1"),
+        ("HEARTBEAT_TIMEOUT", "1"),
+        ("REREGISTERED", "1"),
+        ("UNREACHABLE", "2"),
+        ("SPARK_LOST", "2"),
+        ("TASK_STUCK", "1"),
+    ]
+    for kind, executor in recorded:
+        before(event(EventKind(kind), executor))
+    after = LivenessTally()
+    after.replay(recorded)
+    assert (
+        after.counts()
+        == before.counts()
+        == {
+            "events.heartbeatTimeout": 1,
+            "events.unreachable": 1,
+            "events.reregistered": 1,
+        }
+    )
+    assert after.gone("2") and not after.gone("1")
+    after(event(EventKind.HEARTBEAT_TIMEOUT, "1"))
+    assert after.counts()["events.heartbeatTimeout"] == 2
+
+
 def test_executor_figures_map_the_agents_shuffle_figures() -> None:
     agent = {
         "shuffle_pool_used_bytes": 4096.0,

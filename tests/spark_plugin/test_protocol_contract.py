@@ -25,6 +25,7 @@ from spark_plugin.jvm.protocol import (
     MAX_METRICS_FIELDS,
     METRICS,
     Age,
+    AgentDown,
     AgentNotStarted,
     AppAssigned,
     Collector,
@@ -36,7 +37,7 @@ from spark_plugin.jvm.protocol import (
     TaskFigures,
 )
 from spark_plugin.jvm.sidecar import JvmLink
-from spark_plugin.monitoring.driver_spark_view import parse_line
+from spark_plugin.monitoring.driver_spark_view import agent_down_detail, parse_line
 from spark_plugin.monitoring.executor_tasks import parse_tasks_line
 
 pytestmark = pytest.mark.spark
@@ -138,6 +139,43 @@ def check_executor_lines(jvm: Jvm) -> None:
         "replaced",
         "app-end",
         "app-end",
+    ]
+
+
+def check_agent_down(jvm: Jvm) -> None:
+    """An executor plugin's word that its agent exited: formatted by the JVM from the raw facts,
+    relayed by the driver plugin, read by the driver-side process (cause made printable, cut)."""
+    signal_cause, status_cause = jvm_writes(
+        jvm, ("agent-exit-cause", "137", "ignored"), ("agent-exit-cause", "3", "ERROR agent 1 stops: x")
+    )
+    assert signal_cause == "agent exited (killed by signal 9)"
+    assert status_cause == "agent exited (status 3): ERROR agent 1 stops: x"
+    lines = jvm_writes(
+        jvm,
+        ("executor-agent-down", "7", "4242", "0", status_cause),
+        ("executor-agent-down", "8", "17", "45000", "é\n" + "x" * 400),
+        ("executor-agent-down", "9", "1", "0", ""),
+    )
+    parsed = [protocol.parse_executor_line(line) for line in lines]
+    assert parsed[0] == AgentDown("7", 4242, 0, status_cause)
+    cut = parsed[1]
+    assert isinstance(cut, AgentDown) and (cut.pid, cut.restart_in_ms) == (17, 45000)
+    assert cut.cause.startswith("\\u00e9\\u000a") and cut.cause.endswith("...(cut)")
+    assert parsed[2] == AgentDown("9", 1, 0, "-")
+    relayed = jvm([("plugin-message", line) for line in lines])
+    assert relayed == lines  # the driver plugin passes each on unchanged
+    bad = [
+        "executor-agent-down driver 1 0 x",
+        "executor-agent-down 7 -1 0 x",
+        "executor-agent-down 7 1 0 ",
+        "executor-agent-down 7 1 0 " + "x" * 200,
+        "executor-agent-down 7 1 0 tab\there",
+    ]
+    assert jvm([("plugin-message", line) for line in bad]) == ["-"] * len(bad)
+    assert [protocol.parse_executor_line(line) for line in bad[1:4]] == [None] * 3
+    assert [agent_down_detail(d) for d in parsed[:2] if isinstance(d, AgentDown)] == [
+        f"{status_cause}; restarting it",
+        f"{cut.cause}; restarting it in 45 s (restarts are rate-limited)",
     ]
 
 
@@ -290,6 +328,25 @@ def check_metrics_snapshots_and_ages(jvm: Jvm) -> None:
     assert answers[6] == "100.0"  # not an age: as sent
 
 
+def check_alive(jvm: Jvm) -> None:
+    """The driver-side process's answer to a pulse: the JVM reads the two figures it hands a
+    restarted process (``history.gaps``), and refuses anything else."""
+    good = [protocol.alive_line(1_767_225_600_123, 42), protocol.alive_line(0, 0)]
+    bad = [
+        f"{protocol.ALIVE} 1 2 3",
+        f"{protocol.ALIVE} -1 2",
+        f"{protocol.ALIVE} 1",
+        f"{protocol.ALIVE} {'9' * 16} 0",
+        f"{protocol.ALIVE}X 1 2",
+        f"{protocol.ALIVE}  1 2",
+    ]
+    answers = jvm([("alive", line) for line in [*good, *bad]])
+    assert answers == ["1767225600123 42", "0 0", *["-"] * len(bad)]
+    for complete, unsaved in ((-1, 0), (0, 10**15), (True, 0), (1.5, 0)):
+        with pytest.raises(JvmCommandError):
+            protocol.alive_line(complete, unsaved)  # type: ignore[arg-type]
+
+
 def check_plugin_messages(jvm: Jvm) -> None:
     """Between the two plugins (Java only): what reaches the driver-side process is a line of
     Python's grammar, and anything malformed reaches nothing."""
@@ -322,6 +379,7 @@ CHECKS: dict[str, Callable[[Jvm], None]] = {
     "executor-added": check_executor_lines,
     "executor-removed": check_executor_lines,
     "executor-unmonitored": check_executor_lines,
+    "executor-agent-down": check_agent_down,
     "executor-outputs-lost": check_executor_lines,
     "executor-replacement": check_executor_lines,
     "tasks": check_tasks,
@@ -329,6 +387,7 @@ CHECKS: dict[str, Callable[[Jvm], None]] = {
     "ready": check_ready,
     "command": check_commands,
     "metrics": check_metrics,
+    "alive": check_alive,
     "plugin-message": check_plugin_messages,
 }
 

@@ -158,6 +158,9 @@ class FakeRm:
     def agent_not_started(self, executor_id: str, reason: str) -> None:
         self.calls.append(("not-started", executor_id, reason))
 
+    def agent_down(self, executor_id: str, pid: int, detail: str) -> None:
+        self.calls.append(("agent-down", executor_id, pid, detail))
+
     def executor_removed(self, executor_id: str, kind: EventKind, detail: str) -> None:
         self.calls.append(("removed", executor_id, kind, detail))
 

@@ -1,12 +1,13 @@
 """A spark-submit application for tests and benchmarks: runs a job, reports, then waits for a go file.
 
-``hold_app.py GO_FILE [--max-wait S] [--busy] [--shuffle] [--tls-key-out PATH]``.
+``hold_app.py GO_FILE [--max-wait S] [--busy] [--shuffle] [--tls-key-out PATH] [--idle N]``.
 Prints ``APP-READY {json}`` (RM address, executors seen) so the caller can inspect processes while
 the application is alive, keeps running small jobs while it waits if ``--busy``, prints
 ``SPARK-EXECUTOR-REMOVED {json}`` when Spark itself drops an executor, and ``APP-RESULT {json}``
 after a last job once the go file exists. With ``--shuffle`` the first and the last job each also
 run an Arrow shuffle (``arrow_shuffle.repartition``, released afterwards so its metrics are
-recorded), reported as ``shuffled`` rows. ``--tls-key-out`` writes the TLS key the driver-side
+recorded), reported as ``shuffled`` rows. ``--idle N`` runs no first job (``sum`` is null): it is
+ready once N executors run, none of which has run a task. ``--tls-key-out`` writes the TLS key the driver-side
 process generated (as the driver's conf carries it) to a 0600 file, for a test that searches
 everything else for it.
 """
@@ -50,11 +51,22 @@ def main() -> int:
     parser.add_argument("--busy", action="store_true")
     parser.add_argument("--shuffle", action="store_true")
     parser.add_argument("--tls-key-out", default="")
+    parser.add_argument(
+        "--idle",
+        type=int,
+        default=0,
+        help="no first job: ready once this many executors run (none ran a task)",
+    )
     args = parser.parse_args()
 
     spark = SparkSession.builder.getOrCreate()
     sc = spark.sparkContext
-    total = spark.range(0, 100_000, numPartitions=4).selectExpr("sum(id) AS s").collect()[0]["s"]
+    if args.idle:
+        total = None
+        while len(executor_ids(spark)) < args.idle:
+            time.sleep(0.1)
+    else:
+        total = spark.range(0, 100_000, numPartitions=4).selectExpr("sum(id) AS s").collect()[0]["s"]
     known = executor_ids(spark)
     info = {
         "rm_address": sc.getConf().get("spark.arrowbeat.rm.address", None),

@@ -64,6 +64,10 @@ public final class ProtocolCheck {
             a.get(0), Boolean.parseBoolean(a.get(1)), Boolean.parseBoolean(a.get(2)), a.get(3));
       case "executor-unmonitored":
         return Protocol.executorUnmonitored(a.get(0), a.get(1));
+      case "executor-agent-down":
+        return Protocol.executorAgentDown(a.get(0), Long.parseLong(a.get(1)), Long.parseLong(a.get(2)), a.get(3));
+      case "agent-exit-cause":
+        return ArrowBeatExecutorPlugin.exitCause(Integer.parseInt(a.get(0)), a.get(1));
       case "executor-outputs-lost":
         return Protocol.executorOutputsLost(a.get(0), a.get(1), Long.parseLong(a.get(2)));
       case "executor-replacement":
@@ -99,6 +103,10 @@ public final class ProtocolCheck {
       case "gauge": {
         Gauge<?> gauge = registry.getGauges().get(a.get(0));
         return gauge == null ? "absent" : String.valueOf(gauge.getValue());
+      }
+      case "alive": {
+        Protocol.Alive alive = Protocol.parseAlive(a.get(0));
+        return alive == null ? null : alive.completeUntilMs() + " " + alive.unsavedRows();
       }
       case "plugin-message":
         return Protocol.relayed(a.get(0));

@@ -224,3 +224,58 @@ def test_one_stream_holds_at_most_its_share_of_the_agents_pool(tmp_path: Path, c
             assert pool.in_use == pool.max_segments == 8 and svc.pool.num_available == left
     finally:
         svc.close()
+
+
+def test_a_reader_that_dies_after_its_stream_was_queued_frees_the_stage_and_the_ttl_runs(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """The whole stream fits the stream's buffers, so the agent's writer is done before its reader
+    took more than one buffer; the reader then dies without taking its end or unstaging. Nothing
+    writes any more, so nothing would notice: the stage must be abandoned within the peer timeout
+    (on the agent's clock), and then the shuffle's TTL runs and sweeps its files."""
+    svc = MapOutputService(
+        "app-d",
+        "8",
+        SECRET,
+        str(tmp_path / "root"),
+        jvm_pid=5153,
+        config=CONFIG.replace(network_memory_bytes=32 * BUFFER),
+        ttl_s=600.0,
+        clock=clock,
+    )
+    try:
+        path = str(Path(svc.dir) / "s9" / "m0.arrows")
+        writer = MapOutputWriter(path, SCHEMA, ["k"], 1, 1 << 30)
+        for start in range(0, 600, 100):  # six small batches: a few buffers, within the stream's share
+            ids = list(range(start, start + 100))
+            writer.write(
+                pa.record_batch([pa.array(ids, pa.int64()), pa.array(ids, pa.float64())], schema=SCHEMA)
+            )
+        pid = svc.stage(9, 0, SCHEMA, [(path, writer.finish()[0].segments)])
+        partition = svc.server._partitions[pid]
+        assert wait_until(lambda: partition.finished, 10)  # the whole stream is queued
+        queued = partition.subpartitions[0].backlog
+        assert queued >= 2
+        one_credit = CONFIG.replace(exclusive_buffers_per_channel=1, floating_buffers_per_gate=0)
+        reader = InputGate(
+            [RemoteChannelSpec(svc.data_address, pid, 0)],
+            SCHEMA,
+            NetworkBufferPool(1, BUFFER),
+            one_credit,
+            SECRET,
+        )
+        reader.start()
+        assert wait_until(lambda: connected(svc, 1) and svc.server.senders()[0].buffers_sent == 1, 10)
+        reader.close()  # the reducer is gone: it took one buffer, never its end, never unstaged
+        # The server drops what the reader did not take; no writer is left to see it.
+        assert wait_until(lambda: partition.subpartitions[0].backlog == 0, 10)
+        assert not partition.consumed and not partition.released
+        assert svc.expire_stages() == 0  # the reader might still be taking its end: not yet
+        clock.jump(CONFIG.peer_timeout_s)
+        assert wait_until(lambda: svc.metrics()["shuffle_streams_open"] == 0, 10)  # the reaper thread
+        assert svc.metrics()["shuffle_streams_abandoned"] == 1
+        assert wait_until(lambda: svc.pool.num_available == svc.pool.num_segments, 10)
+        clock.jump(svc.ttl_s + 1)
+        assert svc.sweep() > 0 and not Path(path).exists()  # no longer "in use" forever
+    finally:
+        svc.close()

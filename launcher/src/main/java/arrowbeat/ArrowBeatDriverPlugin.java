@@ -24,8 +24,11 @@ import org.slf4j.LoggerFactory;
  */
 public final class ArrowBeatDriverPlugin implements DriverPlugin {
   private static final Logger LOG = LoggerFactory.getLogger(ArrowBeatDriverPlugin.class);
-  /** Restarts of a driver-side process that died; past this, arrowbeat stays off. */
-  private static final int MAX_RESTARTS = 5;
+  /** Settings a restarted driver-side process gets: the gap it records ({@code history.gaps}). */
+  static final String GAP_FROM_MS = "arrowbeat.rm.restart.fromMs";
+  static final String GAP_UNSAVED_ROWS = "arrowbeat.rm.restart.unsavedRows";
+  static final String GAP_CAUSE = "arrowbeat.rm.restart.cause";
+  private static final int MAX_CAUSE_CHARS = 300;
   /** {@code host:port} as the driver-side process announces it (and spark.arrowbeat.rm.address). */
   private static final Pattern ADDRESS = Pattern.compile("[A-Za-z0-9.\\-\\[\\]:]{1,253}:[0-9]{1,5}");
   /** The live page's URL as the driver-side process announces it: no token, no path. */
@@ -55,7 +58,27 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   /** The driver-side internals this Spark lacks, for the driver-side process (key to why). */
   private Map<String, String> unavailable = Map.of();
   private String appId;
+  /** Hang and restart decisions (pure; the supervisor thread acts on them). */
+  private final Supervision supervision = new Supervision(Supervision.Policy.DEFAULT);
+  /** One thread checks the driver-side process and restarts it: never two restarts at once. */
+  private final java.util.concurrent.ScheduledExecutorService supervisor =
+      java.util.concurrent.Executors.newSingleThreadScheduledExecutor(
+          runnable -> {
+            Thread thread = new Thread(runnable, "arrowbeat-driver-supervisor");
+            thread.setDaemon(true);
+            return thread;
+          });
+  /** The current process's last answer, and its start (wall clock ms): the gap a restart records. */
+  private volatile Protocol.Alive lastAnswer;
+  /** The ready line of the last process that was ready: address, UI URL, supervision numbers. */
+  private volatile Map<String, String> lastInfo = Map.of();
+  private long startedWallMs;
+  /** The gap carried to the next start, kept until a process answers: {@code null} cause = none. */
+  private long gapFromMs;
+  private long gapUnsavedRows;
+  private String gapCause;
   private int restarts;
+  private long restartWaitLogged = -1;
 
   /** The running Spark's version, for the driver-side process's support check. */
   static final String SPARK_VERSION = "arrowbeat.spark.version";
@@ -98,6 +121,8 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
       }
       metrics = PluginMetrics.forDriver(ctx.metricRegistry());
       launch();
+      long checkMs = checkMs();
+      supervisor.scheduleWithFixedDelay(this::supervise, checkMs, checkMs, java.util.concurrent.TimeUnit.MILLISECONDS);
       sc.addSparkListener(new ExecutorListener());
       String address = sidecar.info().get("address");
       if (address == null || !ADDRESS.matcher(address).matches()) {
@@ -154,6 +179,7 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   }
 
   private void launch() throws Exception {
+    long launching = System.currentTimeMillis();
     Sidecar started =
         Sidecar.start(
             "driver",
@@ -162,9 +188,22 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
             Launch.startupTimeoutMs(conf));
     started.onCommand(command -> handle(sc, command));
     started.onMetrics(metrics::accept);
-    started.onUnexpectedExit(this::restart);
-    started.startPulses(Launch.pulseMs(started.info()), () -> 0);
+    lastAnswer = null;
+    startedWallMs = launching;
+    supervision.launched(Supervision.Policy.from(started.info()), nowMs());
+    started.onAlive(
+        answer -> {
+          if (sidecar == started) { // a late line of a replaced process changes nothing
+            lastAnswer = answer;
+            supervision.answered();
+          }
+        });
+    started.onPulse(() -> supervision.pulsed(nowMs()));
+    // Off the protocol thread: the supervisor restarts it (now, or when the rate limit allows).
+    started.onUnexpectedExit(() -> wake());
     sidecar = started;
+    lastInfo = started.info();
+    started.startPulses(Launch.pulseMs(started.info()), () -> 0);
     // A restarted process knows nothing of Spark's executors yet: tell it those alive now.
     liveExecutors.forEach((id, host) -> started.send(Protocol.executorAdded(id, host)));
   }
@@ -231,33 +270,139 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
     }
   }
 
+  private static long nowMs() {
+    return System.nanoTime() / 1_000_000;
+  }
+
+  /** How often the supervisor checks: every pulse interval, within 100 ms to 1 s. */
+  private long checkMs() {
+    Sidecar current = sidecar;
+    long pulseMs = current == null ? 1000 : Launch.pulseMs(current.info());
+    return Math.max(100, Math.min(1000, pulseMs <= 0 ? 1000 : pulseMs));
+  }
+
+  private void wake() {
+    if (!shuttingDown) {
+      try {
+        supervisor.execute(this::supervise);
+      } catch (java.util.concurrent.RejectedExecutionException e) {
+        LOG.debug("arrowbeat supervisor stopped: {}", e.toString());
+      }
+    }
+  }
+
   /**
-   * Supervision: a driver-side process that died is started again on the same port, so agents
-   * find it where they were told; it recovers the executors it knew from the history tables.
+   * Supervision, like a Flink ResourceManager fail-over: on the supervisor thread, every check
+   * interval and at once when the driver-side process exits. A process that exited, or that left a
+   * pulse unanswered for longer than the hang bound ({@link Supervision}; then it is SIGKILLed by
+   * pid first, so that it cannot keep the port), is started again on the same port and with the
+   * same UI token, so agents find it where they were told (they see its new epoch and register
+   * again); restarts are rate-limited by a sliding window and a failed one is retried after a
+   * backoff, for as long as the application runs. The new process gets the gap it must record
+   * ({@code spark_plugin.history.gaps}): where the old one's complete history ended and how many
+   * rows it held uncommitted, from its last answer.
    */
-  private synchronized void restart() {
+  private void supervise() {
+    try {
+      superviseOnce();
+    } catch (Throwable t) { // the supervisor must outlive anything one round throws
+      LOG.error("arrowbeat's supervision of its driver-side process failed this round: {}", t.toString());
+    }
+  }
+
+  private void superviseOnce() {
     if (shuttingDown) {
       return;
     }
-    if (++restarts > MAX_RESTARTS) {
-      LOG.error("arrowbeat's driver-side process died {} times; arrowbeat stays off", MAX_RESTARTS);
+    Sidecar current = sidecar;
+    long now = nowMs();
+    if (current != null) {
+      String cause;
+      if (current.isAlive()) {
+        if (!supervision.hung(now, checkMs())) {
+          return;
+        }
+        cause = "hung: no answer to the JVM's pulse for " + supervision.silentMs(now)
+            + " ms (bound " + supervision.policy().hangMs() + " ms); killed pid " + current.pid();
+        LOG.error("arrowbeat's driver-side process (pid {}) is hung: no answer to the pulse for {} ms; "
+            + "killing and restarting it", current.pid(), supervision.silentMs(now));
+        current.kill(5000);
+      } else {
+        cause = "exited with status " + current.exitCode();
+      }
+      retire(current, cause);
+    }
+    if (sidecar != null || settings == null || appFailed()) {
       return;
     }
+    long at = supervision.nextRestartAt(nowMs());
+    if (at > nowMs()) {
+      if (restartWaitLogged != at) {
+        restartWaitLogged = at;
+        LOG.warn("arrowbeat's driver-side process is down; the next restart waits {} ms (at most {} "
+            + "restarts per {} ms, and a backoff after a failed one)", at - nowMs(),
+            supervision.policy().maxRestarts(), supervision.policy().windowMs());
+      }
+      return;
+    }
+    restart();
+  }
+
+  /** The previous process is gone: what its successor must record as the gap. */
+  private void retire(Sidecar gone, String cause) {
+    sidecar = null;
+    Protocol.Alive answer = lastAnswer;
+    boolean carried = gapCause != null;
+    if (answer != null && answer.completeUntilMs() > 0 && !(carried && answer.completeUntilMs() == gapFromMs)) {
+      gapFromMs = answer.completeUntilMs();
+      gapUnsavedRows = answer.unsavedRows();
+      gapCause = cause;
+    } else if (carried) { // it never committed the gap it carried: the gap goes on, from its start
+      gapUnsavedRows = answer == null ? gapUnsavedRows : answer.unsavedRows();
+      gapCause = gapCause + "; then the restarted process " + cause;
+    } else { // it never answered (or kept no history): the gap starts at its start at the latest
+      gapFromMs = answer == null ? startedWallMs : 0;
+      gapUnsavedRows = 0;
+      gapCause = cause;
+    }
+    if (gapCause.length() > MAX_CAUSE_CHARS) {
+      gapCause = "..." + gapCause.substring(gapCause.length() - MAX_CAUSE_CHARS + 3);
+    }
+    LOG.warn("arrowbeat's driver-side process (pid {}) {}", gone.pid(), cause);
+  }
+
+  /** Without an application context (init failed) there is nothing to supervise. */
+  private boolean appFailed() {
+    return conf == null || metrics == null;
+  }
+
+  /** One restart attempt, on the same port and UI port; a failure is retried after the backoff. */
+  private void restart() {
+    Map<String, String> info = lastInfo;
+    supervision.attempting(nowMs());
+    restarts++;
     try {
-      String address = sidecar.info().get("address");
+      String address = info.get("address");
       settings.put("spark.arrowbeat.rm.port", address.substring(address.lastIndexOf(':') + 1));
-      String ui = sidecar.info().get("ui_url");
+      String ui = info.get("ui_url");
       if (ui != null && UI_URL.matcher(ui).matches()) { // same port, same token: the logged URL stays valid
         settings.put("spark.arrowbeat.ui.port", ui.substring(ui.lastIndexOf(':') + 1, ui.length() - 1));
       }
       if (appId != null) {
         settings.put("spark.app.id", appId);
       }
+      settings.put(GAP_FROM_MS, String.valueOf(gapFromMs));
+      settings.put(GAP_UNSAVED_ROWS, String.valueOf(gapUnsavedRows));
+      settings.put(GAP_CAUSE, gapCause == null ? "unknown" : gapCause);
       LOG.warn("restarting arrowbeat's driver-side process on {} (restart {})", address, restarts);
       launch();
+      supervision.succeeded();
+      restartWaitLogged = -1;
       conf.set("spark.arrowbeat.driver.pid", String.valueOf(sidecar.pid()));
     } catch (Throwable t) {
-      LOG.error("arrowbeat's driver-side process could not be restarted: {}", t.getMessage());
+      supervision.failed(nowMs());
+      LOG.error("arrowbeat's driver-side process could not be restarted (retried in {} ms): {}",
+          Math.max(0, supervision.nextRestartAt(nowMs()) - nowMs()), t.getMessage());
     }
   }
 
@@ -369,6 +514,7 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   @Override
   public void shutdown() {
     shuttingDown = true;
+    supervisor.shutdownNow();
     replacer.shutdownNow();
     if (sidecar != null) {
       try {

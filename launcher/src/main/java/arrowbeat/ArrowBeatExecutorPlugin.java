@@ -4,6 +4,9 @@ import arrowbeat.compat.SparkInternals;
 import arrowbeat.compat.SparkInternals.Internal;
 import java.util.LinkedHashMap;
 import java.util.Map;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
@@ -16,15 +19,41 @@ import org.slf4j.LoggerFactory;
  * Starts {@code python -m spark_plugin.processes.executor} (arrowbeat's agent) on this executor and pulses it
  * so the agent can tell a frozen JVM from a live one. Never throws: Spark relaunches forever an
  * executor whose plugin init throws, so a failure is logged and the executor runs on.
+ *
+ * <p>An agent that exits while the executor runs (killed, crashed, or ended on purpose because it
+ * gave up: it then logs the cause as its last line and exits non-zero) is reported to the driver
+ * at once ({@link Protocol#executorAgentDown}: the driver lists the executor UNMONITORED with that
+ * cause) besides the lost-outputs report, and started again: at most {@link #RESTARTS_MAX} starts
+ * in any {@link #RESTARTS_WINDOW_MS} (a sliding window, never a cap per lifetime: a further one
+ * waits until the oldest leaves the window), a failed start retried after a backoff up to {@link
+ * #RESTART_BACKOFF_MAX_MS}; each delay is told to the driver. The decisions are {@link
+ * Supervision}'s (the driver plugin's RM supervisor uses the same), tested on a fake clock.
  */
 public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
   private static final Logger LOG = LoggerFactory.getLogger(ArrowBeatExecutorPlugin.class);
+  static final int RESTARTS_MAX = 5;
+  static final long RESTARTS_WINDOW_MS = 5 * 60_000;
+  static final long RESTART_BACKOFF_MAX_MS = 30_000;
   private final AtomicInteger runningTasks = new AtomicInteger();
   /** Tasks ever started here: without one, this executor cannot hold map outputs. */
   private final AtomicInteger tasksStarted = new AtomicInteger();
   private final TaskWatch taskWatch = new TaskWatch();
-  private Sidecar sidecar;
+  private final Supervision restarts =
+      new Supervision(new Supervision.Policy(0, RESTARTS_MAX, RESTARTS_WINDOW_MS, RESTART_BACKOFF_MAX_MS));
+  private final ScheduledExecutorService restarter =
+      Executors.newSingleThreadScheduledExecutor(
+          r -> {
+            Thread t = new Thread(r, "arrowbeat-agent-restart");
+            t.setDaemon(true);
+            return t;
+          });
+  private volatile Sidecar sidecar;
+  private volatile boolean shuttingDown;
+  private final Thread shutdownNotice = new Thread(() -> shuttingDown = true, "arrowbeat-agent-shutdown");
   private Thread watchReporter;
+  private PluginContext ctx;
+  private Map<String, String> settings;
+  private PluginMetrics metrics;
 
   /**
    * This executor's own local directories as Spark resolved them (its block manager's folders),
@@ -51,8 +80,9 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
         return;
       }
       SparkConf conf = ctx.conf();
-      PluginMetrics metrics = PluginMetrics.forExecutor(ctx.metricRegistry());
-      Map<String, String> settings = new LinkedHashMap<>(extraConf);
+      this.ctx = ctx;
+      metrics = PluginMetrics.forExecutor(ctx.metricRegistry());
+      settings = new LinkedHashMap<>(extraConf);
       // Looked up first, so the one warning about a missing internal precedes what it affects.
       settings.putAll(
           SparkInternals.unavailableSettings(Internal.EXECUTOR_LOCAL_DIRS, Internal.EXECUTOR_HOST));
@@ -68,44 +98,9 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
       LOG.info(
           "arrowbeat executor plugin on executor {} (Spark {}): host {} (from the {}), local dirs [{}]",
           ctx.executorID(), SparkInternals.sparkVersion(), host.name(), host.source(), localDirs);
-      sidecar =
-          Sidecar.start(
-              "agent-" + ctx.executorID(),
-              Launch.command(conf, "spark_plugin.processes.executor"),
-              settings,
-              Launch.startupTimeoutMs(conf));
-      String executorId = ctx.executorID();
-      sidecar.onMetrics(metrics::accept); // the agent's shuffle figures, as Spark metrics
-      // An agent may say two things only: its executor's map outputs are gone, or it wants the
-      // stack of one running task's thread. Anything else (kill-executor included) is refused.
-      sidecar.onCommand(
-          command -> {
-            if (Protocol.OUTPUTS_LOST.equals(command.verb())) {
-              LOG.error("arrowbeat map outputs of executor {} are lost ({}); telling the driver, which "
-                  + "has Spark replace the executor so their map partitions are recomputed", executorId,
-                  command.argument());
-              reportLost(ctx, executorId, command.argument());
-            } else if (Protocol.JSTACK.equals(command.verb())) {
-              String stack = taskWatch.stackOf(Long.parseLong(command.argument()));
-              sendLine(Protocol.stack(command.argument(), stack));
-            } else {
-              LOG.warn("arrowbeat agent of executor {} may not give command {}; ignored",
-                  executorId, command.verb());
-            }
-          });
-      // Whether the agent's end lost map outputs (not if no task ever ran here) is the driver's call.
-      sidecar.onUnexpectedExit(
-          () -> {
-            LOG.error("arrowbeat agent of executor {} exited ({} tasks started here); telling the driver",
-                executorId, tasksStarted.get());
-            reportLost(ctx, executorId, "agent-exited");
-          });
-      long pulseMs = Launch.pulseMs(sidecar.info());
-      sidecar.startPulses(pulseMs, runningTasks::get);
-      startWatchReports(pulseMs);
-      if (appId.isEmpty()) {
-        sendAppIdWhenAssigned(sidecar);
-      }
+      sidecar = launch();
+      startWatchReports(Launch.pulseMs(sidecar.info()));
+      Runtime.getRuntime().addShutdownHook(shutdownNotice); // an agent ending with its JVM is no crash
     } catch (Throwable t) {
       LOG.error("arrowbeat agent did not start on executor {}; the executor runs on without it: {}",
           ctx.executorID(), t.getMessage());
@@ -114,6 +109,128 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
         sidecar.stop(0);
         sidecar = null;
       }
+    }
+  }
+
+  /**
+   * Starts the agent with this executor's settings and wires it: its commands, metrics, pulses,
+   * and what its unexpected exit does. Throws if it does not report ready within the startup timeout.
+   */
+  private Sidecar launch() throws Exception {
+    SparkConf conf = ctx.conf();
+    String executorId = ctx.executorID();
+    String appId = settings.getOrDefault("spark.app.id", "");
+    if (appId.isEmpty() && SparkEnv.get() != null) { // a restart: the driver has assigned one since
+      appId = SparkEnv.get().conf().get("spark.app.id", "");
+      settings.put("spark.app.id", appId);
+    }
+    Sidecar agent =
+        Sidecar.start(
+            "agent-" + executorId,
+            Launch.command(conf, "spark_plugin.processes.executor"),
+            settings,
+            Launch.startupTimeoutMs(conf));
+    agent.onMetrics(metrics::accept); // the agent's shuffle figures, as Spark metrics
+    // An agent may say two things only: its executor's map outputs are gone, or it wants the
+    // stack of one running task's thread. Anything else (kill-executor included) is refused.
+    agent.onCommand(
+        command -> {
+          if (Protocol.OUTPUTS_LOST.equals(command.verb())) {
+            LOG.error("arrowbeat map outputs of executor {} are lost ({}); telling the driver, which "
+                + "has Spark replace the executor so their map partitions are recomputed", executorId,
+                command.argument());
+            reportLost(ctx, executorId, command.argument());
+          } else if (Protocol.JSTACK.equals(command.verb())) {
+            String stack = taskWatch.stackOf(Long.parseLong(command.argument()));
+            sendLine(Protocol.stack(command.argument(), stack));
+          } else {
+            LOG.warn("arrowbeat agent of executor {} may not give command {}; ignored",
+                executorId, command.verb());
+          }
+        });
+    agent.onUnexpectedExit(() -> agentExited(agent));
+    agent.startPulses(Launch.pulseMs(agent.info()), runningTasks::get);
+    if (appId.isEmpty()) {
+      sendAppIdWhenAssigned(agent);
+    }
+    return agent;
+  }
+
+  /**
+   * The agent exited while this executor runs: the driver hears it at once (UNMONITORED with the
+   * cause), then, as before, whether map outputs were lost with it (the driver's call: not if no
+   * task ever ran here); a restart is scheduled.
+   */
+  private void agentExited(Sidecar dead) {
+    if (shuttingDown) {
+      return;
+    }
+    String executorId = ctx.executorID();
+    String cause = exitCause(dead.exitCode(), dead.lastLogLine());
+    LOG.error("arrowbeat agent of executor {} (pid {}) {} ({} tasks started here); telling the driver "
+        + "and starting it again", executorId, dead.pid(), cause, tasksStarted.get());
+    scheduleRestart(dead.pid(), cause);
+    reportLost(ctx, executorId, "agent-exited");
+  }
+
+  /** Why an agent ended, in a few words: its signal, or its status and its last log line. */
+  static String exitCause(int code, String lastLine) {
+    if (code > 128 && code < 160) {
+      return "agent exited (killed by signal " + (code - 128) + ")";
+    }
+    String line = lastLine == null || lastLine.isEmpty() ? "" : ": " + lastLine;
+    return "agent exited (status " + code + ")" + line;
+  }
+
+  /** Tells the driver when the agent starts again (the rate limit's answer), and schedules it. */
+  private void scheduleRestart(long deadPid, String cause) {
+    if (shuttingDown) {
+      return;
+    }
+    long now = System.nanoTime() / 1_000_000;
+    long delayMs = Math.max(0, restarts.nextRestartAt(now) - now);
+    if (delayMs > 0) {
+      LOG.warn("arrowbeat agent of executor {} restarts in {} ms (at most {} starts per {} s)",
+          ctx.executorID(), delayMs, RESTARTS_MAX, RESTARTS_WINDOW_MS / 1000);
+    }
+    tellDriver(Protocol.executorAgentDown(ctx.executorID(), deadPid, delayMs, cause));
+    try {
+      restarter.schedule(() -> restart(deadPid), delayMs, TimeUnit.MILLISECONDS);
+    } catch (java.util.concurrent.RejectedExecutionException e) {
+      LOG.debug("arrowbeat agent restart not scheduled: the executor is shutting down");
+    }
+  }
+
+  /** One restart attempt (on the restarter thread); a failed one is told and tried again later. */
+  private void restart(long deadPid) {
+    if (shuttingDown) {
+      return;
+    }
+    restarts.attempting(System.nanoTime() / 1_000_000);
+    try {
+      Sidecar agent = launch();
+      restarts.succeeded();
+      synchronized (this) {
+        if (shuttingDown) {
+          agent.stop(0);
+          return;
+        }
+        sidecar = agent;
+      }
+      LOG.warn("arrowbeat agent of executor {} started again (pid {})", ctx.executorID(), agent.pid());
+    } catch (Throwable t) {
+      restarts.failed(System.nanoTime() / 1_000_000);
+      LOG.error("arrowbeat agent of executor {} did not start again: {}", ctx.executorID(), t.getMessage());
+      scheduleRestart(deadPid, "agent restart failed: " + t.getMessage());
+    }
+  }
+
+  /** A line to the driver plugin (Spark's RPC, one way); a failure is only logged. */
+  private void tellDriver(String line) {
+    try {
+      ctx.send(line);
+    } catch (Throwable t) {
+      LOG.warn("arrowbeat could not tell the driver: {}", t.toString());
     }
   }
 
@@ -266,16 +383,27 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
 
   @Override
   public void shutdown() {
+    Sidecar agent;
+    synchronized (this) {
+      shuttingDown = true;
+      agent = sidecar;
+      sidecar = null;
+    }
+    restarter.shutdownNow();
+    try {
+      Runtime.getRuntime().removeShutdownHook(shutdownNotice);
+    } catch (IllegalStateException | IllegalArgumentException e) {
+      LOG.debug("arrowbeat: the JVM is shutting down");
+    }
     if (watchReporter != null) {
       watchReporter.interrupt();
     }
-    if (sidecar != null) {
+    if (agent != null) {
       try {
-        sidecar.stop(Launch.STOP_GRACE_MS);
+        agent.stop(Launch.STOP_GRACE_MS);
       } catch (Throwable t) {
         LOG.warn("arrowbeat agent did not stop cleanly: {}", t.toString());
       }
-      sidecar = null;
     }
   }
 }

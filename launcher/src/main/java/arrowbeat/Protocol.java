@@ -17,7 +17,8 @@ import java.util.regex.Pattern;
  * <id>}, {@code stop}, {@code exiting}; on the driver Spark's view of its executors ({@code
  * executor-...}); on an executor its running tasks ({@code tasks ...}) and a task thread's stack
  * ({@code stack ...}). From the child, on its stdout: {@code ARROWBEAT-READY}, {@code
- * ARROWBEAT-CMD} and {@code ARROWBEAT-METRICS} lines. Between the plugins (Spark's RPC): an
+ * ARROWBEAT-CMD} and {@code ARROWBEAT-METRICS} lines, and from the driver-side process {@code
+ * ARROWBEAT-ALIVE}, its answer to each pulse. Between the plugins (Spark's RPC): an
  * executor's lost outputs and an agent that did not start, as the lines the driver plugin relays.
  */
 final class Protocol {
@@ -81,6 +82,20 @@ final class Protocol {
   /** An executor's plugin said its agent did not start ({@code reason} a {@link #REASON}). */
   static String executorUnmonitored(String executorId, String reason) {
     return "executor-unmonitored " + executorId + " " + reason;
+  }
+
+  /** Longest cause an {@link #executorAgentDown} line carries (then cut by {@link #printable}). */
+  static final int MAX_AGENT_DOWN_CAUSE_CHARS = 160;
+
+  /**
+   * An executor's plugin saw its agent process {@code pid} exit (or a restart of it fail) and starts
+   * it again in {@code restartInMs} (0: now); {@code cause} (its exit and last log line, or why the
+   * restart failed) made {@link #printable} and cut, {@code -} if empty.
+   */
+  static String executorAgentDown(String executorId, long pid, long restartInMs, String cause) {
+    String text = cause == null || cause.isEmpty() ? "-" : cause;
+    return "executor-agent-down " + executorId + " " + Math.max(0, pid) + " " + Math.max(0, restartInMs)
+        + " " + printable(text, MAX_AGENT_DOWN_CAUSE_CHARS);
   }
 
   /** An executor's plugin said its map outputs are lost, and how many tasks it ever started. */
@@ -300,11 +315,32 @@ final class Protocol {
     return new MetricsLine(parts[0], fields);
   }
 
+  static final String ALIVE = "ARROWBEAT-ALIVE";
+  private static final Pattern ALIVE_NUMBER = Pattern.compile("[0-9]{1,15}");
+
+  /**
+   * The driver-side process's answer to a pulse: it is alive (its RM's loop turns), its history is
+   * complete before {@code completeUntilMs} (wall clock; 0 if it keeps none), and it holds {@code
+   * unsavedRows} rows not yet committed. Handed to a restarted process, which records the gap.
+   */
+  record Alive(long completeUntilMs, long unsavedRows) {}
+
+  /** {@code ARROWBEAT-ALIVE <complete until ms> <unsaved rows>}, each 1-15 digits; null otherwise. */
+  static Alive parseAlive(String line) {
+    String[] words = line == null ? new String[0] : line.split(" ", -1);
+    if (words.length != 3 || !words[0].equals(ALIVE)
+        || !ALIVE_NUMBER.matcher(words[1]).matches() || !ALIVE_NUMBER.matcher(words[2]).matches()) {
+      return null;
+    }
+    return new Alive(Long.parseLong(words[1]), Long.parseLong(words[2]));
+  }
+
   // ---- between the plugins (Spark's RPC, executor to driver) ----------------------------------
 
   /**
    * An executor plugin's message, as the driver plugin relays it to the driver-side process: the
-   * plugins send {@link #executorOutputsLost} and {@link #executorUnmonitored} lines, checked
+   * plugins send {@link #executorOutputsLost}, {@link #executorUnmonitored} and {@link
+   * #executorAgentDown} lines, checked
    * again here (never {@code driver}'s outputs); null for anything else.
    */
   static String relayed(Object message) {
@@ -314,12 +350,25 @@ final class Protocol {
         && EXECUTOR_ID.matcher(words[1]).matches() && REASON.matcher(words[2]).matches();
     boolean lost = words.length == 4 && words[0].equals("executor-outputs-lost") && isExecutor(words[1])
         && REASON.matcher(words[2]).matches() && TASK_ID.matcher(words[3]).matches();
-    return unmonitored || lost ? (String) message : null;
+    return unmonitored || lost || isAgentDown(message) ? (String) message : null;
+  }
+
+  private static final Pattern AGENT_DOWN_CAUSE =
+      Pattern.compile("[\\x20-\\x7e]{1," + (MAX_AGENT_DOWN_CAUSE_CHARS + 8) + "}");
+
+  /** An {@link #executorAgentDown} line, checked again (it is longer than a command). */
+  private static boolean isAgentDown(Object message) {
+    String[] words = message instanceof String text && text.length() <= 2 * MAX_COMMAND_CHARS
+        ? text.split(" ", 5) : new String[0];
+    return words.length == 5 && words[0].equals("executor-agent-down") && isExecutor(words[1])
+        && TASK_ID.matcher(words[2]).matches() && TASK_ID.matcher(words[3]).matches()
+        && AGENT_DOWN_CAUSE.matcher(words[4]).matches();
   }
 
   /** The line kinds this class declares, for the contract test. */
   static final Set<String> KINDS = Set.of(
       "settings", "pulse", "app", "stop", "exiting", "executor-added", "executor-removed",
-      "executor-unmonitored", "executor-outputs-lost", "executor-replacement", "tasks", "stack",
-      "ready", "command", "metrics", "plugin-message");
+      "executor-unmonitored", "executor-agent-down", "executor-outputs-lost", "executor-replacement",
+      "tasks", "stack",
+      "ready", "command", "metrics", "alive", "plugin-message");
 }

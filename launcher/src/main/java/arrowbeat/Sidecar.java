@@ -57,6 +57,8 @@ final class Sidecar {
   private volatile Consumer<Protocol.Command> commands;
   private volatile java.util.function.Predicate<String> metrics;
   private volatile Runnable onUnexpectedExit = () -> {};
+  private volatile Consumer<Protocol.Alive> alive;
+  private volatile Runnable onPulse = () -> {};
   private Thread logPump;
   private Thread pulser;
   private final Thread exitNotice = new Thread(() -> send(Protocol.EXITING), "arrowbeat-exiting");
@@ -201,6 +203,16 @@ final class Sidecar {
       }
       return;
     }
+    if (line.startsWith(Protocol.ALIVE + " ")) {
+      Protocol.Alive answer = Protocol.parseAlive(line);
+      Consumer<Protocol.Alive> sink = alive;
+      if (answer == null || sink == null) {
+        refuse("a malformed alive line, or one it may not give", line);
+      } else {
+        sink.accept(answer);
+      }
+      return;
+    }
     if (line.startsWith(Protocol.METRICS + " ")) {
       java.util.function.Predicate<String> sink = metrics;
       if (sink == null || !sink.test(line)) {
@@ -241,6 +253,11 @@ final class Sidecar {
     }
   }
 
+  /** The child's last log line (redacted; empty if it wrote none): an exited agent's cause. */
+  synchronized String lastLogLine() {
+    return tail.isEmpty() ? "" : tail.peekLast();
+  }
+
   private synchronized String tailText() {
     return tail.isEmpty() ? "" : "; its last output:\n  " + String.join("\n  ", tail);
   }
@@ -266,6 +283,43 @@ final class Sidecar {
     metrics = sink;
   }
 
+  /** The child's answers to pulses ({@link Protocol#parseAlive}) go to {@code sink}; without one, refused. */
+  void onAlive(Consumer<Protocol.Alive> sink) {
+    alive = sink;
+  }
+
+  /** Runs on the pulse thread after each pulse written (the hang detector's start of a wait). */
+  void onPulse(Runnable written) {
+    onPulse = written;
+  }
+
+  boolean isAlive() {
+    return process.isAlive();
+  }
+
+  /** The exit status of a child that ended; -1 while it runs. */
+  int exitCode() {
+    return process.isAlive() ? -1 : process.exitValue();
+  }
+
+  /**
+   * SIGKILL for a child that stopped answering (a SIGSTOPped one too): no orderly stop, and no
+   * {@link #onUnexpectedExit} (the caller restarts it). Waits up to {@code waitMs} for its end.
+   */
+  void kill(long waitMs) {
+    stopping = true;
+    forgetExitNotice();
+    if (pulser != null) {
+      pulser.interrupt();
+    }
+    process.destroyForcibly();
+    try {
+      process.waitFor(waitMs, TimeUnit.MILLISECONDS);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
+  }
+
   /**
    * Writes a pulse line {@code p <running tasks>} every {@code intervalMs}; stops when the child's
    * stdin breaks.
@@ -284,6 +338,7 @@ final class Sidecar {
                     stdin.write(pulse.getBytes(StandardCharsets.UTF_8));
                     stdin.flush();
                   }
+                  onPulse.run();
                   Thread.sleep(intervalMs);
                 }
               } catch (IOException | InterruptedException e) {

@@ -1,0 +1,125 @@
+"""``path="auto"`` on real Spark (``spark_plugin.shuffle.route``): a tiny input takes Spark's
+exchange, a large one (by the optimizer's statistics) arrowbeat's; both equal Spark's own result,
+and each choice with its reason is a ``shuffle_metrics`` row.
+
+The run's shared ``shuffle_cluster`` (``tests/harness/apps.py``). The "large" input is large by
+statistics only: without cost-based optimisation Spark estimates an equi-join of two ranges as the
+product of their sizes (here ~10**10 bytes), while it really yields a few thousand rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from pyspark.sql import DataFrame
+
+from arrow_shuffle import ShuffleConfigError
+from spark_plugin.compat.plan_stats import plan_size
+from spark_plugin.shuffle import group_apply, partition_apply, release, shuffle_of
+from spark_plugin.shuffle.route import SPARK_BELOW, flush_routes, route_of
+from tests.harness.apps import ShuffleCluster
+
+pytestmark = pytest.mark.spark
+SUMMARY = "k int, n bigint, sx double"
+
+
+def summarize(table: pa.Table) -> pa.Table:
+    return pa.table(
+        {
+            "k": pa.array([table.column("k")[0].as_py()], pa.int32()),
+            "n": pa.array([table.num_rows], pa.int64()),
+            "sx": pa.array([pc.sum(table.column("x")).as_py()], pa.float64()),
+        }
+    )
+
+
+def keyed(df: DataFrame) -> DataFrame:
+    return df.selectExpr(
+        "CASE WHEN id % 13 = 0 THEN NULL ELSE CAST(pmod(hash(id), 40) AS INT) END AS k",
+        "cast(id % 100 AS double) / 4 AS x",
+    )
+
+
+def route_rows(cluster: ShuffleCluster) -> list[dict[str, Any]]:
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(cluster.tables / "shuffle_metrics")).to_pyarrow_table().to_pylist()
+    return [r for r in rows if r["side"] == "route"]
+
+
+def test_auto_takes_sparks_path_for_a_tiny_input_and_arrowbeats_for_a_large_one(
+    shuffle_cluster: ShuffleCluster,
+) -> None:
+    spark = shuffle_cluster.spark
+    tiny = keyed(spark.range(0, 1000, numPartitions=2))
+    large = keyed(spark.range(0, 3000, numPartitions=2).join(spark.range(0, 3000, numPartitions=2), "id"))
+    tiny_bytes, large_bytes = plan_size(tiny).bytes, plan_size(large).bytes
+    assert tiny_bytes is not None and tiny_bytes < SPARK_BELOW["group"].default
+    assert large_bytes is not None and large_bytes >= SPARK_BELOW["group"].default
+
+    def want(df: DataFrame) -> Counter[tuple[Any, ...]]:
+        rows = df.groupBy("k").applyInArrow(summarize, SUMMARY).collect()
+        return Counter((r.k, r.n, round(r.sx, 6)) for r in rows)
+
+    def got(out: DataFrame) -> Counter[tuple[Any, ...]]:
+        return Counter((r.k, r.n, round(r.sx, 6)) for r in out.collect())
+
+    small_out = group_apply(tiny, ["k"], summarize, SUMMARY, path="auto")
+    small_route = route_of(small_out)
+    assert small_route is not None and small_route.path == "spark", small_route
+    assert got(small_out) == want(tiny)
+    with pytest.raises(ShuffleConfigError, match="Spark's exchange"):
+        shuffle_of(small_out)
+    assert release(small_out) == 0
+
+    large_out = group_apply(large, ["k"], summarize, SUMMARY, path="auto")
+    large_route = route_of(large_out)
+    assert large_route is not None and large_route.path == "arrowbeat", large_route
+    assert got(large_out) == want(large)
+    large_id = shuffle_of(large_out).shuffle_id
+    release(large_out)  # writes the shuffle's rows, its route row among them
+    flush_routes()  # the Spark-path row is written in the background: wait for it
+
+    recorded = {r["shuffle_id"]: r for r in route_rows(shuffle_cluster)}
+    assert large_id in recorded
+    mine = json.loads(recorded[large_id]["detail"])["route"]
+    assert mine["path"] == "arrowbeat" and mine["reason"] == large_route.reason
+    assert recorded[large_id]["bytes"] == large_bytes
+    spark_rows = [r for r in recorded.values() if json.loads(r["detail"])["route"]["path"] == "spark"]
+    assert [json.loads(r["detail"])["route"]["reason"] for r in spark_rows] == [small_route.reason]
+    assert spark_rows[0]["bytes"] == tiny_bytes
+
+
+def test_the_key_forces_a_path_per_query_and_the_argument_wins(shuffle_cluster: ShuffleCluster) -> None:
+    spark = shuffle_cluster.spark
+    df = keyed(spark.range(0, 3000, numPartitions=2))
+    key = "spark.arrowbeat.shuffle.path"
+
+    def per_key(batches: Any) -> Any:
+        """Rows per key seen by this task: equal on both paths when each key is in one partition."""
+        received = list(batches)
+        if not received:
+            return
+        table = pa.Table.from_batches(received)
+        counts = table.group_by("k", use_threads=False).aggregate([([], "count_all")])
+        yield from counts.rename_columns(["k", "n"]).to_batches()
+
+    schema = "k int, n bigint"
+    spark.conf.set(key, "arrowbeat")
+    try:
+        forced = partition_apply(df, 3, ["k"], per_key, schema)
+        assert route_of(forced) is not None and route_of(forced).path == "arrowbeat"  # type: ignore[union-attr]
+        forced_rows = Counter((r.k, r.n) for r in forced.collect())
+        assert sum(n for _, n in forced_rows) == 3000
+        release(forced)
+        spark_path = partition_apply(df, 3, ["k"], per_key, schema, path="spark")
+        assert route_of(spark_path).reason == "forced: path=spark"  # type: ignore[union-attr]
+        assert Counter((r.k, r.n) for r in spark_path.collect()) == forced_rows
+    finally:
+        spark.conf.unset(key)
+    assert route_of(partition_apply(df, 3, ["k"], per_key, schema)) is None  # unset: as before

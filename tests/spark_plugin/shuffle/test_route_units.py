@@ -1,0 +1,224 @@
+"""The exchange decision (``spark_plugin.shuffle.route``) given statistics, and the forcing keys,
+without Spark: fake sessions answer the conf, a fake DataFrame answers the statistics."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from arrow_shuffle.errors import ShuffleConfigError
+from spark_plugin.compat.plan_stats import PlanSize, plan_size
+from spark_plugin.errors import ConfigError
+from spark_plugin.history.shuffle_metrics import rows_of
+from spark_plugin.shuffle.route import (
+    SPARK_BELOW,
+    Crossover,
+    Route,
+    choose,
+    decide,
+    report,
+    resolve_path,
+)
+
+KEY = "spark.arrowbeat.shuffle.path"
+LIMITS = {"group": Crossover(default=100, explicit=50), "partition": Crossover(default=1000, explicit=500)}
+
+
+class _RuntimeConf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+
+class _SparkConf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def getAll(self) -> list[tuple[str, str]]:
+        return list(self.values.items())
+
+
+class _Context:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.conf = _SparkConf(values)
+
+    def getConf(self) -> _SparkConf:
+        return self.conf
+
+
+class FakeSession:
+    """A classic session's conf surface: the application's ``SparkConf`` and the runtime conf."""
+
+    def __init__(self, app: dict[str, str] | None = None, runtime: dict[str, str] | None = None) -> None:
+        self._jsc = object()
+        self.sparkContext = _Context(app or {})
+        self.conf = _RuntimeConf(runtime or {})
+
+
+class _JavaStats:
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def sizeInBytes(self) -> int:
+        return self.size
+
+    def rowCount(self) -> Any:
+        class _Nothing:
+            def isDefined(self) -> bool:
+                return False
+
+        return _Nothing()
+
+
+class FakeFrame:
+    """A DataFrame whose optimized plan reports ``size`` bytes (None: reading it fails)."""
+
+    def __init__(self, size: int | None, session: Any = None) -> None:
+        self.size = size
+        self.sparkSession = session or FakeSession()
+
+    def select(self, *cols: str) -> FakeFrame:
+        return self
+
+    @property
+    def _jdf(self) -> Any:
+        frame = self
+
+        class _Plan:
+            def stats(self) -> _JavaStats:
+                if frame.size is None:
+                    raise RuntimeError("no such method")
+                return _JavaStats(frame.size)
+
+        class _Execution:
+            def optimizedPlan(self) -> _Plan:
+                return _Plan()
+
+        class _Jdf:
+            def queryExecution(self) -> _Execution:
+                return _Execution()
+
+        return _Jdf()
+
+
+def frame(size: int | None, session: Any = None) -> Any:
+    """A ``FakeFrame`` typed as the DataFrame it stands in for."""
+    return FakeFrame(size, session)
+
+
+@pytest.mark.parametrize(
+    ("op", "size", "explicit", "path"),
+    [
+        ("group", 99, False, "spark"),
+        ("group", 100, False, "arrowbeat"),
+        ("group", 49, True, "spark"),
+        ("group", 50, True, "arrowbeat"),
+        ("group", 0, False, "spark"),
+        ("partition", 999, False, "spark"),
+        ("partition", 1000, False, "arrowbeat"),
+        ("partition", 600, True, "arrowbeat"),
+    ],
+)
+def test_auto_takes_sparks_path_below_the_crossover_only(
+    op: str, size: int, explicit: bool, path: str
+) -> None:
+    route = decide(op, PlanSize(size), "auto", explicit, LIMITS)
+    assert route.path == path
+    assert route.estimated_bytes == size
+    assert route.threshold_bytes == LIMITS[op].below(explicit)
+    assert f"{size:,} bytes" in route.reason
+
+
+def test_without_statistics_auto_keeps_arrowbeats_path_and_says_so() -> None:
+    route = decide("group", PlanSize(None, why_not="a Spark Connect session"), "auto", False, LIMITS)
+    assert (route.path, route.estimated_bytes) == ("arrowbeat", None)
+    assert route.reason.startswith("no statistics") and "Spark Connect" in route.reason
+
+
+@pytest.mark.parametrize("forced", ["arrowbeat", "spark"])
+@pytest.mark.parametrize("size", [0, 10**12, None])
+def test_a_forced_path_is_taken_whatever_the_size(forced: str, size: int | None) -> None:
+    route = decide("partition", PlanSize(size), forced, False, LIMITS)
+    assert route.path == forced and route.reason == f"forced: path={forced}"
+    assert route.threshold_bytes is None
+
+
+def test_unknown_paths_and_ops_are_refused() -> None:
+    with pytest.raises(ShuffleConfigError, match="path='fast'"):
+        decide("group", PlanSize(1), "fast")
+    with pytest.raises(ShuffleConfigError, match="op='join'"):
+        decide("join", PlanSize(1), "auto")
+    with pytest.raises(ShuffleConfigError, match="path='fast'"):
+        resolve_path(FakeSession(), "fast")
+
+
+def test_the_measured_thresholds_are_the_defaults() -> None:
+    assert set(SPARK_BELOW) == {"group", "partition"}
+    for crossover in SPARK_BELOW.values():
+        assert crossover.default > 0 and crossover.explicit >= 0
+    assert decide("group", PlanSize(0), "auto").path == "spark"
+    assert decide("group", PlanSize(10**13), "auto").path == "arrowbeat"
+    # A count of 0: arrowbeat's path won every measured cell, so auto never leaves it.
+    assert decide("group", PlanSize(0), "auto", explicit_partitions=True).path == "arrowbeat"
+
+
+def test_argument_beats_runtime_conf_beats_application_conf_beats_unset() -> None:
+    both = FakeSession({KEY: "spark"}, {KEY: "arrowbeat"})
+    assert resolve_path(both, "auto") == ("auto", True)
+    assert resolve_path(both, None) == ("arrowbeat", True)
+    assert resolve_path(FakeSession({KEY: "spark"}), None) == ("spark", True)
+    assert resolve_path(FakeSession(), None) == ("arrowbeat", False)
+    assert resolve_path(FakeSession(), None, unset="auto") == ("auto", False)
+
+
+def test_a_malformed_key_is_the_plugins_config_error_naming_it() -> None:
+    with pytest.raises(ConfigError, match=KEY):
+        resolve_path(FakeSession({KEY: "fastest"}), None)
+
+
+def test_choose_reads_the_plan_and_sums_a_cogroups_two_inputs() -> None:
+    small = frame(10)
+    assert choose(small, "group", "auto").path == "spark"
+    big = frame(SPARK_BELOW["group"].default)
+    assert choose(big, "group", "auto").path == "arrowbeat"
+    half = SPARK_BELOW["group"].default // 2 + 1
+    route = choose(frame(half), "group", "auto", other=frame(half))
+    assert (route.path, route.estimated_bytes) == ("arrowbeat", 2 * half)
+    assert choose(frame(None), "group", "auto", other=frame(5)).path == "arrowbeat"
+
+
+def test_the_key_forces_choose_and_unset_decides_as_the_caller_says() -> None:
+    tiny = frame(1, FakeSession({KEY: "arrowbeat"}))
+    assert choose(tiny, "group").path == "arrowbeat"
+    assert choose(frame(1), "group").path == "spark"  # unset: auto (the groupedMap hook's default)
+    huge = frame(10**13, FakeSession(runtime={KEY: "spark"}))
+    assert choose(huge, "partition").reason == "forced: path=spark"
+
+
+def test_unreadable_statistics_fall_back_with_the_reason() -> None:
+    size = plan_size(frame(None))
+    assert size.bytes is None and "not readable" in size.why_not
+
+    class ConnectLike:  # no _jsc, no sparkContext: what a Spark Connect session lacks
+        conf = _RuntimeConf({})
+
+    remote = frame(5, ConnectLike())
+    assert plan_size(remote).bytes is None
+    assert "Spark Connect" in plan_size(remote).why_not
+
+
+def test_a_route_is_a_shuffle_metrics_row_with_path_and_reason() -> None:
+    route = Route("spark", "input 10 bytes < 100: Spark's exchange measured faster", 10, "group", 100, 0.01)
+    rows = rows_of("app-1", 7, [report(route)]).to_pylist()
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["side"], row["bytes"], row["executor_id"]) == ("route", 10, "driver")
+    assert json.loads(row["detail"]) == {
+        "route": {"path": "spark", "reason": route.reason, "op": "group", "threshold_bytes": 100}
+    }
+    unknown = rows_of("app-1", 7, [report(Route("arrowbeat", "no statistics (x)", None))]).to_pylist()
+    assert unknown[0]["bytes"] == -1
