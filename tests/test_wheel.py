@@ -10,18 +10,14 @@ from __future__ import annotations
 import io
 import json
 import shlex
-import shutil
 import subprocess
-import time
-import uuid
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from spark_plugin.compat import versions
-from tests.harness.procs import APP_MARKER, end, ours
-from tests.installed import ROOT, Installed, spark_lock
+from tests.installed import ROOT, Installed
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]  # builds a wheel (javac) and runs spark-submit
 
@@ -95,41 +91,6 @@ def test_conf_of_the_installed_wheel_names_its_jar_and_lets_spark_fetch_delta(
     ).stdout.strip()
     assert flags[flags.index("--packages") + 1] == versions.delta_jars(spark).coordinates[0]
     assert f"spark.arrowbeat.python={installed_wheel.python}" in flags
-
-
-@pytest.mark.spark
-def test_spark_submit_from_the_installed_wheel_runs_the_plugin(
-    installed_wheel: Installed, tmp_path: Path
-) -> None:
-    """The job (``tests/wheel_job.py``) runs from a temp directory with exactly the printed flags:
-    an agent registers, an Arrow shuffle matches Spark's rows, Delta (fetched by ``--packages``)
-    writes and reads, and arrowbeat is imported from the venv, not the checkout."""
-    job = shutil.copy(ROOT / "tests" / "wheel_job.py", tmp_path / "job.py")
-    marker = uuid.uuid4().hex
-    command = [str(installed_wheel.venv / "bin" / "spark-submit"), *conf_flags(installed_wheel, tmp_path)]
-    command += ["--master", "local[1]", "--conf", "spark.ui.enabled=false", "--conf", "spark.log.level=WARN"]
-    command += ["--conf", f"spark.driver.extraJavaOptions=-Dderby.system.home={tmp_path}", str(job)]
-    with spark_lock():
-        started = time.monotonic()
-        try:
-            done = subprocess.run(
-                command,
-                cwd=tmp_path,
-                env=installed_wheel.env(**{APP_MARKER: marker}),
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-        finally:
-            end(ours(app=marker))
-        print(f"spark-submit of the installed wheel: {time.monotonic() - started:.1f} s (lock wait excluded)")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("WHEEL-JOB ")]
-    assert done.returncode == 0 and lines, f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    report = json.loads(lines[0].removeprefix("WHEEL-JOB "))
-    assert report["rm_address"] and len(report["agents"]) == 1, report
-    assert report["same_rows"] and report["one_partition_per_key"], report
-    assert report["delta_rows"] == 5
-    assert report["spark_plugin"].startswith(str(installed_wheel.site_packages)), report
 
 
 @pytest.mark.parametrize("pyspark", ["4.0.5", "4.1.4", "4.2.1", "4.3.0"])

@@ -117,6 +117,7 @@ def test_executors_run_arrowbeat_from_the_packed_environment(
     for python in report["agent_pythons"] + report["worker_pythons"]:
         assert python.startswith(work_dirs) and python.endswith("/env/bin/python"), report
     assert len(report["agent_pythons"]) == 2, report
+    assert report["spark_plugin"].startswith(str(installed_wheel.site_packages)), report  # not the checkout
 
 
 MISSING_JOB = """\
