@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from heartbeat.errors import HeartbeatRpcError
 from heartbeat.events import Event, EventKind, ExecutorEvent, HeartbeatRecord
 from heartbeat.payload import Payload
+from heartbeat.resource_manager import ResourceManagerCore
+from heartbeat.scheduler import ManualScheduler
+from heartbeat.services import HeartbeatServices
 
 
 @dataclass
@@ -137,3 +140,16 @@ class Collector:
         )
         assert ok, f"no {kind.value} #{count} for {executor_id} within {timeout_s} s; saw {self.events}"
         return self.find(kind, executor_id)[count - 1]
+
+
+class ManualRm:
+    """An RM core whose time moves only through its ``ManualScheduler``, its events in a list
+    (one spread, three ended registrations kept: small enough for a test to see everything)."""
+
+    def __init__(self, services: HeartbeatServices) -> None:
+        self.scheduler = ManualScheduler()
+        self.events = EventList()
+        self.core = ResourceManagerCore(
+            services, self.scheduler.clock, self.scheduler, self.events, spread=1, max_ended=3
+        )
+        self.core.start()

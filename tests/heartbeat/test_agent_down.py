@@ -5,26 +5,20 @@ to have an agent again. Time moves only through a ManualScheduler."""
 
 from __future__ import annotations
 
-from heartbeat import EventKind, ExecutorEvent, HeartbeatServices, ManualScheduler
+from heartbeat import EventKind, ExecutorEvent, HeartbeatServices
 from heartbeat.admin import list_executors
-from heartbeat.resource_manager import ResourceManagerCore
 
 from .conftest import DEADLINE_S, SECRET
-from .fakes import Collector, EventList, FakeLink
+from .fakes import Collector, FakeLink, ManualRm
 
 SERVICES = HeartbeatServices(interval_s=1.0, timeout_s=3.0, rpc_failure_threshold=2)
 GRACE_S = 10.0
 EXITED = "agent exited (killed by signal 9); restarting it"
 
 
-class Rm:
+class Rm(ManualRm):
     def __init__(self) -> None:
-        self.scheduler = ManualScheduler()
-        self.events = EventList()
-        self.core = ResourceManagerCore(
-            SERVICES, self.scheduler.clock, self.scheduler, self.events, spread=1, max_ended=3
-        )
-        self.core.start()
+        super().__init__(SERVICES)
 
     def kinds(self) -> list[tuple[EventKind, str]]:
         return [(e.kind, e.detail) for e in self.events.events if isinstance(e, ExecutorEvent)]

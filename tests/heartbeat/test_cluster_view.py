@@ -6,26 +6,20 @@ from __future__ import annotations
 
 import pytest
 
-from heartbeat import EventKind, ExecutorEvent, HeartbeatServices, ManualScheduler, ResourceManagerServer
+from heartbeat import EventKind, ExecutorEvent, HeartbeatServices, ResourceManagerServer
 from heartbeat.admin import list_executors
-from heartbeat.resource_manager import ResourceManagerCore
 
 from .conftest import DEADLINE_S, SECRET
-from .fakes import Collector, EventList, FakeLink
+from .fakes import Collector, FakeLink, ManualRm
 
 SERVICES = HeartbeatServices(interval_s=1.0, timeout_s=3.0, rpc_failure_threshold=2)
 WITHIN_S = 10.0
 GrpcRm = tuple[ResourceManagerServer, str, Collector]
 
 
-class Rm:
+class Rm(ManualRm):
     def __init__(self) -> None:
-        self.scheduler = ManualScheduler()
-        self.events = EventList()
-        self.core = ResourceManagerCore(
-            SERVICES, self.scheduler.clock, self.scheduler, self.events, spread=1, max_ended=3
-        )
-        self.core.start()
+        super().__init__(SERVICES)
 
     def executor_events(self) -> list[ExecutorEvent]:
         return [e for e in self.events.events if isinstance(e, ExecutorEvent)]

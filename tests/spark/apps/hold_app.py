@@ -63,7 +63,10 @@ def main() -> int:
     sc = spark.sparkContext
     if args.idle:
         total = None
+        deadline = time.monotonic() + args.max_wait
         while len(executor_ids(spark)) < args.idle:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"fewer than {args.idle} executors within {args.max_wait}s")
             time.sleep(0.1)
     else:
         total = spark.range(0, 100_000, numPartitions=4).selectExpr("sum(id) AS s").collect()[0]["s"]
