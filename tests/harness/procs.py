@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Callable
 
@@ -62,6 +63,15 @@ def wait_until(condition: Callable[[], object], timeout_s: float, interval_s: fl
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval_s)
+
+
+def freeze(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGSTOPs ``pid`` and returns once the kernel shows it stopped: the signal is delivered
+    asynchronously, and a call made in between would still be answered."""
+    os.kill(pid, signal.SIGSTOP)
+    stopped = wait_until(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, timeout_s, 0.005)
+    if not stopped:
+        raise AssertionError(f"process {pid} not stopped {timeout_s}s after SIGSTOP")
 
 
 def end(procs: list[psutil.Process], grace_s: float = 5.0) -> None:

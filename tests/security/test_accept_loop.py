@@ -40,7 +40,7 @@ from arrow_shuffle.frames import HEADER, MAGIC, ErrorCode, Kind
 from arrow_shuffle.transport import TcpConnection
 from heartbeat.clock import ManualClock
 from spark_plugin.shuffle.agent_client import MapOutputClient
-from tests.harness.procs import wait_until
+from tests.harness.procs import freeze, wait_until
 from tests.security.agent_proc import SCHEMA
 from tests.security.attack import ECHO, SECRET, RawPeer, handlers
 from tests.security.conftest import AgentProcess
@@ -385,7 +385,7 @@ def test_a_sigstopped_agent_is_peer_lost_within_the_peer_timeout(agent: AgentPro
     config = ShuffleConfig(connect_timeout_s=1.0, peer_timeout_s=1.0, keepalive_interval_s=0.2)
     connected = MapOutputClient(agent.address["control"], SECRET, "executor 1", config=config)
     assert "shuffle_streams_open" in connected.metrics()
-    agent.proc.send_signal(signal.SIGSTOP)
+    freeze(agent.proc.pid)
     try:
         error = outcome(connected.metrics)
         assert isinstance(error, PeerLostError) and "no data for 1.0s" in str(error), repr(error)
