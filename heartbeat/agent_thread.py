@@ -115,6 +115,21 @@ class AgentThread:
             raise ClosedError("the agent was not started")
         self._running.add_done_callback(lambda _: callback())
 
+    def when_serving(self, callback: Callable[[], None]) -> None:
+        """Runs ``callback`` from the loop that serves the agent's heartbeats, soon, without
+        waiting: a liveness probe. A wedged loop (a blocking call on it, a deadlock) never runs
+        it, so an answer sent from it proves that the agent can still answer the RM; the hosting
+        process answers its JVM's pulses this way. A failure is logged."""
+
+        async def run() -> None:
+            callback()
+
+        def done(future: concurrent.futures.Future[None]) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                log.warning("a liveness probe of the agent failed: %r", future.exception())
+
+        submit(run()).add_done_callback(done)
+
     def wait_ended(self, timeout_s: float) -> bool:
         """True once the agent's ``run`` is over; False on timeout."""
         with self._cond:

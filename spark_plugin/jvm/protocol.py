@@ -20,9 +20,9 @@ To us, on stdin (the JVM writes, we parse):
 
 From us, on the protocol channel (we encode, the JVM parses): ``ARROWBEAT-READY k=v ...``
 (:func:`ready_line`), ``ARROWBEAT-CMD <verb> <argument>`` (:func:`command_line`),
-``ARROWBEAT-METRICS <snapshot> name=value ...`` (:func:`metrics_lines`) and, from the driver-side
-process, ``ARROWBEAT-ALIVE <complete until ms> <unsaved rows>`` (:func:`alive_line`): its answer
-to a pulse, which the JVM's hang detector waits for.
+``ARROWBEAT-METRICS <snapshot> name=value ...`` (:func:`metrics_lines`) and
+``ARROWBEAT-ALIVE <complete until ms> <unsaved rows>`` (:func:`alive_line`): the answer to a
+pulse, which the JVM's hang detector waits for (from an agent, ``0 0``).
 
 Pure: no I/O, no clock; what the lines mean is decided by their readers (``monitoring``).
 """
@@ -421,11 +421,12 @@ MAX_ALIVE_NUMBER = 10**15
 
 
 def alive_line(complete_until_ms: int, unsaved_rows: int) -> str:
-    """``ARROWBEAT-ALIVE <complete until ms> <unsaved rows>``: the driver-side process's answer to
-    a pulse (``Protocol.parseAlive``). ``complete_until_ms``: the wall-clock time before which its
-    history is complete (every row recorded before it is committed; 0 if it keeps none);
-    ``unsaved_rows``: rows recorded but not yet committed. The JVM hands both to a restarted
-    process, which records the gap (``spark_plugin.history.gaps``)."""
+    """``ARROWBEAT-ALIVE <complete until ms> <unsaved rows>``: a process's answer to a pulse
+    (``Protocol.parseAlive``). ``complete_until_ms``: the wall-clock time before which its
+    history is complete (every row recorded before it is committed; 0 if it keeps none, as an
+    agent); ``unsaved_rows``: rows recorded but not yet committed. The driver JVM hands both to a
+    restarted driver-side process, which records the gap (``spark_plugin.history.gaps``); an
+    executor JVM only times the answer (its agent's hang check)."""
     for name, value in (("complete_until_ms", complete_until_ms), ("unsaved_rows", unsaved_rows)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_ALIVE_NUMBER:
             raise JvmCommandError(f"alive line: {name}={value!r} is not an integer in [0, 10^15)")

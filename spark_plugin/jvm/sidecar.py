@@ -24,8 +24,9 @@ original stdout, which :meth:`JvmChannel.claim_stdout` moves to a private descri
 at start-up (descriptor 1 then points at stderr, so a stray ``print`` or a library writing to
 stdout lands in the log): it carries the ready line and validated commands only
 (:meth:`JvmChannel.kill_executor`), and once per heartbeat interval the figures for Spark's metrics
-system (:meth:`JvmChannel.metrics`); the driver-side process also answers each pulse
-(:meth:`JvmChannel.alive`), and the JVM restarts it when the answers stop. The **log** is
+system (:meth:`JvmChannel.metrics`); both processes also answer each pulse
+(:meth:`JvmChannel.alive`, from their serving loop: :class:`PulseAnswers`), and the JVM kills
+and restarts one whose answers stop. The **log** is
 stderr (:func:`setup_logging`), which the JVM copies to its own log and never reads for
 commands, so a log line that looks like a command (a reason from the wire, say) is only ever
 logged. The JVM validates every protocol line again.
@@ -99,9 +100,9 @@ class JvmLink:
         self._task_lines = handler
 
     def on_pulse(self, handler: Callable[[], None]) -> None:
-        """``handler()`` runs on the link's thread after each pulse line: the driver-side process
-        answers it (:meth:`JvmChannel.alive`), which is how the JVM tells a hung process from a
-        live one. It must not block. Set it before :meth:`start`."""
+        """``handler()`` runs on the link's thread after each pulse line: the process answers it
+        (:meth:`JvmChannel.alive`, through :class:`PulseAnswers`), which is how the JVM tells a
+        hung process from a live one. It must not block. Set it before :meth:`start`."""
         self._pulses = handler
 
     def read_settings(self) -> dict[str, str]:
@@ -240,8 +241,9 @@ class JvmChannel:
         self._write(protocol.command_line(protocol.KILL_TASK, task_id))
 
     def alive(self, complete_until_ms: int, unsaved_rows: int) -> None:
-        """The driver-side process's answer to a pulse (:func:`protocol.alive_line`): it is
-        alive, and how far its history is complete, for the JVM to hand a restarted process."""
+        """An answer to a pulse (:func:`protocol.alive_line`): the process is alive and, from the
+        driver-side process, how far its history is complete, for the JVM to hand a restarted
+        process (an agent keeps no history and answers ``0 0``)."""
         self._write(protocol.alive_line(complete_until_ms, unsaved_rows))
 
     def metrics(self, snapshot: int, figures: Mapping[str, float | None], role: str) -> None:
@@ -264,6 +266,45 @@ class JvmChannel:
     def close(self) -> None:
         with self._lock:
             self._stream.close()
+
+
+class PulseAnswers:
+    """Answers each of the JVM's pulses (:meth:`JvmLink.on_pulse`, on the link's thread) from the
+    loop whose life the JVM watches, never from the link's thread: ``when_serving`` runs a callback
+    on that loop (``ResourceManagerServer.when_serving`` in the driver-side process, with a
+    ``GapBook``'s figures as ``answer()``; ``AgentThread.when_serving`` in an agent, which answers
+    ``(0, 0)``: it keeps no history). A wedged loop sends nothing, and the JVM calls the process
+    hung (``Supervision.java``) and kills it. At most one answer is pending, so a wedged loop does
+    not pile them up."""
+
+    def __init__(
+        self,
+        when_serving: Callable[[Callable[[], None]], None],
+        answer: Callable[[], tuple[int, int]],
+        send: Callable[[int, int], None],
+    ) -> None:
+        self._when_serving = when_serving
+        self._answer = answer
+        self._send = send
+        self._lock = threading.Lock()
+        self._pending = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._pending:
+                return
+            self._pending = True
+        try:
+            self._when_serving(self._reply)
+        except Exception:
+            with self._lock:
+                self._pending = False
+            raise
+
+    def _reply(self) -> None:
+        with self._lock:
+            self._pending = False
+        self._send(*self._answer())
 
 
 class _Redacting(logging.Formatter):

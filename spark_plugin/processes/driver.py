@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from spark_plugin.jvm.plugin_metrics import LivenessTally, MetricsReporter, driv
 from spark_plugin.jvm.sidecar import (
     JvmChannel,
     JvmLink,
+    PulseAnswers,
     exit_process,
     secret_values,
     setup_logging,
@@ -130,42 +130,6 @@ class EventRouter:
                 self._kill(event.executor_id)
             except JvmCommandError as exc:  # one per lost executor: bounded by registrations
                 log.warning("not asking Spark to kill executor: %s", exc)
-
-
-class PulseAnswers:
-    """Answers each of the JVM's pulses (``JvmLink.on_pulse``, on the link's thread) from the RM's
-    serving loop (``ResourceManagerServer.when_serving``), with ``answer()``'s figures (a
-    ``GapBook``'s): a wedged loop sends nothing, and the JVM calls this process hung. At most one
-    answer is pending, so a wedged loop does not pile them up."""
-
-    def __init__(
-        self,
-        when_serving: Callable[[Callable[[], None]], None],
-        answer: Callable[[], tuple[int, int]],
-        send: Callable[[int, int], None],
-    ) -> None:
-        self._when_serving = when_serving
-        self._answer = answer
-        self._send = send
-        self._lock = threading.Lock()
-        self._pending = False
-
-    def __call__(self) -> None:
-        with self._lock:
-            if self._pending:
-                return
-            self._pending = True
-        try:
-            self._when_serving(self._reply)
-        except Exception:
-            with self._lock:
-                self._pending = False
-            raise
-
-    def _reply(self) -> None:
-        with self._lock:
-            self._pending = False
-        self._send(*self._answer())
 
 
 def record_gap(book: GapBook, history: Any, app_id: str, host: str, epoch: str) -> None:

@@ -5,7 +5,9 @@ payload describing the executor. It answers only while the executor JVM keeps pu
 JVM must look dead to the ResourceManager even though this process still runs. It registers
 again, with capped backoff and no deadline, whenever the RM is gone; if the agent ends anyway
 (a newer agent took its executor id, an unexpected failure) this process exits with status
-:data:`AGENT_ENDED`, its last log line the cause, and the JVM restarts it.
+:data:`AGENT_ENDED`, its last log line the cause, and the JVM restarts it. It answers each of the
+JVM's pulses from the loop that serves its heartbeats (:func:`answer_pulses`): an agent alive but
+wedged stops answering, and the JVM kills it after the hang bound it announced and restarts it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from spark_plugin.jvm.plugin_metrics import MetricsReporter, executor_figures
 from spark_plugin.jvm.sidecar import (
     JvmChannel,
     JvmLink,
+    PulseAnswers,
     exit_process,
     secret_values,
     setup_logging,
@@ -99,6 +102,7 @@ def main() -> int:
     transport = None if material is None else TcpTransport(server_context=tls.server_context(material))
     shuffle = LazyShuffleService(config, settings, executor_id, host, transport, _reporter(channel))
     payload.append(shuffle.metrics)
+    answer_pulses(link, agent, channel)
     link.start()
     shuffle.start_when_app_known(link)  # before registering: a registered agent serves shuffles
     agent.start()
@@ -108,6 +112,8 @@ def main() -> int:
         executor_id=executor_id,
         rm=config.rm_address,
         pulse_ms=max(50, int(config.heartbeat_interval_s * 1000 / 2)),
+        # The JVM's hang check (Supervision.java): unanswered this long, it kills and restarts us.
+        hang_ms=round(config.agent_hang_bound_s() * 1000),
     )
     metrics = MetricsReporter(
         lambda: executor_figures(shuffle.metrics()),
@@ -131,6 +137,16 @@ def main() -> int:
     agent.stop(reason=reason)
     shuffle.close()
     return 0
+
+
+def answer_pulses(link: JvmLink, agent: AgentThread, channel: JvmChannel) -> None:
+    """Each JVM pulse is answered (``ARROWBEAT-ALIVE 0 0``: an agent keeps no history) from the
+    agent's heartbeat loop, not from the thread that reads the pulse: what must be proved is that
+    the agent can still answer the RM. A wedged loop answers nothing and a stopped process
+    nothing at all; the JVM then calls the agent hung and restarts it. A frozen JVM sends no
+    pulse, so it is never answered: the agent's own silence to the RM (``is_healthy``) is
+    unchanged."""
+    link.on_pulse(PulseAnswers(agent.when_serving, lambda: (0, 0), channel.alive))
 
 
 AGENT_ENDED = 3

@@ -617,6 +617,13 @@ class ArrowBeatConfig:
         hung: ``rm.hangTimeout``, or twice ``heartbeat.timeout`` and at least 5 s."""
         return self.rm_hang_timeout_s or max(2 * self.heartbeat_timeout_s, 5.0)
 
+    def agent_hang_bound_s(self) -> float:
+        """How long an executor's agent may leave its JVM's pulse unanswered before the JVM calls
+        it hung, kills and restarts it: twice ``heartbeat.timeout`` and at least 5 s (no key of its
+        own). By then a wedged agent has missed the RM's heartbeats for a whole timeout, so the
+        kill never comes before the RM saw the silence, and a short stall is never fatal."""
+        return max(2 * self.heartbeat_timeout_s, 5.0)
+
     def heartbeat_services(self) -> HeartbeatServices:
         """The heartbeat library's settings object, built from the three ``heartbeat.*`` keys.
 

@@ -1,6 +1,9 @@
 """Issue 24: the executor's agent process never runs on with its agent given up. Every give-up
 path ends the process loudly: a non-zero status and one log line with the cause, its last, which
 the JVM reports to the driver before it restarts the process (``ArrowBeatExecutorPlugin``).
+An agent alive but wedged is the JVM's to find: the process answers each pulse from the loop that
+serves its heartbeats, so a wedged loop stops the answers and the JVM's hang check
+(``Supervision.java``) kills and restarts it.
 
 The process is the real ``python -m spark_plugin.processes.executor``; this test plays its JVM
 (the settings block, then a pulse every 100 ms) against an RM in this process. No JVM, no Spark.
@@ -8,6 +11,8 @@ The process is the real ``python -m spark_plugin.processes.executor``; this test
 
 from __future__ import annotations
 
+import asyncio
+import io
 import os
 import subprocess
 import sys
@@ -17,8 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from heartbeat import AgentThread, EventKind, HeartbeatServices, ResourceManagerServer
-from spark_plugin.processes.executor import AGENT_ENDED
+from heartbeat import AgentThread, EventKind, HeartbeatServices, ResourceManagerServer, io_loop
+from spark_plugin.jvm.protocol import ALIVE, READY
+from spark_plugin.jvm.sidecar import JvmChannel, JvmLink
+from spark_plugin.processes.executor import AGENT_ENDED, answer_pulses
+from tests.harness.procs import wait_until
 from tests.heartbeat.fakes import Collector
 
 SECRET = "a-test-secret-of-enough-length"
@@ -36,6 +44,23 @@ FAIL_ON_REGISTER = (
     "exit_process(main())\n"
 )
 """The executor's main with an unexpected exception planted where the agent registers."""
+WEDGE_ON_FILE = (
+    "import asyncio, os, sys, threading, time\n"
+    "from heartbeat import io_loop\n"
+    "def wedge_when_asked(path):\n"
+    "    while not os.path.exists(path):\n"
+    "        time.sleep(0.02)\n"
+    "    async def wedge():\n"
+    "        sys.stderr.write('TEST: the heartbeat loop is wedged\\n')\n"
+    "        sys.stderr.flush()\n"
+    "        time.sleep(3600)  # a blocking call on the loop: it never turns again\n"
+    "    asyncio.run_coroutine_threadsafe(wedge(), io_loop())\n"
+    "threading.Thread(target=wedge_when_asked, args=(os.environ['WEDGE_FILE'],), daemon=True).start()\n"
+    "from spark_plugin.jvm.sidecar import exit_process\n"
+    "from spark_plugin.processes.executor import main\n"
+    "exit_process(main())\n"
+)
+"""The executor's main, whose heartbeat loop a blocking call wedges once ``WEDGE_FILE`` exists."""
 
 
 @pytest.fixture
@@ -53,7 +78,14 @@ def rm() -> Iterator[tuple[ResourceManagerServer, str, Collector]]:
 class AgentProcess:
     """The agent process with this test as its JVM: settings, then pulses until ``close``."""
 
-    def __init__(self, address: str, executor_id: str, local_dir: Path, code: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        executor_id: str,
+        local_dir: Path,
+        code: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         command = (
             [sys.executable, "-c", code]
             if code
@@ -66,6 +98,7 @@ class AgentProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         settings = {
             "spark.arrowbeat.rm.address": address,
@@ -81,9 +114,12 @@ class AgentProcess:
         self.proc.stdin.write("".join(f"{k}\t{v}\n" for k, v in settings.items()) + "\n")
         self.proc.stdin.flush()
         self.log: list[str] = []
+        self.protocol: list[str] = []
+        """The lines on its protocol channel (its stdout), as the JVM would read them."""
         self._stop = threading.Event()
         threading.Thread(target=self._pulse, daemon=True).start()
         threading.Thread(target=self._read_log, daemon=True).start()
+        threading.Thread(target=self._read_protocol, daemon=True).start()
 
     def _pulse(self) -> None:
         assert self.proc.stdin is not None
@@ -98,6 +134,15 @@ class AgentProcess:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.log.append(line.rstrip("\n"))
+
+    def _read_protocol(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.protocol.append(line.rstrip("\n"))
+
+    def answers(self) -> int:
+        """How many pulse answers it wrote so far."""
+        return sum(1 for line in list(self.protocol) if line.startswith(ALIVE + " "))
 
     def exit_status(self, timeout_s: float) -> int | None:
         try:
@@ -169,3 +214,72 @@ def test_the_agent_stops_cleanly_when_its_jvm_goes(
     finally:
         agent.close()
     assert os.path.isdir(tmp_path)
+
+
+def test_pulses_are_answered_from_the_agents_loop_and_not_while_it_is_wedged() -> None:
+    """In this process, on the real shared heartbeat loop: an answer per pulse while the loop
+    turns; none while a blocking call holds it, although the link thread reads every pulse; one
+    (not one per pulse) once it turns again."""
+    read_end, write_end = os.pipe()
+    link = JvmLink(os.fdopen(read_end, "rb"))
+    out = io.BytesIO()
+    agent = AgentThread("127.0.0.1:1", SECRET, "answers", services=FAST)  # never started
+    answer_pulses(link, agent, JvmChannel(out))
+    link.start()
+    jvm = os.fdopen(write_end, "wb", buffering=0)
+    answer = f"{ALIVE} 0 0\n".encode()
+    try:
+        jvm.write(b"p 1\n")
+        assert wait_until(lambda: out.getvalue() == answer, DEADLINE_S), out.getvalue()
+        wedged, release = threading.Event(), threading.Event()
+
+        async def wedge() -> None:
+            wedged.set()
+            release.wait(DEADLINE_S)  # blocks the loop itself, as a wedged agent would
+
+        held = asyncio.run_coroutine_threadsafe(wedge(), io_loop())
+        try:
+            assert wedged.wait(DEADLINE_S)
+            jvm.write(b"p 2\np 3\n")
+            # The link read both pulses (so each was handed on to be answered) ...
+            assert wait_until(lambda: link.running_tasks() == 3, DEADLINE_S)
+            # ... and the wedged loop answered neither: only the loop writes answers.
+            assert out.getvalue() == answer
+        finally:
+            release.set()
+        held.result(DEADLINE_S)
+        assert wait_until(lambda: out.getvalue() == answer * 2, DEADLINE_S), out.getvalue()
+        assert out.getvalue() == answer * 2, "one answer was pending, not one per pulse"
+    finally:
+        jvm.close()
+        assert link.gone.wait(DEADLINE_S)
+
+
+def test_the_agent_process_announces_its_hang_bound_and_stops_answering_when_wedged(
+    rm: tuple[ResourceManagerServer, str, Collector], tmp_path: Path
+) -> None:
+    """The real process: its ready line carries ``hang_ms`` (twice the 1 s heartbeat timeout, at
+    least 5 s) and it answers pulses; once its heartbeat loop is wedged, the RM times it out and
+    the answers have stopped (at most one was in flight), while the JVM's pulses keep coming."""
+    _, address, events = rm
+    wedge_file = tmp_path / "wedge"
+    agent = AgentProcess(address, "10", tmp_path, code=WEDGE_ON_FILE, env={"WEDGE_FILE": str(wedge_file)})
+    try:
+        events.wait_event(EventKind.REGISTERED, "10", DEADLINE_S)
+
+        def ready() -> list[str]:
+            return [line for line in list(agent.protocol) if line.startswith(READY + " ")]
+
+        assert wait_until(ready, DEADLINE_S), last_lines(agent)
+        assert "hang_ms=5000" in ready()[0].split(), ready()
+        assert wait_until(lambda: agent.answers() >= 3, DEADLINE_S), agent.protocol[-5:]
+        assert all(line == f"{ALIVE} 0 0" for line in agent.protocol if line.startswith(ALIVE + " "))
+        wedge_file.touch()
+        assert wait_until(lambda: "TEST: the heartbeat loop is wedged" in agent.log, DEADLINE_S)
+        at_wedge = agent.answers()
+        # A timeout (1 s) later, ten pulses went unanswered; the RM saw the same silence.
+        events.wait_event(EventKind.HEARTBEAT_TIMEOUT, "10", DEADLINE_S)
+        assert agent.answers() <= at_wedge + 1, "a wedged agent answered its JVM's pulses"
+        assert agent.proc.poll() is None, "the process runs on: only its JVM can tell it is hung"
+    finally:
+        agent.close()

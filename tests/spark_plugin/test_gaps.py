@@ -27,7 +27,8 @@ from spark_plugin.history.gaps import (
     parse_gap,
 )
 from spark_plugin.history.reader import load_history
-from spark_plugin.processes.driver import PulseAnswers, record_gap
+from spark_plugin.jvm.sidecar import PulseAnswers
+from spark_plugin.processes.driver import record_gap
 
 WALL = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 

@@ -1,8 +1,9 @@
-"""The driver plugin's supervision of its driver-side process (``Supervision.java``) on a fake clock:
-when the process is hung, when a restart may start (a sliding window, never a cap per application)
-and how a failed restart backs off. A small Java main (``java/SupervisionCheck.java``) drives the
-class with fake millisecond readings; no Spark application, no waiting. Needs a JDK and the launcher
-jar: marked ``spark``, out of ``make unit`` (as ``test_protocol_contract``)."""
+"""The driver plugin's supervision of its driver-side process, and the executor plugin's of its
+agent (``Supervision.java``), on a fake clock: when the process is hung, when a restart may start
+(a sliding window, never a cap per application) and how a failed restart backs off. A small Java
+main (``java/SupervisionCheck.java``) drives the class with fake millisecond readings; no Spark
+application, no waiting. Needs a JDK and the launcher jar: marked ``spark``, out of ``make unit``
+(as ``test_protocol_contract``)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,35 @@ def test_a_late_check_means_this_jvm_was_paused_and_convicts_nobody(run: Run) ->
     judged = dict(zip(after, answers[4:], strict=True))
     assert answers[2:4] == ["false", "false"]
     assert [t for t, hung in judged.items() if hung == "true"] == [36_000], judged  # 5000 ms after 30500
+
+
+def test_an_executor_jvm_frozen_past_its_agents_bound_kills_no_agent_when_it_thaws(run: Run) -> None:
+    """The executor plugin's policy (the agent's 5 s bound, its own restart limits). The JVM froze
+    for 10 s after writing a pulse whose answer the agent wrote at once, but the frozen JVM never
+    read: at the thaw the wait looks 10 s old. The first check is late and judges nothing; the
+    answer read after the thaw ends the wait, and pulses answered as before never convict."""
+    thawed = [x for t in range(10_600, 30_000, 500) for x in (f"pulse {t}", f"hung {t + 100} 500", "answer")]
+    answers = run(
+        "policy 5000 5 300000 30000",
+        "pulse 0",
+        "answer",
+        "pulse 500",
+        "hung 550 500",  # the last check before the freeze
+        "hung 10550 500",  # the first after it: 10 s late
+        *thawed,
+    )
+    assert answers[4:6] == ["false", "false"]
+    assert "true" not in answers, answers
+    # The agent itself stopped at the thaw (or earlier, with its JVM): convicted a bound after it.
+    stuck = run(
+        "policy 5000 5 300000 30000",
+        "pulse 500",
+        "hung 550 500",
+        "hung 10550 500",
+        *(f"hung {t} 500" for t in range(11_050, 16_100, 500)),
+    )
+    # 16050 is the first check more than 5000 ms after the late one at 10550.
+    assert stuck[-2:] == ["false", "true"] and "true" not in stuck[:-1], stuck
 
 
 def test_without_an_announced_bound_nothing_is_ever_hung(run: Run) -> None:

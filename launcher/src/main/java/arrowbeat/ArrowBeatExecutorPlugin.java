@@ -28,18 +28,32 @@ import org.slf4j.LoggerFactory;
  * waits until the oldest leaves the window), a failed start retried after a backoff up to {@link
  * #RESTART_BACKOFF_MAX_MS}; each delay is told to the driver. The decisions are {@link
  * Supervision}'s (the driver plugin's RM supervisor uses the same), tested on a fake clock.
+ *
+ * <p>An agent that runs but is wedged (its heartbeat loop blocked, the process stopped) is found
+ * the way the driver plugin finds a hung RM: the agent answers each pulse from the loop that serves
+ * its heartbeats ({@link Protocol#parseAlive}, {@code 0 0}); one that leaves a pulse unanswered for
+ * longer than the hang bound it announced ({@code hang_ms} in its ready line: twice the heartbeat
+ * timeout, at least 5 s) is killed by pid (SIGKILL), reported like an exit with the cause {@code
+ * agent hung: no answer to the JVM's pulse for N ms ...}, and started again through the same rate
+ * limit. A check that runs late because this JVM was paused (a GC, a SIGSTOP) judges nothing, so a
+ * frozen JVM never kills a live agent once it resumes; while it is frozen it sends no pulse, and
+ * the agent stops answering the RM as before.
  */
 public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
   private static final Logger LOG = LoggerFactory.getLogger(ArrowBeatExecutorPlugin.class);
   static final int RESTARTS_MAX = 5;
   static final long RESTARTS_WINDOW_MS = 5 * 60_000;
   static final long RESTART_BACKOFF_MAX_MS = 30_000;
+  /** How long a kill of a hung agent waits for its end (SIGKILL: a stopped process dies too). */
+  static final long KILL_WAIT_MS = 5000;
   private final AtomicInteger runningTasks = new AtomicInteger();
   /** Tasks ever started here: without one, this executor cannot hold map outputs. */
   private final AtomicInteger tasksStarted = new AtomicInteger();
   private final TaskWatch taskWatch = new TaskWatch();
-  private final Supervision restarts =
+  /** Hang checks of the current agent and its restarts' rate limit (pure; the restarter acts). */
+  private final Supervision supervision =
       new Supervision(new Supervision.Policy(0, RESTARTS_MAX, RESTARTS_WINDOW_MS, RESTART_BACKOFF_MAX_MS));
+  /** One thread checks the agent and restarts it: a hang kill and a restart never overlap. */
   private final ScheduledExecutorService restarter =
       Executors.newSingleThreadScheduledExecutor(
           r -> {
@@ -47,7 +61,22 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
             t.setDaemon(true);
             return t;
           });
+  /**
+   * Asks of the driver about lost outputs ({@link #reportLost}, which waits for Spark's RPC): off
+   * the agent's protocol thread, which must go on reading its pulse answers, and off the restarter.
+   */
+  private final java.util.concurrent.ExecutorService reporter =
+      Executors.newSingleThreadExecutor(
+          r -> {
+            Thread t = new Thread(r, "arrowbeat-agent-report");
+            t.setDaemon(true);
+            return t;
+          });
   private volatile Sidecar sidecar;
+  /** The agent whose pulses and answers the hang check times (set before its first pulse). */
+  private volatile Sidecar supervised;
+  /** The last agent reported down: a hung one killed and its exit seen are one report, not two. */
+  private Sidecar reportedDown;
   private volatile boolean shuttingDown;
   private final Thread shutdownNotice = new Thread(() -> shuttingDown = true, "arrowbeat-agent-shutdown");
   private Thread watchReporter;
@@ -100,6 +129,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
           ctx.executorID(), SparkInternals.sparkVersion(), host.name(), host.source(), localDirs);
       sidecar = launch();
       startWatchReports(Launch.pulseMs(sidecar.info()));
+      startHangChecks(Launch.pulseMs(sidecar.info()));
       Runtime.getRuntime().addShutdownHook(shutdownNotice); // an agent ending with its JVM is no crash
     } catch (Throwable t) {
       LOG.error("arrowbeat agent did not start on executor {}; the executor runs on without it: {}",
@@ -139,7 +169,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
             LOG.error("arrowbeat map outputs of executor {} are lost ({}); telling the driver, which "
                 + "has Spark replace the executor so their map partitions are recomputed", executorId,
                 command.argument());
-            reportLost(ctx, executorId, command.argument());
+            reportLostLater(executorId, command.argument());
           } else if (Protocol.JSTACK.equals(command.verb())) {
             String stack = taskWatch.stackOf(Long.parseLong(command.argument()));
             sendLine(Protocol.stack(command.argument(), stack));
@@ -149,6 +179,24 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
           }
         });
     agent.onUnexpectedExit(() -> agentExited(agent));
+    // Its hang bound is its own (the ready line); the restart limits stay this plugin's.
+    supervision.launched(
+        new Supervision.Policy(Supervision.Policy.from(agent.info()).hangMs(), RESTARTS_MAX,
+            RESTARTS_WINDOW_MS, RESTART_BACKOFF_MAX_MS),
+        nowMs());
+    supervised = agent;
+    agent.onAlive(
+        answer -> {
+          if (supervised == agent) { // a late line of a replaced agent changes nothing
+            supervision.answered();
+          }
+        });
+    agent.onPulse(
+        () -> {
+          if (supervised == agent) {
+            supervision.pulsed(nowMs());
+          }
+        });
     agent.startPulses(Launch.pulseMs(agent.info()), runningTasks::get);
     if (appId.isEmpty()) {
       sendAppIdWhenAssigned(agent);
@@ -162,7 +210,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
    * task ever ran here); a restart is scheduled.
    */
   private void agentExited(Sidecar dead) {
-    if (shuttingDown) {
+    if (shuttingDown || !claimDown(dead)) {
       return;
     }
     String executorId = ctx.executorID();
@@ -171,6 +219,66 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
         + "and starting it again", executorId, dead.pid(), cause, tasksStarted.get());
     scheduleRestart(dead.pid(), cause);
     reportLost(ctx, executorId, "agent-exited");
+  }
+
+  /** True the first time {@code agent} is reported down (a hung one killed, or one that exited). */
+  private synchronized boolean claimDown(Sidecar agent) {
+    if (reportedDown == agent) {
+      return false;
+    }
+    reportedDown = agent;
+    return true;
+  }
+
+  private static long nowMs() {
+    return System.nanoTime() / 1_000_000;
+  }
+
+  /** How often the hang check runs: every pulse interval, within 100 ms to 1 s (as the driver's). */
+  static long checkMs(long pulseMs) {
+    return Math.max(100, Math.min(1000, pulseMs <= 0 ? 1000 : pulseMs));
+  }
+
+  /** The hang check, on the restarter thread (so it never runs beside a restart). */
+  private void startHangChecks(long pulseMs) {
+    long checkMs = checkMs(pulseMs);
+    restarter.scheduleWithFixedDelay(() -> checkHang(checkMs), checkMs, checkMs, TimeUnit.MILLISECONDS);
+  }
+
+  /**
+   * A live agent that left a pulse unanswered for longer than its hang bound ({@link Supervision#hung};
+   * never judged by a check that ran late, this JVM having been paused) is hung: SIGKILLed by pid,
+   * reported to the driver with the cause as an exited one is, and started again (rate-limited).
+   * An agent that exited is not this check's: its exit is reported as it happens.
+   */
+  private void checkHang(long checkMs) {
+    try {
+      Sidecar current = sidecar;
+      if (shuttingDown || current == null || current != supervised || !current.isAlive()) {
+        return;
+      }
+      long now = nowMs();
+      if (!supervision.hung(now, checkMs) || !claimDown(current)) {
+        return;
+      }
+      long silentMs = supervision.silentMs(now);
+      String cause = hungCause(silentMs, supervision.policy().hangMs());
+      LOG.error("arrowbeat agent of executor {} (pid {}) is hung: no answer to the pulse for {} ms ({} "
+          + "tasks started here); killing it, telling the driver and starting it again",
+          ctx.executorID(), current.pid(), silentMs, tasksStarted.get());
+      current.kill(KILL_WAIT_MS); // no exit callback: this check reports it
+      scheduleRestart(current.pid(), cause);
+      reportLostLater(ctx.executorID(), "agent-hung");
+    } catch (Throwable t) { // the check must outlive anything one round throws
+      LOG.error("arrowbeat's hang check of the agent of executor {} failed this round: {}",
+          ctx.executorID(), t.toString());
+    }
+  }
+
+  /** Why a hung agent was killed, for the driver (an {@link Protocol#executorAgentDown} cause). */
+  static String hungCause(long silentMs, long boundMs) {
+    return "agent hung: no answer to the JVM's pulse for " + silentMs + " ms (bound " + boundMs
+        + " ms); killed";
   }
 
   /** Why an agent ended, in a few words: its signal, or its status and its last log line. */
@@ -187,8 +295,8 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
     if (shuttingDown) {
       return;
     }
-    long now = System.nanoTime() / 1_000_000;
-    long delayMs = Math.max(0, restarts.nextRestartAt(now) - now);
+    long now = nowMs();
+    long delayMs = Math.max(0, supervision.nextRestartAt(now) - now);
     if (delayMs > 0) {
       LOG.warn("arrowbeat agent of executor {} restarts in {} ms (at most {} starts per {} s)",
           ctx.executorID(), delayMs, RESTARTS_MAX, RESTARTS_WINDOW_MS / 1000);
@@ -206,10 +314,10 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
     if (shuttingDown) {
       return;
     }
-    restarts.attempting(System.nanoTime() / 1_000_000);
+    supervision.attempting(nowMs());
     try {
       Sidecar agent = launch();
-      restarts.succeeded();
+      supervision.succeeded();
       synchronized (this) {
         if (shuttingDown) {
           agent.stop(0);
@@ -219,7 +327,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
       }
       LOG.warn("arrowbeat agent of executor {} started again (pid {})", ctx.executorID(), agent.pid());
     } catch (Throwable t) {
-      restarts.failed(System.nanoTime() / 1_000_000);
+      supervision.failed(nowMs());
       LOG.error("arrowbeat agent of executor {} did not start again: {}", ctx.executorID(), t.getMessage());
       scheduleRestart(deadPid, "agent restart failed: " + t.getMessage());
     }
@@ -299,6 +407,15 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
     if (!taken) {
       LOG.error("arrowbeat: the driver plugin did not take executor {}'s lost outputs (it takes none "
           + "for the driver's own executor, nor while its driver-side process is down)", executorId);
+    }
+  }
+
+  /** {@link #reportLost} on the reporter thread (dropped once the executor shuts down). */
+  private void reportLostLater(String executorId, String reason) {
+    try {
+      reporter.execute(() -> reportLost(ctx, executorId, reason));
+    } catch (java.util.concurrent.RejectedExecutionException e) {
+      LOG.debug("arrowbeat lost-outputs report not sent: the executor is shutting down");
     }
   }
 
@@ -390,6 +507,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
       sidecar = null;
     }
     restarter.shutdownNow();
+    reporter.shutdownNow();
     try {
       Runtime.getRuntime().removeShutdownHook(shutdownNotice);
     } catch (IllegalStateException | IllegalArgumentException e) {

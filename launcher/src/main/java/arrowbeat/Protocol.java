@@ -319,9 +319,11 @@ final class Protocol {
   private static final Pattern ALIVE_NUMBER = Pattern.compile("[0-9]{1,15}");
 
   /**
-   * The driver-side process's answer to a pulse: it is alive (its RM's loop turns), its history is
-   * complete before {@code completeUntilMs} (wall clock; 0 if it keeps none), and it holds {@code
-   * unsavedRows} rows not yet committed. Handed to a restarted process, which records the gap.
+   * A child's answer to a pulse: it is alive (the driver-side process's RM loop turns; an agent's
+   * heartbeat loop turns), its history is complete before {@code completeUntilMs} (wall clock; 0 if
+   * it keeps none, as an agent) and it holds {@code unsavedRows} rows not yet committed. The
+   * driver plugin hands both to a restarted driver-side process, which records the gap; the
+   * executor plugin only times the answer ({@link Supervision}).
    */
   record Alive(long completeUntilMs, long unsavedRows) {}
 
