@@ -300,13 +300,11 @@ class ResourceManagerCore:
             self._in_cluster[executor_id] = within_s
             if self._has_agent(executor_id) or executor_id in self._expected:
                 return
-            expected = _Expected(host, self._clock.time())
-            self._expected[executor_id] = expected
-        expected.timer = self._scheduler.schedule(
+        self._unmonitored_unless_registered(
+            executor_id,
+            host,
             within_s,
-            lambda: self._unmonitored(
-                executor_id, f"no agent registered within {within_s:g} s after the executor started"
-            ),
+            f"no agent registered within {within_s:g} s after the executor started",
         )
 
     def agent_not_started(self, executor_id: str, reason: str) -> None:
@@ -503,14 +501,24 @@ class ResourceManagerCore:
             grace = self._in_cluster.get(executor_id)
             if self._stopped or grace is None or executor_id in self._expected:
                 return
+        self._unmonitored_unless_registered(
+            executor_id, host, grace, f"no agent registered again within {grace:g} s after {after}"
+        )
+
+    def _unmonitored_unless_registered(
+        self, executor_id: str, host: str, within_s: float, reason: str
+    ) -> None:
+        """``executor_id`` is expected from now on: UNMONITORED with ``reason`` unless an agent
+        registers for it within ``within_s`` (a registration cancels the timer). The one timer of
+        ``expect`` and ``_await_agent``."""
+        with self._lock:  # checked again: a registration or a removal may have come meanwhile
+            if self._stopped or executor_id in self._expected or executor_id in self._cluster_gone:
+                return
+            if self._has_agent(executor_id):
+                return
             expected = _Expected(host, self._clock.time())
             self._expected[executor_id] = expected
-        expected.timer = self._scheduler.schedule(
-            grace,
-            lambda: self._unmonitored(
-                executor_id, f"no agent registered again within {grace:g} s after {after}"
-            ),
-        )
+        expected.timer = self._scheduler.schedule(within_s, lambda: self._unmonitored(executor_id, reason))
 
     def _has_agent(self, executor_id: str) -> bool:
         """Whether a live (RUNNING) registration serves ``executor_id``; call under the lock."""
