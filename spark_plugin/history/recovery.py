@@ -1,9 +1,10 @@
-"""What a restarted ResourceManager learns from the history it kept: the executors it knew, and
-the events its gauge counters had counted."""
+"""What a restarted ResourceManager learns from the history it kept: the executors it knew, the
+events its gauge counters had counted, and the tasks it had reported stuck and not yet resumed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from spark_plugin.errors import TablePathError
@@ -35,6 +36,43 @@ class Recovered:
     """Every recorded ``(event, executor_id)`` of the application, oldest first: replayed into
     the driver's gauge counters (``plugin_metrics.LivenessTally.replay``), so a restart does not
     set Spark's ``events.*`` counters back to zero."""
+    stuck: dict[str, list[StuckTask]] = field(default_factory=dict)
+    """Per live executor, the task attempts recorded ``TASK_STUCK`` and not yet ``TASK_RESUMED``:
+    the restarted RM takes them as still stuck (``TaskEvents.adopt_stuck``), so a task that stays
+    stuck is not reported (or killed) twice, and one that moved on during the gap is resumed."""
+
+
+@dataclass(frozen=True)
+class StuckTask:
+    task_id: str
+    label: str
+
+
+_TASK_LABEL = re.compile(r"^(stage \S+ partition \d+ attempt \d+ \(task (\d+)\))(?::|$)")
+"""A task event's detail starts with the task's label (``monitoring.executor_tasks``), which ends
+with its Spark task id."""
+
+
+def stuck_tasks(events: list[dict[str, object]]) -> dict[str, list[StuckTask]]:
+    """From an application's events, oldest first: per executor, the tasks whose last task event
+    is ``TASK_STUCK``; none of an executor whose agent left for good after it. Pure."""
+    stuck: dict[str, dict[str, StuckTask]] = {}
+    for row in events:
+        executor_id, kind = str(row["executor_id"]), str(row["event"])
+        if kind in _ENDED:
+            stuck.pop(executor_id, None)
+            continue
+        if kind not in ("TASK_STUCK", "TASK_RESUMED"):
+            continue
+        found = _TASK_LABEL.match(str(row.get("detail") or ""))
+        if found is None:
+            continue
+        label, task_id = found[1], found[2]
+        if kind == "TASK_STUCK":
+            stuck.setdefault(executor_id, {})[task_id] = StuckTask(task_id, label)
+        else:
+            stuck.get(executor_id, {}).pop(task_id, None)
+    return {e: list(tasks.values()) for e, tasks in stuck.items() if tasks}
 
 
 def known_executors(root: TablesLocation | Path | str, app_id: str) -> list[KnownExecutor]:
@@ -53,7 +91,7 @@ def recover(root: TablesLocation | Path | str, app_id: str) -> Recovered:
     uri, options = location.table_uri(EXECUTOR_EVENTS.name), location.options()
     if location.local is not None and not (location.local / EXECUTOR_EVENTS.name / "_delta_log").is_dir():
         return Recovered([], [])
-    columns = ["app_id", "executor_id", "host", "instance_id", "ts", "event"]
+    columns = ["app_id", "executor_id", "host", "instance_id", "ts", "event", "detail"]
     try:
         events = DeltaTable(uri, storage_options=options).to_pyarrow_table(columns=columns)
     except TableNotFoundError:
@@ -67,11 +105,12 @@ def recover(root: TablesLocation | Path | str, app_id: str) -> Recovered:
     events = events.filter(pc.equal(events["app_id"], app_id)).sort_by([("ts", "ascending")])
     last: dict[str, KnownExecutor] = {}
     replay: list[tuple[str, str]] = []
-    for row in events.to_pylist():
+    ordered = events.to_pylist()
+    for row in ordered:
         replay.append((row["event"], row["executor_id"]))
         if row["event"] not in _LIFECYCLE:
             continue
         last[row["executor_id"]] = KnownExecutor(
             row["executor_id"], row["host"], row["instance_id"], row["event"]
         )
-    return Recovered([e for e in last.values() if e.last_event not in _ENDED], replay)
+    return Recovered([e for e in last.values() if e.last_event not in _ENDED], replay, stuck_tasks(ordered))

@@ -75,6 +75,15 @@ class TaskEvents:
     def _of(self, executor_id: str) -> _Executor:
         return self._executors.setdefault(executor_id, _Executor({}))
 
+    def adopt_stuck(self, executor_id: str, tasks: list[tuple[str, str]]) -> None:
+        """Task attempts ``(task id, label)`` a previous RM of this application reported stuck
+        and not resumed (``history.recovery``): taken as stuck still, so the next heartbeat that
+        lists one stuck records (and kills) nothing again, and one that lists it moving, or not
+        at all, records its ``TASK_RESUMED``. A restarted RM calls this before it serves."""
+        state = self._of(executor_id)
+        for task_id, label in tasks:
+            state.stuck.setdefault(task_id, WorkProgress(task_id, label, 0.0, 0.0, stuck=True))
+
     def on_event(self, event: ExecutorEvent, now: float) -> list[ExecutorEvent]:
         """What to record for a lifecycle event: a ``REREGISTERED`` is held (``[]``) until the
         executor's next heartbeat; anything else passes at once (a row keeps its own time), after

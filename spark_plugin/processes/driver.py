@@ -219,15 +219,18 @@ def main() -> int:
     for problem in [spark_support.message or "", *versions.library_problems()]:
         if problem:
             log.warning("arrowbeat: %s", problem)
+    tasks = TaskEvents(
+        kill_task=channel.kill_task if config.on_stuck_task == "kill" else None,
+        # A heartbeat follows a registration within an interval, or a few under heavy load.
+        hold_s=max(5.0, 5 * config.heartbeat_interval_s),
+    )
+    for executor_id, stuck in recovered.stuck.items():  # a restart: what its predecessor reported
+        tasks.adopt_stuck(executor_id, [(t.task_id, t.label) for t in stuck])
     router = EventRouter(
         lambda: link.app_id(app_id),
         history,
         kill=channel.kill_executor if config.on_heartbeat_timeout == "kill" and not no_kill else None,
-        tasks=TaskEvents(
-            kill_task=channel.kill_task if config.on_stuck_task == "kill" else None,
-            # A heartbeat follows a registration within an interval, or a few under heavy load.
-            hold_s=max(5.0, 5 * config.heartbeat_interval_s),
-        ),
+        tasks=tasks,
     )
     rm.subscribe(router)
     tally = LivenessTally()

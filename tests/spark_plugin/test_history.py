@@ -23,7 +23,9 @@ from spark_plugin.history import (
 from tests.harness.procs import wait_until
 
 
-def event(executor_id: str, kind: str, second: int, app_id: str = "app-1") -> dict[str, object]:
+def event(
+    executor_id: str, kind: str, second: int, app_id: str = "app-1", detail: str = ""
+) -> dict[str, object]:
     return {
         "app_id": app_id,
         "executor_id": executor_id,
@@ -31,7 +33,7 @@ def event(executor_id: str, kind: str, second: int, app_id: str = "app-1") -> di
         "instance_id": f"i-{executor_id}-{second}",
         "ts": dt.datetime(2026, 11, 22, 5, 0, second, tzinfo=dt.UTC),
         "event": kind,
-        "detail": "",
+        "detail": detail,
     }
 
 
@@ -373,3 +375,36 @@ def test_a_restarted_rm_recovers_the_executors_it_knew(tmp_path: Path) -> None:
     assert ("REGISTERED", "9") not in replayed  # another application's
     assert replayed[-2:] == [("UNMONITORED", "6"), ("TASK_STUCK", "1")]
     assert [x for _, x in replayed].count("5") == 2 and len(replayed) == 11
+
+
+def stuck(task_id: int) -> str:
+    return (
+        f"stage 2.0 partition {task_id} attempt 0 (task {task_id}): no progress for 31.0s (40.0s running); x"
+    )
+
+
+def test_a_restarted_rm_recovers_the_tasks_still_stuck(tmp_path: Path) -> None:
+    """Stuck and not resumed, on an executor that did not leave for good: handed to the restarted
+    RM's ``TaskEvents.adopt_stuck``. Resumed ones, another application's and those of an executor
+    gone since are not."""
+    resumed = "stage 2.0 partition 5 attempt 0 (task 5): progressing again (0.1s idle)"
+    writer = HistoryWriter(tmp_path, flush_interval_s=60)
+    writer.open()
+    for row in [
+        event("1", "REGISTERED", 1),
+        event("1", "TASK_STUCK", 2, detail=stuck(5)),
+        event("1", "TASK_STUCK", 3, detail=stuck(6)),
+        event("1", "TASK_RESUMED", 4, detail=resumed),
+        event("1", "HEARTBEAT_TIMEOUT", 5),  # the agent's silence ends no task
+        event("2", "TASK_STUCK", 6, detail=stuck(9)),
+        event("2", "SPARK_LOST", 7),
+        event("3", "TASK_STUCK", 8, app_id="another-app", detail=stuck(11)),
+        event("4", "TASK_STUCK", 9, detail="a detail of another shape"),
+    ]:
+        writer.append(EXECUTOR_EVENTS.name, row)
+    writer.stop()
+    found = recover(tmp_path, "app-1").stuck
+    assert {e: [(t.task_id, t.label) for t in tasks] for e, tasks in found.items()} == {
+        "1": [("6", "stage 2.0 partition 6 attempt 0 (task 6)")]
+    }
+    assert recover(tmp_path / "elsewhere", "app-1").stuck == {}

@@ -202,3 +202,20 @@ def test_departed_executors_are_remembered_within_a_bound() -> None:
     for n in range(10):
         events.on_event(ExecutorEvent(EventKind.SPARK_LOST, str(n), "h", "", float(n), "crash"), float(n))
     assert list(events._departed) == ["7", "8", "9"]
+
+
+def test_a_restarted_rm_takes_the_stuck_tasks_it_inherits_as_stuck() -> None:
+    """The tasks a previous RM reported stuck (``history.recovery.stuck_tasks``): one still stuck is
+    not recorded or killed again; one that moved on during the gap, or ended, is resumed."""
+    killed: list[int] = []
+    events = TaskEvents(kill_task=killed.append)
+    events.adopt_stuck("3", [("7", task("7", 0).label), ("8", task("8", 0).label), ("9", task("9", 0).label)])
+    out, _ = events.on_heartbeat(beat(1.0, task("7", 40.0, True, "x"), task("8", 0.2)), 1.0)
+    assert [(e.kind, e.detail.split(":")[0]) for e in out] == [
+        (EventKind.TASK_RESUMED, task("8", 0).label),
+        (EventKind.TASK_RESUMED, task("9", 0).label),
+    ]
+    assert "progressing again" in out[0].detail and "ended" in out[1].detail
+    assert killed == []  # task 7 was killed (or not) by the RM that reported it
+    out, _ = events.on_heartbeat(beat(2.0), 2.0)
+    assert [e.kind for e in out] == [EventKind.TASK_RESUMED] and out[0].detail.startswith(task("7", 0).label)
