@@ -2,9 +2,10 @@
 the receiver's ledger of what it announced, received and consumed.
 
 Flink's rules: the receiver announces credit only when its unannounced count leaves zero (later
-increments ride along with that announcement); the sender sends a data buffer only while it has
-credit. The receiver's ledger checks the second rule from the other end of the wire, so tests
-need not trust the sender's own counters.
+increments ride along with that announcement; ``RemoteInputChannel`` holds it back longer, while
+the sender has enough unspent); the sender sends a data buffer only while it has credit. The
+receiver's ledger checks the second rule from the other end of the wire, so tests need not trust
+the sender's own counters.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ class UnannouncedCredit:
             self._count += n
             return was_zero and n > 0
 
+    @property
+    def pending(self) -> int:
+        """Credits gained and not yet announced."""
+        with self._lock:
+            return self._count
+
     def take(self) -> int:
         """Everything unannounced, for one ADD_CREDIT message; resets to zero."""
         with self._lock:
@@ -68,6 +75,8 @@ class ReceiverLedger:
 
     def __init__(self, initial_credit: int) -> None:
         self.announced = initial_credit
+        self.announcements = 0
+        """ADD_CREDIT messages (each announces one or more credits)."""
         self.received = 0
         self.consumed = 0
         self.without_credit = 0
@@ -80,6 +89,7 @@ class ReceiverLedger:
 
     def announce(self, credit: int) -> None:
         self.announced += credit
+        self.announcements += 1
 
     def receive(self, has_free_buffer: bool) -> bool:
         """Account one arriving buffer; ``False`` if it came without credit (also counted)."""

@@ -6,10 +6,14 @@ exclusive buffers); every BUFFER frame must carry the next sequence number (else
 ``SequenceGapError``) and find announced, unused credit and a free buffer here (else the sender
 broke the credit contract: counted in ``stats().buffers_without_credit``, then
 ``CreditViolationError``); its backlog makes us request floating buffers up to
-``backlog + initial_credit``; every buffer gained is one unannounced credit, announced when that
-count leaves zero. The receiver thread's failure is sticky: stored and raised by the next ``poll``.
-A producer that stops sending, keepalives included, for ``peer_timeout_s`` on the gate's clock
-is lost (``PeerLostError``, decided by the connection, see ``transport``).
+``backlog + initial_credit``; every buffer gained is one unannounced credit, announced once that
+count reaches what the sender holds unspent (Flink announces when the count leaves zero:
+one message, and a wake-up on both sides, per buffer; we batch them while the sender still has
+enough to go on, and look again after every buffer received). The consumer is woken once a few
+buffers are in, or at once when no more are coming (no backlog, no credit, a keepalive). The
+receiver thread's failure is sticky: stored and raised by the next ``poll``. A producer that
+stops sending, keepalives included, for ``peer_timeout_s`` on the gate's clock is lost
+(``PeerLostError``, decided by the connection, see ``transport``).
 
 A large BUFFER payload is received straight into Arrow memory, which its decoded batches then
 view (``codec.ReceiveBlocks``, ``codec.ArrowPayload``); the buffer its credit stands for is held
@@ -50,6 +54,10 @@ from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.stats import ChannelStats
 from arrow_shuffle.transport import Connection, Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
+
+_WAKE_AFTER = 3
+"""Buffers a channel queues before it wakes the consumer, while more are on their way (the sender
+said it has a backlog and has credit for it): one wake-up per few buffers, not one per buffer."""
 
 
 class RemoteInputChannel:
@@ -196,11 +204,20 @@ class RemoteInputChannel:
                     if not closed:
                         self._received.append(buffer)
                         self._bytes_received += header.length
+                        # Wake the consumer once a few buffers are in, or when no more are coming
+                        # at once (none queued behind it, or the sender is out of credit).
+                        wake = (
+                            len(self._received) >= _WAKE_AFTER
+                            or header.value == 0
+                            or self._ledger.announced <= self._ledger.received
+                        )
                 if closed:
                     buffer.recycle()
                     return
-                self._on_data(self.index)
+                if wake:
+                    self._on_data(self.index)
                 self._on_backlog(header.value)
+                self._announce_due()
             elif header.kind is Kind.END_OF_PARTITION:
                 self._check_seq(header)
                 with self._lock:
@@ -212,6 +229,10 @@ class RemoteInputChannel:
             elif header.kind is Kind.KEEPALIVE:
                 if header.length:
                     raise ShuffleProtocolError(f"keepalive with a payload {self.where}")
+                with self._lock:
+                    waiting = bool(self._received)
+                if waiting:  # a sender that claimed a backlog went idle: hand over what came
+                    self._on_data(self.index)
             elif header.kind is Kind.ERROR:
                 raise self._remote_error(conn, header)
             else:
@@ -303,17 +324,35 @@ class RemoteInputChannel:
             self._add_credit(1)
 
     def _add_credit(self, n: int) -> None:
-        """Announce ``n`` more credits. A failed announcement is not this channel's verdict: the
-        peer may have sent END and hung up before it arrived (the receiver has yet to read END
-        from the socket). The receiver thread decides: it reads what the peer sent, END included,
-        and then fails on the closed connection only if END was not among it."""
-        if n <= 0 or not self._credit.add(n):
+        """``n`` more credits: announced now if the sender is running low, else later (see
+        ``_announce_due``)."""
+        if n <= 0:
             return
-        credit = self._credit.take()
+        self._credit.add(n)
+        self._announce_due()
+
+    def _announce_due(self) -> None:
+        """Announce the unannounced credit once it is as large as what the sender still holds
+        unspent (as far as we know: announced minus received), or that is down to
+        ``initial_credit``; until then it is kept, and the receiver thread calls this again after
+        every buffer received, so it goes out, all in one ADD_CREDIT, while the sender still has
+        half the window to go on (a window update at half, as TCP's). One message per few buffers
+        instead of one per buffer: each one costs both processes a wake-up and a system call.
+
+        A failed announcement is not this channel's verdict: the peer may have sent END and hung
+        up before it arrived (the receiver has yet to read END from the socket). The receiver
+        thread decides: it reads what the peer sent, END included, and then fails on the closed
+        connection only if END was not among it."""
         with self._lock:  # in the ledger before it is sent: a buffer spending it cannot come earlier
+            unspent = self._ledger.announced - self._ledger.received
+            if unspent > self.initial_credit and unspent > self._credit.pending:
+                return  # the sender has credit enough to keep going; the next receive looks again
+            credit = self._credit.take()
+            if credit == 0:
+                return
             self._ledger.announce(credit)
             conn = None if self._ended else self._conn
-        if conn is None or credit == 0:  # the send is I/O: outside our lock
+        if conn is None:  # the send is I/O: outside our lock
             return
         try:
             conn.send(Kind.ADD_CREDIT, value=credit)
@@ -336,6 +375,7 @@ class RemoteInputChannel:
                 bytes_received=self._bytes_received,
                 buffers_consumed=ledger.consumed,
                 credits_announced=ledger.announced,
+                credit_announcements=ledger.announcements,
                 buffers_without_credit=ledger.without_credit,
                 max_in_flight=ledger.max_in_flight,
                 max_in_flight_over_credit=ledger.max_in_flight_over_credit,

@@ -37,6 +37,8 @@ class ChannelStats:
     bytes_received: int = 0
     buffers_consumed: int = 0
     credits_announced: int = 0
+    credit_announcements: int = 0
+    """ADD_CREDIT messages sent (credits are batched: fewer than the buffers received)."""
     buffers_without_credit: int = 0
     """Buffers that arrived with no announced-and-unused credit or no free buffer (must be 0)."""
     max_in_flight: int = 0

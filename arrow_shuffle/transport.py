@@ -46,7 +46,7 @@ from arrow_shuffle.errors import (
     ShuffleConfigError,
     ShuffleError,
 )
-from arrow_shuffle.frames import HEADER_SIZE, FrameHeader, Kind, unpack_header
+from arrow_shuffle.frames import HEADER, HEADER_SIZE, MAGIC, FrameHeader, Kind, unpack_header
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
@@ -267,33 +267,36 @@ class TcpConnection:
         are: no copy in user space). TLS has no ``sendmsg`` and would cut a record per piece: the
         pieces are copied together first, into ``scratch`` when it is large enough (the pool
         buffer the payload holds anyway; no allocation per frame)."""
-        views = [memoryview(part).cast("B") for part in parts]
-        total = sum(len(v) for v in views)
+        total = 0
+        for part in parts:
+            total += len(part)
         if total != size:
             raise ShuffleError(f"internal: payload pieces hold {total} bytes, not {size} (to {self.peer})")
-        header = FrameHeader(kind, size, seq, value).pack()
+        header = HEADER.pack(MAGIC, kind, 0, size, seq, value)
         with self._send_lock:
             self._check_open()
             if self.tls:
+                views = [memoryview(part).cast("B") for part in parts]
                 self._send_tls(header, _joined(views, size, scratch))
                 return
             try:
-                self._send_gather([memoryview(header), *views])
+                self._send_gather([header, *parts])
             except (BlockingIOError, TimeoutError) as exc:
                 raise self._lost(f"send stalled for {self.read_timeout_s:.1f}s", exc) from exc
             except OSError as exc:
                 raise self._lost("send failed", exc) from exc
 
-    def _send_gather(self, views: list[memoryview]) -> None:
-        """Every byte of ``views`` with ``sendmsg``, resuming after a partial send."""
-        views = [v for v in views if len(v)]
+    def _send_gather(self, pieces: list[bytes | pa.Buffer]) -> None:
+        """Every byte of ``pieces`` with ``sendmsg`` (which takes any buffer as it is), resuming
+        after a partial send."""
+        views: list[bytes | pa.Buffer | memoryview] = [p for p in pieces if len(p)]
         i = 0
         while i < len(views):
             sent = self._sock.sendmsg(views[i : i + _IOV_MAX])
             while sent > 0:
                 n = len(views[i])
                 if sent < n:
-                    views[i] = views[i][sent:]
+                    views[i] = memoryview(views[i]).cast("B")[sent:]
                     break
                 sent -= n
                 i += 1
@@ -387,7 +390,13 @@ class TcpConnection:
         got = 0
         while got < len(view):
             try:
-                n = self._recv_tls(view[got:]) if self.tls else self._sock.recv_into(view[got:])
+                if self.tls:
+                    n = self._recv_tls(view[got:])
+                else:
+                    # MSG_WAITALL: the kernel fills the whole view before it returns (or a silence
+                    # tick passes: SO_RCVTIMEO still bounds the call, it returns what it has), so a
+                    # 1 MiB payload costs one system call and one GIL hand-back, not one per segment.
+                    n = self._sock.recv_into(view[got:], 0, socket.MSG_WAITALL)
             except (BlockingIOError, TimeoutError) as exc:  # SO_RCVTIMEO: one silence tick
                 self.silent_ticks += 1
                 if self._deadline is not None:

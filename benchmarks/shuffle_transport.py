@@ -159,6 +159,7 @@ def _engine_producer(
     server.register(partition)
     address_out.send(server.address)
     writer = RecordWriter(partition)
+    size = batch.nbytes  # measured once: it walks the buffers (microseconds the engine never pays)
     go.wait()
     cpu = time.process_time()
     written = 0
@@ -166,7 +167,7 @@ def _engine_producer(
     while written < total:
         writer.write(batch, subpartition=sub)
         sub = (sub + 1) % reducers
-        written += batch.nbytes
+        written += size
     writer.finish()
     while partition.stats().bytes_sent < partition.stats().bytes_written and not stop.is_set():
         stop.wait(0.01)  # CPU until the last buffer left
@@ -371,9 +372,10 @@ def main() -> None:
         FLOATING = args.floating
     volume = (256 if args.quick else 1536) * MIB
     rounds = 1 if args.quick else args.rounds
+    load_start = os.getloadavg()[0]
     print(
         f"cpus={os.cpu_count()} buffer={BUFFER // 1024} KiB volume/channel={volume // MIB} MiB "
-        f"exclusive=2 floating={FLOATING}"
+        f"exclusive=2 floating={FLOATING} load(1 min)={load_start:.2f}"
     )
 
     from spark_plugin.settings import tls
@@ -465,6 +467,10 @@ def main() -> None:
     print(f"RESULT producer_cpu_vs_raw={med['producer'] / med['raw_tx']:.2f}")
     print(f"RESULT tls_consumer_cpu_s_per_gib={med['tls_rx']:.3f}")
     print(f"RESULT tls_producer_cpu_s_per_gib={med['tls_tx']:.3f}")
+    # Other processes' load shares the cores with both sides: the ratios above are only
+    # comparable between runs at a similar load.
+    print(f"RESULT load_1m_start={load_start:.2f}")
+    print(f"RESULT load_1m_end={os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -522,3 +522,54 @@ def test_a_frame_larger_than_a_buffer_within_max_frame_bytes_arrives_whole(
         fake.close()
     assert table.column("seq").to_pylist() == list(range(1200))
     assert pool.num_available == pool.num_segments
+
+
+def test_credit_goes_out_in_batches_and_a_keepalive_hands_over_what_came(
+    config: ShuffleConfig, pool: NetworkBufferPool
+) -> None:
+    """A sender with a backlog gets the floating buffers' credit in one ADD_CREDIT; the credit of
+    the buffers consumed afterwards is held back until it is as large as what the sender still
+    holds unspent, then goes in one message (one per few buffers, not one per buffer: each costs
+    both processes a wake-up). The receiver wakes its consumer once a few buffers are in; the last
+    two wait for more, and the sender's keepalive (it went idle despite its backlog) hands them
+    over."""
+    sent = 5
+    payload = _payload(config, pool)
+    consumed = threading.Event()
+    credits: list[int] = []
+
+    def script(conn: TcpConnection, credit: int) -> None:
+        assert credit == config.exclusive_buffers_per_channel
+        for seq in range(sent):
+            conn.send(Kind.BUFFER, payload, seq=seq, value=10)  # "10 more queued behind it"
+        conn.send(Kind.KEEPALIVE)
+        assert consumed.wait(10), "the consumer never got every buffer"
+        while (header := conn.recv_header(idle_ok=True)) is not None:  # all it sent, until silence
+            if header.kind is Kind.ADD_CREDIT:
+                credits.append(header.value)
+        conn.send(Kind.END_OF_PARTITION, seq=sent)
+
+    fake = FakeServer(SECRET.encode(), script)
+    spec = RemoteChannelSpec(fake.address, PartitionId(APP, 41, 0), 0)
+    try:
+        with InputGate([spec], SCHEMA, pool, config, SECRET) as gate:
+            batches = iter(gate)
+            rows = [next(batches).num_rows for _ in range(sent)]
+            consumed.set()
+            rows += [b.num_rows for b in batches]
+            (channel,) = gate.channels
+            stats = channel.stats()
+    finally:
+        fake.close()
+    assert rows == [10] * sent
+    floating = config.floating_buffers_per_gate
+    # The floating buffers' credit at once. The consumed buffers' credit (each floating one only
+    # if the channel was listening for it when it came back: timing) is held back until it
+    # matches the sender's unspent credit, 2 + 8 - 5 = 5, so it goes out in one message of all
+    # five or not at all (the stream ended first); never one by one.
+    assert credits[0] == floating
+    assert credits[1:] in ([], [sent])
+    assert stats.credit_announcements == len(credits)
+    assert stats.credits_announced == config.exclusive_buffers_per_channel + sum(credits)
+    assert stats.buffers_without_credit == 0 and stats.max_in_flight_over_credit == 0
+    assert pool.num_available == pool.num_segments
