@@ -5,7 +5,8 @@ Shows the plugin ran: the RM's address in the conf, ``--executors`` agents regis
 shuffle with the same rows as Spark's and each key in one partition, a Delta table written and
 read (Delta's jars came from ``python -m spark_plugin conf``'s flags). Prints one ``WHEEL-JOB``
 line of JSON, with the interpreters the agents and the Python workers ran (the tests run every
-"host" on this one machine, so the agents' pids can be looked up here).
+"host" on this one machine, so the agents' pids can be looked up here) and the seconds each step
+took (where a slow run spent them).
 """
 
 from __future__ import annotations
@@ -30,7 +31,17 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--executors", type=int, default=1)
     args = parser.parse_args()
+    seconds: dict[str, float] = {}
+    mark = time.monotonic()
+
+    def took(step: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        seconds[step] = round(now - mark, 1)
+        mark = now
+
     spark = SparkSession.builder.appName("arrowbeat-installed").getOrCreate()
+    took("session")
     try:
         config = from_spark_conf(spark.sparkContext.getConf().getAll())
         assert config.rm_address, "arrowbeat is off: the driver plugin published no RM address"
@@ -39,16 +50,20 @@ def main() -> int:
         while len(agents) < args.executors and time.monotonic() < deadline:
             time.sleep(0.2)
             agents = list_executors(config.rm_address, config.secret)
+        took("agents registered")
         df = spark.range(4000).withColumn("k", F.col("id") % 13)
         ours = repartition(df, 4, "k").withColumn("p", F.spark_partition_id()).collect()
         theirs = df.collect()
         same_rows = sorted((r.id, r.k) for r in ours) == sorted((r.id, r.k) for r in theirs)
         one_partition_per_key = len({(r.k, r.p) for r in ours}) == 13
+        took("shuffles")
         with tempfile.TemporaryDirectory() as tmp:
             spark.range(5).write.format("delta").save(f"{tmp}/t")
             delta_rows = spark.read.format("delta").load(f"{tmp}/t").count()
+        took("delta")
         sc = spark.sparkContext
         workers = sc.parallelize(range(8), 8).map(lambda _: sys.executable).distinct().collect()
+        took("workers")
         report = {
             "app_id": sc.applicationId,
             "agent_pythons": sorted(psutil.Process(a.pid).cmdline()[0] for a in agents if a.pid),
@@ -59,6 +74,7 @@ def main() -> int:
             "one_partition_per_key": one_partition_per_key,
             "delta_rows": delta_rows,
             "spark_plugin": spark_plugin.__file__,
+            "seconds": seconds,
         }
         print("WHEEL-JOB " + json.dumps(report), flush=True)
     finally:

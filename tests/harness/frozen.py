@@ -130,7 +130,8 @@ class FrozenRun:
     later_stdout: list[str] = field(default_factory=list)
     """The application's stdout lines the run did not wait for (kill scenario), once it exited."""
     timeline: dict[str, float] = field(default_factory=dict)
-    """Seconds from spark-submit to the start and end of each phase: where a slow run spent it."""
+    """Seconds from spark-submit to the start and end of each phase, and each probe's seconds in
+    its ``start`` and in each of its steps (``"<phase> <Probe>"``): where a slow run spent it."""
     started_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -205,12 +206,23 @@ class _Driver:
 
     def _start(self, key: int) -> None:
         probe = self.due[key][0]
+        began = time.monotonic()
         try:
             probe.start()
         except BaseException as exc:
             probe.failure, probe.failed_at = exc, Phase.READY
+        finally:
+            self.run.timeline[f"start {type(probe).__name__}"] = round(time.monotonic() - began, 1)
 
     def _step(self, key: int, phase: Phase) -> None:
+        began = time.monotonic()
+        try:
+            self._resume(key, phase)
+        finally:
+            name = type(self.probes[key]).__name__
+            self.run.timeline[f"{phase.value} {name}"] = round(time.monotonic() - began, 1)
+
+    def _resume(self, key: int, phase: Phase) -> None:
         probe, gen, _ = self.due[key]
         try:
             if gen is None:
@@ -360,6 +372,7 @@ def thaw_run(scratch: Path, probes: list[Probe]) -> FrozenRun:
 
         run.go.touch()
         run.result = app.wait_for("APP-RESULT ", timeout_s=180)
+        run.timeline["last job done"] = round(time.monotonic() - run.started_at, 1)
         run.exit_code = app.wait(timeout_s=120)
         driver.phase(Phase.ENDED)
         return run
@@ -390,6 +403,7 @@ def kill_run(scratch: Path, probes: list[Probe]) -> FrozenRun:
 
         run.go.touch()
         run.result = app.wait_for("APP-RESULT ", timeout_s=180)
+        run.timeline["last job done"] = round(time.monotonic() - run.started_at, 1)
         run.exit_code = app.wait(timeout_s=120)
         run.later_stdout = app.stdout_lines()
         driver.phase(Phase.ENDED)

@@ -58,6 +58,9 @@ class SubmittedApp:
             "spark.executor.memory": "512m",
             "spark.driver.memory": "512m",
             "spark.ui.enabled": "false",
+            # Spark's 200 would be 200 tasks per aggregation (and 200 state stores per streaming
+            # one, as in the jobs' executor_health) on one or two test cores; build_session's 4.
+            "spark.sql.shuffle.partitions": "4",
             "spark.sql.warehouse.dir": str(scratch / "warehouse"),
             "spark.driver.extraJavaOptions": f"-Dderby.system.home={scratch / 'derby'}",
             DELTA_SNAPSHOT_PARTITIONS[0]: DELTA_SNAPSHOT_PARTITIONS[1],

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.procs import APP_MARKER, end, ours
+from tests.harness.session import DELTA_SNAPSHOT_PARTITIONS
 from tests.harness.standalone import StandaloneCluster
 from tests.installed import Installed, clean_env, spark_lock
 
@@ -60,6 +61,9 @@ def submit(installed: Installed, flags: list[str], job: Path, cluster: Standalon
         "spark.driver.memory": "512m",
         "spark.ui.enabled": "false",
         "spark.log.level": "WARN",
+        # The job's Delta write and read: Delta rebuilds the table's state in 50 tasks by default,
+        # the job's slowest step on two 1-core executors (22 s; 12 s with 2, as tests.harness.session).
+        DELTA_SNAPSHOT_PARTITIONS[0]: DELTA_SNAPSHOT_PARTITIONS[1],
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={job.parent}",
     }.items():
         command += ["--conf", f"{key}={value}"]
@@ -111,6 +115,7 @@ def test_executors_run_arrowbeat_from_the_packed_environment(
     )
     [line] = [line for line in out.splitlines() if line.startswith("WHEEL-JOB ")]
     report = json.loads(line.removeprefix("WHEEL-JOB "))
+    print(f"job steps (s): {report['seconds']}")
     assert {agent.split("@")[1] for agent in report["agents"]} == {w.host for w in cluster.workers}, report
     assert report["same_rows"] and report["one_partition_per_key"] and report["delta_rows"] == 5, report
     work_dirs = tuple(str(w.work_dir / report["app_id"]) for w in cluster.workers)
