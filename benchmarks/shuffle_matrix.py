@@ -17,7 +17,8 @@ executors' process trees, sampled every 0.1 s).
 An ``auto`` column runs the same arrowbeat call with ``path="auto"`` (``spark_plugin.shuffle.route``:
 Spark's exchange below a measured input size, arrowbeat's above): its ratio is Spark / auto, and
 each input's size as the optimizer reports it (the cached relation's real size, the number the
-routing decides on) is printed beside it, so the crossover can be read off in bytes.
+routing decides on) is printed beside it, so the crossover can be read off in bytes. Spark's and
+the ``auto`` runs alternate (``best_alternating``).
 
 Also, when Dask is installed (``pip install .[bench]``), a peer on the same data in the same run:
 Dask distributed's P2P shuffle (``groupby("k").apply(f, shuffle_method="p2p")`` on a
@@ -25,6 +26,7 @@ Dask distributed's P2P shuffle (``groupby("k").apply(f, shuffle_method="p2p")`` 
 uniform cell with default partitions: ``RESULT vs_dask_p2p=<dask / arrowbeat>``.
 
     .venv/bin/python -m benchmarks.shuffle_matrix [--rows 400000,4000000,20000000] [--repeat 2] [--no-auto]
+        [--ops group,repart] [--keys uniform,hot] [--partitions default,8]   (a subset of the cells)
 """
 
 from __future__ import annotations
@@ -89,6 +91,22 @@ def best(step: Callable[[], Any], repeat: int) -> tuple[float, int]:
     return min(times), max(peaks)
 
 
+def best_alternating(steps: list[Callable[[], Any]], repeat: int) -> list[tuple[float, int]]:
+    """``best`` of each step, the steps run in turns (A, B, A, B): the ``auto`` column's cells
+    that take Spark's path run Spark's plan, so their ratio is Spark against itself plus the
+    routing; run back to back, a change of load between the two best-ofs would decide it."""
+    times: list[list[float]] = [[] for _ in steps]
+    peaks: list[list[int]] = [[] for _ in steps]
+    for _ in range(repeat):
+        for index, step in enumerate(steps):
+            with PeakMemory() as memory:
+                started = time.perf_counter()
+                step()
+                times[index].append(time.perf_counter() - started)
+            peaks[index].append(memory.peak)
+    return [(min(t), max(p)) for t, p in zip(times, peaks, strict=True)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="400000,4000000,20000000", help="comma-separated row counts")
@@ -97,6 +115,10 @@ def main() -> None:
     parser.add_argument("--no-dask", action="store_true", help="skip the Dask P2P peer")
     parser.add_argument("--no-auto", action="store_true", help="skip the path='auto' column")
     parser.add_argument("--ops", default="group,repart", help="comma-separated operations to run")
+    parser.add_argument("--keys", default="uniform,hot", help="comma-separated key shapes to run")
+    parser.add_argument(
+        "--partitions", default="default,8", help="comma-separated partition settings to run (default, 8)"
+    )
     args = parser.parse_args()
     sizes = [int(r) for r in args.rows.split(",")]
 
@@ -128,7 +150,7 @@ def main() -> None:
         ):
             step()
         for rows in sizes:
-            for keys in ("uniform", "hot"):
+            for keys in args.keys.split(","):
                 df = (
                     spark.range(0, rows, numPartitions=8)
                     .selectExpr(
@@ -141,16 +163,19 @@ def main() -> None:
                 df.count()
                 size = plan_size(df).bytes or 0  # the cached relation's real size, as routing sees it
                 print(f"input rows={rows:,} keys={keys}: {size:,} bytes (optimizer statistics)", flush=True)
-                for partitions in ("default", "8"):
+                for partitions in args.partitions.split(","):
                     n = None if partitions == "default" else 8
                     for op in args.ops.split(","):
                         spark_step, arrow_step = _steps(df, op, n, group_apply, partition_apply, release)
                         arrow_s, arrow_mem = best(arrow_step, args.repeat)  # first: see shuffle_vs_spark
-                        spark_s, spark_mem = best(spark_step, args.repeat)
                         auto_s = None
-                        if not args.no_auto:
+                        if args.no_auto:
+                            spark_s, spark_mem = best(spark_step, args.repeat)
+                        else:
                             _, auto_step = _steps(df, op, n, group_apply, partition_apply, release, "auto")
-                            auto_s, _ = best(auto_step, args.repeat)
+                            (spark_s, spark_mem), (auto_s, _) = best_alternating(
+                                [spark_step, auto_step], args.repeat
+                            )
                         cell = {
                             "rows": rows,
                             "keys": keys,

@@ -406,7 +406,10 @@ OPTIONS: tuple[Option, ...] = (
         "`spark.sql.adaptive.enabled` and `spark.sql.adaptive.coalescePartitions.enabled`. The "
         "target follows `spark.sql.adaptive.advisoryPartitionSizeInBytes`, "
         "`...coalescePartitions.minPartitionSize`, `...parallelismFirst` and `...minPartitionNum`, "
-        "as Spark's coalescing does. Settable per query.",
+        "as Spark's coalescing does. With `auto`, an input the optimizer sizes at most the "
+        "advisory size x the default parallelism (and whose plan cannot grow rows) is planned "
+        "from that size with no map job run first; `true` always measures the real sizes. "
+        "Settable per query.",
         _choice("auto", "true", "false"),
     ),
     Option(

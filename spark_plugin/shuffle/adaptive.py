@@ -9,6 +9,14 @@ Spark's own settings (``spark.sql.adaptive.advisoryPartitionSizeInBytes``,
 with ``parallelismFirst`` (Spark's default) the target shrinks so that the data spreads over at
 least the application's default parallelism, but never below ``minPartitionSize``.
 
+Measuring the real sizes costs a small input more than its shuffle: the map side runs as a job of
+its own, its status rows are cached and a further stage stamps them (``dataframe._eager_map_side``),
+seconds in all. When the optimizer's size of the input (``compat.plan_stats``) already says AQE's
+target would spread it over no more tasks than the parallelism it aims at, the tasks follow from
+that size (``planned_groups``): contiguous, equal ranges of reduce partitions, the map side left
+lazy in one job with the reduce side. Only under ``spark.arrowbeat.shuffle.adaptive=auto``
+(``true`` always measures), and never on an estimate that may be low (``PlanSize.grows``).
+
 Pure functions of sizes and settings, so they are tested without Spark.
 """
 
@@ -69,6 +77,32 @@ def coalesce(sizes: Sequence[int], settings: CoalesceSettings) -> list[range]:
         before = sum(sizes[i] for i in groups[-2])
         if last < SMALL_GROUP_FACTOR * target and last + before <= MERGED_GROUP_FACTOR * target:
             groups[-2:] = [range(groups[-2].start, groups[-1].stop)]
+    return groups
+
+
+def planned_groups(
+    num_partitions: int, estimated_bytes: int, settings: CoalesceSettings
+) -> list[range] | None:
+    """Contiguous groups of ``num_partitions`` reduce partitions planned from an input size alone,
+    or None when the size needs more tasks than ``settings.min_partitions`` (then only the real
+    sizes pack well: a hot key may fill one partition).
+
+    As many groups as AQE's target makes of ``estimated_bytes`` (at most ``num_partitions``), of
+    equal counts of partitions: with the size under the spread, a hash partitioner fills them
+    about evenly, and AQE would pack them into that many tasks too."""
+    if num_partitions < 1 or estimated_bytes < 0:
+        raise ShuffleConfigError(f"cannot plan {num_partitions} partitions of {estimated_bytes} bytes")
+    target = target_bytes(estimated_bytes, settings)
+    tasks = max(1, math.ceil(estimated_bytes / target))
+    if tasks > max(1, settings.min_partitions):
+        return None
+    tasks = min(tasks, num_partitions)
+    step, extra = divmod(num_partitions, tasks)
+    groups, start = [], 0
+    for task in range(tasks):
+        stop = start + step + (1 if task < extra else 0)
+        groups.append(range(start, stop))
+        start = stop
     return groups
 
 

@@ -20,7 +20,8 @@ Partition counts follow Spark's: an explicit count in ``repartition``/``partitio
 exactly; otherwise (and for ``group_apply`` always) the count is an upper bound, and with
 ``spark.arrowbeat.shuffle.adaptive`` on the map side runs when the function is called and contiguous
 reduce partitions are packed into tasks by their real sizes (``adaptive``, ``_coalesced``), as AQE
-packs a ``groupBy``'s between query stages.
+packs a ``groupBy``'s between query stages; an input the optimizer sizes as small gets its tasks
+from that size, with no map job ahead (``adaptive.planned_groups``, ``_planned``).
 
 Settings are read through ``spark_plugin.settings.config`` (``from_spark_conf``), the one declaration of
 every ``spark.arrowbeat.*`` key: the application's ``SparkConf``, with the session's runtime conf
@@ -65,12 +66,19 @@ from pyspark.sql.types import StructType
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
 from spark_plugin.compat.arrow_schema import to_arrow_schema
 from spark_plugin.compat.connect import is_connect, unsupported
+from spark_plugin.compat.plan_stats import PlanSize, plan_size
 from spark_plugin.errors import ConfigError
 from spark_plugin.history.storage import tables_root
 from spark_plugin.settings.config import OPTIONS, ArrowBeatConfig, from_spark_conf
 from spark_plugin.settings.tls import from_config as tls_from_config
 from spark_plugin.settings.units import parse_duration
-from spark_plugin.shuffle.adaptive import CoalesceSettings, coalesce, route_keys, settings_from_sql_conf
+from spark_plugin.shuffle.adaptive import (
+    CoalesceSettings,
+    coalesce,
+    planned_groups,
+    route_keys,
+    settings_from_sql_conf,
+)
 from spark_plugin.shuffle.agent_client import MapOutputClient
 from spark_plugin.shuffle.map_output import check_keys
 from spark_plugin.shuffle.route import (
@@ -112,6 +120,10 @@ MODES = ("materialized", "pipelined")
 DEPRECATED_MODES = {"blocking": "materialized"}
 """Old mode names still accepted, with a ``DeprecationWarning``."""
 
+Coalescing = bool | tuple[range, ...]
+"""How a shuffle's reduce partitions become tasks: ``False`` one task each, ``True`` packed by their
+real sizes once the map side ran (eagerly), a tuple: these groups, planned from the optimizer's size."""
+
 _PER_QUERY_FIELDS = ("shuffle_read_host_local", "shuffle_adaptive")
 """``ArrowBeatConfig`` fields whose key the session's runtime conf may override per query."""
 
@@ -144,7 +156,8 @@ class ShuffleHandle:
         self.persisted: DataFrame | None = None
         """The status rows of an adaptive shuffle, persisted when its map side ran (``_coalesced``)."""
         self.groups: list[range] | None = None
-        """The reduce partitions each task of an adaptive shuffle reads, once the map side ran."""
+        """The reduce partitions each task of an adaptive shuffle reads: once the map side ran, or
+        planned from the input's size (then ``persisted`` stays None)."""
         _LIVE.add(self)
 
     @property
@@ -546,7 +559,7 @@ def _build(
     mode: str,
     consume: Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     out_schema: StructType,
-    adaptive: bool = False,
+    adaptive: Coalescing = False,
 ) -> DataFrame:
     handle = ShuffleHandle(spark, plan, mode)
     report = handle.reporter()
@@ -600,13 +613,15 @@ def reduce_side(
     statuses: DataFrame,
     reduce_fn: Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     out_schema: StructType,
-    adaptive: bool,
+    adaptive: Coalescing,
 ) -> DataFrame:
-    """The reduce stage over ``statuses`` (coalesced by real sizes when ``adaptive``); the result
-    carries ``handle``."""
+    """The reduce stage over ``statuses`` (coalesced by real sizes when ``adaptive`` is True, into
+    its groups when it is a tuple of them); the result carries ``handle``."""
     tasks = plan.num_partitions
-    coalesced = adaptive and plan.num_partitions > 1
-    if coalesced or handle.connect:  # Spark Connect: the map side's reports are its status rows
+    if isinstance(adaptive, tuple) and not handle.connect:  # planned: no map job ahead
+        statuses, tasks = _regrouped(plan, handle, statuses, list(adaptive))
+    elif (coalesced := adaptive is True and plan.num_partitions > 1) or handle.connect:
+        # Spark Connect: the map side's reports are its status rows
         statuses, tasks = _eager_map_side(spark, plan, handle, statuses, coalesced)
     out = statuses.repartition(tasks, "rk").mapInArrow(_named(reduce_fn, READ_UDF), out_schema)
     out._arrowbeat_shuffle = handle  # type: ignore[attr-defined]
@@ -657,16 +672,11 @@ def _coalesced(
 ) -> tuple[DataFrame, int]:
     """The status rows re-routed to contiguous groups of reduce partitions, packed by the sizes
     in ``table`` (its ``reduce`` and ``bytes`` columns), and the number of groups."""
-    from pyspark.sql import functions as F
-
     sizes = [0] * plan.num_partitions
     reducers, bytes_ = table.column("reduce").to_pylist(), table.column("bytes").to_pylist()
     for reducer, size in zip(reducers, bytes_, strict=True):
         sizes[int(reducer)] += int(size or 0)
     groups = coalesce(sizes, settings)
-    keys = route_keys(len(groups))
-    per_reducer = [keys[task] for task, group in enumerate(groups) for _ in group]
-    handle.groups = groups
     log.info(
         "shuffle %s: %d reduce partitions (%d bytes) coalesced into %d tasks",
         plan.shuffle_id,
@@ -674,6 +684,19 @@ def _coalesced(
         sum(sizes),
         len(groups),
     )
+    return _regrouped(plan, handle, statuses, groups)
+
+
+def _regrouped(
+    plan: ShufflePlan, handle: ShuffleHandle, statuses: DataFrame, groups: list[range]
+) -> tuple[DataFrame, int]:
+    """The status rows re-routed so that task ``t`` reads the reduce partitions of ``groups[t]``
+    (a JVM projection: no stage of its own), and the number of tasks."""
+    from pyspark.sql import functions as F
+
+    keys = route_keys(len(groups))
+    per_reducer = [keys[task] for task, group in enumerate(groups) for _ in group]
+    handle.groups = groups
     rk = F.element_at(F.array(*[F.lit(k) for k in per_reducer]), F.col("reduce") + 1).cast("bigint")
     return statuses.withColumn("rk", rk), len(groups)
 
@@ -721,9 +744,15 @@ def map_in_pandas(
 
 
 def _partitions(
-    df: DataFrame, num_partitions: int | None, key_columns: Sequence[str], mode: str, exact: bool
-) -> tuple[SparkSession, ShufflePlan, bool]:
-    """The plan, and whether its reduce partitions are coalesced once the map side has run.
+    df: DataFrame,
+    num_partitions: int | None,
+    key_columns: Sequence[str],
+    mode: str,
+    exact: bool,
+    size: PlanSize | None = None,
+    others: Sequence[DataFrame] = (),
+) -> tuple[SparkSession, ShufflePlan, Coalescing]:
+    """The plan, and how its reduce partitions become tasks (``Coalescing``).
 
     An explicit count is kept exactly where Spark keeps it (``exact``: ``df.repartition(n, ...)``)
     and is the upper bound elsewhere; without one the upper bound is Spark's own
@@ -749,12 +778,54 @@ def _partitions(
         except ValueError as exc:
             raise ConfigError([f"spark.sql.shuffle.partitions={raw!r}: expected an integer >= 1"]) from exc
     spark, plan, settings = _plan(df, n, key_columns, mode)
+    sql_conf = _sql_conf(spark)
     adaptive = (
         mode == "materialized"
         and not (exact and num_partitions is not None)
-        and adaptive_enabled(settings, _sql_conf(spark))
+        and adaptive_enabled(settings, sql_conf)
     )
-    return spark, plan, adaptive
+    if not adaptive:
+        return spark, plan, False
+    planned = _planned(spark, plan, settings, sql_conf, size, [df, *others])
+    return spark, plan, True if planned is None else tuple(planned)
+
+
+def _planned(
+    spark: SparkSession,
+    plan: ShufflePlan,
+    settings: ArrowBeatConfig,
+    sql_conf: dict[str, str],
+    size: PlanSize | None,
+    inputs: Sequence[DataFrame],
+) -> list[range] | None:
+    """The tasks of an adaptive shuffle planned from the optimizer's size of its ``inputs`` (``size``
+    if the caller read it already), or None: measure the real sizes (``adaptive=true``, Spark
+    Connect, no statistics, an estimate that may be low, or one too large to plan by)."""
+    if settings.shuffle_adaptive != "auto" or plan.num_partitions < 2 or is_connect(spark):
+        return None
+    if size is None:
+        sizes = [plan_size(frame) for frame in inputs]
+        known = [s.bytes for s in sizes if s.bytes is not None]
+        grows = next((s.grows for s in sizes if s.grows), "")
+        size = PlanSize(sum(known), grows=grows) if len(known) == len(sizes) else PlanSize(None)
+    if size.bytes is None or size.grows:
+        return None
+    coalescing = settings_from_sql_conf(sql_conf, lambda: default_parallelism(spark))
+    groups = planned_groups(plan.num_partitions, size.bytes, coalescing)
+    if groups is not None:
+        log.info(
+            "shuffle %s: %d reduce partitions planned as %d tasks from the input's size (%d bytes)",
+            plan.shuffle_id,
+            plan.num_partitions,
+            len(groups),
+            size.bytes,
+        )
+    return groups
+
+
+def _size(route: Route | None) -> PlanSize | None:
+    """The input's size a route already read (None: not read yet)."""
+    return None if route is None else route.size
 
 
 def repartition(
@@ -774,7 +845,7 @@ def repartition(
     route = routed(df, "partition", path, num_partitions is not None)
     if route is not None and route.path == "spark":
         return _routed_out(spark_repartition(df, num_partitions, key_columns), route)
-    spark, plan, adaptive = _partitions(df, num_partitions, key_columns, mode, exact=True)
+    spark, plan, adaptive = _partitions(df, num_partitions, key_columns, mode, exact=True, size=_size(route))
     return _routed_out(_build(df, spark, plan, mode, passthrough, df.schema, adaptive), route)
 
 
@@ -796,7 +867,9 @@ def partition_apply(
     if route is not None and route.path == "spark":
         out = spark_partition_apply(df, num_partitions, list(key_columns), func, schema)
         return _routed_out(out, route)
-    spark, plan, adaptive = _partitions(df, num_partitions, list(key_columns), mode, exact=True)
+    spark, plan, adaptive = _partitions(
+        df, num_partitions, list(key_columns), mode, exact=True, size=_size(route)
+    )
     out_schema = _struct(spark, schema)
     consume = partition_consumer(func, to_arrow_schema(out_schema))
     return _routed_out(_build(df, spark, plan, mode, consume, out_schema, adaptive), route)
@@ -824,7 +897,9 @@ def group_apply(
     if route is not None and route.path == "spark":
         out = spark_group_apply(df, list(key_columns), func, schema, num_partitions)
         return _routed_out(out, route)
-    spark, plan, adaptive = _partitions(df, num_partitions, list(key_columns), mode, exact=False)
+    spark, plan, adaptive = _partitions(
+        df, num_partitions, list(key_columns), mode, exact=False, size=_size(route)
+    )
     out_schema = _struct(spark, schema)
     consume = group_consumer(func, plan.key_columns, plan.schema, to_arrow_schema(out_schema))
     return _routed_out(_build(df, spark, plan, mode, consume, out_schema, adaptive), route)

@@ -135,7 +135,9 @@ class CoGroupedData:
         bound = left.num_partitions if right.num_partitions is None else right.num_partitions
         if left.num_partitions is not None and right.num_partitions is not None:
             bound = max(left.num_partitions, right.num_partitions)
-        spark, left_plan, adaptive = _partitions(left.df, bound, list(left.keys), "materialized", exact=False)
+        spark, left_plan, adaptive = _partitions(
+            left.df, bound, list(left.keys), "materialized", exact=False, others=[right.df]
+        )
         right_schema = to_arrow_schema(right.df.schema)
         check_keys(right_schema, list(right.keys))
         for lk, rk in zip(left.keys, right.keys, strict=True):

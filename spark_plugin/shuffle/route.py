@@ -77,6 +77,8 @@ class Route:
     """The size under which ``auto`` takes Spark's path for this call; None when forced."""
     seconds: float = 0.0
     """What deciding cost (reading the statistics)."""
+    size: PlanSize | None = None
+    """The statistics read, kept so that planning the shuffle does not read them again."""
 
 
 @dataclass(frozen=True)
@@ -106,12 +108,26 @@ arrowbeat won every cell -> 0. repart, Spark's count: about even at 117-235 MB (
 0.93), won from 587 MB -> 256 MiB;
 with a count: about even at 117 MB (rerun: 1.12, 1.25), won at 235 MB -> 128 MiB. Load average
 2.7-6.2 on 2 cores, shared.
+
+Remeasured (issue 25 item 2) once an input the optimizer sizes under the advisory size x the
+default parallelism (128 MiB here) runs with no eager map job (``adaptive.planned_groups``),
+best of 3, load 3.0-4.9:
+rows   input      group default   repart default
+20k    0.59 MB    1.42  1.67
+200k   5.9 MB     1.84  2.10
+1M     29 MB                      0.88  0.73
+2M     59 MB                      1.11  0.95
+4M     117 MB                     1.18  1.14
+8M     235 MB                     1.02  1.03   (over 128 MiB: measured coalescing, eager)
+repart, Spark's count: Spark won at 59 MB (hot keys), arrowbeat from 117 MB -> 80 MiB. group,
+Spark's count: arrowbeat won at every size with 5,003 keys, but with 40 keys Spark's path won at
+12 kB, 240 kB and 2.4 MB (0.67, 0.56, 0.57): the size alone does not tell, the 2 MiB stays.
 """
 """The measurement the thresholds come from (see the module docstring)."""
 
 SPARK_BELOW: dict[str, Crossover] = {
     "group": Crossover(default=2 << 20, explicit=0),
-    "partition": Crossover(default=256 << 20, explicit=128 << 20),
+    "partition": Crossover(default=80 << 20, explicit=128 << 20),
 }
 """Input sizes (optimizer bytes) under which Spark's exchange was measured faster (``MEASURED``);
 0: arrowbeat's won every cell measured, so ``auto`` never takes Spark's."""
@@ -153,15 +169,23 @@ def resolve_path(spark: Any, path: str | None, unset: str = "arrowbeat") -> tupl
     key = key_of("shuffle_path")
     override = spark.conf.get(key, None)
     overrides = {key: str(override)} if override not in (None, "", "<undefined>") else {}
-    configured = from_spark_conf(
-        [(k, v) for k, v in conf_entries(spark) if k == key],  # the one key: no unrelated checks
-        overrides,
-    ).shuffle_path
+    configured = from_spark_conf(_app_entry(spark, key), overrides).shuffle_path  # the one key
     if configured:
         return configured, True
     if unset not in PATHS:
         raise ShuffleConfigError(f"unset={unset!r}: expected one of {', '.join(PATHS)}")
     return unset, False
+
+
+def _app_entry(spark: Any, key: str) -> list[tuple[str, str]]:
+    """The application conf's entry for ``key`` (none or one). Classic: one lookup in the live
+    ``SparkConf`` (copying the whole conf costs a py4j round trip per entry, tens of
+    milliseconds per call); Spark Connect: the session's conf."""
+    live = None if is_connect(spark) else getattr(spark.sparkContext, "_conf", None)
+    if live is None:
+        return [(k, v) for k, v in conf_entries(spark) if k == key]
+    value = live.get(key, None)
+    return [] if value is None else [(key, str(value))]
 
 
 def choose(
@@ -190,7 +214,7 @@ def choose(
             size = PlanSize(size.bytes + second.bytes)
     route = decide(op, size, wanted, explicit_partitions)
     seconds = time.perf_counter() - started
-    return Route(route.path, route.reason, route.estimated_bytes, op, route.threshold_bytes, seconds)
+    return Route(route.path, route.reason, route.estimated_bytes, op, route.threshold_bytes, seconds, size)
 
 
 def routed(
@@ -307,7 +331,8 @@ def record_spark_path(spark: Any, route: Route) -> int:
     global _writer
     shuffle_id = -1 if is_connect(spark) else new_shuffle_id(spark)
     try:
-        pending = _Pending(_tables(spark), app_id(spark), shuffle_id, report(route))
+        app = app_id(spark)
+        pending = _Pending(_tables(spark, app), app, shuffle_id, report(route))
     except Exception as exc:  # a metric must never fail the user's call
         log.warning("shuffle_metrics route row not recorded: %s", exc)
         return shuffle_id
@@ -353,15 +378,27 @@ def flush_routes() -> int:
     return written
 
 
-def _tables(spark: Any) -> Any:
-    """``spark.arrowbeat.tables.path`` as this session sees it (Spark Connect included)."""
+_tables_of: dict[str, Any] = {}
+"""A classic application's tables location by its id: its ``SparkConf`` does not change while it
+runs (a Spark Connect session's conf may, so it is read each time)."""
+
+
+def _tables(spark: Any, app: str) -> Any:
+    """``spark.arrowbeat.tables.path`` as this session sees it (Spark Connect included); classic:
+    read once per application (a copy of the whole conf costs tens of milliseconds)."""
     from pathlib import Path
 
     from spark_plugin.history.storage import locate, tables_root
 
-    entries = conf_entries(spark)
-    root = tables_root(from_spark_conf(entries), dict(entries))
-    return root if isinstance(root, Path) else locate(root, dict(entries))
+    connect = is_connect(spark)
+    found = None if connect else _tables_of.get(app)
+    if found is None:
+        entries = conf_entries(spark)
+        root = tables_root(from_spark_conf(entries), dict(entries))
+        found = root if isinstance(root, Path) else locate(root, dict(entries))
+        if not connect:
+            _tables_of[app] = found
+    return found
 
 
 atexit.register(flush_routes)

@@ -128,3 +128,58 @@ def test_the_key_forces_a_path_per_query_and_the_argument_wins(shuffle_cluster: 
     finally:
         spark.conf.unset(key)
     assert route_of(partition_apply(df, 3, ["k"], per_key, schema)) is None  # unset: as before
+
+
+def test_a_small_input_is_planned_from_its_size_with_no_map_job_ahead(
+    shuffle_cluster: ShuffleCluster,
+) -> None:
+    """Issue 25, item 2 (cut the small cells' fixed cost): with Spark's partition count and
+    ``adaptive=auto``, an input the optimizer sizes small gets its reduce tasks from that size, so
+    calling ``group_apply`` runs no map job and caches no status rows; keys stay whole and the
+    result is Spark's. ``adaptive=true``, and an input whose estimate may be low (``explode``),
+    still run the map side first and pack by the real sizes."""
+    spark = shuffle_cluster.spark
+    sc = spark.sparkContext
+    df = keyed(spark.range(0, 3000, numPartitions=2))
+
+    def jobs_during(group: str, call: Any) -> tuple[DataFrame, list[int]]:
+        sc.setJobGroup(group, "what calling group_apply runs")
+        try:
+            out = call()
+            return out, list(sc.statusTracker().getJobIdsForGroup(group))
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+
+    want = Counter(
+        (r.k, r.n, round(r.sx, 6)) for r in df.groupBy("k").applyInArrow(summarize, SUMMARY).collect()
+    )
+    planned, jobs = jobs_during("arrowbeat-planned", lambda: group_apply(df, ["k"], summarize, SUMMARY))
+    assert jobs == []
+    with shuffle_of(planned) as handle:
+        assert handle.persisted is None
+        groups = handle.groups
+        assert groups is not None and [i for g in groups for i in g] == list(range(5))
+        assert len(groups) <= sc.defaultParallelism
+        assert Counter((r.k, r.n, round(r.sx, 6)) for r in planned.collect()) == want
+        reads = [r for r in handle.reports() if r["side"] == "read"]
+        assert sorted(tuple(r["reducers"]) for r in reads) == [(g.start, g.stop - 1) for g in groups]
+
+    spark.conf.set("spark.arrowbeat.shuffle.adaptive", "true")
+    try:
+        measured, jobs = jobs_during("arrowbeat-measured", lambda: group_apply(df, ["k"], summarize, SUMMARY))
+    finally:
+        spark.conf.unset("spark.arrowbeat.shuffle.adaptive")
+    assert jobs, "adaptive=true runs the map side when called"
+    with shuffle_of(measured) as handle:
+        assert handle.persisted is not None and handle.groups is not None
+        assert Counter((r.k, r.n, round(r.sx, 6)) for r in measured.collect()) == want
+
+    exploded = keyed(
+        spark.range(0, 300, numPartitions=2).selectExpr("explode(sequence(id * 10, id * 10 + 9)) AS id")
+    )
+    assert plan_size(exploded).grows == "Generate"
+    grown, jobs = jobs_during("arrowbeat-grows", lambda: group_apply(exploded, ["k"], summarize, SUMMARY))
+    assert jobs, "an estimate that may be low is not planned by"
+    with shuffle_of(grown) as handle:
+        assert handle.persisted is not None
+        assert Counter((r.k, r.n, round(r.sx, 6)) for r in grown.collect()) == want

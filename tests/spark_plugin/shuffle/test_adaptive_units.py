@@ -10,6 +10,7 @@ from arrow_shuffle.errors import ShuffleConfigError
 from spark_plugin.shuffle.adaptive import (
     CoalesceSettings,
     coalesce,
+    planned_groups,
     route_keys,
     settings_from_sql_conf,
     spark_hash_long,
@@ -50,6 +51,26 @@ def test_a_small_last_group_folds_into_the_one_before() -> None:
     assert coalesce([60, 50, 10], settings) == [range(0, 1), range(1, 3)]
     assert coalesce([60, 30, 10], settings) == [range(0, 3)]
     assert coalesce([100, 100, 1], settings) == [range(0, 1), range(1, 3)]
+
+
+def test_a_small_input_is_planned_into_equal_contiguous_groups_from_its_size() -> None:
+    settings = CoalesceSettings(advisory_bytes=64 * MB, min_partition_bytes=1 * MB, min_partitions=2)
+    assert planned_groups(200, 12 * MB, settings) == [range(0, 100), range(100, 200)]
+    assert planned_groups(200, 128 * MB, settings) == [range(0, 100), range(100, 200)]
+    assert planned_groups(5, 12 * MB, settings) == [range(0, 3), range(3, 5)]
+    assert planned_groups(200, 500_000, settings) == [range(0, 200)]  # under the minimum size: one task
+    assert planned_groups(200, 0, settings) == [range(0, 200)]
+    assert planned_groups(1, 12 * MB, settings) == [range(0, 1)]  # never more tasks than partitions
+
+
+def test_an_input_needing_more_tasks_than_the_spread_is_left_to_its_real_sizes() -> None:
+    settings = CoalesceSettings(advisory_bytes=64 * MB, min_partition_bytes=1 * MB, min_partitions=2)
+    assert planned_groups(200, 128 * MB + 1, settings) is None  # 3 advisory-sized tasks: measure
+    off = CoalesceSettings(advisory_bytes=64 * MB, parallelism_first=False)
+    assert planned_groups(200, 64 * MB, off) == [range(0, 200)]
+    assert planned_groups(200, 64 * MB + 1, off) is None
+    with pytest.raises(ShuffleConfigError):
+        planned_groups(0, 1, settings)
 
 
 def test_empty_and_zero_sized_inputs() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from arrow_shuffle.errors import ShuffleConfigError
-from spark_plugin.compat.plan_stats import PlanSize, plan_size
+from spark_plugin.compat.plan_stats import PlanSize, growing_operator, plan_size
 from spark_plugin.errors import ConfigError
 from spark_plugin.history.shuffle_metrics import rows_of
 from spark_plugin.shuffle.route import (
@@ -41,13 +41,26 @@ class _SparkConf:
     def getAll(self) -> list[tuple[str, str]]:
         return list(self.values.items())
 
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+
+class _CopiedConf(_SparkConf):
+    """``SparkContext.getConf()``: a copy of the whole conf, one py4j round trip per entry."""
+
+    copies = 0
+
+    def __init__(self, values: dict[str, str]) -> None:
+        super().__init__(values)
+        _CopiedConf.copies += 1
+
 
 class _Context:
     def __init__(self, values: dict[str, str]) -> None:
-        self.conf = _SparkConf(values)
+        self._conf = _SparkConf(values)
 
     def getConf(self) -> _SparkConf:
-        return self.conf
+        return _CopiedConf(self._conf.values)
 
 
 class FakeSession:
@@ -175,6 +188,13 @@ def test_argument_beats_runtime_conf_beats_application_conf_beats_unset() -> Non
     assert resolve_path(FakeSession(), None, unset="auto") == ("auto", False)
 
 
+def test_the_key_is_read_from_the_live_conf_without_copying_it() -> None:
+    before = _CopiedConf.copies
+    assert resolve_path(FakeSession({KEY: "spark", "spark.other": "x"}), None) == ("spark", True)
+    assert resolve_path(FakeSession(), None) == ("arrowbeat", False)
+    assert _CopiedConf.copies == before
+
+
 def test_a_malformed_key_is_the_plugins_config_error_naming_it() -> None:
     with pytest.raises(ConfigError, match=KEY):
         resolve_path(FakeSession({KEY: "fastest"}), None)
@@ -209,6 +229,26 @@ def test_unreadable_statistics_fall_back_with_the_reason() -> None:
     remote = frame(5, ConnectLike())
     assert plan_size(remote).bytes is None
     assert "Spark Connect" in plan_size(remote).why_not
+
+
+def test_choose_keeps_the_statistics_it_read_for_planning_the_shuffle() -> None:
+    route = choose(frame(12345), "group", "auto")
+    assert route.size is not None and route.size.bytes == 12345
+    assert route.size.grows == "unknown"  # the fake plan has no text: the estimate may be low
+
+
+@pytest.mark.parametrize(
+    ("text", "grows"),
+    [
+        ("Project [k#1, x#2]\n+- InMemoryRelation [k#1, x#2], StorageLevel(memory)", ""),
+        ("Project [k#1]\n+- Generate explode(sequence(0, 9)), false, [id#3]\n   +- Range (0, 3)", "Generate"),
+        ("Project [a#1]\n+- Join Inner, (id#1 = id#2)\n   :- MapInArrow summarize(x#3), [a#1]", "MapInArrow"),
+        ("FlatMapGroupsInPandas [k#1], f(k#1, x#2), [k#5]\n+- Range (0, 3)", "FlatMapGroupsInPandas"),
+        ("Filter (k#1 = Generate)\n+- Range (0, 3)", ""),  # a name inside an expression is no operator
+    ],
+)
+def test_an_operator_that_may_multiply_rows_is_named(text: str, grows: str) -> None:
+    assert growing_operator(text) == grows
 
 
 def test_a_route_is_a_shuffle_metrics_row_with_path_and_reason() -> None:
