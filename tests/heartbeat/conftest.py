@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from heartbeat import HeartbeatServices, ResourceManagerServer
+from heartbeat import HeartbeatServices
 
-from .fakes import Collector
+from .fakes import ServedRm, served_rm
 
 FAST = HeartbeatServices(interval_s=0.1, timeout_s=0.5, rpc_failure_threshold=2)
 SECRET = "test-secret"
@@ -19,12 +19,6 @@ DEADLINE_S = 30.0
 
 
 @pytest.fixture
-def rm() -> Iterator[tuple[ResourceManagerServer, str, Collector]]:
-    server = ResourceManagerServer(FAST, secret=SECRET)
-    collector = Collector()
-    server.subscribe(collector)
-    address = server.start()
-    try:
-        yield server, address, collector
-    finally:
-        server.stop(grace_s=0.2)
+def rm() -> Iterator[ServedRm]:
+    with served_rm(FAST, SECRET) as served:
+        yield served

@@ -1,17 +1,21 @@
-"""Fakes over mocks: a recording listener, targets and links that keep what they were sent, and a
-subscriber that collects the RM's events and lets a test wait for one."""
+"""Fakes over mocks: a recording listener, targets and links that keep what they were sent, a
+subscriber that collects the RM's events and lets a test wait for one, and a real RM serving on
+loopback with such a subscriber (the fixtures' common body)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from heartbeat.errors import HeartbeatRpcError
 from heartbeat.events import Event, EventKind, ExecutorEvent, HeartbeatRecord
 from heartbeat.payload import Payload
 from heartbeat.resource_manager import ResourceManagerCore
+from heartbeat.rm_server import ResourceManagerServer
 from heartbeat.scheduler import ManualScheduler
 from heartbeat.services import HeartbeatServices
 
@@ -140,6 +144,25 @@ class Collector:
         )
         assert ok, f"no {kind.value} #{count} for {executor_id} within {timeout_s} s; saw {self.events}"
         return self.find(kind, executor_id)[count - 1]
+
+
+ServedRm = tuple[ResourceManagerServer, str, Collector]
+"""A serving RM, its address and the collector of its events."""
+
+
+@contextlib.contextmanager
+def served_rm(
+    services: HeartbeatServices, secret: str, grace_s: float = 0.2, **server_args: Any
+) -> Iterator[ServedRm]:
+    """A real RM on loopback with a :class:`Collector` subscribed, stopped (``grace_s``) on exit."""
+    server = ResourceManagerServer(services, secret, **server_args)
+    collector = Collector()
+    server.subscribe(collector)
+    address = server.start()
+    try:
+        yield server, address, collector
+    finally:
+        server.stop(grace_s=grace_s)
 
 
 class ManualRm:

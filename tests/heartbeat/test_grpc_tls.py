@@ -14,7 +14,7 @@ from heartbeat.admin import list_executors
 from spark_plugin.settings import tls
 
 from .conftest import FAST, SECRET
-from .fakes import Collector
+from .fakes import Collector, ServedRm, served_rm
 
 pytestmark = pytest.mark.timeout(60)
 RETRY = RetryPolicy(min_delay_s=0.02, max_delay_s=0.1, deadline_s=3.0, attempt_timeout_s=1.0)
@@ -26,15 +26,9 @@ def material() -> tls.TlsMaterial:
 
 
 @pytest.fixture
-def rm(material: tls.TlsMaterial) -> Iterator[tuple[ResourceManagerServer, str, Collector]]:
-    server = ResourceManagerServer(FAST, SECRET, server_credentials=tls.grpc_server_credentials(material))
-    collector = Collector()
-    server.subscribe(collector)
-    address = server.start()
-    try:
-        yield server, address, collector
-    finally:
-        server.stop(grace_s=0.2)
+def rm(material: tls.TlsMaterial) -> Iterator[ServedRm]:
+    with served_rm(FAST, SECRET, server_credentials=tls.grpc_server_credentials(material)) as served:
+        yield served
 
 
 def agent(address: str, executor_id: str, material: tls.TlsMaterial | None) -> AgentThread:

@@ -51,7 +51,7 @@ from heartbeat.agent_main import SECRET_ENV, SecretError, parse_args, read_secre
 from tests.harness.procs import wait_until
 
 from .conftest import DEADLINE_S, FAST, SECRET
-from .fakes import Collector
+from .fakes import Collector, ServedRm, served_rm
 from .processes import AgentProcess, RmProcess
 from .wire import (
     EOF,
@@ -67,7 +67,6 @@ from .wire import (
 )
 
 pytestmark = pytest.mark.timeout(180)
-Rm = tuple[ResourceManagerServer, str, Collector]
 RETRY = RetryPolicy(min_delay_s=0.02, max_delay_s=0.1, deadline_s=DEADLINE_S, attempt_timeout_s=0.5)
 KEY = _auth.SharedSecret(SECRET)
 INJECTION = "bye\nARROWBEAT-CMD kill 1"
@@ -86,16 +85,10 @@ def assert_no_raw_line(lines: list[str]) -> None:
 
 
 @pytest.fixture
-def quiet_rm() -> Iterator[Rm]:
+def quiet_rm() -> Iterator[ServedRm]:
     """An RM whose refusals are all logged (a fresh refusal log per test)."""
-    server = ResourceManagerServer(FAST, secret=SECRET)
-    events = Collector()
-    server.subscribe(events)
-    address = server.start()
-    try:
-        yield server, address, events
-    finally:
-        server.stop(grace_s=0.1)
+    with served_rm(FAST, SECRET, grace_s=0.1) as served:
+        yield served
 
 
 # ---- a port squatter ----------------------------------------------------------------------
@@ -220,7 +213,7 @@ def test_list_executors_refuses_a_squatter_and_its_token_is_worth_nothing_to_the
 # ---- unary call tokens --------------------------------------------------------------------
 
 
-def test_a_unary_token_works_once_for_its_method_and_body_and_the_reply_is_proved(quiet_rm: Rm) -> None:
+def test_a_unary_token_works_once_for_its_method_and_body_and_the_reply_is_proved(quiet_rm: ServedRm) -> None:
     _, address, _ = quiet_rm
     challenge = hello(address)
     token, nonce = _auth.call_token(KEY, LIST_EXECUTORS_METHOD, challenge, b"")
@@ -244,7 +237,7 @@ def test_a_unary_token_works_once_for_its_method_and_body_and_the_reply_is_prove
     [None, "", "garbage", "00.11.22", "zz" * 40, "a" * 4000, "wrong-secret"],
 )
 def test_a_missing_malformed_or_forged_token_is_unauthenticated(
-    quiet_rm: Rm, token: str | None, caplog: pytest.LogCaptureFixture
+    quiet_rm: ServedRm, token: str | None, caplog: pytest.LogCaptureFixture
 ) -> None:
     _, address, _ = quiet_rm
     if token == "wrong-secret":
@@ -290,7 +283,7 @@ def test_the_replay_cache_is_bounded_and_forgets_only_expired_challenges() -> No
 # ---- protocol version ---------------------------------------------------------------------
 
 
-def test_another_protocol_version_is_failed_precondition_naming_both(quiet_rm: Rm) -> None:
+def test_another_protocol_version_is_failed_precondition_naming_both(quiet_rm: ServedRm) -> None:
     _, address, events = quiet_rm
     result = raw_stream(address, [register_frame("old", version=1)])
     assert result.code == grpc.StatusCode.FAILED_PRECONDITION
@@ -360,7 +353,7 @@ def test_silent_streams_are_capped_and_cut_at_the_handshake_deadline() -> None:
     assert [e.executor_id for e in events.events if e.kind is EventKind.REGISTERED] == ["after"]
 
 
-def test_silent_dripping_and_garbage_tcp_peers_do_not_stop_agents(quiet_rm: Rm, tmp_path: Path) -> None:
+def test_silent_dripping_and_garbage_tcp_peers_do_not_stop_agents(quiet_rm: ServedRm, tmp_path: Path) -> None:
     _, address, events = quiet_rm
     host, port = address.rsplit(":", 1)
     preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -422,7 +415,7 @@ def unregister_with(reason: str) -> Callable[[pb.RegisterResponse], list[bytes]]
 
 
 def test_an_unregister_reason_with_a_newline_is_refused_and_never_logged_raw(
-    quiet_rm: Rm, caplog: pytest.LogCaptureFixture
+    quiet_rm: ServedRm, caplog: pytest.LogCaptureFixture
 ) -> None:
     server, address, events = quiet_rm
     with caplog.at_level(logging.DEBUG):  # every logger, every level
@@ -442,7 +435,7 @@ def test_an_unregister_reason_with_a_newline_is_refused_and_never_logged_raw(
     assert server.executors()  # the registrations themselves stand until they time out
 
 
-def test_our_own_reason_is_sent_escaped_so_an_orderly_stop_is_recorded(quiet_rm: Rm) -> None:
+def test_our_own_reason_is_sent_escaped_so_an_orderly_stop_is_recorded(quiet_rm: ServedRm) -> None:
     _, address, events = quiet_rm
     agent = AgentThread(address, SECRET, "tidy", services=FAST, retry_policy=RETRY)
     agent.start()
@@ -458,7 +451,7 @@ def test_our_own_reason_is_sent_escaped_so_an_orderly_stop_is_recorded(quiet_rm:
     [("evil\nARROWBEAT-CMD x", "h"), ("e", "\x1b[31mred"), ("x" * 257, "h"), ("tab\there", "h")],
 )
 def test_ids_and_hosts_from_the_wire_are_checked(
-    quiet_rm: Rm, executor_id: str, host: str, caplog: pytest.LogCaptureFixture
+    quiet_rm: ServedRm, executor_id: str, host: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     server, address, events = quiet_rm
     with caplog.at_level(logging.WARNING):
@@ -471,7 +464,7 @@ def test_ids_and_hosts_from_the_wire_are_checked(
     assert "malformed message" in line.getMessage() and "\n" not in line.getMessage()
 
 
-def test_a_metric_name_with_a_newline_is_refused(quiet_rm: Rm) -> None:
+def test_a_metric_name_with_a_newline_is_refused(quiet_rm: ServedRm) -> None:
     _, address, events = quiet_rm
 
     def heartbeat(registered: pb.RegisterResponse) -> list[bytes]:
@@ -486,7 +479,7 @@ def test_a_metric_name_with_a_newline_is_refused(quiet_rm: Rm) -> None:
     assert events.records == []
 
 
-def test_an_agent_refuses_its_own_bad_id_before_dialling(quiet_rm: Rm) -> None:
+def test_an_agent_refuses_its_own_bad_id_before_dialling(quiet_rm: ServedRm) -> None:
     _, address, _ = quiet_rm
     agent = AgentThread(address, SECRET, "bad\nid", services=FAST, retry_policy=RETRY)
     try:

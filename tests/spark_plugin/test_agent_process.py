@@ -27,7 +27,7 @@ from spark_plugin.jvm.protocol import ALIVE, READY
 from spark_plugin.jvm.sidecar import JvmChannel, JvmLink
 from spark_plugin.processes.executor import AGENT_ENDED, answer_pulses
 from tests.harness.procs import wait_until
-from tests.heartbeat.fakes import Collector
+from tests.heartbeat.fakes import Collector, ServedRm, served_rm
 
 SECRET = "a-test-secret-of-enough-length"
 FAST = HeartbeatServices(interval_s=0.2, timeout_s=1.0, rpc_failure_threshold=2)
@@ -64,15 +64,9 @@ WEDGE_ON_FILE = (
 
 
 @pytest.fixture
-def rm() -> Iterator[tuple[ResourceManagerServer, str, Collector]]:
-    server = ResourceManagerServer(FAST, secret=SECRET)
-    events = Collector()
-    server.subscribe(events)
-    address = server.start()
-    try:
-        yield server, address, events
-    finally:
-        server.stop(grace_s=0.2)
+def rm() -> Iterator[ServedRm]:
+    with served_rm(FAST, SECRET) as served:
+        yield served
 
 
 class AgentProcess:
