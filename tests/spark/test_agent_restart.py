@@ -18,6 +18,8 @@ import contextlib
 import re
 import signal
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -65,8 +67,34 @@ def agent_of(executor_jvm: psutil.Process) -> psutil.Process | None:
     return agents[0] if len(agents) == 1 else None
 
 
-def test_a_killed_agent_is_reported_unmonitored_then_restarted_and_running_again(scratch: Path) -> None:
-    tables, go = scratch / "agent-restart-tables", scratch / "agent-restart-go"
+@dataclass(frozen=True)
+class HeldExecutor:
+    """A ``hold_app`` application with one executor, its agent RUNNING (``held_executor``)."""
+
+    app: SubmittedApp
+    conf: dict[str, str]
+    tables: Path
+    address: str
+    jvm: psutil.Process
+    agent: psutil.Process
+
+    def kinds(self) -> list[str]:
+        """The recorded events of executor 0, oldest first."""
+        return [k for e, k in events(self.tables) if e == "0"]
+
+    def running_again(self) -> bool:
+        """A new agent (another pid) serves the executor, which the RM lists RUNNING."""
+        again = agent_of(self.jvm)
+        replaced = again is not None and again.pid != self.agent.pid
+        return replaced and listed(self.address) == {"0": ("RUNNING", "")}
+
+
+@contextlib.contextmanager
+def held_executor(scratch: Path, name: str) -> Iterator[HeldExecutor]:
+    """Submits ``hold_app`` on ``local-cluster[1,1,1024]`` with fast heartbeats and waits for its
+    executor's agent to be RUNNING; on a clean exit of the block, lets the job run and checks its
+    result and the application's exit status."""
+    tables, go = scratch / f"{name}-tables", scratch / f"{name}-go"
     conf = {**fast_heartbeats(tables), "spark.arrowbeat.authenticate.secret": SECRET}
     app = SubmittedApp(
         APPS / "hold_app.py", "local-cluster[1,1,1024]", scratch, conf=conf, args=[str(go), "--idle", "1"]
@@ -77,30 +105,31 @@ def test_a_killed_agent_is_reported_unmonitored_then_restarted_and_running_again
         (jvm,) = ours("CoarseGrainedExecutorBackend", app.marker)
         agent = agent_of(jvm)
         assert agent is not None
-        agent.send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
-
-        def unmonitored() -> bool:
-            return (listed(address) or {}).get("0", ("", ""))[0] == "UNMONITORED"
-
-        assert wait_until(unmonitored, REPORTED_WITHIN_S), (listed(address), app.log_tail())
-        _, detail = (listed(address) or {})["0"]
-        assert detail.startswith("agent exited (killed by signal 9); restarting it"), detail
-
-        def running_again() -> bool:
-            again = agent_of(jvm)
-            return again is not None and again.pid != agent.pid and listed(address) == {"0": ("RUNNING", "")}
-
-        assert wait_until(running_again, BACK_WITHIN_S), (listed(address), app.log_tail())
-        print(f"RUNNING again {time.monotonic() - killed_at:.1f} s after the agent was killed")
-        kinds = lambda: [k for e, k in events(tables) if e == "0"]  # noqa: E731
-        assert wait_until(lambda: kinds()[-2:] == ["UNMONITORED", "REREGISTERED"], 30), kinds()
-        assert "HEARTBEAT_TIMEOUT" not in kinds(), "an agent its JVM saw exit is no timeout"
+        yield HeldExecutor(app, conf, tables, address, jvm, agent)
         go.touch()
         assert app.wait_for("APP-RESULT ", timeout_s=180)["sum"] == sum(range(1000))
         assert app.wait(timeout_s=120) == 0
     finally:
         app.close()
+
+
+def test_a_killed_agent_is_reported_unmonitored_then_restarted_and_running_again(scratch: Path) -> None:
+    with held_executor(scratch, "agent-restart") as held:
+        address = held.address
+        held.agent.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        def unmonitored() -> bool:
+            return (listed(address) or {}).get("0", ("", ""))[0] == "UNMONITORED"
+
+        assert wait_until(unmonitored, REPORTED_WITHIN_S), (listed(address), held.app.log_tail())
+        _, detail = (listed(address) or {})["0"]
+        assert detail.startswith("agent exited (killed by signal 9); restarting it"), detail
+        assert wait_until(held.running_again, BACK_WITHIN_S), (listed(address), held.app.log_tail())
+        print(f"RUNNING again {time.monotonic() - killed_at:.1f} s after the agent was killed")
+        kinds = held.kinds
+        assert wait_until(lambda: kinds()[-2:] == ["UNMONITORED", "REREGISTERED"], 30), kinds()
+        assert "HEARTBEAT_TIMEOUT" not in kinds(), "an agent its JVM saw exit is no timeout"
 
 
 FROZEN_PAST_BOUND_S = 3.0
@@ -126,20 +155,9 @@ def test_a_frozen_jvm_spares_its_agent_and_a_hung_agent_is_killed_reported_and_r
     the JVM's pulse for N ms), the JVM starts it again and it is RUNNING, and the job runs."""
     from spark_plugin.settings.config import load
 
-    tables, go = scratch / "agent-hang-tables", scratch / "agent-hang-go"
-    conf = {**fast_heartbeats(tables), "spark.arrowbeat.authenticate.secret": SECRET}
-    hang_s = load(conf).agent_hang_bound_s()
-    jvm: psutil.Process | None = None
-    app = SubmittedApp(
-        APPS / "hold_app.py", "local-cluster[1,1,1024]", scratch, conf=conf, args=[str(go), "--idle", "1"]
-    )
-    try:
-        address = app.wait_for("APP-READY ", timeout_s=180)["rm_address"]
-        assert wait_until(lambda: listed(address) == {"0": ("RUNNING", "")}, 30), listed(address)
-        (jvm,) = ours("CoarseGrainedExecutorBackend", app.marker)
-        agent = agent_of(jvm)
-        assert agent is not None
-        kinds = lambda: [k for e, k in events(tables) if e == "0"]  # noqa: E731
+    with held_executor(scratch, "agent-hang") as held:
+        app, address, jvm, agent, kinds = held.app, held.address, held.jvm, held.agent, held.kinds
+        hang_s = load(held.conf).agent_hang_bound_s()
 
         # Phase 1: the JVM frozen past the bound. Its agent stops answering the RM (TIMEOUT), as
         # before; the JVM, once thawed, must not take its own pause for the agent's silence.
@@ -151,7 +169,7 @@ def test_a_frozen_jvm_spares_its_agent_and_a_hung_agent_is_killed_reported_and_r
             # The length of the freeze is the scenario itself, not a wait for something to happen.
             time.sleep(max(0.0, frozen_at + hang_s + FROZEN_PAST_BOUND_S - time.monotonic()))
             assert agent.is_running() and agent.status() != psutil.STATUS_ZOMBIE
-        finally:
+        finally:  # SIGCONT always follows SIGSTOP
             jvm.resume()
         thawed_at = time.monotonic()
 
@@ -189,24 +207,12 @@ def test_a_frozen_jvm_spares_its_agent_and_a_hung_agent_is_killed_reported_and_r
         silent_ms, bound_ms = int(found[1]), int(found[2])
         assert bound_ms == round(hang_s * 1000) and silent_ms > bound_ms, found[0]
         assert wait_until(lambda: not agent.is_running() or agent.status() == psutil.STATUS_ZOMBIE, 15)
-
-        def running_again() -> bool:
-            again = agent_of(jvm)
-            return again is not None and again.pid != agent.pid and listed(address) == {"0": ("RUNNING", "")}
-
-        assert wait_until(running_again, BACK_WITHIN_S), (listed(address), app.log_tail())
+        assert wait_until(held.running_again, BACK_WITHIN_S), (listed(address), app.log_tail())
         print(f"RUNNING again {time.monotonic() - hung_at:.1f} s after the agent was stopped")
         # The RM saw the silence first (the bound is twice its timeout), then the JVM's report.
         wanted = ["HEARTBEAT_TIMEOUT", "UNMONITORED", "REREGISTERED"]
         assert wait_until(lambda: in_order(kinds()[before_hang:], wanted), 30), kinds()[before_hang:]
-        go.touch()
-        assert app.wait_for("APP-RESULT ", timeout_s=180)["sum"] == sum(range(1000))
-        assert app.wait(timeout_s=120) == 0
-        app_id = rows(tables, "executor_events")[0]["app_id"]
-        executor_log = (executor_dirs(app_id) / "0" / "stderr").read_text(errors="replace")
-        assert executor_log.count("is hung: no answer to the pulse") == 1, "one kill: the stopped agent"
-    finally:
-        if jvm is not None:  # SIGCONT always follows SIGSTOP
-            with contextlib.suppress(psutil.Error):
-                jvm.resume()
-        app.close()
+    # The application ran its job and exited (held_executor): its executor's whole log is written.
+    app_id = rows(held.tables, "executor_events")[0]["app_id"]
+    executor_log = (executor_dirs(app_id) / "0" / "stderr").read_text(errors="replace")
+    assert executor_log.count("is hung: no answer to the pulse") == 1, "one kill: the stopped agent"
