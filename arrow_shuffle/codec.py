@@ -157,6 +157,10 @@ def encode_parts(lease: Buffer, batch: pa.RecordBatch, schema: pa.Schema) -> Arr
     return ArrowPayload(lease, sink.parts, sink.size)
 
 
+_CONSUMER_HELD = 1
+"""Blocks a gate's consumer holds beyond its channels' credit: the payload it is reading."""
+
+
 class ReceiveBlocks:
     """Memory that large received payloads go into, reused once no batch references it.
 
@@ -164,8 +168,10 @@ class ReceiveBlocks:
     allocator) and handed to Arrow as a ``pa.foreign_buffer`` whose base is a ``_Lent`` marker:
     the decoded batches view the block, and when the last reference to it is gone (Arrow's own
     reference count) the marker's finaliser puts the block back here, up to ``keep`` idle blocks
-    (the channels' credit: as many as can be in flight). The credit itself returns at decode, as
-    ever, so a consumer that keeps its batches holds blocks, never credit.
+    (the channels' credit, as many as can be in flight, and one more: the payload the consumer is
+    reading once its credit is back on the wire; with one fewer, a block is dropped whenever the
+    consumer catches up and allocated again at the next peak). The credit itself returns at
+    decode, as ever, so a consumer that keeps its batches holds blocks, never credit.
 
     Why not a fresh ``pa.allocate_buffer`` per payload: the receiving thread would allocate and
     the consumer's thread free, which pyarrow's default allocator (mimalloc) turns into growing
@@ -189,14 +195,14 @@ class ReceiveBlocks:
         with self._lock:
             self._members += 1
             self._credit += credit
-            self.keep = self._credit + self._floating
+            self.keep = self._credit + self._floating + _CONSUMER_HELD
 
     def leave(self, credit: int) -> None:
         """The channel is closed: keep fewer idle blocks (none once every channel left)."""
         with self._lock:
             self._members -= 1
             self._credit -= credit
-            self.keep = self._credit + self._floating if self._members > 0 else 0
+            self.keep = self._credit + self._floating + _CONSUMER_HELD if self._members > 0 else 0
         self._trim()
 
     def receive(self, length: int, fill: Callable[[memoryview], None]) -> pa.Buffer:

@@ -217,7 +217,9 @@ def test_dropped_batches_give_their_blocks_back_for_the_next_payloads(
     assert blocks.idle == 0  # the gate closed: none kept for it any more
     assert seen == 15_000
     assert received > 3 * credit
-    assert blocks.allocated <= credit + 2  # reused: no more than can be in flight at once
+    # reused: no more than in flight at once and the one being read (none dropped and allocated
+    # again when the consumer catches up: CI saw 13 when only the credit's worth was kept)
+    assert blocks.allocated <= credit + 1
     producer.join(10)
     server.release(part.partition_id)
     assert pool.num_available == pool.num_segments
@@ -228,7 +230,7 @@ def test_receive_blocks_come_back_only_when_arrow_lets_go() -> None:
     blocks = blocks_for(floating, 4096)
     assert blocks_for(floating, 4096) is blocks  # one per gate
     blocks.join(1)
-    assert blocks.keep == 1 + floating.max_segments
+    assert blocks.keep == 1 + floating.max_segments + 1  # credit, and the payload being read
 
     def fill(view: memoryview) -> None:
         view[:] = b"\x01" * len(view)
