@@ -9,12 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.env import clean_up, prepare
+from tests.harness import shards
+from tests.harness.env import clean_up, for_tests
 from tests.harness.markers import pytest_collection_modifyitems  # noqa: F401  (the ``spark`` marker by folder)
 from tests.harness.procs import end, ours, wait_until
 from tests.installed import installed_wheel  # noqa: F401  (one wheel per run, for every module that installs it)
 
-_SCRATCH = prepare()
+_SCRATCH = for_tests()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    shards.add_option(parser)
 
 
 @pytest.fixture(scope="session")

@@ -18,17 +18,13 @@ from pathlib import Path
 from tests.harness.procs import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
-NO_JVM = "ARROWBEAT_TESTS_NO_JVM"
-"""Set when this run starts no JVM beside another that does (``scripts/run_tests.py``): the work
-dirs that appear meanwhile are the other run's, and it removes them."""
 _scratch: Path | None = None
-_work_before: set[str] = set()
 
 
 def prepare() -> Path:
     """Sets this process's environment for the run (once; later calls change nothing) and returns
     the run's scratch folder, for warehouses, tables and logs."""
-    global _scratch, _work_before
+    global _scratch
     if _scratch is not None:
         return _scratch
     _scratch = Path(tempfile.mkdtemp(prefix="arrowbeat-tests-"))
@@ -44,40 +40,62 @@ def prepare() -> Path:
     os.environ["SPARK_WORKER_DIR"] = str(_scratch / "work")
     os.environ["SPARK_LOCAL_DIRS"] = str(_scratch / "local")
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
-    work = _local_cluster_work()
-    _work_before = set(os.listdir(work)) if work.is_dir() else set()
+    os.environ["SPARK_HOME"] = str(_spark_home(_scratch / "spark-home"))
     return _scratch
 
 
-def _local_cluster_work() -> Path:
-    """Where ``local-cluster`` Workers put executor dirs: ``$SPARK_HOME/work``, inside the pyspark
-    package (they ignore ``SPARK_WORKER_DIR``); each run removes its own."""
+def _spark_home(home: Path) -> Path:
+    """The installed pyspark as a Spark home of the run's own: a folder of links to every entry
+    of the package but ``work``.
+
+    Why: ``local-cluster``'s Workers put their executor dirs (logs, fetched files, the executors'
+    working directories) in ``$SPARK_HOME/work`` and ignore ``SPARK_WORKER_DIR``. Left at the
+    package, that is inside site-packages and shared by every run on the machine; two runs side
+    by side (``scripts/run_tests.py``'s shards) even share dirs, since local-cluster application
+    ids are the second they started and a counter that starts at 0 in each application's Master.
+    Here each run's work dirs are in its scratch folder, removed with it."""
     import pyspark
 
-    return Path(pyspark.__file__).resolve().parent / "work"
+    package = Path(pyspark.__file__).resolve().parent
+    home.mkdir(parents=True, exist_ok=True)
+    for entry in package.iterdir():
+        if entry.name != "work" and not (home / entry.name).exists():
+            (home / entry.name).symlink_to(entry)
+    return home
 
 
-def remove_own_work_dirs() -> list[str]:
-    """Delete the executor dirs ``local-cluster`` applications of this run left in site-packages
-    (those that appeared since :func:`prepare` and no live process works in); returns them."""
-    import psutil
+TEST_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1",)
+"""Every JVM a test starts compiles with C1 alone. A test's JVMs live seconds to a minute on
+small data, where C2's optimising compiles cost more CPU than they ever pay back: one
+local-cluster application started, run through a shuffle and a pandas UDF and stopped took
+40 CPU s (25 s wall) with the JVM's default tiers, 22 (18 s) with C1 alone, and the Spark half
+of the suite is CPU-bound on 2 cores. Behaviour is the same (the compiler tier changes no
+semantics; the collector stays G1, the one users run). Benchmarks keep the JVM's defaults: they
+measure what users run."""
 
-    work = _local_cluster_work()
-    if _scratch is None or not work.is_dir() or os.environ.get(NO_JVM):
-        return []
-    new = [work / name for name in os.listdir(work) if name not in _work_before]
-    busy: set[Path] = set()
-    for proc in psutil.process_iter(["cwd"]):
-        cwd = proc.info.get("cwd") or ""
-        busy.update(d for d in new if cwd.startswith(f"{d}{os.sep}") or cwd == str(d))
-    removed = [d for d in new if d not in busy]
-    for d in removed:
-        shutil.rmtree(d, ignore_errors=True)
-    return [d.name for d in removed]
+
+def for_tests() -> Path:
+    """``prepare`` and the tests' JVM options (``TEST_JVM_OPTIONS``, through ``JAVA_TOOL_OPTIONS``,
+    which every JVM reads: Spark's driver, executors, standalone daemons, Maven); called by the
+    suite's conftest, never by a benchmark. Options already set come first and are kept."""
+    scratch = prepare()
+    have = os.environ.get("JAVA_TOOL_OPTIONS", "").split()
+    os.environ["JAVA_TOOL_OPTIONS"] = " ".join([*have, *(o for o in TEST_JVM_OPTIONS if o not in have)])
+    return scratch
+
+
+def with_java_option(env: dict[str, str], option: str) -> None:
+    """Adds ``option`` to ``env``'s ``JAVA_TOOL_OPTIONS``, keeping what is there."""
+    env["JAVA_TOOL_OPTIONS"] = " ".join(o for o in (env.get("JAVA_TOOL_OPTIONS", ""), option) if o)
+
+
+def local_cluster_work() -> Path:
+    """Where ``local-cluster`` Workers put executor dirs: ``$SPARK_HOME/work``, the run's own
+    (``_spark_home``)."""
+    return prepare() / "spark-home" / "work"
 
 
 def clean_up() -> None:
-    """Removes the scratch folder and this run's executor dirs (the end of a run)."""
+    """Removes the scratch folder, this run's executor dirs with it (the end of a run)."""
     if _scratch is not None:
         shutil.rmtree(_scratch, ignore_errors=True)
-    remove_own_work_dirs()

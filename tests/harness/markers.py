@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import shards
+
 TESTS = Path(__file__).resolve().parent.parent
 SPARK_FOLDERS = (TESTS / "spark", TESTS / "compat")
 """Every test here starts Spark (a session, spark-submit, a standalone cluster, a Connect server)
@@ -37,8 +39,9 @@ the JVM-less half beside it (``scripts/run_tests.py``) has long finished."""
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Adds the ``spark`` marker to every collected test that ``needs_jvm``, and moves the tests
-    of a ``LAST`` marker to the end."""
+    of a ``LAST`` marker to the end; with ``--spark-shard``, keeps one shard (``shards.select``)."""
     for item in items:
         if needs_jvm(item) and item.get_closest_marker("spark") is None:
             item.add_marker(pytest.mark.spark)
     items.sort(key=lambda item: any(item.get_closest_marker(m) for m in LAST))  # stable: order kept
+    shards.select(config, items)

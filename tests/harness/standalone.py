@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
+from tests.harness.env import with_java_option
 from tests.harness.procs import end, wait_until
 from tests.harness.session import build_session, stop_session
 
@@ -227,7 +228,7 @@ class StandaloneCluster:
             ]
             command = [*wrapper, *command]
         else:
-            env["JAVA_TOOL_OPTIONS"] = f"-Djava.io.tmpdir={worker.tmpdir}"
+            with_java_option(env, f"-Djava.io.tmpdir={worker.tmpdir}")
         worker.proc = self._spawn(command, env, worker.log)
 
     def _spawn(self, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

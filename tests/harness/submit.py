@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tests.harness.env import local_cluster_work
 from tests.harness.procs import APP_MARKER, end, ours
 from tests.harness.session import DELTA_SNAPSHOT_PARTITIONS
 
@@ -21,10 +22,9 @@ SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 
 def executor_dirs(app_id: str) -> Path:
     """Where the application's executors wrote their stdout and stderr: local-cluster's Workers
-    use ``$SPARK_HOME/work``, a stand-alone Worker ``SPARK_WORKER_DIR``."""
-    import pyspark
-
-    for base in (os.environ.get("SPARK_WORKER_DIR", ""), str(Path(pyspark.__file__).parent / "work")):
+    use ``$SPARK_HOME/work`` (the run's own, ``tests.harness.env``), a stand-alone Worker
+    ``SPARK_WORKER_DIR``."""
+    for base in (os.environ.get("SPARK_WORKER_DIR", ""), str(local_cluster_work())):
         if base and (Path(base) / app_id).is_dir():
             return Path(base) / app_id
     raise AssertionError(f"no executor directory of {app_id}")

@@ -1,0 +1,93 @@
+"""The Spark tests in two shards that ``scripts/run_tests.py`` runs side by side.
+
+The Spark half spends much of its time waiting: on heartbeat timeouts, flush intervals, Spark's
+scheduler and idle timeouts, executors starting. Two pytest sessions, each with its own run marker,
+scratch folder and shared sessions, fill each other's waits. ``--spark-shard 1/2`` selects the
+first shard's Spark tests (and every test that needs no JVM), ``--spark-shard 2/2`` the second's.
+
+A module is in the second shard when it is listed in ``SECOND`` (seconds measured for the whole
+module in a full run on this 2-core machine, so the list can be balanced again as the suite
+changes); every other module, including a new one, is in the first. Modules that share one
+application (``BUNDLED``: the shared session, the shuffle cluster, the frozen-executor runs) must
+be in the same shard, or the application would start once in each: collection fails naming them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+OPTION = "--spark-shard"
+BUNDLED = ("spark_local", "shuffle_cluster", "frozen_run", "frozen_kill_run", "installed_wheel")
+"""Fixtures whose one application (or wheel) serves every module that uses it
+(``tests/spark/conftest.py``, ``tests/installed.py``)."""
+SECOND = {
+    "tests/spark/test_packed_env.py": 126,
+    "tests/spark/test_standalone.py": 116,
+    "tests/spark/test_stuck_tasks.py": 61,
+    "tests/spark/test_spark_view.py": 53,
+    "tests/spark/test_agent_restart.py": 52,
+    "tests/compat/test_spark_versions.py": 47,
+    "tests/test_wheel.py": 44,
+    "tests/spark/test_concurrent_reducers.py": 42,
+    "tests/spark/test_connect.py": 42,
+}
+"""Modules of the second shard, with their seconds in a full run (the first shard holds about as
+many: the frozen-executor modules, the shuffle cluster's, the shared session's and the rest)."""
+TESTS = Path(__file__).resolve().parent.parent
+
+
+def add_option(parser: pytest.Parser) -> None:
+    parser.addoption(
+        OPTION,
+        default=None,
+        metavar="K/2",
+        help="run only the K-th of the two Spark shards (tests/harness/shards.py)",
+    )
+
+
+def shard_of(module: str) -> int:
+    """1 or 2: the shard of a test module, named by its path from the checkout."""
+    return 2 if module in SECOND else 1
+
+
+def select(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keeps the tests of the shard ``--spark-shard`` names (all of them without it), after
+    checking that no bundled application is split between shards."""
+    wanted = _wanted(config.getoption(OPTION))
+    modules = {item: _module(item) for item in items}
+    _check_bundles(items, modules)
+    if wanted is None:
+        return
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        shard = shard_of(modules[item]) if item.get_closest_marker("spark") else 1
+        (keep if shard == wanted else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _wanted(value: str | None) -> int | None:
+    if value is None:
+        return None
+    if value not in ("1/2", "2/2"):
+        raise pytest.UsageError(f"{OPTION}={value}: expected 1/2 or 2/2")
+    return int(value[0])
+
+
+def _module(item: pytest.Item) -> str:
+    path = Path(str(item.path)).resolve()
+    return str(path.relative_to(TESTS.parent)) if path.is_relative_to(TESTS.parent) else str(path)
+
+
+def _check_bundles(items: list[pytest.Item], modules: dict[pytest.Item, str]) -> None:
+    for fixture in BUNDLED:
+        users = {modules[item] for item in items if fixture in getattr(item, "fixturenames", ())}
+        if len({shard_of(module) for module in users}) > 1:
+            raise pytest.UsageError(
+                f"modules using {fixture} are in both Spark shards (tests/harness/shards.py SECOND): "
+                + ", ".join(sorted(users))
+            )
