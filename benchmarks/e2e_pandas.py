@@ -333,7 +333,7 @@ def _dask_engine() -> _DaskEngine | None:
 
 
 if __name__ == "__main__":
-    from spark_plugin.history.reader import exit_after_reading
+    from heartbeat.hard_exit import exit_now
 
     code = main()
-    exit_after_reading(code)  # no interpreter finalisation: delta-rs's readers can abort it (exit 134)
+    exit_now(code)  # no interpreter finalisation: delta-rs's readers can abort it (exit 134)

@@ -126,9 +126,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from spark_plugin.history.reader import exit_after_reading
+    from heartbeat.hard_exit import exit_now
 
     start = time.monotonic()
     code = main()
     print(f"({time.monotonic() - start:.0f} s)", file=sys.stderr)
-    exit_after_reading(code)  # no interpreter finalisation: delta-rs's readers can abort it (exit 134)
+    exit_now(code)  # no interpreter finalisation: delta-rs's readers can abort it (exit 134)

@@ -96,9 +96,10 @@ def _external_imports(module: str) -> set[str]:
     return {target for target, _ in _imports(tree, module, path.name == "__init__.py")}
 
 
-BASE = ("heartbeat.clock", "heartbeat.rate_log")
-"""The base room ("clock"), which every room may import: the one clock and the one rate-limited
-logger driven by it. Both import nothing of arrowbeat but each other (so no gRPC, no pyspark)."""
+BASE = ("heartbeat.clock", "heartbeat.rate_log", "heartbeat.hard_exit")
+"""The base room ("clock"), which every room may import: the one clock, the one rate-limited
+logger driven by it and the one way to end a process without finalisation. They import nothing
+of arrowbeat but each other (so no gRPC, no pyspark)."""
 
 
 def _layer(module: str) -> str:

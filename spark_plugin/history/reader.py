@@ -6,7 +6,7 @@ application's rows in time order, :func:`resolve_app` turns an ``--app`` value (
 into an application the tables hold, and :func:`load_history` gathers everything one application
 recorded (heartbeats, lifecycle events, shuffle metrics) per executor for the report, with the
 intervals the RM kept no history (``MONITORING_GAP``, ``history.gaps``) apart. A process
-that read them ends through :func:`run_reader` / :func:`exit_after_reading` (the CLI, the
+that read them ends through :func:`run_reader` or ``heartbeat.hard_exit.exit_now`` (the CLI, the
 benchmarks, the demo job): delta-rs's readers can abort a normal interpreter exit. Every text
 that came from the wire (ids, hosts) passes ``wire_text``; a storage error is one line, scrubbed
 of the location's credentials.
@@ -17,7 +17,6 @@ Errors are the plugin's tree (``spark_plugin.errors``): a missing or unreadable 
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from heartbeat import one_line
+from heartbeat.hard_exit import exit_now
 from spark_plugin.errors import TablePathError, UnknownApplicationError
 from spark_plugin.history.gaps import KIND as GAP_KIND
 from spark_plugin.history.gaps import MonitoringGap, parse_gap
@@ -247,31 +247,10 @@ def load_history(location: TablesLocation | Path | str, app_id: str) -> AppHisto
     )
 
 
-def exit_after_reading(code: int) -> NoReturn:
-    """Ends a process that read the tables with delta-rs with status ``code``, after flushing
-    the logs, stdout and stderr, and without interpreter finalisation.
-
-    Why: an Arrow table read through delta-rs that is still alive when the interpreter finalises
-    (a global, a cache, a frame of the main function) is freed while native reader threads
-    still run, and the C++ runtime aborts ("terminate called without an active exception",
-    exit 134, here 3 runs in 12 of a short read; delta-io/delta-rs#2184), after the work is
-    done, so a good run reads as failed. Skipping finalisation skips that too; atexit handlers
-    do not run either, so call this when everything is closed (Spark sessions stopped,
-    temporary directories removed). Use :func:`run_reader` for a whole ``main``."""
-    import logging
-    import os
-    import sys
-
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed or broken pipe must not change the status
-            stream.flush()
-    os._exit(code)
-
-
 def run_reader(main: Callable[[], int | None]) -> NoReturn:
     """Runs ``main`` (a command or benchmark that reads the tables) and ends the process with
-    its status through :func:`exit_after_reading`: ``main``'s return value (None is 0), a
+    its status through ``heartbeat.hard_exit.exit_now`` (delta-rs's readers can abort a normal
+    interpreter exit: see there): ``main``'s return value (None is 0), a
     ``SystemExit``'s code (argparse's usage errors and ``--help``), 130 on Ctrl-C, or 1 with the
     traceback printed for any other exception, as Python itself would."""
     import sys
@@ -292,7 +271,7 @@ def run_reader(main: Callable[[], int | None]) -> NoReturn:
     except BaseException:
         traceback.print_exc()
         code = 1
-    exit_after_reading(code)
+    exit_now(code)
 
 
 def id_order(executor_id: str) -> tuple[bool, int, str]:
@@ -307,7 +286,6 @@ __all__ = [
     "ShuffleSummary",
     "UnknownApplicationError",
     "applications",
-    "exit_after_reading",
     "has_table",
     "id_order",
     "load_history",

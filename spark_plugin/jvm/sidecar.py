@@ -336,15 +336,6 @@ def setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 
-def exit_process(code: int) -> None:
-    """Ends the process without interpreter finalisation, which would trip over the daemon thread
-    still blocked reading stdin. Call after every resource is closed."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def wait_for_exit(link: JvmLink) -> str:
     """Blocks until the JVM is gone or we get SIGTERM/SIGINT; returns which."""
     reason: list[str] = []

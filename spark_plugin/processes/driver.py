@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from heartbeat.clock import SYSTEM_CLOCK, Clock
+from heartbeat.hard_exit import exit_now
 from spark_plugin.compat import versions
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.history.gaps import GapBook, carried_gap, describe, gap_detail
@@ -25,7 +26,6 @@ from spark_plugin.jvm.sidecar import (
     JvmChannel,
     JvmLink,
     PulseAnswers,
-    exit_process,
     secret_values,
     setup_logging,
     unavailable_internals,
@@ -307,4 +307,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    exit_now(main())  # the JVM-stdin reader thread would trip finalisation

@@ -24,13 +24,13 @@ from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.transport import TcpTransport
 from heartbeat import AgentThread, PayloadProvider, one_line, rss_provider, slots_provider
+from heartbeat.hard_exit import exit_now
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.jvm.plugin_metrics import MetricsReporter, executor_figures
 from spark_plugin.jvm.sidecar import (
     JvmChannel,
     JvmLink,
     PulseAnswers,
-    exit_process,
     secret_values,
     setup_logging,
     wait_for_exit,
@@ -317,4 +317,4 @@ def _sweep_loop(service: MapOutputService, every_s: float) -> None:
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    exit_now(main())  # the JVM-stdin reader thread would trip finalisation

@@ -641,6 +641,36 @@ def _count(stats: ReadStats, batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
+@dataclass
+class _ReduceTask:
+    """What every reduce task learns before it reads: its status rows per reduce partition, its
+    executor's agent and its attempt, and when it started (for its read report)."""
+
+    by_reducer: dict[int, list[dict[str, Any]]]
+    me: AgentInfo
+    attempt: str
+    started: float
+
+    @classmethod
+    def start(
+        cls, plan: ShufflePlan, status_batches: Iterable[pa.RecordBatch], clock: Clock
+    ) -> _ReduceTask | None:
+        """``None`` for a task that received no status rows (an empty partition of the plan)."""
+        by_reducer = statuses_by_reducer(status_batches)
+        if not by_reducer:
+            return None
+        me = find_agent(shuffle_roots(plan.root), plan.app_id, clock=clock)
+        _, attempt, _ = _task()
+        return cls(by_reducer, me, attempt, clock.monotonic())
+
+    @property
+    def reducers(self) -> list[int]:
+        return sorted(self.by_reducer)
+
+    def report(self, stats: ReadStats, clock: Clock) -> dict[str, Any]:
+        return _read_report(self.reducers, self.attempt, self.me, stats, clock.monotonic() - self.started)
+
+
 def reduce_function(
     plan: ShufflePlan,
     report: Report,
@@ -652,17 +682,13 @@ def reduce_function(
     exactly one reduce partition, so grouping their union finds the same groups)."""
 
     def run(status_batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        by_reducer = statuses_by_reducer(status_batches)
-        if not by_reducer:
+        task = _ReduceTask.start(plan, status_batches, clock)
+        if task is None:
             return
-        me = find_agent(shuffle_roots(plan.root), plan.app_id, clock=clock)
-        _, attempt, _ = _task()
-        reducers = sorted(by_reducer)
-        started = clock.monotonic()
         stats = ReadStats()
-        yield from consume(reducers[0], read_partitions(plan, by_reducer, me, stats))
+        yield from consume(task.reducers[0], read_partitions(plan, task.by_reducer, task.me, stats))
         pa.default_memory_pool().release_unused()
-        report(_read_report(reducers, attempt, me, stats, clock.monotonic() - started))
+        report(task.report(stats, clock))
 
     return run
 
@@ -684,24 +710,20 @@ def cogroup_reduce_function(
     left batches, right batches)``. One read report for both sides."""
 
     def run(status_batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        by_reducer = statuses_by_reducer(status_batches)
-        if not by_reducer:
+        task = _ReduceTask.start(left, status_batches, clock)
+        if task is None:
             return
-        me = find_agent(shuffle_roots(left.root), left.app_id, clock=clock)
-        _, attempt, _ = _task()
-        reducers = sorted(by_reducer)
-        lefts = {r: [s for s in rows if s["map"] < RIGHT_MAPS] for r, rows in by_reducer.items()}
-        rights = {r: [s for s in rows if s["map"] >= RIGHT_MAPS] for r, rows in by_reducer.items()}
-        started = clock.monotonic()
+        lefts = {r: [s for s in rows if s["map"] < RIGHT_MAPS] for r, rows in task.by_reducer.items()}
+        rights = {r: [s for s in rows if s["map"] >= RIGHT_MAPS] for r, rows in task.by_reducer.items()}
         stats, right_stats = ReadStats(), ReadStats()
-        left_batches = _side(left, lefts, me, stats)
-        right_batches = _side(right, rights, me, right_stats)
-        yield from consume(reducers[0], left_batches, right_batches)
+        left_batches = _side(left, lefts, task.me, stats)
+        right_batches = _side(right, rights, task.me, right_stats)
+        yield from consume(task.reducers[0], left_batches, right_batches)
         pa.default_memory_pool().release_unused()
         for name in ("bytes", "batches", "rows", "file_bytes", "streamed_bytes", "blocked_s"):
             setattr(stats, name, getattr(stats, name) + getattr(right_stats, name))
         stats.recomputed = sorted(stats.recomputed + right_stats.recomputed)
-        report(_read_report(reducers, attempt, me, stats, clock.monotonic() - started))
+        report(task.report(stats, clock))
 
     return run
 

@@ -39,9 +39,9 @@ FAIL_ON_REGISTER = (
     "async def boom(self, timeout_s):\n"
     "    raise RuntimeError('a bug in the agent, planted by the test')\n"
     "AsyncAgent._open_session = boom\n"
-    "from spark_plugin.jvm.sidecar import exit_process\n"
+    "from heartbeat.hard_exit import exit_now\n"
     "from spark_plugin.processes.executor import main\n"
-    "exit_process(main())\n"
+    "exit_now(main())\n"
 )
 """The executor's main with an unexpected exception planted where the agent registers."""
 WEDGE_ON_FILE = (
@@ -56,9 +56,9 @@ WEDGE_ON_FILE = (
     "        time.sleep(3600)  # a blocking call on the loop: it never turns again\n"
     "    asyncio.run_coroutine_threadsafe(wedge(), io_loop())\n"
     "threading.Thread(target=wedge_when_asked, args=(os.environ['WEDGE_FILE'],), daemon=True).start()\n"
-    "from spark_plugin.jvm.sidecar import exit_process\n"
+    "from heartbeat.hard_exit import exit_now\n"
     "from spark_plugin.processes.executor import main\n"
-    "exit_process(main())\n"
+    "exit_now(main())\n"
 )
 """The executor's main, whose heartbeat loop a blocking call wedges once ``WEDGE_FILE`` exists."""
 
