@@ -81,7 +81,8 @@ typecheck: setup-python
 unit: setup-python
 	$(PY) -m pytest -q -m 'not spark' tests
 
-# The whole suite on the primary cell (its JVM-less half beside its Spark half: scripts/run_tests.py),
+# The whole suite on the primary cell (the JVM-less tests and two Spark shards side by side, then the
+# chaos soak alone: scripts/run_tests.py),
 # then the compatibility subset on every other cell.
 test: setup lint $(CACHE)/.chromium
 	$(PY) -m scripts.run_tests

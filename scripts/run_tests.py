@@ -32,11 +32,14 @@ ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / ".cache" / "test-logs"
 MARKER = "ARROWBEAT_TEST_RUN"  # tests.harness.procs.MARKER: each run draws its own
 NOTHING_SELECTED = 5
-"""pytest's exit status when arguments (``-k``, a path) leave a run no test: not a failure."""
+"""pytest's exit status when arguments (``-k``, a path) leave a run no test: not a failure,
+unless it is every run's."""
 
 
 def _pytest(python: str, marks: str, extra: list[str], *options: str) -> list[str]:
-    return [python, "-m", "pytest", "-q", "-rs", "--durations=15", "-m", marks, *options, *extra, "tests"]
+    # No cache plugin: three sessions at once would overwrite each other's ``lastfailed``.
+    pytest = [python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--durations=15"]
+    return [*pytest, "-m", marks, *options, *extra, "tests"]
 
 
 def main(argv: list[str]) -> int:
@@ -73,6 +76,9 @@ def main(argv: list[str]) -> int:
     took = time.monotonic() - started
     outcome = ", ".join(f"{name} exit {code}" for name, code in codes.items())
     print(f"\nprimary cell: {outcome}, {took:.0f}s", flush=True)
+    if all(code == NOTHING_SELECTED for code in codes.values()):
+        print("no test selected by these arguments", flush=True)
+        return 1
     return 0 if all(code in (0, NOTHING_SELECTED) for code in codes.values()) else 1
 
 

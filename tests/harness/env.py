@@ -2,8 +2,9 @@
 the checkout on every Python process's path, Spark dirs in a scratch folder, and the run marker
 that ``tests.harness.procs`` finds its processes by.
 
-``tests/conftest.py`` and every benchmark call :func:`prepare` before they start anything, so a
-benchmark gets the same environment as the suite without importing the suite's conftest.
+Every benchmark calls :func:`prepare` before it starts anything, and ``tests/conftest.py`` calls
+:func:`for_tests` (``prepare`` and the tests' JVM options), so a benchmark gets the same
+environment as the suite without importing the suite's conftest.
 """
 
 from __future__ import annotations
@@ -68,10 +69,11 @@ TEST_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 """Every JVM a test starts compiles with C1 alone. A test's JVMs live seconds to a minute on
 small data, where C2's optimising compiles cost more CPU than they ever pay back: one
 local-cluster application started, run through a shuffle and a pandas UDF and stopped took
-40 CPU s (25 s wall) with the JVM's default tiers, 22 (18 s) with C1 alone, and the Spark half
-of the suite is CPU-bound on 2 cores. Behaviour is the same (the compiler tier changes no
-semantics; the collector stays G1, the one users run). Benchmarks keep the JVM's defaults: they
-measure what users run."""
+40 CPU s (25 s wall) with the JVM's default tiers, 22 (18 s) with C1 alone, and the Spark tests
+are CPU-bound on 2 cores. Behaviour is the same (the compiler tier changes no semantics; the
+collector stays G1, the one users run). Benchmarks keep the JVM's defaults: they measure what
+users run. (The chaos test runs ``benchmarks.chaos`` as its child, with the test's options: it
+asserts invariants, not speed.)"""
 
 
 def for_tests() -> Path:

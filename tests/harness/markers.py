@@ -32,8 +32,8 @@ def needs_jvm(item: pytest.Item) -> bool:
 
 LAST = ("chaos",)
 """Markers whose tests run after every other test of the session: the chaos soak's short form
-(minutes of faults on a cluster of its own) runs when the suite's other applications are done and
-the JVM-less half beside it (``scripts/run_tests.py``) has long finished."""
+(minutes of faults on a cluster of its own) runs when the session's other applications are done.
+``make test`` runs it in a session of its own, after the others (``scripts/run_tests.py``)."""
 
 
 @pytest.hookimpl(tryfirst=True)

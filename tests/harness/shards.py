@@ -1,6 +1,6 @@
 """The Spark tests in two shards that ``scripts/run_tests.py`` runs side by side.
 
-The Spark half spends much of its time waiting: on heartbeat timeouts, flush intervals, Spark's
+The Spark tests spend much of their time waiting: on heartbeat timeouts, flush intervals, Spark's
 scheduler and idle timeouts, executors starting. Two pytest sessions, each with its own run marker,
 scratch folder and shared sessions, fill each other's waits. ``--spark-shard 1/2`` selects the
 first shard's Spark tests (and every test that needs no JVM), ``--spark-shard 2/2`` the second's.
@@ -54,7 +54,11 @@ def shard_of(module: str) -> int:
 
 def select(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keeps the tests of the shard ``--spark-shard`` names (all of them without it), after
-    checking that no bundled application is split between shards."""
+    checking that every module ``SECOND`` lists exists (a renamed one would fall silently into
+    the first shard) and that no bundled application is split between shards."""
+    missing = [module for module in SECOND if not (TESTS.parent / module).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/harness/shards.py SECOND lists modules that do not exist: {missing}")
     wanted = _wanted(config.getoption(OPTION))
     modules = {item: _module(item) for item in items}
     _check_bundles(items, modules)
