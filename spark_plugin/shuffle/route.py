@@ -317,8 +317,18 @@ ROUTE_BATCH_S = 5.0
 Delta commit per call would cost each small call, routed to Spark to save a fraction of a second,
 a commit's CPU on a busy driver, and grow the table's log by one file per call."""
 
+MAX_PENDING_ROUTES = 10_000
+"""Spark-path rows kept while their table cannot be written (retried every ``ROUTE_BATCH_S``);
+past this the oldest are dropped and counted (``routes_dropped``), so an application whose
+tables stay unwritable for days keeps a bounded queue."""
+
 _pending: list[_Pending] = []
 _pending_lock = threading.Lock()
+_failing: set[str] = set()
+"""Tables locations whose last append failed: logged once when it starts failing, once when it
+writes again, not at every retry."""
+routes_dropped = 0
+"""Spark-path rows dropped since the driver started: queued past ``MAX_PENDING_ROUTES``."""
 _write_lock = threading.Lock()
 _writer: threading.Thread | None = None
 _wake = threading.Event()
@@ -346,7 +356,8 @@ def record_spark_path(spark: Any, route: Route) -> int:
 
 def _write_in_batches() -> None:
     """The background writer: every ``ROUTE_BATCH_S`` (or when woken), what is queued; it ends
-    once nothing is (the next ``record_spark_path`` starts another)."""
+    once nothing is (the next ``record_spark_path`` starts another). Rows whose table could not
+    be written are queued again, so it runs on until they are written."""
     while True:
         _wake.wait(ROUTE_BATCH_S)
         _wake.clear()
@@ -358,7 +369,9 @@ def _write_in_batches() -> None:
 
 def flush_routes() -> int:
     """Append every queued Spark-path row now, one commit per tables location; returns rows
-    written. A failure is logged and the rows dropped: a metric must never fail the user's call."""
+    written. A failure never reaches the user's call: the rows are queued again (in their order,
+    ahead of newer ones) for the next flush, as the history writer keeps its rows while a table
+    is unavailable, within ``MAX_PENDING_ROUTES``."""
     from spark_plugin.history.shuffle_metrics import append_batches
 
     written = 0
@@ -369,13 +382,36 @@ def flush_routes() -> int:
         by_location: dict[str, list[_Pending]] = {}
         for item in batch:
             by_location.setdefault(repr(item.tables), []).append(item)
-        for items in by_location.values():
+        unwritten: list[_Pending] = []
+        for where, items in by_location.items():
             try:
                 append_batches(items[0].tables, [(i.app, i.shuffle_id, [i.row]) for i in items])
-                written += len(items)
             except Exception as exc:
-                log.warning("shuffle_metrics route rows not written: %s", exc)
+                unwritten += items
+                if where not in _failing:
+                    _failing.add(where)
+                    log.warning("shuffle_metrics route rows not written, kept to retry: %s", exc)
+                continue
+            written += len(items)
+            if where in _failing:
+                _failing.discard(where)
+                log.info("shuffle_metrics route rows written again (%d)", len(items))
+        if unwritten:
+            _requeue(unwritten)
     return written
+
+
+def _requeue(unwritten: list[_Pending]) -> None:
+    """Puts rows that could not be written back ahead of the ones queued since, keeping the
+    newest ``MAX_PENDING_ROUTES``."""
+    global routes_dropped
+    with _pending_lock:
+        _pending[:0] = unwritten
+        over = len(_pending) - MAX_PENDING_ROUTES
+        if over > 0:
+            del _pending[:over]
+            routes_dropped += over
+            log.warning("shuffle_metrics: %d route rows dropped (queue full: %d)", over, MAX_PENDING_ROUTES)
 
 
 _tables_of: dict[str, Any] = {}
