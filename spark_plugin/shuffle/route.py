@@ -211,7 +211,7 @@ def choose(
         if size.bytes is None or second.bytes is None:
             size = size if size.bytes is None else second
         else:
-            size = PlanSize(size.bytes + second.bytes)
+            size = PlanSize(size.bytes + second.bytes, grows=size.grows or second.grows)
     route = decide(op, size, wanted, explicit_partitions)
     seconds = time.perf_counter() - started
     return Route(route.path, route.reason, route.estimated_bytes, op, route.threshold_bytes, seconds, size)

@@ -124,12 +124,10 @@ def take_over(offer: Offer, mode: str, route: Callable[[Any, Any | None], Any] =
             record_spark_path(spark, chosen)  # the choice's shuffle_metrics row
             return Decision(None, f"groupedMap=auto chose Spark's exchange: {chosen.reason}")
     grouped = group_by(offer.sides[0].df, *keys[0])
-    if offer.cogroup:
-        out = getattr(grouped.cogroup(group_by(offer.sides[1].df, *keys[1])), offer.method)(
-            offer.func, offer.schema
-        )
-    else:
-        out = getattr(grouped, offer.method)(offer.func, offer.schema)
+    target = grouped.cogroup(group_by(offer.sides[1].df, *keys[1])) if offer.cogroup else grouped
+    if chosen is not None:
+        target.input_size = chosen.size  # read once: the route's statistics plan the shuffle too
+    out = getattr(target, offer.method)(offer.func, offer.schema)
     if chosen is None:
         return Decision(out)
     shuffle_of(out).collected([report(chosen)])  # the choice's row, written with the shuffle's

@@ -21,7 +21,10 @@ import pytest
 import _arrowbeat_startup
 from spark_plugin.compat import grouped_map_hook as hook
 from spark_plugin.compat.grouped_map_hook import Decision, Offer, Side
+from spark_plugin.compat.plan_stats import PlanSize
 from spark_plugin.errors import ConfigError
+from spark_plugin.shuffle import dataframe, grouped, takeover
+from spark_plugin.shuffle.route import Route
 from spark_plugin.shuffle.takeover import grouping_names, take_over
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -321,3 +324,57 @@ def test_the_watcher_wraps_pyspark_as_it_loads(switch: str, expected: str) -> No
     done = subprocess.run([sys.executable, "-c", WATCH], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == expected.split()
+
+
+class _Planned(Exception):
+    """Raised by the stand-in for the shuffle's planning, with the size it was handed."""
+
+    def __init__(self, size: PlanSize | None) -> None:
+        super().__init__("planned")
+        self.size = size
+
+
+def _plan_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A classic-looking session whose arrowbeat settings are valid; planning stops at
+    ``_partitions`` with the size it was given (``None``: it would read the statistics itself)."""
+
+    def partitions(*_args: Any, size: PlanSize | None = None, **_kwargs: Any) -> Any:
+        raise _Planned(size)
+
+    monkeypatch.setattr(takeover, "is_connect", lambda _spark: False)
+    monkeypatch.setattr(dataframe, "shuffle_settings", lambda _spark: None)
+    monkeypatch.setattr(grouped, "_partitions", partitions)
+
+
+def _cogrouped(key: Any, left: Any, right: Any) -> Any:
+    return left
+
+
+@pytest.mark.parametrize("cogroup", [False, True], ids=["group", "cogroup"])
+def test_auto_plans_the_shuffle_from_the_statistics_its_route_read(
+    monkeypatch: pytest.MonkeyPatch, cogroup: bool
+) -> None:
+    """``groupedMap=auto`` reads the input's statistics to route the call; the shuffle it takes
+    is planned from those, not from a second read (4-8 ms per call); ``on`` routes nothing and
+    planning reads them itself."""
+    _plan_with(monkeypatch)
+    session = FakeSession()
+    sides = tuple(Side(FakeFrame(session, ["k", "v"]), ("k",)) for _ in range(2 if cogroup else 1))
+    func = _cogrouped if cogroup else normalize
+    offer = Offer("applyInPandas", func, "k long, v long", sides)
+    size = PlanSize(123_456_789, rows=1_000_000)
+    routes: list[tuple[Any, Any]] = []
+
+    def route(df: Any, other: Any) -> Route:
+        routes.append((df, other))
+        return Route(
+            "arrowbeat", "input 123456789 bytes >= 2097152", size.bytes, "group", 2_097_152, 0.004, size
+        )
+
+    with pytest.raises(_Planned) as planned:
+        take_over(offer, "auto", route)
+    assert planned.value.size is size
+    assert routes == [(sides[0].df, sides[1].df if cogroup else None)]
+    with pytest.raises(_Planned) as planned:
+        take_over(offer, "on", route)
+    assert planned.value.size is None and len(routes) == 1
