@@ -14,11 +14,14 @@ import shutil
 import sys
 import tempfile
 import uuid
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from tests.harness.procs import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
+SPARK_HOME_DIR = "spark-home"
+"""The run's own Spark home, in its scratch folder (``_spark_home``)."""
 _scratch: Path | None = None
 
 
@@ -41,7 +44,7 @@ def prepare() -> Path:
     os.environ["SPARK_WORKER_DIR"] = str(_scratch / "work")
     os.environ["SPARK_LOCAL_DIRS"] = str(_scratch / "local")
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
-    os.environ["SPARK_HOME"] = str(_spark_home(_scratch / "spark-home"))
+    os.environ["SPARK_HOME"] = str(_spark_home(_scratch / SPARK_HOME_DIR))
     return _scratch
 
 
@@ -81,20 +84,22 @@ def for_tests() -> Path:
     which every JVM reads: Spark's driver, executors, standalone daemons, Maven); called by the
     suite's conftest, never by a benchmark. Options already set come first and are kept."""
     scratch = prepare()
-    have = os.environ.get("JAVA_TOOL_OPTIONS", "").split()
-    os.environ["JAVA_TOOL_OPTIONS"] = " ".join([*have, *(o for o in TEST_JVM_OPTIONS if o not in have)])
+    for option in TEST_JVM_OPTIONS:
+        with_java_option(os.environ, option)
     return scratch
 
 
-def with_java_option(env: dict[str, str], option: str) -> None:
-    """Adds ``option`` to ``env``'s ``JAVA_TOOL_OPTIONS``, keeping what is there."""
-    env["JAVA_TOOL_OPTIONS"] = " ".join(o for o in (env.get("JAVA_TOOL_OPTIONS", ""), option) if o)
+def with_java_option(env: MutableMapping[str, str], option: str) -> None:
+    """Adds ``option`` to ``env``'s ``JAVA_TOOL_OPTIONS`` unless it is there, keeping what is."""
+    have = env.get("JAVA_TOOL_OPTIONS", "").split()
+    if option not in have:
+        env["JAVA_TOOL_OPTIONS"] = " ".join([*have, option])
 
 
 def local_cluster_work() -> Path:
     """Where ``local-cluster`` Workers put executor dirs: ``$SPARK_HOME/work``, the run's own
     (``_spark_home``)."""
-    return prepare() / "spark-home" / "work"
+    return prepare() / SPARK_HOME_DIR / "work"
 
 
 def clean_up() -> None:
