@@ -51,7 +51,8 @@ Invariants (``RESULT`` lines; the run fails unless every one holds):
   exist);
 - ``unsettled``: times the cluster was not whole again (both hosts running an executor that Spark
   lists and the RM has RUNNING or UNMONITORED) within a minute of a fault, or at the end;
-- ``monitor_errors``: samples the monitor could not take (a bug here, not a finding).
+- ``monitor_errors``: samples the monitor could not take (a bug here, not a finding);
+- ``cleanup_failures``: clean-up steps that raised (each is logged; the later ones still ran).
 
 ``committed_batches``, ``expected_rows`` and ``query_restarts`` say how much the query did.
 
@@ -820,17 +821,43 @@ def check_sink(sink: Path, checkpoint: Path, committed: list[int]) -> dict[str, 
 
 
 def arrowbeat_files(worker: Worker, app_id: str, skip: set[Path]) -> tuple[int, int]:
-    """(files of ``app_id`` under arrowbeat's roots on a live host's disk, those on a killed host's)."""
+    """(files of ``app_id`` under arrowbeat's roots on a live host's disk, those on a killed host's).
+
+    The Worker may be removing the application's folders while we count: a folder or file gone
+    mid-walk is simply not counted (``os.walk`` skips a folder it cannot list)."""
     live = dead = 0
-    for path in worker.private_dir.rglob("*"):
-        parts = path.parts
-        if "arrowbeat" not in parts or app_id not in parts or not path.is_file():
+    for folder, _dirs, files in os.walk(worker.private_dir):
+        parts = Path(folder).parts
+        if "arrowbeat" not in parts or app_id not in parts:
             continue
-        if any(path.is_relative_to(s) for s in skip):
-            dead += 1
-        else:
-            live += 1
+        for name in files:
+            path = Path(folder, name)
+            if not path.is_file():
+                continue
+            if any(path.is_relative_to(s) for s in skip):
+                dead += 1
+            else:
+                live += 1
     return live, dead
+
+
+def step(problems: list[str], what: str, action: Callable[[], None]) -> None:
+    """Runs one clean-up step; a failure is reported and the next steps still run (a leaked
+    cluster would otherwise hide the run's results)."""
+    try:
+        action()
+    except Exception as exc:  # every step must run: reported as a problem, never raised
+        problems.append(f"clean-up step {what!r} failed: {type(exc).__name__}: {exc}")
+
+
+def count_files(cluster: StandaloneCluster, chaos: Chaos, app_id: str, results: dict[str, float]) -> None:
+    """``leaked_files`` and ``dead_host_files``: a live Worker removes an ended application's local
+    dirs (arrowbeat's roots inside); a killed host's stay."""
+    skip = chaos.killed_host_entries
+    wait_until(lambda: all(arrowbeat_files(w, app_id, skip)[0] == 0 for w in cluster.workers), 20)
+    counts = [arrowbeat_files(w, app_id, skip) for w in cluster.workers]
+    results["leaked_files"] = sum(c[0] for c in counts)
+    results["dead_host_files"] = sum(c[1] for c in counts)
 
 
 def warm_up(folder: Path) -> None:
@@ -998,21 +1025,15 @@ def main() -> int:
     finally:
         if chaos is not None:
             chaos._stop.set()
-            chaos.frozen.thaw_all()
-        with contextlib.suppress(Exception):
-            if keeper is not None:
-                keeper.stop()
+            step(report, "thaw", chaos.frozen.thaw_all)
+        if keeper is not None:
+            step(report, "stop the query", keeper.stop)
         if spark is not None:
-            stop_session(spark)
+            step(report, "stop the session", lambda: stop_session(spark))
         if cluster is not None:
             if app_id and chaos is not None:
-                # A live Worker removes an ended application's local dirs (arrowbeat's roots inside).
-                skip = chaos.killed_host_entries
-                wait_until(lambda: all(arrowbeat_files(w, app_id, skip)[0] == 0 for w in cluster.workers), 20)
-                counts = [arrowbeat_files(w, app_id, skip) for w in cluster.workers]
-                results["leaked_files"] = sum(c[0] for c in counts)
-                results["dead_host_files"] = sum(c[1] for c in counts)
-            cluster.stop()
+                step(report, "count files", lambda: count_files(cluster, chaos, app_id, results))
+            step(report, "stop the cluster", cluster.stop)
         gone = wait_until(lambda: not started_here(), 30)
         left = started_here()
         results["leaked_processes"] = len(left)
@@ -1020,7 +1041,8 @@ def main() -> int:
             report.append(f"processes left: {[cmd(p)[:120] for p in left]}")
             end(left)
         shutil.rmtree(scratch, ignore_errors=True)
-        clean_up()  # the run's environment folder (``prepare``)
+        step(report, "clean up", clean_up)  # the run's environment folder (``prepare``)
+    results["cleanup_failures"] = sum(1 for p in report if p.startswith("clean-up step"))
     fds_after = open_fds()
     new_fds = {k: v for k, v in fds_after.items() if fds_before.get(k) != v}
     results["leaked_fds"] = len(new_fds)
@@ -1048,6 +1070,7 @@ def main() -> int:
         "leaked_files",
         "dead_host_files",
         "leaked_fds",
+        "cleanup_failures",
     ):
         if name in results:
             value = results[name]
@@ -1066,6 +1089,7 @@ def main() -> int:
         and results.get("leaked_fds") == 0
         and results.get("monitor_errors") == 0
         and results.get("unsettled") == 0
+        and results.get("cleanup_failures") == 0
     )
     return 0 if ok else 1
 

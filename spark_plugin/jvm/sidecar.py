@@ -82,6 +82,8 @@ class JvmLink:
         self.jvm_exiting = threading.Event()
         """Set once the JVM said it is shutting down (its shutdown hook ran)."""
         self.gone = threading.Event()
+        self._said_or_ended = threading.Event()
+        """Set by ``stop``, ``exiting`` or EOF: the JVM has said how it ends, or can say no more."""
         self.app_assigned = threading.Event()
         """Set once the JVM sent ``app <application id>``."""
         self._thread: threading.Thread | None = None
@@ -140,6 +142,7 @@ class JvmLink:
         except (OSError, ValueError) as exc:
             log.debug("stdin from the JVM broke: %s", exc)
         finally:
+            self._said_or_ended.set()
             self.gone.set()
 
     def _on_pulse(self, line: str) -> None:
@@ -161,9 +164,11 @@ class JvmLink:
         parsed = protocol.parse_link_line(line)
         if parsed == STOP:
             self.stop_requested.set()
+            self._said_or_ended.set()
             return
         if parsed == EXITING:
             self.jvm_exiting.set()
+            self._said_or_ended.set()
             return
         if isinstance(parsed, AppAssigned):
             with self._lock:
@@ -180,6 +185,11 @@ class JvmLink:
                 pulses()
             except Exception:  # as above: the link must outlive a failed answer
                 log.exception("answering the JVM's pulse failed")
+
+    def wait_for_word(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the JVM's ``stop`` or ``exiting`` line or for EOF; whether
+        one came."""
+        return self._said_or_ended.wait(timeout_s)
 
     def pulse_age_s(self) -> float:
         """Seconds since the JVM last proved it runs."""
@@ -336,21 +346,31 @@ def setup_logging(level: str, secrets: Iterable[str] = ()) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 
-def wait_for_exit(link: JvmLink) -> str:
-    """Blocks until the JVM is gone or we get SIGTERM/SIGINT; returns which."""
-    reason: list[str] = []
+SIGNAL_WORD_GRACE_S = 2.0
+"""After SIGTERM or SIGINT, how long we wait for the JVM's own word (``stop`` or ``exiting``) before
+the signal names our end. A container's end signals the whole process group, the JVM and us at
+once, and the JVM's shutdown hook says so a moment later; the JVM's stop escalates to SIGTERM only
+after it said ``stop``, which a loaded machine may not have let us read yet."""
+
+
+def wait_for_exit(link: JvmLink, word_grace_s: float = SIGNAL_WORD_GRACE_S) -> str:
+    """Blocks until the JVM is gone or we get SIGTERM/SIGINT; returns why we end. The JVM's word
+    wins over a signal: an orderly stop or shutdown is never reported as a bare signal."""
+    signalled: list[str] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        reason.append(signal.Signals(signum).name)
+        signalled.append(signal.Signals(signum).name)
         link.gone.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     link.gone.wait()
-    if reason:
-        return reason[0]
+    if signalled:
+        link.wait_for_word(word_grace_s)
     if link.stop_requested.is_set():
         return "stopped by the JVM"
     if link.jvm_exiting.is_set():
         return "the JVM shut down (SIGTERM or exit)"
+    if signalled:
+        return signalled[0]
     return "the JVM exited unexpectedly"

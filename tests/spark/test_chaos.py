@@ -37,6 +37,7 @@ def test_the_short_chaos_soak_holds_every_invariant() -> None:
     took = time.monotonic() - started
     out = done.stdout + done.stderr[-4000:]
     results = dict(re.findall(r"^RESULT (\w+)=(\S+)$", done.stdout, re.MULTILINE))
+    assert "faults_injected" in results, out  # the run ended before its invariants were counted
     assert int(results["faults_injected"]) >= 3, out
     assert int(results["kinds_injected"]) == len(KINDS), out  # the short form: one round of every kind
     assert results["faults_detected"] == results["faults_injected"], out
@@ -49,6 +50,7 @@ def test_the_short_chaos_soak_holds_every_invariant() -> None:
     assert results["leaked_processes"] == "0", out
     assert results["leaked_files"] == "0", out
     assert results["leaked_fds"] == "0", out
+    assert results["cleanup_failures"] == "0", out
     assert done.returncode == 0, out
     # Its length is reported, never asserted; with its own log (start-up, each fault and its
     # detection and recovery), where a slow run spent its seconds.

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,7 +21,7 @@ from spark_plugin.errors import (
     MalformedSettingsError,
     SettingsTruncatedError,
 )
-from spark_plugin.jvm.sidecar import JvmChannel, JvmLink, secret_values
+from spark_plugin.jvm.sidecar import JvmChannel, JvmLink, secret_values, wait_for_exit
 from tests.harness.procs import wait_until
 
 
@@ -84,6 +87,83 @@ def test_eof_without_stop_means_the_jvm_died() -> None:
         assert link.gone.wait(10.0)
     assert not link.stop_requested.is_set()
     assert link.app_id("fallback") == "fallback"
+
+
+@pytest.fixture
+def own_signal_handlers() -> Iterator[None]:
+    """``wait_for_exit`` installs SIGTERM and SIGINT handlers: pytest's come back afterwards."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def signal_then_write(link: JvmLink, write_fd: int, lines: bytes) -> threading.Thread:
+    """SIGTERM to this process, then, once the handler has run (``gone`` set), ``lines`` from the
+    "JVM": the order in which a container's end delivers them. It signals once ``wait_for_exit``
+    has put its handler in place."""
+    before = signal.getsignal(signal.SIGTERM)
+
+    def run() -> None:
+        assert wait_until(lambda: signal.getsignal(signal.SIGTERM) is not before, timeout_s=10)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert link.gone.wait(10.0)
+        if lines:
+            os.write(write_fd, lines)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@pytest.mark.usefixtures("own_signal_handlers")
+def test_a_signal_followed_by_the_jvms_exit_notice_is_an_orderly_shutdown() -> None:
+    """A process-group SIGTERM reaches us a moment before the JVM's shutdown hook says ``exiting``:
+    the end is the JVM's shutdown, never a bare signal (the history would call it something else)."""
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader:
+        link = JvmLink(reader)
+        link.start()
+        sender = signal_then_write(link, write_fd, b"exiting\n")
+        assert wait_for_exit(link, word_grace_s=30.0) == "the JVM shut down (SIGTERM or exit)"
+        sender.join()
+        os.close(write_fd)
+
+
+@pytest.mark.usefixtures("own_signal_handlers")
+def test_the_jvms_stop_wins_over_the_sigterm_that_escalates_it() -> None:
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader:
+        link = JvmLink(reader)
+        link.start()
+        os.write(write_fd, b"stop\n")
+        assert wait_until(link.stop_requested.is_set, timeout_s=10)
+        sender = signal_then_write(link, write_fd, b"")
+        assert wait_for_exit(link, word_grace_s=30.0) == "stopped by the JVM"
+        sender.join()
+        os.close(write_fd)
+
+
+@pytest.mark.usefixtures("own_signal_handlers")
+def test_a_signal_without_a_word_from_the_live_jvm_names_the_signal() -> None:
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader:
+        link = JvmLink(reader)
+        link.start()
+        sender = signal_then_write(link, write_fd, b"")
+        assert wait_for_exit(link, word_grace_s=0.2) == "SIGTERM"
+        sender.join()
+        os.close(write_fd)
+
+
+@pytest.mark.usefixtures("own_signal_handlers")
+def test_eof_without_a_word_is_a_dead_jvm() -> None:
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader:
+        link = JvmLink(reader)
+        link.start()
+        os.close(write_fd)
+        assert wait_for_exit(link) == "the JVM exited unexpectedly"
 
 
 def written(channel_calls: list[tuple[str, tuple[object, ...], dict[str, object]]]) -> bytes:
