@@ -257,6 +257,12 @@ def hash_rows(batch: pa.RecordBatch, key_columns: Sequence[str]) -> np.ndarray:
     return result
 
 
+def remix(hashes: np.ndarray, salt: np.uint64) -> np.ndarray:
+    """``hashes`` mixed again with ``salt``: independent bits for a second split of rows that one
+    hash already routed together (their low bits, say, all equal the partition index)."""
+    return _splitmix64(hashes ^ salt)
+
+
 def hash_partitioner(key_columns: Sequence[str]) -> Partitioner:
     """A partitioner routing each row by the hash of ``key_columns``."""
     keys = list(key_columns)

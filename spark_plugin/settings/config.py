@@ -377,6 +377,19 @@ OPTIONS: tuple[Option, ...] = (
         parse_bytes,
     ),
     Option(
+        "spark.arrowbeat.shuffle.reduceMemory",
+        "shuffle_reduce_memory_bytes",
+        "512m",
+        "a size like 512m, 1m to 1t",
+        "Rows a reduce task of a grouped call (`group_apply`, the `applyInPandas`/`applyInArrow` "
+        "take-overs, cogroups) holds in memory; past this it spills its partition to the executor's "
+        "local dirs in hash buckets of whole key groups and runs the function a bucket at a time, so "
+        "a partition larger than memory completes. One key group larger than this is still handed "
+        "over whole (memory-mapped from disk), as Spark hands one group at a time to `applyInPandas`. "
+        "Settable per query.",
+        parse_bytes,
+    ),
+    Option(
         "spark.arrowbeat.shuffle.agentMemory",
         "shuffle_agent_memory_bytes",
         "32m",
@@ -597,6 +610,7 @@ class ArrowBeatConfig:
     shuffle_port: int
     shuffle_ttl_s: float
     shuffle_map_memory_bytes: int
+    shuffle_reduce_memory_bytes: int
     shuffle_agent_memory_bytes: int
     shuffle_buffer_reserve_timeout_s: float
     shuffle_read_host_local: bool
@@ -703,6 +717,8 @@ def _check_ranges(c: ArrowBeatConfig) -> list[str]:
         problems.append("spark.arrowbeat.shuffle.ttl must be > 0")
     if not 1 << 20 <= c.shuffle_map_memory_bytes <= 1 << 40:
         problems.append("spark.arrowbeat.shuffle.mapMemory must be between 1m and 1t")
+    if not 1 << 20 <= c.shuffle_reduce_memory_bytes <= 1 << 40:
+        problems.append("spark.arrowbeat.shuffle.reduceMemory must be between 1m and 1t")
     if not 4 << 20 <= c.shuffle_agent_memory_bytes <= 1 << 40:
         problems.append("spark.arrowbeat.shuffle.agentMemory must be between 4m and 1t")
     if not 0.001 <= c.shuffle_buffer_reserve_timeout_s <= 86400:  # the engine's own range

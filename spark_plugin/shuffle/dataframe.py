@@ -124,7 +124,7 @@ Coalescing = bool | tuple[range, ...]
 """How a shuffle's reduce partitions become tasks: ``False`` one task each, ``True`` packed by their
 real sizes once the map side ran (eagerly), a tuple: these groups, planned from the optimizer's size."""
 
-_PER_QUERY_FIELDS = ("shuffle_read_host_local", "shuffle_adaptive")
+_PER_QUERY_FIELDS = ("shuffle_read_host_local", "shuffle_adaptive", "shuffle_reduce_memory_bytes")
 """``ArrowBeatConfig`` fields whose key the session's runtime conf may override per query."""
 
 
@@ -446,6 +446,7 @@ def _plan(
         schema_ipc=schema.serialize().to_pybytes(),
         route_keys=route_keys(num_partitions),
         memory_bytes=settings.shuffle_map_memory_bytes,
+        reduce_memory_bytes=settings.shuffle_reduce_memory_bytes,
         read_host_local=settings.shuffle_read_host_local,
         lost_wait_s=_retry_wait_s(spark),
         tls=tls_from_config(settings),  # the driver's SparkConf holds what the executors got
@@ -901,7 +902,10 @@ def group_apply(
         df, num_partitions, list(key_columns), mode, exact=False, size=_size(route)
     )
     out_schema = _struct(spark, schema)
-    consume = group_consumer(func, plan.key_columns, plan.schema, to_arrow_schema(out_schema))
+    out_arrow = to_arrow_schema(out_schema)
+    consume = group_consumer(
+        func, plan.key_columns, plan.schema, out_arrow, memory_bytes=plan.reduce_memory_bytes
+    )
     return _routed_out(_build(df, spark, plan, mode, consume, out_schema, adaptive), route)
 
 

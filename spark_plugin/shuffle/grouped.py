@@ -112,7 +112,7 @@ class GroupedData:
             self.df, self.num_partitions, list(self.keys), self.mode, exact=False, size=self.input_size
         )
         call = _call(func, form, spark, schema)
-        consume = grouped_consumer(call, plan.key_columns, plan.schema)
+        consume = grouped_consumer(call, plan.key_columns, plan.schema, plan.reduce_memory_bytes)
         return _build(self.df, spark, plan, self.mode, consume, call.out_schema, adaptive)
 
 
@@ -164,7 +164,12 @@ class CoGroupedData:
         )
         call = _call(func, form, spark, schema)
         consume = cogrouped_consumer(
-            call, left_plan.key_columns, left_plan.schema, right_plan.key_columns, right_schema
+            call,
+            left_plan.key_columns,
+            left_plan.schema,
+            right_plan.key_columns,
+            right_schema,
+            left_plan.reduce_memory_bytes,
         )
         handle = ShuffleHandle(spark, left_plan, "materialized")
         report = handle.reporter()

@@ -41,6 +41,7 @@ import pyarrow as pa
 from arrow_shuffle.errors import SchemaMismatchError, ShuffleConfigError
 from spark_plugin.compat.pandas_udf import PandasConversion, to_arrow, to_pandas
 from spark_plugin.shuffle.grouping import iter_cogroups, iter_groups
+from spark_plugin.shuffle.reduce_spill import Side, bucket_tables, partition_tables
 
 API = ("pandas", "arrow")
 
@@ -315,32 +316,31 @@ def _key_text(table: pa.Table, key_columns: Sequence[str]) -> str:
 
 # -- the reduce side -----------------------------------------------------------------------------
 def grouped_consumer(
-    call: GroupedCall, key_columns: Sequence[str], in_schema: pa.Schema
+    call: GroupedCall, key_columns: Sequence[str], in_schema: pa.Schema, memory_bytes: int | None = None
 ) -> Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """``consume(reducer, batches)``: the reducer's rows grouped in Arrow, the function per group."""
+    """``consume(reducer, batches)``: the reducer's rows grouped in Arrow, the function per group;
+    past ``memory_bytes`` a spilled bucket of whole groups at a time (``reduce_spill``)."""
 
     def consume(reducer: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches), schema=in_schema)
+        tables = partition_tables(batches, in_schema, key_columns, memory_bytes)
+        yield from _gathered((out for table in tables for out in _table_outputs(table, reducer)), call)
+
+    def _table_outputs(table: pa.Table, reducer: int) -> Iterator[pa.Table | pa.RecordBatch]:
         if call.form.api == "pandas" and not call.form.iterator:  # conversions per run of groups
             from spark_plugin.shuffle.pandas_groups import pandas_group_results
 
             def where(group: pa.Table) -> str:
                 return f"key group ({_key_text(group, key_columns)}) of partition {reducer}"
 
-            yield from _gathered(pandas_group_results(call, table, key_columns, conform_pandas, where), call)
+            yield from pandas_group_results(call, table, key_columns, conform_pandas, where)
             return
-        groups = iter_groups(table, key_columns)
-        outputs = (
-            out
-            for group in groups
-            for out in run_group(
+        for group in iter_groups(table, key_columns):
+            yield from run_group(
                 call,
                 group,
                 key_columns,
                 f"key group ({_key_text(group, key_columns)}) of partition {reducer}",
             )
-        )
-        yield from _gathered(outputs, call)
 
     return consume
 
@@ -351,16 +351,18 @@ def cogrouped_consumer(
     left_schema: pa.Schema,
     right_keys: Sequence[str],
     right_schema: pa.Schema,
+    memory_bytes: int | None = None,
 ) -> Callable[[int, Iterator[pa.RecordBatch], Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """``consume(reducer, left batches, right batches)``: the function once per key on either side."""
+    """``consume(reducer, left batches, right batches)``: the function once per key on either side;
+    past ``memory_bytes`` (both sides together) a spilled bucket of whole keys at a time."""
 
     def consume(
         reducer: int, left_batches: Iterator[pa.RecordBatch], right_batches: Iterator[pa.RecordBatch]
     ) -> Iterator[pa.RecordBatch]:
-        left = pa.Table.from_batches(list(left_batches), schema=left_schema)
-        right = pa.Table.from_batches(list(right_batches), schema=right_schema)
+        sides = [Side(left_batches, left_schema, left_keys), Side(right_batches, right_schema, right_keys)]
         outputs = (
             out
+            for left, right in bucket_tables(sides, memory_bytes)
             for lg, rg in iter_cogroups(left, left_keys, right, right_keys)
             for out in run_cogroup(
                 call,

@@ -64,6 +64,7 @@ from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, find_a
 from spark_plugin.shuffle.agent_layout import note_read, owned_output, shuffle_roots, spread_dir
 from spark_plugin.shuffle.grouping import iter_groups
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
+from spark_plugin.shuffle.reduce_spill import partition_tables, spilled_bytes
 
 STATUS_SCHEMA = pa.schema(
     [
@@ -117,6 +118,8 @@ class ShufflePlan:
     schema_ipc: bytes
     route_keys: tuple[int, ...]
     memory_bytes: int = 32 << 20
+    reduce_memory_bytes: int = 512 << 20
+    """``spark.arrowbeat.shuffle.reduceMemory``: a grouped reduce task spills past it (``reduce_spill``)."""
     buffer_size: int = 1 << 20
     read_host_local: bool = True
     """Read map outputs of other executors on the same host from disk (``reads_from_disk``)."""
@@ -163,6 +166,8 @@ class ReadStats:
     streamed_bytes: int = 0
     """Bytes streamed from other executors' agents through the credit-based gate."""
     blocked_s: float = 0.0
+    spill_bytes: int = 0
+    """Bytes the grouped function's input spilled to local disk (``reduce_spill``)."""
     recomputed: list[tuple[int, str]] = field(default_factory=list)
     """``(map partition, attempt)`` of the map outputs read that were written by a recomputation."""
 
@@ -686,7 +691,9 @@ def reduce_function(
         if task is None:
             return
         stats = ReadStats()
+        spilled = spilled_bytes()
         yield from consume(task.reducers[0], read_partitions(plan, task.by_reducer, task.me, stats))
+        stats.spill_bytes = spilled_bytes() - spilled
         pa.default_memory_pool().release_unused()
         report(task.report(stats, clock))
 
@@ -718,7 +725,9 @@ def cogroup_reduce_function(
         stats, right_stats = ReadStats(), ReadStats()
         left_batches = _side(left, lefts, task.me, stats)
         right_batches = _side(right, rights, task.me, right_stats)
+        spilled = spilled_bytes()
         yield from consume(task.reducers[0], left_batches, right_batches)
+        stats.spill_bytes = spilled_bytes() - spilled
         pa.default_memory_pool().release_unused()
         for name in ("bytes", "batches", "rows", "file_bytes", "streamed_bytes", "blocked_s"):
             setattr(stats, name, getattr(stats, name) + getattr(right_stats, name))
@@ -754,7 +763,7 @@ def _read_report(
         "streamed_bytes": stats.streamed_bytes,
         "batches": stats.batches,
         "rows": stats.rows,
-        "spill_bytes": 0,
+        "spill_bytes": stats.spill_bytes,
         "blocked_s": stats.blocked_s,
         "seconds": seconds,
     }
@@ -787,25 +796,27 @@ def group_consumer(
     in_schema: pa.Schema,
     out_schema: pa.Schema,
     batch_rows: int = 65536,
+    memory_bytes: int | None = None,
 ) -> Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """Group the reducer's rows in Arrow and call ``func`` once per group (the hot loop: with
-    100k groups a microsecond per group is a tenth of a second, so checks are cheap first)."""
+    100k groups a microsecond per group is a tenth of a second, so checks are cheap first). Past
+    ``memory_bytes`` the rows are grouped a spilled bucket at a time (``reduce_spill``)."""
 
     def consume(reducer: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches), schema=in_schema)
         pending: list[pa.Table] = []
         rows = 0
-        for group in iter_groups(table, key_columns):
-            out = func(group)
-            if not isinstance(out, pa.Table) or not out.schema.equals(out_schema):
-                out = _conform(out, out_schema, reducer, group, key_columns)
-            if out.num_rows == 0:
-                continue
-            pending.append(out)
-            rows += out.num_rows
-            if rows >= batch_rows:
-                yield from _emit(pending, out_schema)
-                pending, rows = [], 0
+        for table in partition_tables(batches, in_schema, key_columns, memory_bytes):
+            for group in iter_groups(table, key_columns):
+                out = func(group)
+                if not isinstance(out, pa.Table) or not out.schema.equals(out_schema):
+                    out = _conform(out, out_schema, reducer, group, key_columns)
+                if out.num_rows == 0:
+                    continue
+                pending.append(out)
+                rows += out.num_rows
+                if rows >= batch_rows:
+                    yield from _emit(pending, out_schema)
+                    pending, rows = [], 0
         if pending:
             yield from _emit(pending, out_schema)
 

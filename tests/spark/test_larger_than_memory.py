@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
-from spark_plugin.shuffle import partition_apply, shuffle_of
+from spark_plugin.shuffle import group_apply, partition_apply, shuffle_of
 from tests.harness.apps import ShuffleCluster
 from tests.harness.procs import executor_jvms, ours, wait_until
 
@@ -115,3 +115,38 @@ def test_a_shuffle_four_times_executor_memory_completes_exactly_spilling(spark: 
     assert sum(w["bytes"] for w in writes) >= 4 * EXECUTOR_MEMORY
     assert all(w["spill_bytes"] > 0 for w in writes)  # each map task wrote runs beyond its memory
     assert 0 < sampler.peak < WORKER_RSS_BOUND, (sampler.peak, sampler.peak_cmd)
+
+
+def _per_key(table: pa.Table) -> pa.Table:
+    """One row per key group: its key, row count and sum of ids (the whole group or a wrong answer)."""
+    return pa.table(
+        {
+            "k": pa.array([table.column("k")[0].as_py()], pa.int64()),
+            "n": pa.array([table.num_rows], pa.int64()),
+            "s": pa.array([pc.sum(table.column("id")).as_py()], pa.int64()),
+        }
+    )
+
+
+def test_a_reduce_partition_over_reduce_memory_is_grouped_a_spilled_bucket_at_a_time(
+    spark: SparkSession,
+) -> None:
+    """``spark.arrowbeat.shuffle.reduceMemory`` (set per query, 4m): each reduce task's ~35 MB goes
+    to hash buckets on the executor's local disk and the function still sees every key group
+    once and whole: the result is Spark's aggregation, and every read report counts spilled bytes."""
+    spark.conf.set("spark.arrowbeat.shuffle.reduceMemory", "4m")
+    try:
+        df = spark.range(0, 2_000_000, numPartitions=4).selectExpr(
+            "id", "id % 5000 AS k", "repeat('y', 24) AS pad"
+        )
+        out = group_apply(df, ["k"], _per_key, "k bigint, n bigint, s bigint", num_partitions=2)
+        with shuffle_of(out) as handle:
+            got = {r.k: (r.n, r.s) for r in out.collect()}
+            reads = [r for r in handle.reports() if r["side"] == "read"]
+    finally:
+        spark.conf.unset("spark.arrowbeat.shuffle.reduceMemory")
+    counts = {r.k: r["count"] for r in df.groupBy("k").count().collect()}
+    assert len(got) == 5000
+    assert {k: n for k, (n, _) in got.items()} == counts
+    assert all(s == sum(range(k, 2_000_000, 5000)) for k, (_, s) in got.items())
+    assert reads and all(r["spill_bytes"] > 4 << 20 for r in reads), reads

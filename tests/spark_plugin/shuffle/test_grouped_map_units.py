@@ -38,6 +38,7 @@ from spark_plugin.shuffle.grouped_map import (
     pandas_batches,
 )
 from spark_plugin.shuffle.grouping import iter_cogroups
+from spark_plugin.shuffle.reduce_spill import spilled_bytes
 
 
 # -- which form ----------------------------------------------------------------------------------
@@ -235,6 +236,65 @@ def test_cogroup_keys_come_from_the_left_unless_it_is_empty() -> None:
         "3:['k', 's', 'x']:['key', 'y']",  # from the right: the left has no rows for 3
         "nan:['k', 's', 'x']:['key', 'y']",  # the left's null key (float64 NaN in pandas)
     ]
+
+
+# -- a partition over shuffle.reduceMemory ------------------------------------------------------
+def _many_keys(rows: int, keys: int, name: str = "k") -> pa.Table:
+    ids = np.arange(rows, dtype=np.int64)
+    return pa.table({name: pa.array((ids * 7919) % keys, pa.int32()), "x": pa.array(ids.astype(np.float64))})
+
+
+def test_a_spilled_partition_gives_every_form_the_same_groups_as_one_in_memory(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``memory_bytes`` the consumer groups a spilled bucket at a time: the function still
+    sees each key group once and whole (the per-key counts and sums are the in-memory ones)."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    table = _many_keys(60_000, 1_500)
+    schema = StructType([StructField("key", StringType()), StructField("n", LongType())])
+
+    def pandas_func(key: tuple[Any, ...], pdf: pd.DataFrame) -> pd.DataFrame:
+        return pd.DataFrame({"key": [f"{key[0]}:{pdf['x'].sum():.0f}"], "n": [len(pdf)]})
+
+    def arrow_func(key: tuple[Any, ...], t: pa.Table) -> pa.Table:
+        total = sum(t.column("x").to_pylist())
+        return pa.table({"key": [f"{key[0].as_py()}:{total:.0f}"], "n": pa.array([t.num_rows], pa.int64())})
+
+    for func, api in ((pandas_func, "pandas"), (arrow_func, "arrow")):
+        call = call_of(func, api, schema)
+        batches = table.to_batches(max_chunksize=1000)
+        whole = list(grouped_consumer(call, ["k"], table.schema)(0, iter(batches)))
+        before = spilled_bytes()
+        spilled = list(grouped_consumer(call, ["k"], table.schema, table.nbytes // 8)(0, iter(batches)))
+        assert spilled_bytes() - before >= table.nbytes, api
+        rows = [sorted(pa.Table.from_batches(out).to_pylist(), key=repr) for out in (whole, spilled)]
+        assert len(rows[0]) == 1_500 and rows[1] == rows[0], api
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_spilled_cogroup_meets_each_key_of_both_sides_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    left, right = _many_keys(40_000, 900), _many_keys(9_000, 1_200, name="key")
+    schema = StructType([StructField("key", StringType()), StructField("n", LongType())])
+
+    def sizes(key: tuple[Any, ...], lt: pa.Table, rt: pa.Table) -> pa.Table:
+        return pa.table({"key": [str(key[0].as_py())], "n": pa.array([lt.num_rows * 100_000 + rt.num_rows])})
+
+    call = call_of(sizes, "arrow", schema, cogroup=True)
+
+    def out(memory: int | None) -> list[dict[str, Any]]:
+        consume = cogrouped_consumer(call, ["k"], left.schema, ["key"], right.schema, memory)
+        got = consume(0, iter(left.to_batches(max_chunksize=700)), iter(right.to_batches(max_chunksize=700)))
+        return sorted(pa.Table.from_batches(list(got)).to_pylist(), key=repr)
+
+    whole = out(None)
+    before = spilled_bytes()
+    spilled = out((left.nbytes + right.nbytes) // 10)
+    assert spilled_bytes() - before >= left.nbytes + right.nbytes
+    assert len(whole) == 1_200 and spilled == whole
+    assert not any(tmp_path.iterdir())
 
 
 # -- pandas <-> Arrow ----------------------------------------------------------------------------

@@ -1,0 +1,208 @@
+"""A reduce partition larger than its memory: whole key groups, one bucket of them at a time.
+
+A grouped call (``group_apply``, the ``applyInPandas``/``applyInArrow`` take-overs, cogroups)
+needs each key group whole, never the whole partition. While a reduce task's rows fit in
+``spark.arrowbeat.shuffle.reduceMemory`` they are grouped in memory as one table (the common
+case: nothing is written). Past that, every row goes to one of ``FANOUT`` bucket files on the
+executor's local disk by a hash of its key, so all rows of a key share a bucket, and the buckets
+come back one at a time as memory-mapped Arrow IPC files: what a bucket holds is file pages the
+kernel can drop, not the worker's heap. A bucket still larger than the budget is split again with
+another salt, up to ``MAX_DEPTH`` levels; a bucket whose rows all share one key cannot be split
+and comes back whole, as Spark too needs one group at a time for ``applyInPandas``.
+
+Spark's own path reaches the same bound differently (sorted runs spilled on the JVM side, groups
+streamed to Python); hash buckets need no sort of the spilled data. The hash is the map side's
+(``hash_rows``), which follows Spark's grouping equality, remixed per level so a bucket's rows
+spread although they all came to this partition by the same hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import tempfile
+import threading
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from arrow_shuffle.partitioner import hash_rows, remix
+
+FANOUT = 16
+"""Buckets per split: a partition of 16 x the budget fits in one level."""
+MAX_DEPTH = 3
+"""Levels of splitting (16 ** 3 = 4,096 buckets) before a bucket comes back at whatever size."""
+
+_counter = threading.local()
+
+
+def spilled_bytes() -> int:
+    """Bytes this thread has written to spill files so far (a reduce task reads it before and
+    after its function ran: its read report's ``spill_bytes``)."""
+    return int(getattr(_counter, "bytes", 0))
+
+
+def _count_spilled(n: int) -> None:
+    _counter.bytes = spilled_bytes() + n
+
+
+@dataclass(frozen=True)
+class Side:
+    """One input of a grouped call: its batches, their schema and its key columns."""
+
+    batches: Iterable[pa.RecordBatch]
+    schema: pa.Schema
+    keys: Sequence[str]
+
+
+def partition_tables(
+    batches: Iterable[pa.RecordBatch], schema: pa.Schema, keys: Sequence[str], memory_bytes: int | None
+) -> Generator[pa.Table, None, None]:
+    """The partition's rows as tables of whole key groups: one table while they fit in
+    ``memory_bytes`` (``None``: no bound), else one per non-empty bucket."""
+    for tables in bucket_tables([Side(batches, schema, keys)], memory_bytes):
+        yield tables[0]
+
+
+def bucket_tables(sides: Sequence[Side], memory_bytes: int | None) -> Generator[list[pa.Table], None, None]:
+    """Every side's rows of one set of keys at a time (one table per side, the same keys on
+    each): all of it while the sides fit in ``memory_bytes`` together, else bucket by bucket. A
+    bucket with rows on one side only has an empty table with its columns on the other."""
+    held: list[list[pa.RecordBatch]] = [[] for _ in sides]
+    size = 0
+    iterators = [iter(side.batches) for side in sides]
+    for index, batches in enumerate(iterators):
+        for batch in batches:
+            held[index].append(batch)
+            size += batch.nbytes
+            if memory_bytes is not None and size > memory_bytes:
+                with _spill_folder() as folder:
+                    writers = _Buckets(folder, sides, level=0)
+                    for i, side_held in enumerate(held):
+                        for b in side_held:
+                            writers.write(i, b)
+                    held = [[] for _ in sides]
+                    for i in range(index, len(sides)):
+                        for b in iterators[i]:
+                            writers.write(i, b)
+                    yield from _read_back(writers.close(), sides, memory_bytes, level=0)
+                return
+    yield [pa.Table.from_batches(h, schema=s.schema) for h, s in zip(held, sides, strict=True)]
+
+
+def _read_back(
+    buckets: list[list[Path | None]], sides: Sequence[Side], memory_bytes: int, level: int
+) -> Iterator[list[pa.Table]]:
+    """Each bucket's tables, a bucket over budget split again (one level deeper) unless it cannot
+    be: the deepest level, or a split that would leave every row in one bucket."""
+    for files in buckets:
+        if all(f is None for f in files):
+            continue
+        on_disk = sum(f.stat().st_size for f in files if f is not None)
+        if on_disk > memory_bytes and level + 1 < MAX_DEPTH:
+            folder = Path(tempfile.mkdtemp(prefix=f"level{level + 1}-", dir=_parent(files)))
+            try:
+                writers = _Buckets(folder, sides, level + 1)
+                for i, path in enumerate(files):
+                    if path is not None:
+                        for batch in _mapped(path).to_batches():
+                            writers.write(i, batch)
+                        path.unlink()
+                deeper = writers.close()
+                if sum(1 for fs in deeper if any(f is not None for f in fs)) > 1:
+                    yield from _read_back(deeper, sides, memory_bytes, level + 1)
+                    continue
+                files = next(fs for fs in deeper if any(f is not None for f in fs))  # one key
+                yield _tables(files, sides)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            continue
+        yield _tables(files, sides)
+        for f in files:
+            if f is not None:
+                f.unlink()
+
+
+def _parent(files: list[Path | None]) -> Path:
+    return next(f for f in files if f is not None).parent
+
+
+def _tables(files: list[Path | None], sides: Sequence[Side]) -> list[pa.Table]:
+    return [
+        side.schema.empty_table() if path is None else _mapped(path)
+        for path, side in zip(files, sides, strict=True)
+    ]
+
+
+def _mapped(path: Path) -> pa.Table:
+    """A spilled bucket as a table over the file's pages (no copy onto the heap)."""
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+class _Buckets:
+    """``FANOUT`` Arrow IPC files per side, opened on first use, each row to the bucket of its
+    key's hash at ``level``."""
+
+    def __init__(self, folder: Path, sides: Sequence[Side], level: int) -> None:
+        self._folder = folder
+        self._sides = sides
+        self._salt = np.uint64(0x9E3779B97F4A7C15 * (level + 1) & 0xFFFFFFFFFFFFFFFF)
+        self._writers: dict[tuple[int, int], tuple[Path, pa.NativeFile, pa.ipc.RecordBatchFileWriter]] = {}
+
+    def write(self, side: int, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        keys = self._sides[side].keys
+        buckets = (remix(hash_rows(batch, keys), self._salt) % np.uint64(FANOUT)).astype(np.int64)
+        order = np.argsort(buckets, kind="stable")
+        counts = np.bincount(buckets, minlength=FANOUT)
+        ordered = batch.take(pa.array(order))
+        start = 0
+        for bucket, count in enumerate(counts.tolist()):
+            if count:
+                self._writer(side, bucket).write_batch(ordered.slice(start, count))
+                start += count
+        _count_spilled(ordered.nbytes)
+
+    def _writer(self, side: int, bucket: int) -> pa.ipc.RecordBatchFileWriter:
+        entry = self._writers.get((side, bucket))
+        if entry is None:
+            path = self._folder / f"side{side}-bucket{bucket:02d}.arrow"
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # private from birth
+            sink = pa.OSFile(str(path), "wb")
+            entry = (path, sink, pa.ipc.new_file(sink, self._sides[side].schema))
+            self._writers[(side, bucket)] = entry
+        return entry[2]
+
+    def close(self) -> list[list[Path | None]]:
+        """Per bucket, each side's file (``None``: no row of that side)."""
+        for _path, sink, writer in self._writers.values():
+            writer.close()
+            sink.close()
+        return [
+            [self._writers[(s, b)][0] if (s, b) in self._writers else None for s in range(len(self._sides))]
+            for b in range(FANOUT)
+        ]
+
+
+def spill_roots() -> list[str]:
+    """Where spill files go: the executor's Spark local dirs (``SPARK_LOCAL_DIRS``, which Spark
+    sets for its Python workers), else the system's temporary folder."""
+    roots = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d and os.path.isdir(d)]
+    return roots or [tempfile.gettempdir()]
+
+
+@contextlib.contextmanager
+def _spill_folder() -> Iterator[Path]:
+    """A private (0700) folder under one of the spill roots, removed with everything in it."""
+    folder = Path(tempfile.mkdtemp(prefix="arrowbeat-reduce-spill-", dir=random.choice(spill_roots())))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,136 @@
+"""A reduce partition larger than ``shuffle.reduceMemory`` comes back as tables of whole key
+groups from private spill files that are gone afterwards (``reduce_spill``); no JVM."""
+
+from __future__ import annotations
+
+import stat
+import tempfile
+from collections import Counter
+from collections.abc import Generator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from spark_plugin.shuffle import reduce_spill
+from spark_plugin.shuffle.grouping import iter_cogroups, iter_groups
+from spark_plugin.shuffle.reduce_spill import Side, bucket_tables, partition_tables, spilled_bytes
+
+SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
+
+
+@pytest.fixture(autouse=True)
+def spill_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Spill files go under ``SPARK_LOCAL_DIRS``, as in an executor's Python worker."""
+    root = tmp_path / "local-dir"
+    root.mkdir()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(root))
+    return root
+
+
+def batches(keys: list[str], rows_per_batch: int = 1000) -> list[pa.RecordBatch]:
+    values = np.arange(len(keys), dtype=np.int64)
+    table = pa.table({"k": pa.array(keys), "v": pa.array(values)}, schema=SCHEMA)
+    return list(table.to_batches(max_chunksize=rows_per_batch))
+
+
+def rows_of(tables: list[pa.Table]) -> Counter[tuple[str, int]]:
+    return Counter(
+        (k, v) for t in tables for k, v in zip(t["k"].to_pylist(), t["v"].to_pylist(), strict=True)
+    )
+
+
+def test_a_partition_within_the_budget_is_one_table_and_writes_nothing(spill_root: Path) -> None:
+    data = batches([f"key{i % 50}" for i in range(5000)])
+    before = spilled_bytes()
+    tables = list(partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=1 << 30))
+    assert len(tables) == 1
+    assert rows_of(tables) == rows_of([pa.Table.from_batches(data)])
+    assert spilled_bytes() == before
+    assert not any(spill_root.iterdir())
+
+
+def test_over_the_budget_every_key_group_comes_back_whole_in_one_bucket(spill_root: Path) -> None:
+    keys = [f"key{(i * 7919) % 997}" for i in range(40_000)]
+    data = batches(keys)
+    budget = pa.Table.from_batches(data).nbytes // 8
+    before = spilled_bytes()
+    seen_in: dict[str, int] = {}
+    tables = []
+    for index, table in enumerate(partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=budget)):
+        assert any(spill_root.iterdir()), "the buckets are read back from disk"
+        for group in iter_groups(table, ["k"]):
+            key = group["k"][0].as_py()
+            assert key not in seen_in, f"{key} came back in buckets {seen_in[key]} and {index}"
+            seen_in[key] = index
+        tables.append(table)
+    assert len(tables) > 1
+    assert all(t.nbytes <= budget for t in tables)
+    assert rows_of(tables) == rows_of([pa.Table.from_batches(data)])  # nothing lost, nothing twice
+    assert len(seen_in) == 997
+    assert spilled_bytes() - before >= pa.Table.from_batches(data).nbytes
+    assert not any(spill_root.iterdir()), "the spill folder is removed once read"
+
+
+def test_one_key_larger_than_the_budget_comes_back_whole(spill_root: Path) -> None:
+    data = batches(["hot"] * 30_000 + [f"k{i}" for i in range(300)])
+    budget = pa.Table.from_batches(data).nbytes // 10
+    tables = list(partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=budget))
+    hot = [t for t in tables if "hot" in t["k"].to_pylist()]
+    assert len(hot) == 1
+    assert hot[0]["k"].to_pylist().count("hot") == 30_000
+    assert rows_of(tables) == rows_of([pa.Table.from_batches(data)])
+    assert not any(spill_root.iterdir())
+
+
+def test_spill_files_are_private_and_removed_when_the_consumer_stops_early(spill_root: Path) -> None:
+    data = batches([f"key{i % 300}" for i in range(20_000)])
+    budget = pa.Table.from_batches(data).nbytes // 4
+    tables: Generator[pa.Table, None, None] = partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=budget)
+    next(tables)
+    [folder] = list(spill_root.iterdir())
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
+    tables.close()  # the user's function failed, say: the generator is closed
+    assert not any(spill_root.iterdir())
+
+
+def test_a_cogroup_over_the_budget_meets_each_key_of_both_sides_in_one_bucket() -> None:
+    right_schema = pa.schema([("key", pa.string()), ("w", pa.float64())])
+    left = batches([f"key{i % 400}" for i in range(30_000)])
+    right_keys = [f"key{i % 600}" for i in range(0, 12_000, 2)]  # even keys, 20 rows each
+    right = pa.table(
+        {"key": pa.array(right_keys), "w": pa.array(np.ones(len(right_keys)))}, schema=right_schema
+    ).to_batches(max_chunksize=500)
+    budget = pa.Table.from_batches(left).nbytes // 6
+    pairs: dict[str, tuple[int, int]] = {}
+    buckets = 0
+    for lt, rt in bucket_tables(
+        [Side(iter(left), SCHEMA, ["k"]), Side(iter(right), right_schema, ["key"])], memory_bytes=budget
+    ):
+        buckets += 1
+        assert lt.schema == SCHEMA and rt.schema == right_schema
+        for lg, rg in iter_cogroups(lt, ["k"], rt, ["key"]):
+            key = (lg["k"] if lg.num_rows else rg["key"])[0].as_py()
+            assert key not in pairs, f"{key} met twice"
+            pairs[key] = (lg.num_rows, rg.num_rows)
+    assert buckets > 1
+    assert len(pairs) == 400 + 100  # left's 0..399 and right's even keys 400..598
+    assert pairs["key0"] == (75, 20) and pairs["key1"] == (75, 0)  # an odd key: left rows only
+    assert pairs["key500"] == (0, 20)  # right only: an empty left table with its columns
+    assert sum(lr for lr, _ in pairs.values()) == 30_000
+    assert sum(rr for _, rr in pairs.values()) == 6_000
+
+
+def test_spill_roots_are_sparks_local_dirs_else_the_temp_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{a},{b},{tmp_path / 'missing'}")
+    assert reduce_spill.spill_roots() == [str(a), str(b)]
+    monkeypatch.delenv("SPARK_LOCAL_DIRS")
+    assert reduce_spill.spill_roots() == [tempfile.gettempdir()]
