@@ -18,6 +18,8 @@ from tests.harness.procs import APP_MARKER, end, ours
 from tests.harness.session import DELTA_SNAPSHOT_PARTITIONS
 
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
+HOLD_APP_SUM = sum(range(1000))
+"""What ``tests/spark/apps/hold_app.py`` reports as its last job's ``sum``."""
 
 
 def executor_dirs(app_id: str) -> Path:
@@ -102,6 +104,13 @@ class SubmittedApp:
                     return json.loads(line[len(prefix) :])  # type: ignore[no-any-return]
         except queue.Empty:
             raise AssertionError(f"no {prefix!r} within {timeout_s}s:\n{self.log_tail()}") from None
+
+    def finish_hold(self, go: Path, timeout_s: float = 180) -> None:
+        """Ends a ``hold_app.py`` application's hold: touches ``go``, then asserts its last job's
+        result (``APP-RESULT``, the sum of 0..999) and its exit status 0."""
+        go.touch()
+        assert self.wait_for("APP-RESULT ", timeout_s=timeout_s)["sum"] == HOLD_APP_SUM
+        assert self.wait(timeout_s=120) == 0
 
     def stdout_lines(self) -> list[str]:
         """Every stdout line not consumed by ``wait_for``; call after the application exited."""

@@ -106,9 +106,7 @@ def held_executor(scratch: Path, name: str) -> Iterator[HeldExecutor]:
         agent = agent_of(jvm)
         assert agent is not None
         yield HeldExecutor(app, conf, tables, address, jvm, agent)
-        go.touch()
-        assert app.wait_for("APP-RESULT ", timeout_s=180)["sum"] == sum(range(1000))
-        assert app.wait(timeout_s=120) == 0
+        app.finish_hold(go, timeout_s=180)
     finally:
         app.close()
 

@@ -23,7 +23,7 @@ import pytest
 from tests.harness.frozen import FrozenRun, Phase, Probe, fast_heartbeats
 from tests.harness.history_read import events, rows
 from tests.harness.procs import ours, wait_until
-from tests.harness.submit import SubmittedApp, executor_dirs
+from tests.harness.submit import HOLD_APP_SUM, SubmittedApp, executor_dirs
 
 APPS = Path(__file__).parent / "apps"
 pytestmark = pytest.mark.spark
@@ -113,7 +113,7 @@ def test_start_failure_is_logged_and_the_job_runs_on(
         ready = app.wait_for("APP-READY ", timeout_s=120)
         assert ready["rm_address"] is None
         assert ready["sum"] == sum(range(100_000))
-        assert app.wait_for("APP-RESULT ", timeout_s=120)["sum"] == sum(range(1000))
+        assert app.wait_for("APP-RESULT ", timeout_s=120)["sum"] == HOLD_APP_SUM
         assert app.wait(timeout_s=120) == 0
         log = app.log_text()
         assert "arrowbeat is off for this application" in log
@@ -228,9 +228,7 @@ def test_a_dead_or_hung_driver_side_process_is_restarted_and_every_executor_runs
         assert [k for _, k in events(tables)].count("REGISTERED") == 2, "history was not kept across restarts"
         # The last re-registrations are recorded with the next heartbeat (TaskEvents holds them).
         assert wait_until(lambda: {e for e, k in events(tables) if k == "REREGISTERED"} == {"0", "1"}, 10)
-        go.touch()
-        assert app.wait_for("APP-RESULT ", timeout_s=180)["sum"] == sum(range(1000))
-        assert app.wait(timeout_s=120) == 0
+        app.finish_hold(go, timeout_s=180)
     finally:
         app.close()
 
@@ -274,9 +272,7 @@ def test_an_unwritable_tables_path_is_named_and_monitoring_runs_on(scratch: Path
         assert len(named) == 1 and str(blocker) in named[0], app.log_tail()
         registered = re.compile(r"executor driver \(.*\): REGISTERED")
         assert wait_until(lambda: registered.search(app.log_text()), 30), app.log_tail()
-        go.touch()
-        assert app.wait_for("APP-RESULT ", timeout_s=120)["sum"] == sum(range(1000))
-        assert app.wait(timeout_s=120) == 0
+        app.finish_hold(go, timeout_s=120)
     finally:
         app.close()
 

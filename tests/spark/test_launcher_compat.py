@@ -201,9 +201,7 @@ def run_one_executor_app(scratch: Path, name: str, java_options: str = "") -> tu
         assert ready["rm_address"], app.log_tail()  # the driver plugin started its process
         assert ready["sum"] == sum(range(100_000)) and ready["executors"] == 1
         assert wait_until(lambda: ("0", "REGISTERED") in events(tables), GENEROUS_S), app.log_tail()
-        go.touch()
-        assert app.wait_for("APP-RESULT ", timeout_s=180)["sum"] == sum(range(1000))
-        assert app.wait(timeout_s=120) == 0
+        app.finish_hold(go, timeout_s=180)
         app_id = rows(tables, "executor_events")[0]["app_id"]
         executor_log = (executor_dirs(app_id) / "0" / "stderr").read_text(errors="replace")
         started = [line for line in executor_log.splitlines() if EXECUTOR_LINE.search(line)]
