@@ -350,7 +350,8 @@ SIGNAL_WORD_GRACE_S = 2.0
 """After SIGTERM or SIGINT, how long we wait for the JVM's own word (``stop`` or ``exiting``) before
 the signal names our end. A container's end signals the whole process group, the JVM and us at
 once, and the JVM's shutdown hook says so a moment later; the JVM's stop escalates to SIGTERM only
-after it said ``stop``, which a loaded machine may not have let us read yet."""
+after it said ``stop``, which a loaded machine may not have let us read yet. A signal the JVM
+says nothing about (an operator's ``kill``; the JVM lives on) ends us this much later."""
 
 
 def wait_for_exit(link: JvmLink, word_grace_s: float = SIGNAL_WORD_GRACE_S) -> str:

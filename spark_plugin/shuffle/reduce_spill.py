@@ -7,8 +7,8 @@ case: nothing is written). Past that, every row goes to one of ``FANOUT`` bucket
 executor's local disk by a hash of its key, so all rows of a key share a bucket, and the buckets
 come back one at a time as memory-mapped Arrow IPC files: what a bucket holds is file pages the
 kernel can drop, not the worker's heap. A bucket still larger than the budget is split again with
-another salt, up to ``MAX_DEPTH`` levels; a bucket whose rows all share one key cannot be split
-and comes back whole, as Spark too needs one group at a time for ``applyInPandas``.
+another salt, up to ``MAX_DEPTH`` levels; a bucket whose rows all share one key (one key hash)
+is never split and comes back whole, as Spark too needs one group at a time for ``applyInPandas``.
 
 Spark's own path reaches the same bound differently (sorted runs spilled on the JVM side, groups
 streamed to Python); hash buckets need no sort of the spilled data. The hash is the map side's
@@ -42,8 +42,9 @@ _counter = threading.local()
 
 
 def spilled_bytes() -> int:
-    """Bytes this thread has written to spill files so far (a reduce task reads it before and
-    after its function ran: its read report's ``spill_bytes``)."""
+    """Bytes of rows this thread has written to spill files so far, each level of splitting
+    counted (a reduce task reads it before and after its function ran: its read report's
+    ``spill_bytes``)."""
     return int(getattr(_counter, "bytes", 0))
 
 
@@ -96,15 +97,16 @@ def bucket_tables(sides: Sequence[Side], memory_bytes: int | None) -> Generator[
 
 
 def _read_back(
-    buckets: list[list[Path | None]], sides: Sequence[Side], memory_bytes: int, level: int
+    buckets: list[_Bucket], sides: Sequence[Side], memory_bytes: int, level: int
 ) -> Iterator[list[pa.Table]]:
     """Each bucket's tables, a bucket over budget split again (one level deeper) unless it cannot
-    be: the deepest level, or a split that would leave every row in one bucket."""
-    for files in buckets:
+    be: the deepest level, or every row of it has one key (one key hash)."""
+    for bucket in buckets:
+        files = bucket.files
         if all(f is None for f in files):
             continue
         on_disk = sum(f.stat().st_size for f in files if f is not None)
-        if on_disk > memory_bytes and level + 1 < MAX_DEPTH:
+        if on_disk > memory_bytes and level + 1 < MAX_DEPTH and not bucket.one_key:
             folder = Path(tempfile.mkdtemp(prefix=f"level{level + 1}-", dir=_parent(files)))
             try:
                 writers = _Buckets(folder, sides, level + 1)
@@ -113,12 +115,7 @@ def _read_back(
                         for batch in _mapped(path).to_batches():
                             writers.write(i, batch)
                         path.unlink()
-                deeper = writers.close()
-                if sum(1 for fs in deeper if any(f is not None for f in fs)) > 1:
-                    yield from _read_back(deeper, sides, memory_bytes, level + 1)
-                    continue
-                files = next(fs for fs in deeper if any(f is not None for f in fs))  # one key
-                yield _tables(files, sides)
+                yield from _read_back(writers.close(), sides, memory_bytes, level + 1)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             continue
@@ -145,6 +142,20 @@ def _mapped(path: Path) -> pa.Table:
         return pa.ipc.open_file(source).read_all()
 
 
+def bucket_of(hashes: np.ndarray, level: int) -> np.ndarray:
+    """The bucket (0 to ``FANOUT - 1``) of each key hash at splitting ``level``."""
+    salt = np.uint64(0x9E3779B97F4A7C15 * (level + 1) & 0xFFFFFFFFFFFFFFFF)
+    return (remix(hashes, salt) % np.uint64(FANOUT)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class _Bucket:
+    files: list[Path | None]
+    """Each side's file (``None``: no row of that side)."""
+    one_key: bool
+    """Every row of every side has the same key hash: splitting cannot shrink it."""
+
+
 class _Buckets:
     """``FANOUT`` Arrow IPC files per side, opened on first use, each row to the bucket of its
     key's hash at ``level``."""
@@ -152,21 +163,26 @@ class _Buckets:
     def __init__(self, folder: Path, sides: Sequence[Side], level: int) -> None:
         self._folder = folder
         self._sides = sides
-        self._salt = np.uint64(0x9E3779B97F4A7C15 * (level + 1) & 0xFFFFFFFFFFFFFFFF)
+        self._level = level
         self._writers: dict[tuple[int, int], tuple[Path, pa.NativeFile, pa.ipc.RecordBatchFileWriter]] = {}
+        self._first_hash: dict[int, int] = {}
+        self._mixed: set[int] = set()
 
     def write(self, side: int, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
         keys = self._sides[side].keys
-        buckets = (remix(hash_rows(batch, keys), self._salt) % np.uint64(FANOUT)).astype(np.int64)
+        hashes = hash_rows(batch, keys)
+        buckets = bucket_of(hashes, self._level)
         order = np.argsort(buckets, kind="stable")
+        hashes = hashes[order]
         counts = np.bincount(buckets, minlength=FANOUT)
         ordered = batch.take(pa.array(order))
         start = 0
         for bucket, count in enumerate(counts.tolist()):
             if count:
                 self._writer(side, bucket).write_batch(ordered.slice(start, count))
+                self._note_keys(bucket, hashes[start : start + count])
                 start += count
         _count_spilled(ordered.nbytes)
 
@@ -180,13 +196,24 @@ class _Buckets:
             self._writers[(side, bucket)] = entry
         return entry[2]
 
-    def close(self) -> list[list[Path | None]]:
-        """Per bucket, each side's file (``None``: no row of that side)."""
+    def _note_keys(self, bucket: int, hashes: np.ndarray) -> None:
+        if bucket in self._mixed:
+            return
+        first = self._first_hash.setdefault(bucket, int(hashes[0]))
+        if int(hashes.min()) != first or int(hashes.max()) != first:
+            self._mixed.add(bucket)
+
+    def close(self) -> list[_Bucket]:
+        """Every bucket: each side's file and whether all its rows have one key."""
         for _path, sink, writer in self._writers.values():
             writer.close()
             sink.close()
+        sides = range(len(self._sides))
         return [
-            [self._writers[(s, b)][0] if (s, b) in self._writers else None for s in range(len(self._sides))]
+            _Bucket(
+                [self._writers[(s, b)][0] if (s, b) in self._writers else None for s in sides],
+                b not in self._mixed,
+            )
             for b in range(FANOUT)
         ]
 

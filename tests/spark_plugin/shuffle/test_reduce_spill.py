@@ -84,6 +84,27 @@ def test_one_key_larger_than_the_budget_comes_back_whole(spill_root: Path) -> No
     assert not any(spill_root.iterdir())
 
 
+def test_two_big_keys_sharing_a_bucket_twice_are_split_apart_at_the_next_level() -> None:
+    """A bucket whose re-split leaves every row in one bucket again still holds two keys: it is
+    split once more (only a bucket of one key stops early), so each comes back on its own."""
+    from arrow_shuffle.partitioner import hash_rows
+
+    names = [f"key{i}" for i in range(20_000)]
+    hashes = hash_rows(pa.record_batch({"k": pa.array(names)}), ["k"])
+    at = [reduce_spill.bucket_of(hashes, level) for level in range(3)]
+    pair = next(
+        (0, j)
+        for j in range(1, len(names))
+        if at[0][j] == at[0][0] and at[1][j] == at[1][0] and at[2][j] != at[2][0]
+    )
+    data = batches([names[pair[0]]] * 20_000 + [names[pair[1]]] * 20_000)
+    budget = pa.Table.from_batches(data).nbytes // 3  # each big key alone is over half of it
+    tables = list(partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=budget))
+    holding = [t for t in tables if {names[pair[0]], names[pair[1]]} & set(t["k"].to_pylist())]
+    assert len(holding) == 2, [t.num_rows for t in holding]
+    assert rows_of(tables) == rows_of([pa.Table.from_batches(data)])
+
+
 def test_spill_files_are_private_and_removed_when_the_consumer_stops_early(spill_root: Path) -> None:
     data = batches([f"key{i % 300}" for i in range(20_000)])
     budget = pa.Table.from_batches(data).nbytes // 4
