@@ -3,6 +3,7 @@ kept apart from the log (issue 13, item 5); secrets kept out of the log."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import pytest
 
@@ -98,7 +100,7 @@ def own_signal_handlers() -> Iterator[None]:
         signal.signal(sig, handler)
 
 
-def signal_then_write(link: JvmLink, write_fd: int, lines: bytes) -> threading.Thread:
+def signal_then_write(link: JvmLink, jvm: BinaryIO, lines: bytes) -> threading.Thread:
     """SIGTERM to this process, then, once the handler has run (``gone`` set), ``lines`` from the
     "JVM": the order in which a container's end delivers them. It signals once ``wait_for_exit``
     has put its handler in place."""
@@ -109,60 +111,56 @@ def signal_then_write(link: JvmLink, write_fd: int, lines: bytes) -> threading.T
         os.kill(os.getpid(), signal.SIGTERM)
         assert link.gone.wait(10.0)
         if lines:
-            os.write(write_fd, lines)
+            jvm.write(lines)
 
     thread = threading.Thread(target=run)
     thread.start()
     return thread
 
 
+@contextlib.contextmanager
+def piped_link() -> Iterator[tuple[JvmLink, BinaryIO]]:
+    """A started link reading a pipe, and the pipe's unbuffered write end (the "JVM"), closed
+    afterwards (closing it again is a no-op, so a test may play EOF itself)."""
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader, os.fdopen(write_fd, "wb", buffering=0) as jvm:
+        link = JvmLink(reader)
+        link.start()
+        yield link, jvm
+
+
 @pytest.mark.usefixtures("own_signal_handlers")
 def test_a_signal_followed_by_the_jvms_exit_notice_is_an_orderly_shutdown() -> None:
     """A process-group SIGTERM reaches us a moment before the JVM's shutdown hook says ``exiting``:
     the end is the JVM's shutdown, never a bare signal (the history would call it something else)."""
-    read_fd, write_fd = os.pipe()
-    with os.fdopen(read_fd, "rb") as reader:
-        link = JvmLink(reader)
-        link.start()
-        sender = signal_then_write(link, write_fd, b"exiting\n")
+    with piped_link() as (link, jvm):
+        sender = signal_then_write(link, jvm, b"exiting\n")
         assert wait_for_exit(link, word_grace_s=30.0) == "the JVM shut down (SIGTERM or exit)"
         sender.join()
-        os.close(write_fd)
 
 
 @pytest.mark.usefixtures("own_signal_handlers")
 def test_the_jvms_stop_wins_over_the_sigterm_that_escalates_it() -> None:
-    read_fd, write_fd = os.pipe()
-    with os.fdopen(read_fd, "rb") as reader:
-        link = JvmLink(reader)
-        link.start()
-        os.write(write_fd, b"stop\n")
+    with piped_link() as (link, jvm):
+        jvm.write(b"stop\n")
         assert wait_until(link.stop_requested.is_set, timeout_s=10)
-        sender = signal_then_write(link, write_fd, b"")
+        sender = signal_then_write(link, jvm, b"")
         assert wait_for_exit(link, word_grace_s=30.0) == "stopped by the JVM"
         sender.join()
-        os.close(write_fd)
 
 
 @pytest.mark.usefixtures("own_signal_handlers")
 def test_a_signal_without_a_word_from_the_live_jvm_names_the_signal() -> None:
-    read_fd, write_fd = os.pipe()
-    with os.fdopen(read_fd, "rb") as reader:
-        link = JvmLink(reader)
-        link.start()
-        sender = signal_then_write(link, write_fd, b"")
+    with piped_link() as (link, jvm):
+        sender = signal_then_write(link, jvm, b"")
         assert wait_for_exit(link, word_grace_s=0.2) == "SIGTERM"
         sender.join()
-        os.close(write_fd)
 
 
 @pytest.mark.usefixtures("own_signal_handlers")
 def test_eof_without_a_word_is_a_dead_jvm() -> None:
-    read_fd, write_fd = os.pipe()
-    with os.fdopen(read_fd, "rb") as reader:
-        link = JvmLink(reader)
-        link.start()
-        os.close(write_fd)
+    with piped_link() as (link, jvm):
+        jvm.close()
         assert wait_for_exit(link) == "the JVM exited unexpectedly"
 
 
