@@ -82,18 +82,30 @@ def bucket_tables(sides: Sequence[Side], memory_bytes: int | None) -> Generator[
             held[index].append(batch)
             size += batch.nbytes
             if memory_bytes is not None and size > memory_bytes:
-                with _spill_folder() as folder:
-                    writers = _Buckets(folder, sides, level=0)
-                    for i, side_held in enumerate(held):
-                        for b in side_held:
-                            writers.write(i, b)
-                    held = [[] for _ in sides]
-                    for i in range(index, len(sides)):
-                        for b in iterators[i]:
-                            writers.write(i, b)
-                    yield from _read_back(writers.close(), sides, memory_bytes, level=0)
+                yield from _spilled(held, iterators, index, sides, memory_bytes)
                 return
     yield [pa.Table.from_batches(h, schema=s.schema) for h, s in zip(held, sides, strict=True)]
+
+
+def _spilled(
+    held: list[list[pa.RecordBatch]],
+    iterators: list[Iterator[pa.RecordBatch]],
+    reading: int,
+    sides: Sequence[Side],
+    memory_bytes: int,
+) -> Iterator[list[pa.Table]]:
+    """The rows held so far, then the rest of side ``reading`` and of every side after it, written
+    to level-0 buckets and read back (``_read_back``); the held batches are dropped once written."""
+    with _spill_folder() as folder:
+        writers = _Buckets(folder, sides, level=0)
+        for i in range(len(held)):
+            batches, held[i] = held[i], []
+            for batch in batches:
+                writers.write(i, batch)
+        for i in range(reading, len(sides)):
+            for batch in iterators[i]:
+                writers.write(i, batch)
+        yield from _read_back(writers.close(), sides, memory_bytes, level=0)
 
 
 def _read_back(
