@@ -37,6 +37,10 @@ FANOUT = 16
 """Buckets per split: a partition of 16 x the budget fits in one level."""
 MAX_DEPTH = 3
 """Levels of splitting (16 ** 3 = 4,096 buckets) before a bucket comes back at whatever size."""
+SORT_UNIT_BYTES = 16 << 20
+"""Past this, a partition held in memory is hash-bucketed as it arrives and grouped a bucket at a
+time: grouping takes a key-sorted copy of its table (and pyarrow concatenates a chunked string
+column to take from it), so those copies are a bucket's size, not the partition's."""
 
 _counter = threading.local()
 
@@ -62,28 +66,51 @@ class Side:
 
 
 def partition_tables(
-    batches: Iterable[pa.RecordBatch], schema: pa.Schema, keys: Sequence[str], memory_bytes: int | None
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+    keys: Sequence[str],
+    memory_bytes: int | None,
+    sort_unit_bytes: int = SORT_UNIT_BYTES,
 ) -> Generator[pa.Table, None, None]:
     """The partition's rows as tables of whole key groups: one table while they fit in
-    ``memory_bytes`` (``None``: no bound), else one per non-empty bucket."""
-    for tables in bucket_tables([Side(batches, schema, keys)], memory_bytes):
+    ``sort_unit_bytes``, else one per non-empty bucket (from memory within ``memory_bytes``,
+    ``None``: no bound, else from disk)."""
+    for tables in bucket_tables([Side(batches, schema, keys)], memory_bytes, sort_unit_bytes):
         yield tables[0]
 
 
-def bucket_tables(sides: Sequence[Side], memory_bytes: int | None) -> Generator[list[pa.Table], None, None]:
+def bucket_tables(
+    sides: Sequence[Side], memory_bytes: int | None, sort_unit_bytes: int = SORT_UNIT_BYTES
+) -> Generator[list[pa.Table], None, None]:
     """Every side's rows of one set of keys at a time (one table per side, the same keys on
-    each): all of it while the sides fit in ``memory_bytes`` together, else bucket by bucket. A
-    bucket with rows on one side only has an empty table with its columns on the other."""
+    each): all of it while the sides fit in ``sort_unit_bytes`` together, bucket by bucket from
+    memory while they fit in ``memory_bytes`` (``None``: no bound), else bucket by bucket from
+    disk. A bucket with rows on one side only has an empty table with its columns on the other."""
     held: list[list[pa.RecordBatch]] = [[] for _ in sides]
+    in_memory: _MemoryBuckets | None = None
     size = 0
     iterators = [iter(side.batches) for side in sides]
     for index, batches in enumerate(iterators):
         for batch in batches:
-            held[index].append(batch)
             size += batch.nbytes
+            if in_memory is None:
+                held[index].append(batch)
+            else:
+                in_memory.write(index, batch)
             if memory_bytes is not None and size > memory_bytes:
+                if in_memory is not None:
+                    held = in_memory.drain()
                 yield from _spilled(held, iterators, index, sides, memory_bytes)
                 return
+            if in_memory is None and size > sort_unit_bytes:
+                in_memory = _MemoryBuckets(sides)
+                for i in range(len(held)):
+                    pending, held[i] = held[i], []
+                    for piece in pending:
+                        in_memory.write(i, piece)
+    if in_memory is not None:
+        yield from in_memory.tables()
+        return
     yield [pa.Table.from_batches(h, schema=s.schema) for h, s in zip(held, sides, strict=True)]
 
 
@@ -160,6 +187,57 @@ def bucket_of(hashes: np.ndarray, level: int) -> np.ndarray:
     return (remix(hashes, salt) % np.uint64(FANOUT)).astype(np.int64)
 
 
+def split_by_bucket(
+    batch: pa.RecordBatch, keys: Sequence[str], level: int
+) -> Iterator[tuple[int, pa.RecordBatch, np.ndarray]]:
+    """``batch``'s rows by the bucket of their key hash at ``level``: each non-empty bucket, its
+    rows (slices of one reordered copy) and their key hashes."""
+    if batch.num_rows == 0:
+        return
+    hashes = hash_rows(batch, keys)
+    buckets = bucket_of(hashes, level)
+    order = np.argsort(buckets, kind="stable")
+    hashes = hashes[order]
+    counts = np.bincount(buckets, minlength=FANOUT)
+    ordered = batch.take(pa.array(order))
+    start = 0
+    for bucket, count in enumerate(counts.tolist()):
+        if count:
+            yield bucket, ordered.slice(start, count), hashes[start : start + count]
+            start += count
+
+
+class _MemoryBuckets:
+    """``FANOUT`` lists of rows per side, in memory, each row to the bucket of its key hash (level
+    0, the first on-disk level too): a partition over the sort unit grouped a bucket at a time."""
+
+    def __init__(self, sides: Sequence[Side]) -> None:
+        self._sides = sides
+        self._rows: list[list[list[pa.RecordBatch]]] = [[[] for _ in range(FANOUT)] for _ in sides]
+
+    def write(self, side: int, batch: pa.RecordBatch) -> None:
+        for bucket, rows, _ in split_by_bucket(batch, self._sides[side].keys, level=0):
+            self._rows[side][bucket].append(rows)
+
+    def drain(self) -> list[list[pa.RecordBatch]]:
+        """Every side's rows so far (bucket after bucket), no longer held here."""
+        rows, self._rows = self._rows, [[[] for _ in range(FANOUT)] for _ in self._sides]
+        return [[piece for bucket in side for piece in bucket] for side in rows]
+
+    def tables(self) -> Iterator[list[pa.Table]]:
+        """Each non-empty bucket's table per side, the bucket let go of before it is handed over."""
+        for bucket in range(FANOUT):
+            pieces = [side[bucket] for side in self._rows]
+            if not any(pieces):
+                continue
+            for side in self._rows:
+                side[bucket] = []
+            yield [
+                pa.Table.from_batches(p, schema=s.schema) if p else s.schema.empty_table()
+                for p, s in zip(pieces, self._sides, strict=True)
+            ]
+
+
 @dataclass(frozen=True)
 class _Bucket:
     files: list[Path | None]
@@ -181,22 +259,10 @@ class _Buckets:
         self._mixed: set[int] = set()
 
     def write(self, side: int, batch: pa.RecordBatch) -> None:
-        if batch.num_rows == 0:
-            return
-        keys = self._sides[side].keys
-        hashes = hash_rows(batch, keys)
-        buckets = bucket_of(hashes, self._level)
-        order = np.argsort(buckets, kind="stable")
-        hashes = hashes[order]
-        counts = np.bincount(buckets, minlength=FANOUT)
-        ordered = batch.take(pa.array(order))
-        start = 0
-        for bucket, count in enumerate(counts.tolist()):
-            if count:
-                self._writer(side, bucket).write_batch(ordered.slice(start, count))
-                self._note_keys(bucket, hashes[start : start + count])
-                start += count
-        _count_spilled(ordered.nbytes)
+        for bucket, rows, hashes in split_by_bucket(batch, self._sides[side].keys, self._level):
+            self._writer(side, bucket).write_batch(rows)
+            self._note_keys(bucket, hashes)
+            _count_spilled(rows.nbytes)
 
     def _writer(self, side: int, bucket: int) -> pa.ipc.RecordBatchFileWriter:
         entry = self._writers.get((side, bucket))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import cast
 
 import pyarrow as pa
@@ -355,7 +356,11 @@ def test_protocol_violations_fail_the_stream_with_typed_errors(
 
 class _LateReceiver:
     """A client connection whose receiver reads nothing after ``hold_after`` buffers until
-    ``release`` is set (a receiver thread late to read END), and that records failed sends."""
+    ``release`` is set (a receiver thread late to read END), and that records failed sends.
+
+    Once ``peer_gone`` is set, a send the kernel still accepts (the first one after the peer's
+    FIN is; the peer answers it with a reset) is sent again until the kernel refuses it, within a
+    deadline: the refusal the test needs, whatever the reader's credit batching sends."""
 
     def __init__(self, inner: Connection, hold_after: int) -> None:
         self._inner = inner
@@ -363,6 +368,7 @@ class _LateReceiver:
         self.buffers = 0
         self.holding = threading.Event()
         self.release = threading.Event()
+        self.peer_gone = threading.Event()
         self.failed_sends: list[ShuffleError] = []
 
     def recv_header(self, idle_ok: bool = False) -> FrameHeader | None:
@@ -375,8 +381,12 @@ class _LateReceiver:
         return header
 
     def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None:
+        deadline = time.monotonic() + 5
         try:
             self._inner.send(kind, payload, seq, value)
+            while self.peer_gone.is_set() and time.monotonic() < deadline:
+                time.sleep(0.01)  # the peer's reset, on loopback, within milliseconds
+                self._inner.send(kind, payload, seq, value)
         except ShuffleError as exc:
             self.failed_sends.append(exc)
             raise
@@ -424,9 +434,13 @@ def test_end_wins_over_a_credit_announcement_that_hit_the_closed_connection(
     try:
         with InputGate([spec], SCHEMA, pool, config, SECRET, transport) as gate:
             batches = iter(gate)
-            rows = [next(batches).num_rows for _ in range(sent)]  # all received before END is read
+            rows = [next(batches).num_rows]  # the gate connects on the first read
             (conn,) = transport.conns
+            # All buffers received (the server's initial credit covers them), END sent, the
+            # server gone; only then are the rest consumed, so their credit goes to a closed peer.
             assert conn.holding.wait(5) and fake.hung_up.wait(5)
+            conn.peer_gone.set()
+            rows += [next(batches).num_rows for _ in range(sent - 1)]
             assert wait_until(lambda: bool(conn.failed_sends), 5)  # the announcement hit the reset
             conn.release.set()
             rows += [b.num_rows for b in batches]

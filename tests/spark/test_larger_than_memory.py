@@ -19,6 +19,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from spark_plugin.shuffle import group_apply, partition_apply, shuffle_of
+from spark_plugin.shuffle.reduce_spill import SORT_UNIT_BYTES
 from tests.harness.apps import ShuffleCluster
 from tests.harness.procs import executor_jvms, ours, wait_until
 
@@ -128,13 +129,17 @@ def _per_key(table: pa.Table) -> pa.Table:
     )
 
 
+@pytest.mark.parametrize("reduce_memory", ["4m", None], ids=["spilled", "memory-buckets"])
 def test_a_reduce_partition_over_reduce_memory_is_grouped_a_spilled_bucket_at_a_time(
-    spark: SparkSession,
+    spark: SparkSession, reduce_memory: str | None
 ) -> None:
     """``spark.arrowbeat.shuffle.reduceMemory`` (set per query, 4m): each reduce task's ~35 MB goes
     to hash buckets on the executor's local disk and the function still sees every key group
-    once and whole: the result is Spark's aggregation, and every read report counts spilled bytes."""
-    spark.conf.set("spark.arrowbeat.shuffle.reduceMemory", "4m")
+    once and whole: the result is Spark's aggregation, and every read report counts spilled bytes.
+    With the default (512m) the same ~35 MB is past the sort unit (16 MiB) and is grouped a hash
+    bucket at a time in memory: the same result, nothing spilled."""
+    if reduce_memory is not None:
+        spark.conf.set("spark.arrowbeat.shuffle.reduceMemory", reduce_memory)
     try:
         df = spark.range(0, 2_000_000, numPartitions=4).selectExpr(
             "id", "id % 5000 AS k", "repeat('y', 24) AS pad"
@@ -149,4 +154,8 @@ def test_a_reduce_partition_over_reduce_memory_is_grouped_a_spilled_bucket_at_a_
     assert len(got) == 5000
     assert {k: n for k, (n, _) in got.items()} == counts
     assert all(s == sum(range(k, 2_000_000, 5000)) for k, (_, s) in got.items())
-    assert reads and all(r["spill_bytes"] > 4 << 20 for r in reads), reads
+    assert reads
+    if reduce_memory is None:
+        assert all(r["spill_bytes"] == 0 and r["bytes"] > SORT_UNIT_BYTES for r in reads), reads
+    else:
+        assert all(r["spill_bytes"] > 4 << 20 for r in reads), reads

@@ -145,6 +145,81 @@ def test_a_cogroup_over_the_budget_meets_each_key_of_both_sides_in_one_bucket() 
     assert sum(rr for _, rr in pairs.values()) == 6_000
 
 
+def test_past_the_sort_unit_the_groups_come_back_a_memory_bucket_at_a_time(spill_root: Path) -> None:
+    """Within the budget but past the sort unit, the rows are bucketed in memory as they arrive:
+    every key group whole in one smaller table, nothing lost or twice, nothing written."""
+    keys = [f"key{(i * 7919) % 997}" for i in range(40_000)]
+    data = batches(keys)
+    whole = pa.Table.from_batches(data)
+    before = spilled_bytes()
+    seen_in: dict[str, int] = {}
+    tables = list(
+        partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=whole.nbytes // 8)
+    )
+    for index, table in enumerate(tables):
+        for group in iter_groups(table, ["k"]):
+            key = group["k"][0].as_py()
+            assert key not in seen_in, f"{key} came back in buckets {seen_in[key]} and {index}"
+            seen_in[key] = index
+    assert len(tables) > 1
+    assert max(t.num_rows for t in tables) < whole.num_rows // 4  # each sort is a bucket's
+    assert rows_of(tables) == rows_of([whole])
+    assert len(seen_in) == 997
+    assert spilled_bytes() == before
+    assert not any(spill_root.iterdir())
+
+
+def test_memory_buckets_go_to_disk_when_the_budget_is_then_passed(spill_root: Path) -> None:
+    """Rows already bucketed in memory are written out with the rest once the budget is passed."""
+    keys = [f"key{(i * 31) % 499}" for i in range(40_000)]
+    data = batches(keys)
+    whole = pa.Table.from_batches(data)
+    before = spilled_bytes()
+    seen: set[str] = set()
+    tables = []
+    for table in partition_tables(
+        iter(data), SCHEMA, ["k"], memory_bytes=whole.nbytes // 3, sort_unit_bytes=whole.nbytes // 10
+    ):
+        assert any(spill_root.iterdir()), "read back from disk"
+        groups = {g["k"][0].as_py() for g in iter_groups(table, ["k"])}
+        assert not groups & seen
+        seen |= groups
+        tables.append(table)
+    assert rows_of(tables) == rows_of([whole])
+    assert len(seen) == 499
+    assert spilled_bytes() - before >= whole.nbytes
+    assert not any(spill_root.iterdir())
+
+
+def test_a_cogroup_past_the_sort_unit_meets_each_key_of_both_sides_in_one_memory_bucket() -> None:
+    right_schema = pa.schema([("key", pa.string()), ("w", pa.float64())])
+    left = batches([f"key{i % 400}" for i in range(30_000)])
+    right_keys = [f"key{i % 600}" for i in range(0, 12_000, 2)]
+    right = pa.table(
+        {"key": pa.array(right_keys), "w": pa.array(np.ones(len(right_keys)))}, schema=right_schema
+    ).to_batches(max_chunksize=500)
+    unit = pa.Table.from_batches(left).nbytes // 6
+    pairs: dict[str, tuple[int, int]] = {}
+    buckets = 0
+    before = spilled_bytes()
+    for lt, rt in bucket_tables(
+        [Side(iter(left), SCHEMA, ["k"]), Side(iter(right), right_schema, ["key"])],
+        memory_bytes=None,
+        sort_unit_bytes=unit,
+    ):
+        buckets += 1
+        assert lt.schema == SCHEMA and rt.schema == right_schema
+        for lg, rg in iter_cogroups(lt, ["k"], rt, ["key"]):
+            key = (lg["k"] if lg.num_rows else rg["key"])[0].as_py()
+            assert key not in pairs, f"{key} met twice"
+            pairs[key] = (lg.num_rows, rg.num_rows)
+    assert buckets > 1 and spilled_bytes() == before
+    assert len(pairs) == 500
+    assert pairs["key0"] == (75, 20) and pairs["key1"] == (75, 0) and pairs["key500"] == (0, 20)
+    assert sum(lr for lr, _ in pairs.values()) == 30_000
+    assert sum(rr for _, rr in pairs.values()) == 6_000
+
+
 def test_spill_roots_are_sparks_local_dirs_else_the_temp_folder(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
