@@ -12,7 +12,10 @@ over rows {400 k, 4 M, 20 M} x partitions {Spark's default (200, AQE), 8 explici
 {uniform over 5,003 values, one key holding 60% of the rows}. ``f`` and ``g`` are small Arrow
 aggregations, so the shuffle is what is measured. Each cell prints both times, their ratio
 (Spark / arrowbeat: above 1 means arrowbeat is faster) and both peak executor memories (the
-executors' process trees, sampled every 0.1 s).
+executors' process trees, sampled every 0.1 s). Peak memory is measured again after the timing
+run with each side in an application of its own (every cell once), since in the shared one a JVM
+keeps the heap an earlier Spark run grew: ``RESULT max_peak_mem_ratio`` is from that pass
+(``--shared-memory`` skips it and takes the shared application's peaks).
 
 An ``auto`` column runs the same arrowbeat call with ``path="auto"`` (``spark_plugin.shuffle.route``:
 Spark's exchange below a measured input size, arrowbeat's above): its ratio is Spark / auto, and
@@ -26,6 +29,7 @@ Dask distributed's P2P shuffle (``groupby("k").apply(f, shuffle_method="p2p")`` 
 uniform cell with default partitions: ``RESULT vs_dask_p2p=<dask / arrowbeat>``.
 
     .venv/bin/python -m benchmarks.shuffle_matrix [--rows 400000,4000000,20000000] [--repeat 2] [--no-auto]
+        [--shared-memory]
         [--ops group,repart] [--keys uniform,hot] [--partitions default,8]   (a subset of the cells)
 """
 
@@ -114,6 +118,11 @@ def main() -> None:
     parser.add_argument("--worker-mb", type=int, default=2048, help="M of local-cluster[2,1,M]")
     parser.add_argument("--no-dask", action="store_true", help="skip the Dask P2P peer")
     parser.add_argument("--no-auto", action="store_true", help="skip the path='auto' column")
+    parser.add_argument(
+        "--shared-memory",
+        action="store_true",
+        help="skip the own-application memory pass: peak memory only from the shared application",
+    )
     parser.add_argument("--ops", default="group,repart", help="comma-separated operations to run")
     parser.add_argument("--keys", default="uniform,hot", help="comma-separated key shapes to run")
     parser.add_argument(
@@ -127,17 +136,7 @@ def main() -> None:
 
     scratch = prepare()  # loopback, the venv's Python everywhere, the run marker
     load_before = os.getloadavg()
-    spark = build_session(
-        f"local-cluster[2,1,{args.worker_mb}]",
-        scratch,
-        "shuffle-matrix",
-        conf={
-            "spark.executor.memory": "1g",
-            "spark.sql.shuffle.partitions": "200",  # Spark's default (build_session sets 4)
-            "spark.arrowbeat.shuffle.dir": str(scratch / "shuffle"),
-            "spark.arrowbeat.tables.path": str(scratch / "tables"),
-        },
-    )
+    spark = _session(scratch, args.worker_mb, "shuffle-matrix")
     cells: list[dict[str, Any]] = []
     arrow_uniform_default: dict[int, float] = {}
     try:
@@ -151,16 +150,7 @@ def main() -> None:
             step()
         for rows in sizes:
             for keys in args.keys.split(","):
-                df = (
-                    spark.range(0, rows, numPartitions=8)
-                    .selectExpr(
-                        f"{key_expr(keys)} AS k",
-                        "cast(id % 1000 AS double) * 0.5 AS x",
-                        "CASE WHEN id % 13 = 0 THEN NULL ELSE concat('ключ-', id % 211, '-é') END AS s",
-                    )
-                    .cache()
-                )
-                df.count()
+                df = _cached_input(spark, rows, keys)
                 size = plan_size(df).bytes or 0  # the cached relation's real size, as routing sees it
                 print(f"input rows={rows:,} keys={keys}: {size:,} bytes (optimizer statistics)", flush=True)
                 for partitions in args.partitions.split(","):
@@ -207,6 +197,8 @@ def main() -> None:
                 df.unpersist()
     finally:
         stop_session(spark)
+    if not args.shared_memory:
+        _memory_pass(scratch, args, cells, group_apply, partition_apply, release)
     dask_ratio = None
     if not args.no_dask and arrow_uniform_default:
         rows = max(arrow_uniform_default)
@@ -221,7 +213,10 @@ def main() -> None:
 
     ratios = [c["ratio"] for c in cells]
     worst = min(cells, key=lambda c: c["ratio"])
-    mem_ratio = max(c["arrow_mem"] / c["spark_mem"] for c in cells)
+    own = "own_spark_mem" in cells[0]
+    mem_ratio = max(
+        c["own_arrow_mem"] / c["own_spark_mem"] if own else c["arrow_mem"] / c["spark_mem"] for c in cells
+    )
     load_after = os.getloadavg()
     print()
     print(
@@ -237,6 +232,10 @@ def main() -> None:
     print(f"RESULT median_cell_ratio={statistics.median(ratios):.3f}")
     if big:
         print(f"RESULT min_20m_cell_ratio={min(big):.3f}")
+    print(
+        "peak memory ratio from "
+        + ("each side's own application" if own else "the shared application (--shared-memory)")
+    )
     print(f"RESULT max_peak_mem_ratio={mem_ratio:.3f}")
     autos = [c["auto_ratio"] for c in cells if c["auto_ratio"] is not None]
     if autos:
@@ -244,6 +243,74 @@ def main() -> None:
         print(f"RESULT median_cell_ratio_auto={statistics.median(autos):.3f}")
     if dask_ratio is not None:
         print(f"RESULT vs_dask_p2p={dask_ratio:.3f}")
+
+
+def _session(scratch: Any, worker_mb: int, name: str) -> Any:
+    """The matrix's application: Spark's defaults but for memory (``spark.sql.shuffle.partitions``
+    back at 200), arrowbeat's dirs in ``scratch``."""
+    return build_session(
+        f"local-cluster[2,1,{worker_mb}]",
+        scratch,
+        name,
+        conf={
+            "spark.executor.memory": "1g",
+            "spark.sql.shuffle.partitions": "200",  # Spark's default (build_session sets 4)
+            "spark.arrowbeat.shuffle.dir": str(scratch / "shuffle"),
+            "spark.arrowbeat.tables.path": str(scratch / "tables"),
+        },
+    )
+
+
+def _cached_input(spark: Any, rows: int, keys: str) -> Any:
+    """A cell's input, cached and counted: ``rows`` rows in 8 partitions of an int key (``keys``:
+    uniform or hot), a double and a unicode string with nulls."""
+    df = (
+        spark.range(0, rows, numPartitions=8)
+        .selectExpr(
+            f"{key_expr(keys)} AS k",
+            "cast(id % 1000 AS double) * 0.5 AS x",
+            "CASE WHEN id % 13 = 0 THEN NULL ELSE concat('ключ-', id % 211, '-é') END AS s",
+        )
+        .cache()
+    )
+    df.count()
+    return df
+
+
+def _memory_pass(
+    scratch: Any, args: Any, cells: list[dict[str, Any]], group_apply: Any, partition_apply: Any, release: Any
+) -> None:
+    """Each side's peak executor memory in an application of its own: every cell once on Spark's
+    path in one application, then on arrowbeat's in another, in the timing run's order.
+
+    In the shared application a JVM keeps the heap an earlier run grew (Spark's sort grows it,
+    arrowbeat's path hardly does), so a cell's arrowbeat peak there holds Spark's heap from the
+    cells before it; here each side carries only its own earlier cells (the timing ratios stay
+    from the shared application, where both sides alternate under the same load)."""
+    for side in ("spark", "arrow"):
+        spark = _session(scratch, args.worker_mb, f"shuffle-matrix-memory-{side}")
+        try:
+            inputs: dict[tuple[int, str], Any] = {}
+            for cell in cells:
+                where = (cell["rows"], cell["keys"])
+                if where not in inputs:
+                    for old in inputs.values():
+                        old.unpersist()
+                    inputs = {where: _cached_input(spark, *where)}
+                n = None if cell["partitions"] == "default" else 8
+                steps = _steps(inputs[where], cell["op"], n, group_apply, partition_apply, release)
+                _, peak = best(steps[0] if side == "spark" else steps[1], 1)
+                cell[f"own_{side}_mem"] = peak
+        finally:
+            stop_session(spark)
+    for cell in cells:
+        print(
+            f"rows={cell['rows']:>10,} keys={cell['keys']:7s} partitions={cell['partitions']:7s} "
+            f"op={cell['op']:6s} peak MiB, each side in its own application: "
+            f"spark {cell['own_spark_mem'] / 2**20:6.0f} arrowbeat {cell['own_arrow_mem'] / 2**20:6.0f} "
+            f"ratio {cell['own_arrow_mem'] / cell['own_spark_mem']:5.2f}",
+            flush=True,
+        )
 
 
 def _steps(
