@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 
 from benchmarks.shuffle_vs_spark import PeakMemory
 from tests.harness.env import prepare
+from tests.harness.procs import ours, wait_until
 from tests.harness.session import build_session, stop_session
 
 KEYS = 5003
@@ -288,6 +289,9 @@ def _memory_pass(
     cells before it; here each side carries only its own earlier cells (the timing ratios stay
     from the shared application, where both sides alternate under the same load)."""
     for side in ("spark", "arrow"):
+        # The previous application's executors (sampled by PeakMemory) gone before this one starts.
+        if not wait_until(lambda: not ours("CoarseGrainedExecutorBackend"), 60):
+            raise RuntimeError("the previous application's executors are still running after 60 s")
         spark = _session(scratch, args.worker_mb, f"shuffle-matrix-memory-{side}")
         try:
             inputs: dict[tuple[int, str], Any] = {}

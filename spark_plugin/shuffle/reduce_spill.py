@@ -2,8 +2,11 @@
 
 A grouped call (``group_apply``, the ``applyInPandas``/``applyInArrow`` take-overs, cogroups)
 needs each key group whole, never the whole partition. While a reduce task's rows fit in
-``spark.arrowbeat.shuffle.reduceMemory`` they are grouped in memory as one table (the common
-case: nothing is written). Past that, every row goes to one of ``FANOUT`` bucket files on the
+``SORT_UNIT_BYTES`` they are grouped in memory as one table. Past that, while they fit in
+``spark.arrowbeat.shuffle.reduceMemory``, they are hash-bucketed in memory as they arrive and
+grouped a bucket at a time, so grouping's sorted copy is a bucket's (keys whose hash needs a Python
+call per value, strings say, stay one table: hashing them would cost more than the copy saves).
+Nothing is written in either case. Past the budget, every row goes to one of ``FANOUT`` bucket files on the
 executor's local disk by a hash of its key, so all rows of a key share a bucket, and the buckets
 come back one at a time as memory-mapped Arrow IPC files: what a bucket holds is file pages the
 kernel can drop, not the worker's heap. A bucket still larger than the budget is split again with
@@ -102,12 +105,10 @@ def bucket_tables(
                     held = in_memory.drain()
                 yield from _spilled(held, iterators, index, sides, memory_bytes)
                 return
-            if in_memory is None and size > sort_unit_bytes:
+            if in_memory is None and size > sort_unit_bytes and all(map(_vector_hashed, sides)):
                 in_memory = _MemoryBuckets(sides)
-                for i in range(len(held)):
-                    pending, held[i] = held[i], []
-                    for piece in pending:
-                        in_memory.write(i, piece)
+                for i, side_held in enumerate(held):
+                    in_memory.write_all(i, side_held)  # emptied as they are bucketed
     if in_memory is not None:
         yield from in_memory.tables()
         return
@@ -125,10 +126,10 @@ def _spilled(
     to level-0 buckets and read back (``_read_back``); the held batches are dropped once written."""
     with _spill_folder() as folder:
         writers = _Buckets(folder, sides, level=0)
-        for i in range(len(held)):
-            batches, held[i] = held[i], []
-            for batch in batches:
-                writers.write(i, batch)
+        for i, side_held in enumerate(held):
+            side_held.reverse()
+            while side_held:  # each batch let go of once written
+                writers.write(i, side_held.pop())
         for i in range(reading, len(sides)):
             for batch in iterators[i]:
                 writers.write(i, batch)
@@ -207,6 +208,24 @@ def split_by_bucket(
             start += count
 
 
+_VECTOR_HASHED = (
+    pa.types.is_integer,
+    pa.types.is_boolean,
+    pa.types.is_floating,
+    pa.types.is_date,
+    pa.types.is_time,
+    pa.types.is_timestamp,
+    pa.types.is_duration,
+)
+
+
+def _vector_hashed(side: Side) -> bool:
+    """Does ``hash_rows`` hash every key of ``side`` with numpy alone? (Strings and binaries take
+    a Python call per distinct value: 600 k distinct strings cost 0.76 s to hash, more than the
+    sorted copy bucketing saves.)"""
+    return all(any(test(side.schema.field(key).type) for test in _VECTOR_HASHED) for key in side.keys)
+
+
 class _MemoryBuckets:
     """``FANOUT`` lists of rows per side, in memory, each row to the bucket of its key hash (level
     0, the first on-disk level too): a partition over the sort unit grouped a bucket at a time."""
@@ -219,19 +238,27 @@ class _MemoryBuckets:
         for bucket, rows, _ in split_by_bucket(batch, self._sides[side].keys, level=0):
             self._rows[side][bucket].append(rows)
 
+    def write_all(self, side: int, batches: list[pa.RecordBatch]) -> None:
+        """Every batch of ``batches``, each removed from the list once bucketed (its copy is)."""
+        batches.reverse()
+        while batches:
+            self.write(side, batches.pop())
+
     def drain(self) -> list[list[pa.RecordBatch]]:
         """Every side's rows so far (bucket after bucket), no longer held here."""
         rows, self._rows = self._rows, [[[] for _ in range(FANOUT)] for _ in self._sides]
         return [[piece for bucket in side for piece in bucket] for side in rows]
 
     def tables(self) -> Iterator[list[pa.Table]]:
-        """Each non-empty bucket's table per side, the bucket let go of before it is handed over."""
+        """Each non-empty bucket's table per side. A bucket's rows are slices of per-batch copies
+        shared with the other buckets, so the partition stays resident until the last bucket:
+        what bucketing saves is the sorted copy, one bucket's instead of the partition's."""
         for bucket in range(FANOUT):
             pieces = [side[bucket] for side in self._rows]
             if not any(pieces):
                 continue
             for side in self._rows:
-                side[bucket] = []
+                side[bucket] = []  # the table below holds them now
             yield [
                 pa.Table.from_batches(p, schema=s.schema) if p else s.schema.empty_table()
                 for p, s in zip(pieces, self._sides, strict=True)
@@ -262,7 +289,7 @@ class _Buckets:
         for bucket, rows, hashes in split_by_bucket(batch, self._sides[side].keys, self._level):
             self._writer(side, bucket).write_batch(rows)
             self._note_keys(bucket, hashes)
-            _count_spilled(rows.nbytes)
+        _count_spilled(batch.nbytes)  # once per batch: each slice would count a dictionary again
 
     def _writer(self, side: int, bucket: int) -> pa.ipc.RecordBatchFileWriter:
         entry = self._writers.get((side, bucket))

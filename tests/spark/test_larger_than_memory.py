@@ -130,14 +130,15 @@ def _per_key(table: pa.Table) -> pa.Table:
 
 
 @pytest.mark.parametrize("reduce_memory", ["4m", None], ids=["spilled", "memory-buckets"])
-def test_a_reduce_partition_over_reduce_memory_is_grouped_a_spilled_bucket_at_a_time(
+def test_a_reduce_partition_is_grouped_a_bucket_at_a_time_spilled_or_in_memory(
     spark: SparkSession, reduce_memory: str | None
 ) -> None:
     """``spark.arrowbeat.shuffle.reduceMemory`` (set per query, 4m): each reduce task's ~35 MB goes
     to hash buckets on the executor's local disk and the function still sees every key group
     once and whole: the result is Spark's aggregation, and every read report counts spilled bytes.
-    With the default (512m) the same ~35 MB is past the sort unit (16 MiB) and is grouped a hash
-    bucket at a time in memory: the same result, nothing spilled."""
+    With the default (512m) the same ~35 MB (a bigint key) is past the sort unit (16 MiB) and is
+    grouped a hash bucket at a time in memory: the same result, nothing spilled (this case shows the
+    path loses no row in a real reduce task; that it is bucketed is ``test_reduce_spill``'s)."""
     if reduce_memory is not None:
         spark.conf.set("spark.arrowbeat.shuffle.reduceMemory", reduce_memory)
     try:

@@ -145,16 +145,34 @@ def test_a_cogroup_over_the_budget_meets_each_key_of_both_sides_in_one_bucket() 
     assert sum(rr for _, rr in pairs.values()) == 6_000
 
 
+INT_SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+
+
+def int_batches(keys: list[int | None], rows_per_batch: int = 1000) -> list[pa.RecordBatch]:
+    values = np.arange(len(keys), dtype=np.int64)
+    table = pa.table({"k": pa.array(keys, pa.int64()), "v": pa.array(values)}, schema=INT_SCHEMA)
+    return list(table.to_batches(max_chunksize=rows_per_batch))
+
+
+def int_rows_of(tables: list[pa.Table]) -> Counter[tuple[int | None, int]]:
+    return Counter(
+        (k, v) for t in tables for k, v in zip(t["k"].to_pylist(), t["v"].to_pylist(), strict=True)
+    )
+
+
 def test_past_the_sort_unit_the_groups_come_back_a_memory_bucket_at_a_time(spill_root: Path) -> None:
-    """Within the budget but past the sort unit, the rows are bucketed in memory as they arrive:
-    every key group whole in one smaller table, nothing lost or twice, nothing written."""
-    keys = [f"key{(i * 7919) % 997}" for i in range(40_000)]
-    data = batches(keys)
+    """Within the budget but past the sort unit, rows with numeric keys are bucketed in memory as
+    they arrive: every key group (nulls one group) whole in one smaller table, nothing lost or
+    twice, nothing written."""
+    keys: list[int | None] = [None if i % 101 == 0 else (i * 7919) % 997 for i in range(40_000)]
+    data = int_batches(keys)
     whole = pa.Table.from_batches(data)
     before = spilled_bytes()
-    seen_in: dict[str, int] = {}
+    seen_in: dict[int | None, int] = {}
     tables = list(
-        partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=whole.nbytes // 8)
+        partition_tables(
+            iter(data), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=whole.nbytes // 8
+        )
     )
     for index, table in enumerate(tables):
         for group in iter_groups(table, ["k"]):
@@ -163,59 +181,73 @@ def test_past_the_sort_unit_the_groups_come_back_a_memory_bucket_at_a_time(spill
             seen_in[key] = index
     assert len(tables) > 1
     assert max(t.num_rows for t in tables) < whole.num_rows // 4  # each sort is a bucket's
-    assert rows_of(tables) == rows_of([whole])
-    assert len(seen_in) == 997
+    assert int_rows_of(tables) == int_rows_of([whole])
+    assert len(seen_in) == 997 + 1  # and the null key
     assert spilled_bytes() == before
     assert not any(spill_root.iterdir())
 
 
+def test_string_keys_past_the_sort_unit_stay_one_table() -> None:
+    """A key hashed by a Python call per distinct value is not bucketed in memory (hashing would
+    cost more than the sorted copy saves): past the sort unit, still one table."""
+    data = batches([f"key{i % 997}" for i in range(40_000)])
+    whole = pa.Table.from_batches(data)
+    tables = list(
+        partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=whole.nbytes // 8)
+    )
+    assert len(tables) == 1
+    assert rows_of(tables) == rows_of([whole])
+
+
 def test_memory_buckets_go_to_disk_when_the_budget_is_then_passed(spill_root: Path) -> None:
     """Rows already bucketed in memory are written out with the rest once the budget is passed."""
-    keys = [f"key{(i * 31) % 499}" for i in range(40_000)]
-    data = batches(keys)
+    data = int_batches([(i * 31) % 499 for i in range(40_000)])
     whole = pa.Table.from_batches(data)
     before = spilled_bytes()
-    seen: set[str] = set()
+    seen: set[int] = set()
     tables = []
     for table in partition_tables(
-        iter(data), SCHEMA, ["k"], memory_bytes=whole.nbytes // 3, sort_unit_bytes=whole.nbytes // 10
+        iter(data), INT_SCHEMA, ["k"], memory_bytes=whole.nbytes // 3, sort_unit_bytes=whole.nbytes // 10
     ):
         assert any(spill_root.iterdir()), "read back from disk"
         groups = {g["k"][0].as_py() for g in iter_groups(table, ["k"])}
         assert not groups & seen
         seen |= groups
         tables.append(table)
-    assert rows_of(tables) == rows_of([whole])
+    assert int_rows_of(tables) == int_rows_of([whole])
     assert len(seen) == 499
     assert spilled_bytes() - before >= whole.nbytes
     assert not any(spill_root.iterdir())
 
 
 def test_a_cogroup_past_the_sort_unit_meets_each_key_of_both_sides_in_one_memory_bucket() -> None:
-    right_schema = pa.schema([("key", pa.string()), ("w", pa.float64())])
-    left = batches([f"key{i % 400}" for i in range(30_000)])
-    right_keys = [f"key{i % 600}" for i in range(0, 12_000, 2)]
+    right_schema = pa.schema([("key", pa.int32()), ("w", pa.float64())])
+    left = int_batches([i % 400 for i in range(30_000)])
+    right_keys = [i % 600 for i in range(0, 12_000, 2)]  # even keys, 20 rows each
     right = pa.table(
-        {"key": pa.array(right_keys), "w": pa.array(np.ones(len(right_keys)))}, schema=right_schema
+        {"key": pa.array(right_keys, pa.int32()), "w": pa.array(np.ones(len(right_keys)))},
+        schema=right_schema,
     ).to_batches(max_chunksize=500)
     unit = pa.Table.from_batches(left).nbytes // 6
-    pairs: dict[str, tuple[int, int]] = {}
+    pairs: dict[int, tuple[int, int]] = {}
     buckets = 0
     before = spilled_bytes()
     for lt, rt in bucket_tables(
-        [Side(iter(left), SCHEMA, ["k"]), Side(iter(right), right_schema, ["key"])],
+        [Side(iter(left), INT_SCHEMA, ["k"]), Side(iter(right), right_schema, ["key"])],
         memory_bytes=None,
         sort_unit_bytes=unit,
     ):
         buckets += 1
-        assert lt.schema == SCHEMA and rt.schema == right_schema
-        for lg, rg in iter_cogroups(lt, ["k"], rt, ["key"]):
+        assert lt.schema == INT_SCHEMA and rt.schema == right_schema
+        for lg, rg in iter_cogroups(
+            lt, ["k"], rt.cast(pa.schema([("key", pa.int64()), ("w", pa.float64())])), ["key"]
+        ):
             key = (lg["k"] if lg.num_rows else rg["key"])[0].as_py()
             assert key not in pairs, f"{key} met twice"
             pairs[key] = (lg.num_rows, rg.num_rows)
     assert buckets > 1 and spilled_bytes() == before
-    assert len(pairs) == 500
-    assert pairs["key0"] == (75, 20) and pairs["key1"] == (75, 0) and pairs["key500"] == (0, 20)
+    assert len(pairs) == 500  # left's 0..399 and right's even keys 400..598
+    assert pairs[0] == (75, 20) and pairs[1] == (75, 0) and pairs[500] == (0, 20)
     assert sum(lr for lr, _ in pairs.values()) == 30_000
     assert sum(rr for _, rr in pairs.values()) == 6_000
 
