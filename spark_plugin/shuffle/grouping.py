@@ -161,7 +161,10 @@ def group_bounds(table: pa.Table, key_columns: Sequence[str]) -> tuple[pa.Table,
         return table, np.zeros(1, dtype=np.int64)
     components = [c for name in key_columns for c in _components(table.column(name).combine_chunks())]
     order, starts = _sorted_runs(components, n)
-    return table.take(order), np.append(np.flatnonzero(starts), n)
+    bounds = np.append(np.flatnonzero(starts), n)
+    if len(bounds) == 2:  # one group: the (stable) sort keeps its rows in place, so no copy
+        return table, bounds
+    return table.take(order), bounds
 
 
 def iter_groups(table: pa.Table, key_columns: Sequence[str]) -> Iterator[pa.Table]:

@@ -166,6 +166,21 @@ def test_groups_put_nulls_together_and_nans_together() -> None:
     assert sum(sizes) == table.num_rows
 
 
+def test_a_table_of_one_group_is_handed_over_without_a_copy() -> None:
+    """One key group (a one-key spill bucket, a partition of one key): the stable sort would leave
+    every row in place, so the group is the table itself, rows in arrival order."""
+    table = pa.Table.from_batches(
+        [pa.record_batch({"k": pa.array([7] * 3), "v": pa.array([i, i + 1, i + 2])}) for i in (0, 3)]
+    )
+    [group] = list(iter_groups(table, ["k"]))
+    assert group.column("v").to_pylist() == [0, 1, 2, 3, 4, 5]
+    assert [c.buffers()[1].address for c in group.column("v").chunks] == [
+        c.buffers()[1].address for c in table.column("v").chunks
+    ]
+    two = pa.table({"k": pa.array([2, 1, 2]), "v": pa.array([0, 1, 2])})
+    assert [g.column("v").to_pylist() for g in iter_groups(two, ["k"])] == [[1], [0, 2]]
+
+
 def test_group_consumer_rejects_a_wrong_schema_naming_group_and_partition() -> None:
     out = pa.schema([("k", pa.int64())])
     consume = group_consumer(lambda t: pa.table({"k": pa.array(["x"])}), ["k"], SCHEMA, out)
