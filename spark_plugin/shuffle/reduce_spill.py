@@ -4,14 +4,15 @@ A grouped call (``group_apply``, the ``applyInPandas``/``applyInArrow`` take-ove
 needs each key group whole, never the whole partition. While a reduce task's rows fit in
 ``SORT_UNIT_BYTES`` they are grouped in memory as one table. Past that, while they fit in
 ``spark.arrowbeat.shuffle.reduceMemory``, they are hash-bucketed in memory as they arrive and
-grouped a bucket at a time, so grouping's sorted copy is a bucket's (keys whose hash needs a Python
-call per value, strings say, stay one table: hashing them would cost more than the copy saves).
-Nothing is written in either case. Past the budget, every row goes to one of ``FANOUT`` bucket files on the
-executor's local disk by a hash of its key, so all rows of a key share a bucket, and the buckets
-come back one at a time as memory-mapped Arrow IPC files: what a bucket holds is file pages the
-kernel can drop, not the worker's heap. A bucket still larger than the budget is split again with
-another salt, up to ``MAX_DEPTH`` levels; a bucket whose rows all share one key (one key hash)
-is never split and comes back whole, as Spark too needs one group at a time for ``applyInPandas``.
+grouped a bucket at a time, so grouping's sorted copy is a bucket's (keys whose hash needs a
+Python call per value, strings say, stay one table: hashing them would cost more than the copy
+saves). Nothing is written in either case. Past the budget, every row goes to one of ``FANOUT``
+bucket files on the executor's local disk by a hash of its key, so all rows of a key share a
+bucket, and the buckets come back one at a time as memory-mapped Arrow IPC files: what a bucket
+holds is file pages the kernel can drop, not the worker's heap. A bucket still larger than the
+budget is split again with another salt, up to ``MAX_DEPTH`` levels; a bucket whose rows all share
+one key (one key hash) is never split and comes back whole, as Spark too needs one group at a
+time for ``applyInPandas``.
 
 Spark's own path reaches the same bound differently (sorted runs spilled on the JVM side, groups
 streamed to Python); hash buckets need no sort of the spilled data. The hash is the map side's
@@ -221,7 +222,7 @@ _VECTOR_HASHED = (
 
 def _vector_hashed(side: Side) -> bool:
     """Does ``hash_rows`` hash every key of ``side`` with numpy alone? (Strings and binaries take
-    a Python call per distinct value: 600 k distinct strings cost 0.76 s to hash, more than the
+    a Python call per distinct value: 600 k distinct strings took 0.64-0.76 s to hash, more than the
     sorted copy bucketing saves.)"""
     return all(any(test(side.schema.field(key).type) for test in _VECTOR_HASHED) for key in side.keys)
 
