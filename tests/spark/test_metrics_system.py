@@ -126,8 +126,15 @@ class ServletProbe(Probe):
 
         assert wait_until(timed_out, INTERVAL_S + TIMEOUT_S + MARGIN_S, interval_s=0.2), readings
         self.detected_s = time.monotonic() - run.stopped_at
-        seen = scrape(ui)
-        assert seen["events_heartbeatTimeout"] + seen["events_unreachable"] == 1, seen
+
+        def events() -> float:
+            now = scrape(ui)
+            return now.get("events_heartbeatTimeout", 0.0) + now.get("events_unreachable", 0.0)
+
+        # The state gauge is the RM's listing; the event count follows on the RM's event thread,
+        # so one snapshot can carry the new state before the count (the next one has both).
+        assert wait_until(lambda: events() >= 1, 3 * INTERVAL_S + MARGIN_S, interval_s=0.2), scrape(ui)
+        assert events() == 1, scrape(ui)
         # Once past the last heartbeat answered before the freeze, the age only grows (within the
         # few ms by which one line's transit differs from the next's).
         grown = readings[next(i for i, r in enumerate(readings) if r > 4 * INTERVAL_S * 1000) :]
