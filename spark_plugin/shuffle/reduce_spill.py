@@ -128,13 +128,20 @@ def _spilled(
     with _spill_folder() as folder:
         writers = _Buckets(folder, sides, level=0)
         for i, side_held in enumerate(held):
-            side_held.reverse()
-            while side_held:  # each batch let go of once written
-                writers.write(i, side_held.pop())
+            for batch in _handed_out(side_held):
+                writers.write(i, batch)
         for i in range(reading, len(sides)):
             for batch in iterators[i]:
                 writers.write(i, batch)
         yield from _read_back(writers.close(), sides, memory_bytes, level=0)
+
+
+def _handed_out(batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` in order, each removed from the list as it is handed out: once the caller has
+    written or bucketed it, nothing here keeps it alive."""
+    batches.reverse()
+    while batches:
+        yield batches.pop()
 
 
 def _read_back(
@@ -240,10 +247,9 @@ class _MemoryBuckets:
             self._rows[side][bucket].append(rows)
 
     def write_all(self, side: int, batches: list[pa.RecordBatch]) -> None:
-        """Every batch of ``batches``, each removed from the list once bucketed (its copy is)."""
-        batches.reverse()
-        while batches:
-            self.write(side, batches.pop())
+        """Every batch of ``batches``, each removed from the list as it is bucketed (its copy is)."""
+        for batch in _handed_out(batches):
+            self.write(side, batch)
 
     def drain(self) -> list[list[pa.RecordBatch]]:
         """Every side's rows so far (bucket after bucket), no longer held here."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from typing import cast
 
 import pyarrow as pa
@@ -384,12 +383,11 @@ class _LateReceiver:
         return header
 
     def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None:
-        deadline = time.monotonic() + 5
         try:
             self._inner.send(kind, payload, seq, value)
-            while kind is Kind.ADD_CREDIT and self.peer_gone.is_set() and time.monotonic() < deadline:
-                time.sleep(0.01)  # the peer's reset, on loopback, within milliseconds
-                self._inner.send(kind, payload, seq, value)
+            if kind is Kind.ADD_CREDIT and self.peer_gone.is_set():
+                # Sent again until it raises (the peer's reset, on loopback, within milliseconds).
+                wait_until(lambda: self._inner.send(kind, payload, seq, value), 5, interval_s=0.01)
         except ShuffleError as exc:
             self.failed_sends.append(exc)
             raise

@@ -6,7 +6,7 @@ from __future__ import annotations
 import stat
 import tempfile
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,13 +29,15 @@ def spill_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def batches(keys: list[str], rows_per_batch: int = 1000) -> list[pa.RecordBatch]:
+def batches(
+    keys: Sequence[str | int | None], rows_per_batch: int = 1000, schema: pa.Schema = SCHEMA
+) -> list[pa.RecordBatch]:
     values = np.arange(len(keys), dtype=np.int64)
-    table = pa.table({"k": pa.array(keys), "v": pa.array(values)}, schema=SCHEMA)
+    table = pa.table({"k": pa.array(keys, schema.field("k").type), "v": pa.array(values)}, schema=schema)
     return list(table.to_batches(max_chunksize=rows_per_batch))
 
 
-def rows_of(tables: list[pa.Table]) -> Counter[tuple[str, int]]:
+def rows_of(tables: list[pa.Table]) -> Counter[tuple[object, int]]:
     return Counter(
         (k, v) for t in tables for k, v in zip(t["k"].to_pylist(), t["v"].to_pylist(), strict=True)
     )
@@ -148,24 +150,12 @@ def test_a_cogroup_over_the_budget_meets_each_key_of_both_sides_in_one_bucket() 
 INT_SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
 
 
-def int_batches(keys: list[int | None], rows_per_batch: int = 1000) -> list[pa.RecordBatch]:
-    values = np.arange(len(keys), dtype=np.int64)
-    table = pa.table({"k": pa.array(keys, pa.int64()), "v": pa.array(values)}, schema=INT_SCHEMA)
-    return list(table.to_batches(max_chunksize=rows_per_batch))
-
-
-def int_rows_of(tables: list[pa.Table]) -> Counter[tuple[int | None, int]]:
-    return Counter(
-        (k, v) for t in tables for k, v in zip(t["k"].to_pylist(), t["v"].to_pylist(), strict=True)
-    )
-
-
 def test_past_the_sort_unit_the_groups_come_back_a_memory_bucket_at_a_time(spill_root: Path) -> None:
     """Within the budget but past the sort unit, rows with numeric keys are bucketed in memory as
     they arrive: every key group (nulls one group) whole in one smaller table, nothing lost or
     twice, nothing written."""
     keys: list[int | None] = [None if i % 101 == 0 else (i * 7919) % 997 for i in range(40_000)]
-    data = int_batches(keys)
+    data = batches(keys, schema=INT_SCHEMA)
     whole = pa.Table.from_batches(data)
     before = spilled_bytes()
     seen_in: dict[int | None, int] = {}
@@ -181,7 +171,7 @@ def test_past_the_sort_unit_the_groups_come_back_a_memory_bucket_at_a_time(spill
             seen_in[key] = index
     assert len(tables) > 1
     assert max(t.num_rows for t in tables) < whole.num_rows // 4  # each sort is a bucket's
-    assert int_rows_of(tables) == int_rows_of([whole])
+    assert rows_of(tables) == rows_of([whole])
     assert len(seen_in) == 997 + 1  # and the null key
     assert spilled_bytes() == before
     assert not any(spill_root.iterdir())
@@ -201,7 +191,7 @@ def test_string_keys_past_the_sort_unit_stay_one_table() -> None:
 
 def test_memory_buckets_go_to_disk_when_the_budget_is_then_passed(spill_root: Path) -> None:
     """Rows already bucketed in memory are written out with the rest once the budget is passed."""
-    data = int_batches([(i * 31) % 499 for i in range(40_000)])
+    data = batches([(i * 31) % 499 for i in range(40_000)], schema=INT_SCHEMA)
     whole = pa.Table.from_batches(data)
     before = spilled_bytes()
     seen: set[int] = set()
@@ -214,7 +204,7 @@ def test_memory_buckets_go_to_disk_when_the_budget_is_then_passed(spill_root: Pa
         assert not groups & seen
         seen |= groups
         tables.append(table)
-    assert int_rows_of(tables) == int_rows_of([whole])
+    assert rows_of(tables) == rows_of([whole])
     assert len(seen) == 499
     assert spilled_bytes() - before >= whole.nbytes
     assert not any(spill_root.iterdir())
@@ -222,7 +212,7 @@ def test_memory_buckets_go_to_disk_when_the_budget_is_then_passed(spill_root: Pa
 
 def test_a_cogroup_past_the_sort_unit_meets_each_key_of_both_sides_in_one_memory_bucket() -> None:
     right_schema = pa.schema([("key", pa.int32()), ("w", pa.float64())])
-    left = int_batches([i % 400 for i in range(30_000)])
+    left = batches([i % 400 for i in range(30_000)], schema=INT_SCHEMA)
     right_keys = [i % 600 for i in range(0, 12_000, 2)]  # even keys, 20 rows each
     right = pa.table(
         {"key": pa.array(right_keys, pa.int32()), "w": pa.array(np.ones(len(right_keys)))},
