@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import threading
 import weakref
 from collections import deque
@@ -155,6 +156,84 @@ def encode_parts(lease: Buffer, batch: pa.RecordBatch, schema: pa.Schema) -> Arr
     if sink.size > lease.capacity:
         return None
     return ArrowPayload(lease, sink.parts, sink.size)
+
+
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+"""The IPC stream's end marker (continuation, then a zero metadata length)."""
+
+
+def _has_dictionaries(schema: pa.Schema) -> bool:
+    return any(pa.types.is_dictionary(field.type) for field in schema)
+
+
+class PayloadEncoder:
+    """``encode_parts`` for one schema, with one IPC writer kept open across payloads.
+
+    Opening a stream writer per batch cost 22 µs, more than the rest of a direct write: the
+    schema message is the same for every payload, and a stream writer's only state across batches
+    is which dictionaries it sent. So for a schema without dictionary fields one writer serves
+    every payload: the schema's message is put in front of each batch's pieces and the end marker
+    after them, the same bytes as a fresh stream (4-6 µs). A schema with dictionaries, whose
+    payloads must each carry them, is encoded as a fresh stream every time."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self._sink = _Collector()  # what the kept writer writes into
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        self._head = b""
+        self._reusable = not _has_dictionaries(schema)
+
+    def encode(self, lease: Buffer, batch: pa.RecordBatch) -> ArrowPayload | None:
+        """As ``encode_parts(lease, batch, schema)``."""
+        if self._writer is None:
+            return self._first(lease, batch)
+        sink = self._sink
+        try:
+            self._writer.write_batch(batch)
+        except BaseException:
+            self._writer = None  # its state is unknown now: the next payload opens another
+            raise
+        parts, size = sink.parts, sink.size + len(self._head)
+        sink.parts, sink.size = [], 0
+        if parts and isinstance(parts[0], bytes):
+            parts[0] = self._head + parts[0]
+        else:
+            parts.insert(0, self._head)
+        return _ended(lease, parts, size)
+
+    def _first(self, lease: Buffer, batch: pa.RecordBatch) -> ArrowPayload | None:
+        """A payload from a writer opened for it. The writer is kept for the next payloads when
+        its stream began with the schema's own message (written with the first batch); else every
+        payload is a stream of its own, as ``encode_parts`` makes."""
+        if not self._reusable:
+            return encode_parts(lease, batch, self.schema)
+        sink = _Collector()
+        writer = pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), self.schema, options=_WRITE_OPTIONS)
+        writer.write_batch(batch)
+        head = self.schema.serialize().to_pybytes()
+        first = sink.parts[0] if sink.parts else b""
+        if isinstance(first, bytes) and first.startswith(head):
+            self._writer, self._head, self._sink = writer, head, sink
+            parts, size = sink.parts, sink.size
+            sink.parts, sink.size = [], 0
+            return _ended(lease, parts, size)
+        self._reusable = False
+        writer.close()
+        if sink.size > lease.capacity:
+            return None
+        return ArrowPayload(lease, sink.parts, sink.size)
+
+
+def _ended(lease: Buffer, parts: list[Part], size: int) -> ArrowPayload | None:
+    """A payload of ``parts`` (``size`` bytes) and the end-of-stream marker, if ``lease`` holds it."""
+    if isinstance(parts[-1], bytes):
+        parts[-1] += _END_OF_STREAM
+    else:
+        parts.append(_END_OF_STREAM)
+    size += len(_END_OF_STREAM)
+    if size > lease.capacity:
+        return None
+    return ArrowPayload(lease, parts, size)
 
 
 _CONSUMER_HELD = 1
@@ -337,7 +416,36 @@ def decode(payload: memoryview | pa.Buffer, schema: pa.Schema, where: str) -> li
     return _read(owned, schema, where)
 
 
+@functools.lru_cache(maxsize=64)
+def _schema_message(schema: pa.Schema) -> pa.Buffer | None:
+    """The IPC message a payload of ``schema`` begins with; ``None`` for a schema with
+    dictionaries (its payloads carry them: read as whole streams). Cached: a gate decodes every
+    payload against one schema. (Equal schemas whose metadata differs share an entry: a payload
+    that does not begin with the cached bytes is merely read the slower way.)"""
+    if _has_dictionaries(schema):
+        return None
+    message: pa.Buffer = schema.serialize()
+    return message
+
+
 def _read(owned: pa.Buffer, schema: pa.Schema, where: str) -> list[pa.RecordBatch]:
+    """The batches of one payload (a whole IPC stream). When the payload begins with exactly our
+    schema's message, its batch messages are read one by one against the schema we hold (6 µs for
+    a 1 MiB payload, where opening a stream reader takes 13); anything else, a schema we do not
+    expect included, is read as a stream and checked field by field."""
+    head = _schema_message(schema)
+    if head is not None and owned.size > head.size and owned.slice(0, head.size).equals(head):
+        try:
+            reader = pa.BufferReader(owned)
+            reader.seek(head.size)
+            batches = []
+            end = owned.size - len(_END_OF_STREAM)
+            while reader.tell() < end:
+                batches.append(pa.ipc.read_record_batch(pa.ipc.read_message(reader), schema))
+            if reader.tell() == end and owned.slice(end).to_pybytes() == _END_OF_STREAM:
+                return batches
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError, TypeError):
+            pass  # not what we expected: read it as a stream, which names the problem
     try:
         reader = pa.ipc.open_stream(owned)
         got = reader.schema

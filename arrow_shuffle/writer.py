@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrow_shuffle.buffer_pool import Buffer
-from arrow_shuffle.codec import BufferBuilder, encode_parts, schema_size, split_to_fit
+from arrow_shuffle.codec import BufferBuilder, PayloadEncoder, schema_size, split_to_fit
 from arrow_shuffle.errors import ChannelClosedError, SchemaMismatchError, ShuffleConfigError, ShuffleError
 from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partitioner import Partitioner, hash_partitioner
@@ -52,6 +52,7 @@ class RecordWriter:
             )
         self._direct_from = self._usable // 2
         """Pieces at least this big are sent from the batch's memory, not copied (see the module)."""
+        self._encoder = PayloadEncoder(partition.schema)
         self._builders: list[BufferBuilder | None] = [None] * partition.num_subpartitions
         self._lock = threading.Lock()
         self._closed = False
@@ -179,7 +180,7 @@ class RecordWriter:
         lease = self.partition.request_buffer()  # may block: the same backpressure as a copy
         payload: Buffer | None = None
         try:
-            payload = encode_parts(lease, piece, self.partition.schema)
+            payload = self._encoder.encode(lease, piece)
             if payload is None:  # larger than estimated: copy, which names the problem if it fails
                 builder = BufferBuilder(lease, self.partition.schema)
                 builder.append(piece)
