@@ -507,7 +507,7 @@ def _rendezvous(spark: SparkSession, plan: ShufflePlan) -> Any:
     with _rendezvous_lock:
         found = _rendezvous_of.get(app)
         if found is None:
-            host = spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1") or "127.0.0.1"
+            host = conf_value(spark, "spark.driver.host", "127.0.0.1")
             found = _rendezvous_of[app] = Rendezvous(plan.secret, host, transport=server_transport(plan))
         return found
 
@@ -702,10 +702,23 @@ def _regrouped(
     return statuses.withColumn("rk", rk), len(groups)
 
 
+_PARSED_SCHEMAS: dict[tuple[str, str], StructType] = {}
+_PARSED_SCHEMAS_MAX = 256
+
+
 def _struct(spark: SparkSession, schema: StructType | str) -> StructType:
+    """A DDL schema string as Spark parses it. Parsing takes an empty DataFrame (30-40 ms of py4j
+    per call): kept per string and ``spark.sql.timestampType``, the one setting that changes what
+    a DDL string means (``timestamp``: with or without time zone)."""
     if isinstance(schema, StructType):
         return schema
-    parsed = spark.createDataFrame([], schema).schema
+    key = (schema, str(spark.conf.get("spark.sql.timestampType", None) or ""))
+    parsed = _PARSED_SCHEMAS.get(key)
+    if parsed is None:
+        parsed = spark.createDataFrame([], schema).schema
+        if len(_PARSED_SCHEMAS) >= _PARSED_SCHEMAS_MAX:
+            _PARSED_SCHEMAS.clear()
+        _PARSED_SCHEMAS[key] = parsed
     return parsed
 
 

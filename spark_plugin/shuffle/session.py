@@ -18,6 +18,8 @@ Which kind of session it is comes from ``spark_plugin.compat.connect``, never fr
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -38,11 +40,36 @@ _PROBE_SCHEMA = "stage bigint, partition int"
 _warned_fallback = False
 
 
+_APPLICATION_CONF: weakref.WeakKeyDictionary[Any, tuple[str, list[tuple[str, str]]]] = (
+    weakref.WeakKeyDictionary()
+)
+_APPLICATION_CONF_LOCK = threading.Lock()
+
+
+def _application_conf(context: Any) -> list[tuple[str, str]]:
+    """A classic SparkContext's ``SparkConf``, read once per application.
+
+    ``getConf()`` copies the conf entry by entry through py4j (three calls per entry): 40-60 ms for
+    a few hundred entries, and a shuffle call needed it three times, ``release`` once more: a
+    quarter of a second of a 400 k-row ``partition_apply``. Spark fixes an application's conf when
+    its context starts (runtime settings live in the session's SQL conf, read apart), so one copy
+    per SparkContext (and application id: a context stopped and another started) serves all."""
+    application = str(context.applicationId)
+    with _APPLICATION_CONF_LOCK:
+        cached = _APPLICATION_CONF.get(context)
+    if cached is not None and cached[0] == application:
+        return cached[1]
+    entries = [(str(k), str(v)) for k, v in context.getConf().getAll()]
+    with _APPLICATION_CONF_LOCK:
+        _APPLICATION_CONF[context] = (application, entries)
+    return entries
+
+
 def conf_entries(spark: Any) -> list[tuple[str, str]]:
     """The application's conf as this session may see it: every entry, or (Spark Connect) every
     entry Spark does not withhold from clients."""
     if not is_connect(spark):
-        return [(str(k), str(v)) for k, v in spark.sparkContext.getConf().getAll()]
+        return list(_application_conf(spark.sparkContext))
     entries = getattr(spark.conf, "getAll", None)
     if not isinstance(entries, dict):
         raise ShuffleConfigError(
@@ -65,7 +92,8 @@ def app_id(spark: Any) -> str:
 def conf_value(spark: Any, key: str, default: str) -> str:
     """One entry of the application's conf (``SparkConf`` classic, the session's on Connect)."""
     if not is_connect(spark):
-        return str(spark.sparkContext.getConf().get(key, default) or default)
+        value = dict(_application_conf(spark.sparkContext)).get(key)
+        return str(value or default)
     return str(spark.conf.get(key, default) or default)
 
 

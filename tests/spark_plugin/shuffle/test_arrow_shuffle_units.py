@@ -422,8 +422,34 @@ class FakeSession:
 
     def __init__(self, app: dict[str, str], runtime: dict[str, str] | None = None) -> None:
         app_conf = FakeConf(app)
-        self.sparkContext = type("Context", (), {"getConf": staticmethod(lambda: app_conf)})()
+        self.reads = 0
+
+        def get_conf() -> FakeConf:
+            self.reads += 1
+            return app_conf
+
+        context = {"getConf": staticmethod(get_conf), "applicationId": "app-fake"}
+        self.sparkContext = type("Context", (), context)()
         self.conf = FakeConf({**app, **(runtime or {})})
+
+
+def test_the_application_conf_is_read_once_per_context() -> None:
+    """``getConf()`` copies every entry through py4j: one copy serves every later shuffle call of
+    the application, a runtime setting is still read each time, another context reads its own."""
+    app = {"spark.arrowbeat.authenticate.secret": SECRET, "spark.arrowbeat.shuffle.readHostLocalDisk": "true"}
+    session = FakeSession(app)
+    for _ in range(3):
+        assert dataframe.shuffle_settings(session).shuffle_read_host_local  # type: ignore[arg-type]
+    assert session.reads == 1
+    session.conf.values["spark.arrowbeat.shuffle.readHostLocalDisk"] = "false"  # per query
+    assert not dataframe.shuffle_settings(session).shuffle_read_host_local  # type: ignore[arg-type]
+    assert session.reads == 1
+    session.sparkContext.applicationId = "app-fake-2"  # a new application
+    dataframe.shuffle_settings(session)  # type: ignore[arg-type]
+    assert session.reads == 2
+    other = FakeSession({**app, "spark.arrowbeat.shuffle.mapMemory": "64m"})
+    assert dataframe.shuffle_settings(other).shuffle_map_memory_bytes == 64 << 20  # type: ignore[arg-type]
+    assert other.reads == 1
 
 
 def test_dataframe_configcome_through_the_plugins_declarations() -> None:
