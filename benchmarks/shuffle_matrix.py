@@ -6,12 +6,15 @@ of ``rows`` rows (an int key with nulls, a double, a unicode string with nulls) 
 one operation, timed best of ``--repeat`` on both sides in the same run:
 
 - ``group``: Spark ``df.groupBy("k").applyInArrow(f)`` vs arrowbeat ``group_apply(df, ["k"], f)``;
-- ``repart``: Spark ``df.repartition([n,] "k").mapInArrow(g)`` vs ``partition_apply(df, n, ["k"], g)``,
+- ``repart``: Spark ``df.repartition([n,] "k").mapInArrow(g)`` vs ``partition_apply(df, n, ["k"], g)``;
+- ``pandas`` (Spark's partitions only: an unchanged job's): Spark ``df.groupBy("k").applyInPandas(h)``
+  vs arrowbeat ``group_by(df, "k").applyInPandas(h)``; its ``auto`` column is the unchanged Spark
+  call under ``spark.arrowbeat.shuffle.groupedMap=auto`` (the hook a wheel install has from start-up);
 
 over rows {400 k, 4 M, 20 M} x partitions {Spark's default (200, AQE), 8 explicit} x keys
 {uniform over 5,003 values, one key holding 60% of the rows}. ``f`` and ``g`` are small Arrow
-aggregations, so the shuffle is what is measured. Each cell prints both times, their ratio
-(Spark / arrowbeat: above 1 means arrowbeat is faster) and both peak executor memories (the
+aggregations (``h`` is ``f`` in pandas), so the shuffle is what is measured. Each cell prints both
+times, their ratio (Spark / arrowbeat: above 1 means arrowbeat is faster) and both peak executor memories (the
 executors' process trees, sampled every 0.1 s). Peak memory is measured again after the timing
 run with each side in an application of its own (every cell once), since in the shared one a JVM
 keeps the heap an earlier Spark run grew: ``RESULT max_peak_mem_ratio`` is from that pass
@@ -71,6 +74,13 @@ def summarize(table: pa.Table) -> pa.Table:
     )
 
 
+def summarize_frame(group: Any) -> Any:
+    """``summarize`` as a pandas user writes it (``applyInPandas``'s ``func(pdf)``)."""
+    import pandas as pd
+
+    return pd.DataFrame({"k": group["k"].iloc[:1].to_numpy(), "n": [len(group)], "sx": [group["x"].sum()]})
+
+
 def partial(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """One row per partition: rows and the sum of x (streaming)."""
     rows, sx = 0, 0.0
@@ -127,7 +137,11 @@ def main() -> None:
         action="store_true",
         help="skip the own-application memory pass: peak memory only from the shared application",
     )
-    parser.add_argument("--ops", default="group,repart", help="comma-separated operations to run")
+    parser.add_argument(
+        "--ops",
+        default="group,repart,pandas",
+        help="comma-separated operations to run (group, repart, pandas)",
+    )
     parser.add_argument("--keys", default="uniform,hot", help="comma-separated key shapes to run")
     parser.add_argument(
         "--partitions", default="default,8", help="comma-separated partition settings to run (default, 8)"
@@ -139,6 +153,7 @@ def main() -> None:
     from spark_plugin.shuffle import group_apply, partition_apply, release
 
     scratch = prepare()  # loopback, the venv's Python everywhere, the run marker
+    _hooked()
     load_before = os.getloadavg()
     spark = _session(scratch, args.worker_mb, "shuffle-matrix")
     cells: list[dict[str, Any]] = []
@@ -160,6 +175,8 @@ def main() -> None:
                 for partitions in args.partitions.split(","):
                     n = None if partitions == "default" else 8
                     for op in args.ops.split(","):
+                        if op == "pandas" and n is not None:
+                            continue  # an unchanged applyInPandas job has Spark's partitions
                         spark_step, arrow_step = _steps(df, op, n, group_apply, partition_apply, release)
                         arrow_s, arrow_mem = best(arrow_step, args.repeat)  # first: see shuffle_vs_spark
                         auto_s = None
@@ -350,9 +367,13 @@ def _steps(
 
     def taken(out: Any) -> None:
         decided = route_of(out)
-        if paths is not None:
-            paths.append(decided.path if decided is not None else "arrowbeat")
+        if paths is not None and decided is not None:
+            paths.append(decided.path)
+        elif paths is not None:  # no decision recorded: arrowbeat's shuffle ran, or Spark's call
+            paths.append("arrowbeat" if "_arrowbeat_shuffle" in vars(out) else "spark")
 
+    if op == "pandas":
+        return _pandas_steps(df, taken, release, path)
     if op == "group":
 
         def spark_step() -> Any:
@@ -381,6 +402,51 @@ def _steps(
                 release(out)
 
     return spark_step, arrow_step
+
+
+def _pandas_steps(
+    df: Any, taken: Callable[[Any], None], release: Any, path: str | None
+) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """An unchanged ``df.groupBy("k").applyInPandas(f, schema)``: Spark's with ``groupedMap=off``;
+    arrowbeat's ``group_by(df, "k").applyInPandas`` (the same API, called explicitly), or with
+    ``path="auto"`` the same unchanged call under ``groupedMap=auto`` (the hook decides)."""
+    from spark_plugin.compat.grouped_map_hook import KEY
+    from spark_plugin.shuffle import group_by
+
+    spark = df.sparkSession
+
+    def spark_step() -> Any:
+        spark.conf.set(KEY, "off")
+        return df.groupBy("k").applyInPandas(summarize_frame, SUMMARY).collect()
+
+    def arrow_step() -> Any:
+        if path == "auto":
+            spark.conf.set(KEY, "auto")
+            try:
+                out = df.groupBy("k").applyInPandas(summarize_frame, SUMMARY)
+            finally:
+                spark.conf.set(KEY, "off")
+        else:
+            out = group_by(df, "k").applyInPandas(summarize_frame, SUMMARY)
+        taken(out)
+        try:
+            return out.collect()
+        finally:
+            release(out)
+
+    return spark_step, arrow_step
+
+
+def _hooked() -> None:
+    """The grouped-map hook in this process, as an installed wheel has it from start-up (a
+    development install has no ``arrowbeat.pth``): the ``pandas`` cells' ``auto`` column."""
+    import pyspark.sql.classic.dataframe
+    import pyspark.sql.pandas.group_ops  # noqa: F401  (the modules it wraps, loaded)
+
+    from spark_plugin.compat.grouped_map_hook import patch_loaded
+    from spark_plugin.shuffle.takeover import take_over
+
+    patch_loaded(lambda: take_over)
 
 
 def _spark_hash(ids: Any) -> Any:
