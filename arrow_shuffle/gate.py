@@ -3,8 +3,9 @@
 Each channel (``RemoteChannelSpec`` -> ``RemoteInputChannel``) reads one subpartition from a
 ``PartitionServer`` (usually in another process) over a connection, with credits.
 Channels report "I have data" into one queue, so batches are handed out in arrival order
-across channels; the first channel failure is raised to the reader (and every channel is then
-closed, returning its buffers). The channels share the gate's floating buffers.
+across channels (a few buffers of one channel at a time, ``_BURST``); the first channel failure
+is raised to the reader (and every channel is then closed, returning its buffers). The channels
+share the gate's floating buffers.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ class RemoteChannelSpec:
     address: tuple[str, int]
     partition_id: PartitionId
     subpartition: int
+
+
+_BURST = 4
+"""Buffers taken from one channel in a row before it goes back in the queue behind the others:
+the queue's lock and wake-up once per few buffers, not per buffer, while no channel waits long."""
 
 
 class InputGate:
@@ -131,11 +137,15 @@ class InputGate:
             while len(self._ended) < len(self._channels):
                 index = self._next_channel()
                 channel = self._channels[index]
-                buffer, end = channel.poll()
-                if buffer is not None:
-                    self._notify(index)  # it may have more; re-queued behind the others
+                for _ in range(_BURST):
+                    buffer, end = channel.poll()
+                    if buffer is None:
+                        break
                     yield from self._decode(channel.where, buffer)
-                elif end and index not in self._ended:
+                else:
+                    self._notify(index)  # it may have more; re-queued behind the others
+                    continue
+                if end and index not in self._ended:
                     self._ended.add(index)
                     self._stats.add(channels_finished=1)
         except BaseException:
@@ -147,6 +157,11 @@ class InputGate:
         return pa.Table.from_batches(list(self), schema=self.schema)
 
     def _next_channel(self) -> int:
+        with self._cond:
+            if self._with_data:  # the common case while data flows: no wait to time
+                index = self._with_data.popleft()
+                self._queued.discard(index)
+                return index
         started = self.clock.monotonic()
         with self._cond:
             while not self._with_data:
