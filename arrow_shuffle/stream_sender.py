@@ -114,7 +114,10 @@ class StreamSender:
                 if idle_for >= self.keepalive_s:
                     self.conn.send(Kind.KEEPALIVE)
                     self.keepalives_sent += 1
-                    last_send = clock.monotonic()
+                    # The time it fell due, not a reading after the send: a clock that moved on
+                    # meanwhile (a test's jump, made once the reader heard this one) must find the
+                    # next keepalive due, or the stream falls silent at that time for good.
+                    last_send = now
                     continue
                 with self._cond:
                     if not self._signalled and not self._stopped:

@@ -10,6 +10,7 @@ import ast
 import socket
 import threading
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -26,8 +27,8 @@ from arrow_shuffle import (
 )
 from arrow_shuffle.frames import FrameHeader, Kind
 from arrow_shuffle.remote_channel import RemoteInputChannel
-from arrow_shuffle.transport import TcpConnection
-from heartbeat.clock import ManualClock
+from arrow_shuffle.transport import Connection, Listener, TcpConnection, TcpTransport
+from heartbeat.clock import SYSTEM_CLOCK, Clock, ManualClock
 from tests.harness.procs import wait_until
 
 from .conftest import APP, SCHEMA, SECRET, make_batch
@@ -150,6 +151,82 @@ def test_keepalives_keep_an_idle_stream_alive_far_past_peer_timeout(
         writer.finish()
         assert gate.read_all().column("seq").to_pylist() == list(range(100))
     finally:
+        gate.close()
+        server.close()
+    assert pool.num_available == pool.num_segments
+
+
+class _HeldKeepalive:
+    """A server connection whose first KEEPALIVE send returns only once ``release`` is set: the
+    sender thread descheduled right after its keepalive went out, as a loaded machine does."""
+
+    def __init__(self, inner: Connection, release: threading.Event) -> None:
+        self._inner = inner
+        self._release = release
+        self._held = False
+
+    def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None:
+        self._inner.send(kind, payload, seq, value)
+        if kind is Kind.KEEPALIVE and not self._held:
+            self._held = True
+            assert self._release.wait(10)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+class _HeldListener:
+    def __init__(self, inner: Listener, release: threading.Event) -> None:
+        self._inner = inner
+        self._release = release
+        self.address = inner.address
+
+    def accept(self) -> Connection | None:
+        conn = self._inner.accept()
+        return None if conn is None else cast(Connection, _HeldKeepalive(conn, self._release))
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _HeldKeepalives(TcpTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def listen(self, host: str, port: int, read_timeout_s: float, clock: Clock = SYSTEM_CLOCK) -> Listener:
+        return _HeldListener(super().listen(host, port, read_timeout_s, clock), self.release)
+
+
+def test_a_keepalive_whose_send_returns_after_a_clock_jump_leaves_the_next_one_due(
+    config: ShuffleConfig, pool: NetworkBufferPool
+) -> None:
+    """The reader hears a keepalive and the clock jumps before the sender's send returns (CI
+    caught it once: the keepalive test above waited 30 s for a keepalive that never came). The
+    next keepalive is due from when the last fell due, not from a clock read after the send."""
+    clock = ManualClock()
+    cfg = config.replace(keepalive_interval_s=0.1, peer_timeout_s=1.0)
+    transport = _HeldKeepalives()
+    server = PartitionServer(SECRET, APP, config=cfg, clock=clock, transport=transport)
+    part = ResultPartition(PartitionId(APP, 53, 0), 1, SCHEMA, pool, config=cfg)
+    server.register(part)
+    gate = InputGate(
+        [RemoteChannelSpec(server.address, part.partition_id, 0)], SCHEMA, pool, cfg, SECRET, clock=clock
+    )
+    try:
+        gate.start()
+        channel = gate.channels[0]
+        assert isinstance(channel, RemoteInputChannel)
+        assert wait_until(lambda: channel._conn is not None, DEADLINE_S), "never connected"
+        conn = channel._conn
+        assert isinstance(conn, TcpConnection)
+        clock.jump(0.5)
+        assert wait_until(lambda: conn.heard_at == 0.5, DEADLINE_S), "no keepalive heard"
+        clock.jump(0.5)  # the sender is still inside the send of the first keepalive
+        transport.release.set()
+        assert wait_until(lambda: conn.heard_at == 1.0, DEADLINE_S), "the next keepalive never came"
+    finally:
+        transport.release.set()
         gate.close()
         server.close()
     assert pool.num_available == pool.num_segments
