@@ -365,27 +365,27 @@ def _steps(
 
     routing = {} if path is None else {"path": path}
 
-    def taken(out: Any) -> None:
+    def collected(out: Any) -> Any:
+        """``out``'s rows, its shuffle released, the path it took noted in ``paths``."""
         decided = route_of(out)
-        if paths is not None and decided is not None:
-            paths.append(decided.path)
-        elif paths is not None:  # no decision recorded: arrowbeat's shuffle ran, or Spark's call
-            paths.append("arrowbeat" if "_arrowbeat_shuffle" in vars(out) else "spark")
+        shuffled = "_arrowbeat_shuffle" in vars(out)
+        if paths is not None:  # no decision recorded: arrowbeat's shuffle ran, or the hook left it
+            paths.append(decided.path if decided is not None else "arrowbeat" if shuffled else "spark")
+        try:
+            return out.collect()
+        finally:
+            if shuffled or decided is not None:  # a call the hook left to Spark has nothing to release
+                release(out)
 
     if op == "pandas":
-        return _pandas_steps(df, taken, release, path)
+        return _pandas_steps(df, collected, path)
     if op == "group":
 
         def spark_step() -> Any:
             return df.groupBy("k").applyInArrow(summarize, SUMMARY).collect()
 
         def arrow_step() -> Any:
-            out = group_apply(df, ["k"], summarize, SUMMARY, num_partitions=n, **routing)
-            taken(out)
-            try:
-                return out.collect()
-            finally:
-                release(out)
+            return collected(group_apply(df, ["k"], summarize, SUMMARY, num_partitions=n, **routing))
 
     else:
 
@@ -394,18 +394,13 @@ def _steps(
             return shuffled.mapInArrow(partial, PARTIAL).collect()
 
         def arrow_step() -> Any:
-            out = partition_apply(df, n, ["k"], partial, PARTIAL, **routing)
-            taken(out)
-            try:
-                return out.collect()
-            finally:
-                release(out)
+            return collected(partition_apply(df, n, ["k"], partial, PARTIAL, **routing))
 
     return spark_step, arrow_step
 
 
 def _pandas_steps(
-    df: Any, taken: Callable[[Any], None], release: Any, path: str | None
+    df: Any, collected: Callable[[Any], Any], path: str | None
 ) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """An unchanged ``df.groupBy("k").applyInPandas(f, schema)``: Spark's with ``groupedMap=off``;
     arrowbeat's ``group_by(df, "k").applyInPandas`` (the same API, called explicitly), or with
@@ -428,11 +423,7 @@ def _pandas_steps(
                 spark.conf.set(KEY, "off")
         else:
             out = group_by(df, "k").applyInPandas(summarize_frame, SUMMARY)
-        taken(out)
-        try:
-            return out.collect()
-        finally:
-            release(out)
+        return collected(out)
 
     return spark_step, arrow_step
 

@@ -96,12 +96,8 @@ def test_hung_producer_is_lost_after_peer_timeout_on_the_gate_clock(
     partition = PartitionId(APP, 50, 0)
     gate = InputGate([RemoteChannelSpec(fake.address, partition, 0)], SCHEMA, pool, cfg, SECRET, clock=clock)
     try:
-        gate.start()
+        conn = _connected(gate)
         channel = gate.channels[0]
-        assert isinstance(channel, RemoteInputChannel)
-        assert wait_until(lambda: channel._conn is not None, DEADLINE_S), "never connected"
-        conn = channel._conn
-        assert isinstance(conn, TcpConnection)
         clock.jump(59.75)
         _ticks_pass(conn)
         assert not channel.terminated.is_set()  # silent, but not yet for peer_timeout_s
@@ -115,6 +111,17 @@ def test_hung_producer_is_lost_after_peer_timeout_on_the_gate_clock(
         gate.close()
         fake.close()
     assert pool.num_available == pool.num_segments
+
+
+def _connected(gate: InputGate) -> TcpConnection:
+    """Start ``gate`` and wait for its one channel's connection (handshake and request done)."""
+    gate.start()
+    channel = gate.channels[0]
+    assert isinstance(channel, RemoteInputChannel)
+    assert wait_until(lambda: channel._conn is not None, DEADLINE_S), "never connected"
+    conn = channel._conn
+    assert isinstance(conn, TcpConnection)
+    return conn
 
 
 def test_keepalives_keep_an_idle_stream_alive_far_past_peer_timeout(
@@ -214,12 +221,7 @@ def test_a_keepalive_whose_send_returns_after_a_clock_jump_leaves_the_next_one_d
         [RemoteChannelSpec(server.address, part.partition_id, 0)], SCHEMA, pool, cfg, SECRET, clock=clock
     )
     try:
-        gate.start()
-        channel = gate.channels[0]
-        assert isinstance(channel, RemoteInputChannel)
-        assert wait_until(lambda: channel._conn is not None, DEADLINE_S), "never connected"
-        conn = channel._conn
-        assert isinstance(conn, TcpConnection)
+        conn = _connected(gate)
         clock.jump(0.5)
         assert wait_until(lambda: conn.heard_at == 0.5, DEADLINE_S), "no keepalive heard"
         clock.jump(0.5)  # the sender is still inside the send of the first keepalive
