@@ -216,11 +216,8 @@ class PayloadEncoder:
             parts, size = sink.parts, sink.size
             sink.parts, sink.size = [], 0
             return _ended(lease, parts, size)
-        self._reusable = False
-        writer.close()
-        if sink.size > lease.capacity:
-            return None
-        return ArrowPayload(lease, sink.parts, sink.size)
+        self._reusable = False  # never seen: a writer that did not begin with the schema's message
+        return encode_parts(lease, batch, self.schema)
 
 
 def _ended(lease: Buffer, parts: list[Part], size: int) -> ArrowPayload | None:

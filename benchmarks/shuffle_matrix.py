@@ -14,8 +14,8 @@ one operation, timed best of ``--repeat`` on both sides in the same run:
 over rows {400 k, 4 M, 20 M} x partitions {Spark's default (200, AQE), 8 explicit} x keys
 {uniform over 5,003 values, one key holding 60% of the rows}. ``f`` and ``g`` are small Arrow
 aggregations (``h`` is ``f`` in pandas), so the shuffle is what is measured. Each cell prints both
-times, their ratio (Spark / arrowbeat: above 1 means arrowbeat is faster) and both peak executor memories (the
-executors' process trees, sampled every 0.1 s). Peak memory is measured again after the timing
+times, their ratio (Spark / arrowbeat: above 1 means arrowbeat is faster) and both peak executor
+memories (the executors' process trees, sampled every 0.1 s). Peak memory is measured again after the timing
 run with each side in an application of its own (every cell once), since in the shared one a JVM
 keeps the heap an earlier Spark run grew: ``RESULT max_peak_mem_ratio`` is from that pass
 (``--shared-memory`` skips it and takes the shared application's peaks).

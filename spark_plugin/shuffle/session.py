@@ -40,14 +40,12 @@ _PROBE_SCHEMA = "stage bigint, partition int"
 _warned_fallback = False
 
 
-_APPLICATION_CONF: weakref.WeakKeyDictionary[Any, tuple[str, list[tuple[str, str]]]] = (
-    weakref.WeakKeyDictionary()
-)
+_APPLICATION_CONF: weakref.WeakKeyDictionary[Any, tuple[str, dict[str, str]]] = weakref.WeakKeyDictionary()
 _APPLICATION_CONF_LOCK = threading.Lock()
 
 
-def _application_conf(context: Any) -> list[tuple[str, str]]:
-    """A classic SparkContext's ``SparkConf``, read once per application.
+def _application_conf(context: Any) -> dict[str, str]:
+    """A classic SparkContext's ``SparkConf`` (in its order), read once per application.
 
     ``getConf()`` copies the conf entry by entry through py4j (three calls per entry): 40-60 ms for
     a few hundred entries, and a shuffle call needed it three times, ``release`` once more: a
@@ -59,7 +57,7 @@ def _application_conf(context: Any) -> list[tuple[str, str]]:
         cached = _APPLICATION_CONF.get(context)
     if cached is not None and cached[0] == application:
         return cached[1]
-    entries = [(str(k), str(v)) for k, v in context.getConf().getAll()]
+    entries = {str(k): str(v) for k, v in context.getConf().getAll()}
     with _APPLICATION_CONF_LOCK:
         _APPLICATION_CONF[context] = (application, entries)
     return entries
@@ -69,7 +67,7 @@ def conf_entries(spark: Any) -> list[tuple[str, str]]:
     """The application's conf as this session may see it: every entry, or (Spark Connect) every
     entry Spark does not withhold from clients."""
     if not is_connect(spark):
-        return list(_application_conf(spark.sparkContext))
+        return list(_application_conf(spark.sparkContext).items())
     entries = getattr(spark.conf, "getAll", None)
     if not isinstance(entries, dict):
         raise ShuffleConfigError(
@@ -92,8 +90,7 @@ def app_id(spark: Any) -> str:
 def conf_value(spark: Any, key: str, default: str) -> str:
     """One entry of the application's conf (``SparkConf`` classic, the session's on Connect)."""
     if not is_connect(spark):
-        value = dict(_application_conf(spark.sparkContext)).get(key)
-        return str(value or default)
+        return _application_conf(spark.sparkContext).get(key) or default
     return str(spark.conf.get(key, default) or default)
 
 
