@@ -167,8 +167,18 @@ def default_parallelism(spark: Any) -> int:
 
 
 def sql_conf(spark: Any, key: str, default: str) -> str:
-    """One SQL setting as the session sees it (runtime conf: ``spark.conf.set`` included)."""
-    value = spark.conf.get(key, None)
+    """One SQL setting as the session sees it: ``spark.conf.set``, the application's conf, else
+    *this Spark's* default for the key (``default`` only where this Spark has no such key).
+
+    Spark's defaults move between versions, and PySpark's workers convert with the effective
+    value: ``spark.sql.session.timeZone`` is unset until a user sets it, yet the workers get the
+    JVM's zone (a pandas result with a timestamp column needs it from pyspark 4.2), and
+    ``...pandas.convertToArrowArraySafely`` is ``true`` in this Spark where older ones had ``false``.
+    ``spark.conf.get(key)`` without a default answers the effective value."""
+    try:
+        value = spark.conf.get(key)
+    except Exception:  # a key this Spark does not define (py4j or Connect raise their own types)
+        value = None
     return default if value in (None, "", "<undefined>") else str(value)
 
 

@@ -12,7 +12,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pytest
@@ -496,3 +496,34 @@ def test_a_bad_setting_is_the_plugins_config_error_naming_the_key(
     with pytest.raises(ConfigError, match=re.escape(named)) as caught:
         dataframe.shuffle_settings(session)  # type: ignore[arg-type]
     assert not isinstance(caught.value, ShuffleConfigError)
+
+
+class _EffectiveConf:
+    """PySpark's runtime conf: ``get(key, default)`` answers the caller's default for a key nobody
+    set, ``get(key)`` this Spark's own default, and raises for a key this Spark does not define."""
+
+    DEFAULTS: ClassVar[dict[str, str]] = {
+        "spark.sql.session.timeZone": "Etc/UTC",
+        "spark.sql.execution.pandas.convertToArrowArraySafely": "true",
+        "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName": "true",
+        "spark.sql.execution.arrow.useLargeVarTypes": "false",
+    }
+
+    def get(self, key: str, *default: str | None) -> str | None:
+        if default:
+            return default[0]
+        if key not in self.DEFAULTS:
+            raise RuntimeError(f"[SQL_CONF_NOT_FOUND] {key}")
+        return self.DEFAULTS[key]
+
+
+def test_the_pandas_conversion_follows_this_sparks_effective_defaults() -> None:
+    """Unset keys convert as this Spark's workers do: its JVM's zone (a timestamp result needs one
+    from pyspark 4.2) and its safe-cast default; a key it lacks takes arrowbeat's default."""
+    from spark_plugin.shuffle.session import pandas_conversion
+
+    session = type("Session", (), {"conf": _EffectiveConf()})()
+    conversion = pandas_conversion(session)
+    assert conversion.timezone == "Etc/UTC" and conversion.safecheck
+    assert conversion.assign_cols_by_name and not conversion.large_var_types
+    assert not conversion.prefer_int_ext_dtype and not conversion.int_to_decimal_coercion
