@@ -157,6 +157,9 @@ def main() -> None:
     parser.add_argument("--reducers", type=int, default=8, help="shuffle partitions")
     args = parser.parse_args()
     spark = SparkSession.builder.appName("arrowbeat-arrow-pipeline").getOrCreate()
+    # Spark's own groupBy().applyInArrow is the baseline: arrowbeat must not take it over (the
+    # installed wheel's default, groupedMap=auto, would for inputs this large).
+    spark.conf.set("spark.arrowbeat.shuffle.groupedMap", "off")
     for warm_up in pipelines(spark, 100_000, 2, 2).values():  # start Python workers, load classes
         warm_up()
     steps = pipelines(spark, args.rows, args.parts, args.reducers)

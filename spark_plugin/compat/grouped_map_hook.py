@@ -126,6 +126,17 @@ def mode_of(session: Any) -> str:
         raise ConfigError([f"{KEY}={value!r}: expected {option.expected}"]) from None
 
 
+def _leave_level(session: Any) -> int:
+    """How loudly a call left to Spark is logged: WARNING where the application set the key (it
+    asked for arrowbeat's shuffle), INFO under the default ``auto`` (every grouped map of every
+    application that has the wheel would otherwise warn: small inputs, the plugin not on)."""
+    try:
+        explicit = session.conf.get(KEY, None) not in (None, "")
+    except Exception:  # the conf cannot be read: the quiet level
+        explicit = False
+    return logging.WARNING if explicit else logging.INFO
+
+
 # -- checks -------------------------------------------------------------------------------------
 def _parameters(function: Any) -> tuple[str, ...] | None:
     try:
@@ -200,7 +211,8 @@ def _wrap_apply(
         except Exception as exc:
             decision = Decision(None, f"arrowbeat could not plan it ({type(exc).__name__}: {exc})")
         if decision.df is None:
-            log.warning(
+            log.log(
+                _leave_level(sides[0].df.sparkSession),
                 "arrowbeat leaves %s to Spark's shuffle (%s=%s): %s",
                 offer.describe(),
                 KEY,
@@ -234,7 +246,8 @@ def _wrap_logged(
         except Exception:  # the conf cannot be read: nothing to say
             mode = "off"
         if mode != "off":
-            log.warning("arrowbeat leaves %s to Spark's shuffle (%s=%s): %s", what, KEY, mode, why)
+            level = _leave_level(session_of(self))
+            log.log(level, "arrowbeat leaves %s to Spark's shuffle (%s=%s): %s", what, KEY, mode, why)
         return original(self, *args, **kwargs)
 
     return _mark(logged)

@@ -80,6 +80,7 @@ from spark_plugin.shuffle.adaptive import (
     settings_from_sql_conf,
 )
 from spark_plugin.shuffle.agent_client import MapOutputClient
+from spark_plugin.shuffle.direct_scan import DirectScan, plan_direct_scan, scan_function
 from spark_plugin.shuffle.map_output import check_keys
 from spark_plugin.shuffle.route import (
     Route,
@@ -124,7 +125,12 @@ Coalescing = bool | tuple[range, ...]
 """How a shuffle's reduce partitions become tasks: ``False`` one task each, ``True`` packed by their
 real sizes once the map side ran (eagerly), a tuple: these groups, planned from the optimizer's size."""
 
-_PER_QUERY_FIELDS = ("shuffle_read_host_local", "shuffle_adaptive", "shuffle_reduce_memory_bytes")
+_PER_QUERY_FIELDS = (
+    "shuffle_read_host_local",
+    "shuffle_adaptive",
+    "shuffle_reduce_memory_bytes",
+    "shuffle_direct_scan",
+)
 """``ArrowBeatConfig`` fields whose key the session's runtime conf may override per query."""
 
 
@@ -587,14 +593,49 @@ def map_side(
 ) -> DataFrame:
     """The status rows of ``df``'s map tasks (a chained ``map_in_arrow``/``map_in_pandas`` runs
     inside them)."""
-    chained = _attached(df, "_arrowbeat_chain")
-    if chained is not None:  # run the producing mapInArrow inside the map task: no JVM in between
-        parent, pre = chained
-        statuses: DataFrame = parent.mapInArrow(
-            _named(map_function(plan, report, pre, map_offset=map_offset), WRITE_UDF), STATUS_DDL
+    # A chained mapInArrow runs inside the map task (no JVM in between), after a direct scan if any.
+    source, pre = _attached(df, "_arrowbeat_chain") or (df, None)
+    scan = _direct_scan(source)
+    if scan is not None:  # the map tasks read the Parquet files themselves
+        read: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]] = scan_function(
+            scan, to_arrow_schema(source.schema).serialize().to_pybytes()
         )
-        return statuses
-    return df.mapInArrow(_named(map_function(plan, report, map_offset=map_offset), WRITE_UDF), STATUS_DDL)
+        if pre is not None:
+            read = _then(read, pre)
+        source, pre = _split_numbers(source.sparkSession, len(scan.tasks)), read
+    statuses: DataFrame = source.mapInArrow(
+        _named(map_function(plan, report, pre, map_offset=map_offset), WRITE_UDF), STATUS_DDL
+    )
+    return statuses
+
+
+def _direct_scan(df: DataFrame) -> DirectScan | None:
+    """How the map tasks read ``df``'s Parquet files themselves (``direct_scan``), or None."""
+    if not shuffle_settings(df.sparkSession).shuffle_direct_scan:
+        return None
+    scan = plan_direct_scan(df, to_arrow_schema(df.schema))
+    if isinstance(scan, str):
+        log.debug("the map side takes Spark's scan: %s", scan)
+        return None
+    log.info(
+        "the map side reads %d Parquet files (%d row groups) directly, in %d tasks",
+        scan.files,
+        scan.row_groups,
+        len(scan.tasks),
+    )
+    return scan
+
+
+def _split_numbers(spark: SparkSession, tasks: int) -> DataFrame:
+    """One partition per map task, holding its split number (``direct_scan.scan_function``)."""
+    return spark.range(0, tasks, 1, tasks)
+
+
+def _then(
+    first: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]],
+    second: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]],
+) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
+    return lambda batches: second(first(batches))
 
 
 WRITE_UDF, READ_UDF = "arrowbeat_shuffle_write", "arrowbeat_shuffle_read"

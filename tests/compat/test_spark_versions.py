@@ -35,6 +35,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pyspark
 import pytest
 from pyspark import TaskContext
@@ -45,7 +46,7 @@ from pyspark.sql.pandas.functions import pandas_udf
 
 from spark_plugin.compat import versions
 from spark_plugin.jvm.launch import PYTHON_DAEMON_MODULE
-from spark_plugin.shuffle import group_apply, repartition
+from spark_plugin.shuffle import group_apply, group_by, release, repartition
 from tests.harness.history_read import rows
 from tests.harness.procs import ours, wait_until
 from tests.harness.session import build_session, stop_session
@@ -168,6 +169,32 @@ def test_group_apply_equals_spark(app: App) -> None:
     ours_ = group_apply(_keyed(app.spark), ["key"], total, "key long, s long")
     spark_ = _keyed(app.spark).groupBy("key").agg(F.sum("v").alias("s"))
     assert sorted(map(tuple, ours_.collect())) == sorted(map(tuple, spark_.collect()))
+
+
+def test_group_by_over_parquet_reads_the_files_in_its_map_tasks_and_equals_spark(app: App) -> None:
+    """This Spark's plan is read (``compat.parquet_relation``) and its map tasks read the files;
+    a pandas result with a timestamp converts in the session's zone, which nobody set here."""
+    folder = app.base / "parquet-in"
+    folder.mkdir()
+    at = pa.array(
+        [1_700_000_000_000_000 + i * 3_600_000_000 for i in range(3000)], pa.timestamp("us", tz="UTC")
+    )
+    table = pa.table({"key": pa.array([i % 13 for i in range(3000)], pa.int64()), "at": at})
+    pq.write_table(table, folder / "a.parquet", row_group_size=1000)
+
+    def latest(group: pd.DataFrame) -> pd.DataFrame:
+        return pd.DataFrame(
+            {"key": [int(group["key"].iloc[0])], "last": [group["at"].max()], "n": [len(group)]}
+        )
+
+    schema = "key long, last timestamp, n long"
+    want = app.spark.read.parquet(str(folder)).groupBy("key").applyInPandas(latest, schema).collect()
+    ours_ = group_by(app.spark.read.parquet(str(folder)), "key").applyInPandas(latest, schema)
+    try:
+        assert "Range (" in str(ours_._jdf.queryExecution().analyzed().toString())  # no FileScan
+        assert sorted(map(tuple, ours_.collect())) == sorted(map(tuple, want)) and len(want) == 13
+    finally:
+        release(ours_)
 
 
 def test_repartition_equals_spark(app: App) -> None:

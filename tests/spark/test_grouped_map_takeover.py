@@ -90,7 +90,8 @@ def test_an_unchanged_apply_in_pandas_runs_on_arrowbeats_shuffle_when_on(
     spark: SparkSession, mode: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     df = source(spark)
-    sparks = df.groupBy("k").applyInPandas(stats, STATS)  # the key unset: off
+    mode("off")
+    sparks = df.groupBy("k").applyInPandas(stats, STATS)
     spark_plan = plan_of(sparks, capsys)
     assert "FlatMapGroupsInPandas" in spark_plan and "arrowbeat" not in spark_plan
     mode("on")

@@ -148,7 +148,7 @@ def normalize(pdf: Any) -> Any:
 
 
 def test_off_is_sparks_method_after_one_conf_read_and_imports_nothing() -> None:
-    session = FakeSession()
+    session = FakeSession(**{hook.KEY: "off"})
     mods, provider = installed(session, ours)
     df = mods["ops"].make()
     assert df.groupBy("k").applyInPandas(normalize, "k long") == "spark's"
@@ -188,6 +188,24 @@ def test_a_refusal_is_one_log_line_and_sparks_method(caplog: pytest.LogCaptureFi
     assert record.levelno == logging.WARNING
     assert "groupBy('k').applyInPandas(normalize)" in record.message
     assert "grouping by an expression" in record.message and hook.KEY in record.message
+
+
+def test_the_default_is_auto_and_what_it_leaves_to_spark_is_logged_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Unset, the key is ``auto``: the call is offered; a call left to Spark says why at INFO (the
+    application did not ask), where a key the application set says it at WARNING."""
+    session = FakeSession()
+    mods, provider = installed(session, ours)
+    assert mods["ops"].make().groupBy("k").applyInPandas(normalize, "k long") == "arrowbeat's"
+    assert [mode for _, mode in provider.offers] == ["auto"]
+    mods, _ = installed(session, lambda offer, mode: Decision(None, "a small input"))
+    with caplog.at_level(logging.INFO, logger=hook.__name__):
+        assert mods["ops"].make().groupBy("k").applyInPandas(normalize, "k long") == "spark's"
+        session.conf.values[hook.KEY] = "auto"
+        assert mods["ops"].make().groupBy("k").applyInPandas(normalize, "k long") == "spark's"
+    assert [r.levelno for r in caplog.records] == [logging.INFO, logging.WARNING]
+    assert all("a small input" in r.message for r in caplog.records)
 
 
 def test_a_failing_takeover_is_sparks_method_never_an_error(caplog: pytest.LogCaptureFixture) -> None:
