@@ -80,7 +80,7 @@ from spark_plugin.shuffle.adaptive import (
     settings_from_sql_conf,
 )
 from spark_plugin.shuffle.agent_client import MapOutputClient
-from spark_plugin.shuffle.direct_scan import DirectScan, plan_direct_scan, scan_function
+from spark_plugin.shuffle.direct_scan import BATCH_ROWS, DirectScan, plan_direct_scan, scan_function
 from spark_plugin.shuffle.map_output import check_keys
 from spark_plugin.shuffle.route import (
     Route,
@@ -93,7 +93,14 @@ from spark_plugin.shuffle.route import (
     spark_repartition,
 )
 from spark_plugin.shuffle.route import mark as mark_route
-from spark_plugin.shuffle.session import app_id, conf_entries, conf_value, default_parallelism, new_shuffle_id
+from spark_plugin.shuffle.session import (
+    app_id,
+    arrow_batch_rows,
+    conf_entries,
+    conf_value,
+    default_parallelism,
+    new_shuffle_id,
+)
 from spark_plugin.shuffle.tasks import (
     CARRIED_DDL,
     REPORT_COLUMNS,
@@ -595,10 +602,11 @@ def map_side(
     inside them)."""
     # A chained mapInArrow runs inside the map task (no JVM in between), after a direct scan if any.
     source, pre = _attached(df, "_arrowbeat_chain") or (df, None)
-    scan = _direct_scan(source)
+    scan = _direct_scan(source, chained=pre is not None)
     if scan is not None:  # the map tasks read the Parquet files themselves
+        rows = arrow_batch_rows(source.sparkSession) if pre is not None else BATCH_ROWS
         read: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]] = scan_function(
-            scan, to_arrow_schema(source.schema).serialize().to_pybytes()
+            scan, to_arrow_schema(source.schema).serialize().to_pybytes(), rows
         )
         if pre is not None:
             read = _then(read, pre)
@@ -609,11 +617,15 @@ def map_side(
     return statuses
 
 
-def _direct_scan(df: DataFrame) -> DirectScan | None:
-    """How the map tasks read ``df``'s Parquet files themselves (``direct_scan``), or None."""
+def _direct_scan(df: DataFrame, chained: bool) -> DirectScan | None:
+    """How the map tasks read ``df``'s Parquet files themselves (``direct_scan``), or None: an
+    optimisation never fails the call (anything it raises keeps Spark's scan)."""
     if not shuffle_settings(df.sparkSession).shuffle_direct_scan:
         return None
-    scan = plan_direct_scan(df, to_arrow_schema(df.schema))
+    try:
+        scan = plan_direct_scan(df, to_arrow_schema(df.schema), chained)
+    except Exception as exc:
+        scan = f"planning it failed ({type(exc).__name__}: {exc})"
     if isinstance(scan, str):
         log.debug("the map side takes Spark's scan: %s", scan)
         return None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ import pyarrow.parquet as pq
 from arrow_shuffle.errors import ShuffleError
 from spark_plugin.compat.parquet_relation import parquet_relation
 from spark_plugin.settings.units import parse_bytes
-from spark_plugin.shuffle.session import default_parallelism, sql_conf
+from spark_plugin.shuffle.session import conf_value, default_parallelism, sql_conf
 
 log = logging.getLogger("arrowbeat.shuffle")
 
@@ -61,6 +62,13 @@ change rows: Spark's scan keeps it."""
 
 LEGACY_CALENDAR_KEYS = (b"org.apache.spark.legacyDateTime", b"org.apache.spark.legacyINT96")
 """Footer keys of files whose dates Spark rebases from the Julian calendar when it reads them."""
+SPARK_VERSION_KEY = b"org.apache.spark.version"
+"""Spark's writer version in a footer: below 3.0 its dates are Julian (rebased on read, no key)."""
+REBASE_MODE = "spark.sql.parquet.datetimeRebaseModeInRead"
+"""How Spark reads dates and timestamps of files no Spark wrote: only ``CORRECTED`` reads them as
+they are (``LEGACY`` rebases, ``EXCEPTION`` fails on ancient values)."""
+CRYPTO_FACTORY = "spark.hadoop.parquet.crypto.factory.class"
+"""Parquet modular encryption on: Spark decrypts columns with keys pyarrow does not have."""
 
 _ROW_CHANGING_FLAGS = ("spark.sql.files.ignoreCorruptFiles", "spark.sql.files.ignoreMissingFiles")
 """Session settings under which Spark's scan reads other rows than pyarrow."""
@@ -84,8 +92,11 @@ class DirectScan:
     row_groups: int
 
 
-def plan_direct_scan(df: Any, schema: pa.Schema) -> DirectScan | str:
-    """How map tasks read ``df``'s Parquet files themselves, or why they should not (a reason)."""
+def plan_direct_scan(df: Any, schema: pa.Schema, chained: bool = False) -> DirectScan | str:
+    """How map tasks read ``df``'s Parquet files themselves, or why they should not (a reason).
+
+    ``chained``: a user's ``map_in_arrow``/``map_in_pandas`` function reads the batches first, so
+    they must also carry the labels Spark's would (a timestamp's session zone, large strings)."""
     relation = parquet_relation(df)
     if relation.why_not:
         return relation.why_not
@@ -100,6 +111,15 @@ def plan_direct_scan(df: Any, schema: pa.Schema) -> DirectScan | str:
         by_id = [f.name for f in df.schema.fields if FIELD_ID_KEY in (f.metadata or {})]
         if by_id:
             return f"{FIELD_ID_READ}=true and columns {by_id} are matched by Parquet field id"
+    if conf_value(spark, CRYPTO_FACTORY, ""):
+        return f"{CRYPTO_FACTORY} is set (encrypted columns)"
+    if chained:
+        why = _chained_labels(spark, schema)
+        if why:
+            return why
+    case_sensitive = sql_conf(spark, "spark.sql.caseSensitive", "false").strip().lower() == "true"
+    dated = any(pa.types.is_date(f.type) or pa.types.is_timestamp(f.type) for f in schema)
+    corrected = not dated or sql_conf(spark, REBASE_MODE, "CORRECTED").strip().upper() == "CORRECTED"
     if not relation.files:
         return "no files to read"
     if len(relation.files) > MAX_FILES:
@@ -109,11 +129,13 @@ def plan_direct_scan(df: Any, schema: pa.Schema) -> DirectScan | str:
         parsed = urlparse(uri)
         if parsed.scheme not in ("file", "") or parsed.netloc not in ("", "localhost"):
             return f"{uri} is not on the local file system"
-        paths.append(unquote(parsed.path))
+        path = unquote(parsed.path)
+        if _data_file(path):
+            paths.append(path)
     units: list[tuple[int, str, int]] = []  # (bytes, path, row group)
     file_bytes = 0
     for path in paths:
-        why, groups, size = _file_groups(path, schema)
+        why, groups, size = _file_groups(path, schema, case_sensitive, corrected)
         if why:
             return why
         units.extend((weight, path, group) for group, weight in groups)
@@ -127,8 +149,37 @@ def plan_direct_scan(df: Any, schema: pa.Schema) -> DirectScan | str:
     return DirectScan(tuple(schema.names), tasks, len(paths), len(units))
 
 
-def _file_groups(path: str, schema: pa.Schema) -> tuple[str, list[tuple[int, int]], int]:
-    """``(why not, [(row group, bytes)...], file bytes)`` of one file, read from its footer."""
+def _data_file(path: str) -> bool:
+    """Whether Spark's scan reads the file: its listing also holds summary files (``_metadata``,
+    ``_common_metadata``) that its scan skips with every name starting ``_`` (but a partition
+    directory's ``k=v``) or ``.``, and empty files."""
+    name = os.path.basename(path)
+    if name.startswith(".") or (name.startswith("_") and "=" not in name):
+        return False
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return True  # the footer read says why it cannot be read
+
+
+def _chained_labels(spark: Any, schema: pa.Schema) -> str:
+    """Why a chained function would see other Arrow labels than Spark hands it, or ``""``."""
+    if any(pa.types.is_timestamp(f.type) and f.type.tz for f in schema):
+        return "a chained function reads timestamps, which Spark labels with the session's zone"
+    large = sql_conf(spark, "spark.sql.execution.arrow.useLargeVarTypes", "false").strip().lower() == "true"
+    if large and any(pa.types.is_string(f.type) or pa.types.is_binary(f.type) for f in schema):
+        return "a chained function reads strings, which Spark hands it as large strings here"
+    return ""
+
+
+def _file_groups(
+    path: str, schema: pa.Schema, case_sensitive: bool = True, corrected: bool = True
+) -> tuple[str, list[tuple[int, int]], int]:
+    """``(why not, [(row group, bytes)...], file bytes)`` of one file, read from its footer.
+
+    ``case_sensitive`` False: Spark refuses a file with two columns whose names differ in case
+    only; ``corrected`` False: a file no Spark wrote with dates or timestamps, which this session
+    reads rebased (``REBASE_MODE``)."""
     try:
         with open(path, "rb") as handle:
             metadata = pq.read_metadata(handle)
@@ -139,10 +190,20 @@ def _file_groups(path: str, schema: pa.Schema) -> tuple[str, list[tuple[int, int
     legacy = [key.decode() for key in LEGACY_CALENDAR_KEYS if key in footer]
     if legacy:
         return f"{path} was written with Spark's legacy calendar ({legacy[0]})", [], 0
+    writer = footer.get(SPARK_VERSION_KEY)
+    if writer is not None and _version(writer) < (3, 0):
+        return f"{path} was written by Spark {writer.decode(errors='replace')} (Julian dates)", [], 0
+    if writer is None and not corrected:
+        return f"{path}: dates or timestamps of a file no Spark wrote, rebased under {REBASE_MODE}", [], 0
     try:
         file_schema = metadata.schema.to_arrow_schema()
     except pa.ArrowException as exc:
         return f"{path}'s schema has no Arrow form here ({exc})", [], 0
+    if not case_sensitive:
+        folded = [name.lower() for name in file_schema.names]
+        clashing = sorted({f.name for f in schema if folded.count(f.name.lower()) > 1})
+        if clashing:
+            return f"{path} has columns differing in case only ({clashing})", [], 0
     for want in schema:
         index = file_schema.get_field_index(want.name)
         if index < 0:
@@ -156,6 +217,17 @@ def _file_groups(path: str, schema: pa.Schema) -> tuple[str, list[tuple[int, int
         if metadata.row_group(i).num_rows > 0
     ]
     return "", groups, size
+
+
+def _version(text: bytes) -> tuple[int, ...]:
+    """``b"2.4.8"`` as ``(2, 4, 8)``; an unreadable version as the oldest."""
+    parts = []
+    for part in text.decode(errors="replace").split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or (0,)
 
 
 def _pack(
@@ -190,25 +262,28 @@ def _pack(
 
 
 def scan_function(
-    scan: DirectScan, schema_ipc: bytes
+    scan: DirectScan, schema_ipc: bytes, batch_rows: int = BATCH_ROWS
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The map task's reader: for each split number it receives, that split's row groups, as
-    batches of ``schema`` (the Arrow schema Spark's scan would have handed the worker)."""
+    batches of ``schema`` (the Arrow schema Spark's scan would have handed the worker) of at most
+    ``batch_rows`` rows (a chained function gets ``maxRecordsPerBatch``, as from Spark)."""
 
     def read(numbers: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         schema = pa.ipc.read_schema(pa.py_buffer(schema_ipc))
         for batch in numbers:
             for task in batch.column(0).to_pylist():
                 for path, groups in scan.tasks[task]:
-                    yield from _read_split(path, groups, schema)
+                    yield from _read_split(path, groups, schema, batch_rows)
 
     return read
 
 
-def _read_split(path: str, groups: tuple[int, ...], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _read_split(
+    path: str, groups: tuple[int, ...], schema: pa.Schema, batch_rows: int
+) -> Iterator[pa.RecordBatch]:
     with pq.ParquetFile(path) as reader:
         for batch in reader.iter_batches(
-            batch_size=BATCH_ROWS, row_groups=list(groups), columns=schema.names, use_threads=False
+            batch_size=batch_rows, row_groups=list(groups), columns=schema.names, use_threads=False
         ):
             columns = [batch.column(name) for name in schema.names]  # the file's order may differ
             if [column.type for column in columns] != schema.types:

@@ -55,7 +55,8 @@ def _table(rows: int, offset: int) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def files(shuffle_cluster: ShuffleCluster, scratch: Path) -> Path:
-    """Four files: two of several row groups, one empty, one with its columns reversed."""
+    """Three data files (two of several row groups, one empty, one with its columns reversed)
+    and a ``_metadata`` summary of the first."""
     folder = scratch / "direct-scan" / "input"
     folder.mkdir(parents=True)
     half = ROWS // 2
@@ -63,6 +64,10 @@ def files(shuffle_cluster: ShuffleCluster, scratch: Path) -> Path:
     pq.write_table(_table(30, 0).slice(0, 0), folder / "b.parquet")
     first = _table(half, half)
     pq.write_table(first.select(first.column_names[::-1]), folder / "c.parquet", row_group_size=1_000)
+    # A summary file (Dask and pyarrow write them) is listed by Spark but never scanned.
+    metadata = pq.read_metadata(folder / "a.parquet")
+    metadata.set_file_path("a.parquet")
+    metadata.write_metadata_file(str(folder / "_metadata"))
     return folder
 
 
@@ -148,18 +153,31 @@ def test_a_selection_and_a_chained_map_read_directly_only_their_columns(
 
     def doubled(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
+            if batch.num_rows > 1_000:  # Spark hands a mapInArrow function maxRecordsPerBatch rows
+                raise ValueError(f"a batch of {batch.num_rows} rows")
             yield pa.record_batch([batch.column("k"), batch.column("small")], names=["k", "small"])
             yield pa.record_batch([batch.column("k"), batch.column("small")], names=["k", "small"])
 
-    chained = map_in_arrow(spark.read.parquet(str(files)), doubled, "k int, small byte")
     counted = spark.read.parquet(str(files)).groupBy("k").count().collect()
     want_chained = Counter((key, 2 * n) for key, n in counted)  # every row twice
-    out = group_apply(chained, ["k"], _count, "k int, n long")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
     try:
-        assert _scan_of(out) == "direct"
-        assert _rows(out) == want_chained
+        # Only the columns it reads: read directly. Over a timestamp column, which Spark would hand
+        # the function labelled with the session's zone: Spark's scan.
+        for frame, scan in [
+            (spark.read.parquet(str(files)).select("k", "small"), "direct"),
+            (spark.read.parquet(str(files)), "spark"),
+        ]:
+            out = group_apply(
+                map_in_arrow(frame, doubled, "k int, small byte"), ["k"], _count, "k int, n long"
+            )
+            try:
+                assert _scan_of(out) == scan
+                assert _rows(out) == want_chained
+            finally:
+                release(out)
     finally:
-        release(out)
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
 
 def test_frames_the_direct_read_cannot_vouch_for_keep_sparks_scan(

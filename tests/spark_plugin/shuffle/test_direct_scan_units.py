@@ -126,3 +126,54 @@ def test_a_file_that_changed_since_planning_fails_the_task_naming_it(tmp_path: P
     read = scan_function(DirectScan(("k", "s"), (((str(path), (0,)),),), 1, 1), WANT.serialize().to_pybytes())
     with pytest.raises(ShuffleError, match=r"c\.parquet changed since the query was planned"):
         list(read([pa.record_batch({"id": pa.array([0], pa.int64())})]))
+
+
+def test_summary_hidden_and_empty_files_are_skipped_as_sparks_scan_skips_them(tmp_path: Path) -> None:
+    data = _write(tmp_path / "part-0.parquet", 10, 10)
+    for name in ("_metadata", "_common_metadata", ".part-0.parquet.crc"):
+        (tmp_path / name).write_bytes(Path(data).read_bytes())
+        assert not direct_scan._data_file(str(tmp_path / name))
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    assert not direct_scan._data_file(str(tmp_path / "empty.parquet"))
+    assert direct_scan._data_file(data)
+    assert direct_scan._data_file(str(tmp_path / "_k=1"))  # a partition directory's name
+
+
+def test_footers_spark_would_read_otherwise_are_left_to_spark(tmp_path: Path) -> None:
+    """Case-insensitive twins (Spark refuses them), a Spark 2 writer (Julian dates, rebased on
+    read), a file no Spark wrote under a rebasing mode; a Spark 3 writer under it reads directly."""
+    twins = pa.table({"k": pa.array([1], pa.int64()), "K": pa.array([2], pa.int64()), "s": ["a"]})
+    pq.write_table(twins, tmp_path / "twins.parquet")
+    assert direct_scan._file_groups(str(tmp_path / "twins.parquet"), WANT, case_sensitive=True)[0] == ""
+    why = direct_scan._file_groups(str(tmp_path / "twins.parquet"), WANT, case_sensitive=False)[0]
+    assert "differing in case only (['k'])" in why
+    base = pa.table({"k": pa.array([1], pa.int64()), "s": ["a"]})
+    for version, corrected, readable in [
+        ("2.4.8", True, False),
+        ("3.5.1", True, True),
+        ("3.5.1", False, True),
+        (None, False, False),
+        (None, True, True),
+    ]:
+        table = (
+            base if version is None else base.replace_schema_metadata({"org.apache.spark.version": version})
+        )
+        pq.write_table(table, tmp_path / "v.parquet")
+        why = direct_scan._file_groups(str(tmp_path / "v.parquet"), WANT, corrected=corrected)[0]
+        assert (why == "") == readable, (version, corrected, why)
+    assert direct_scan._version(b"2.4.8") == (2, 4, 8) and direct_scan._version(b"4.1.0-SNAPSHOT") == (
+        4,
+        1,
+        0,
+    )
+    assert direct_scan._version(b"garbage") == (0,)
+
+
+def test_a_chained_function_reads_directly_only_where_spark_would_hand_it_the_same_labels() -> None:
+    plain = _Session({}, 2)
+    assert direct_scan._chained_labels(plain, WANT) == ""
+    stamped = pa.schema([("k", pa.int64()), ("at", pa.timestamp("us", tz="UTC"))])
+    assert "session's zone" in direct_scan._chained_labels(plain, stamped)
+    large = _Session({"spark.sql.execution.arrow.useLargeVarTypes": "true"}, 2)
+    assert "large strings" in direct_scan._chained_labels(large, WANT)
+    assert direct_scan._chained_labels(large, pa.schema([("k", pa.int64())])) == ""
