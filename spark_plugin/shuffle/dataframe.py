@@ -605,9 +605,7 @@ def map_side(
     scan = _direct_scan(source, chained=pre is not None)
     if scan is not None:  # the map tasks read the Parquet files themselves
         rows = arrow_batch_rows(source.sparkSession) if pre is not None else BATCH_ROWS
-        read: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]] = scan_function(
-            scan, to_arrow_schema(source.schema).serialize().to_pybytes(), rows
-        )
+        read: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]] = scan_function(scan, rows)
         if pre is not None:
             read = _then(read, pre)
         source, pre = _split_numbers(source.sparkSession, len(scan.tasks)), read

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from arrow_shuffle.errors import ShuffleError
 from spark_plugin.compat.parquet_relation import parquet_relation
 from spark_plugin.settings.units import parse_bytes
-from spark_plugin.shuffle.session import conf_value, default_parallelism, sql_conf
+from spark_plugin.shuffle.session import conf_value, default_parallelism, sql_conf, sql_flag
 
 log = logging.getLogger("arrowbeat.shuffle")
 
@@ -86,7 +86,8 @@ Split = tuple[str, tuple[int, ...]]
 class DirectScan:
     """The map tasks of a shuffle over Parquet files: ``tasks[i]`` is what task ``i`` reads."""
 
-    columns: tuple[str, ...]
+    schema_ipc: bytes
+    """The Arrow schema the footers were checked against, which the tasks read as (IPC bytes)."""
     tasks: tuple[tuple[Split, ...], ...]
     files: int
     row_groups: int
@@ -105,9 +106,9 @@ def plan_direct_scan(df: Any, schema: pa.Schema, chained: bool = False) -> Direc
         return f"read options {unknown} may change rows"
     spark = df.sparkSession
     for flag in _ROW_CHANGING_FLAGS:
-        if sql_conf(spark, flag, "false").strip().lower() == "true":
+        if sql_flag(spark, flag, "false"):
             return f"{flag}=true"
-    if sql_conf(spark, FIELD_ID_READ, "false").strip().lower() == "true":
+    if sql_flag(spark, FIELD_ID_READ, "false"):
         by_id = [f.name for f in df.schema.fields if FIELD_ID_KEY in (f.metadata or {})]
         if by_id:
             return f"{FIELD_ID_READ}=true and columns {by_id} are matched by Parquet field id"
@@ -117,7 +118,7 @@ def plan_direct_scan(df: Any, schema: pa.Schema, chained: bool = False) -> Direc
         why = _chained_labels(spark, schema)
         if why:
             return why
-    case_sensitive = sql_conf(spark, "spark.sql.caseSensitive", "false").strip().lower() == "true"
+    case_sensitive = sql_flag(spark, "spark.sql.caseSensitive", "false")
     dated = any(pa.types.is_date(f.type) or pa.types.is_timestamp(f.type) for f in schema)
     corrected = not dated or sql_conf(spark, REBASE_MODE, "CORRECTED").strip().upper() == "CORRECTED"
     if not relation.files:
@@ -146,7 +147,7 @@ def plan_direct_scan(df: Any, schema: pa.Schema, chained: bool = False) -> Direc
         tasks = _pack(units, file_bytes, len(paths), spark)
     except ValueError as exc:
         return f"a file-split setting is malformed ({exc})"
-    return DirectScan(tuple(schema.names), tasks, len(paths), len(units))
+    return DirectScan(schema.serialize().to_pybytes(), tasks, len(paths), len(units))
 
 
 def _data_file(path: str) -> bool:
@@ -166,8 +167,8 @@ def _chained_labels(spark: Any, schema: pa.Schema) -> str:
     """Why a chained function would see other Arrow labels than Spark hands it, or ``""``."""
     if any(pa.types.is_timestamp(f.type) and f.type.tz for f in schema):
         return "a chained function reads timestamps, which Spark labels with the session's zone"
-    large = sql_conf(spark, "spark.sql.execution.arrow.useLargeVarTypes", "false").strip().lower() == "true"
-    if large and any(pa.types.is_string(f.type) or pa.types.is_binary(f.type) for f in schema):
+    strings = any(pa.types.is_string(f.type) or pa.types.is_binary(f.type) for f in schema)
+    if strings and sql_flag(spark, "spark.sql.execution.arrow.useLargeVarTypes", "false"):
         return "a chained function reads strings, which Spark hands it as large strings here"
     return ""
 
@@ -262,14 +263,14 @@ def _pack(
 
 
 def scan_function(
-    scan: DirectScan, schema_ipc: bytes, batch_rows: int = BATCH_ROWS
+    scan: DirectScan, batch_rows: int = BATCH_ROWS
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The map task's reader: for each split number it receives, that split's row groups, as
     batches of ``schema`` (the Arrow schema Spark's scan would have handed the worker) of at most
     ``batch_rows`` rows (a chained function gets ``maxRecordsPerBatch``, as from Spark)."""
 
     def read(numbers: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        schema = pa.ipc.read_schema(pa.py_buffer(schema_ipc))
+        schema = pa.ipc.read_schema(pa.py_buffer(scan.schema_ipc))
         for batch in numbers:
             for task in batch.column(0).to_pylist():
                 for path, groups in scan.tasks[task]:

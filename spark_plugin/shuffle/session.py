@@ -182,7 +182,8 @@ def sql_conf(spark: Any, key: str, default: str) -> str:
     return default if value in (None, "", "<undefined>") else str(value)
 
 
-def _flag(spark: Any, key: str, default: str) -> bool:
+def sql_flag(spark: Any, key: str, default: str) -> bool:
+    """A boolean SQL setting as ``sql_conf`` reads it."""
     return sql_conf(spark, key, default).strip().lower() == "true"
 
 
@@ -191,17 +192,17 @@ def pandas_conversion(spark: Any) -> PandasConversion:
     when the plan is made, and shipped with it)."""
     return PandasConversion(
         timezone=sql_conf(spark, "spark.sql.session.timeZone", "") or None,
-        safecheck=_flag(spark, "spark.sql.execution.pandas.convertToArrowArraySafely", "false"),
-        assign_cols_by_name=_flag(
+        safecheck=sql_flag(spark, "spark.sql.execution.pandas.convertToArrowArraySafely", "false"),
+        assign_cols_by_name=sql_flag(
             spark, "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName", "true"
         ),
-        prefer_int_ext_dtype=_flag(
+        prefer_int_ext_dtype=sql_flag(
             spark, "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype", "false"
         ),
-        int_to_decimal_coercion=_flag(
+        int_to_decimal_coercion=sql_flag(
             spark, "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled", "false"
         ),
-        large_var_types=_flag(spark, "spark.sql.execution.arrow.useLargeVarTypes", "false"),
+        large_var_types=sql_flag(spark, "spark.sql.execution.arrow.useLargeVarTypes", "false"),
     )
 
 

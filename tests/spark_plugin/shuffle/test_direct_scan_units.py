@@ -109,10 +109,8 @@ def test_a_task_reads_its_splits_as_sparks_schema_whatever_the_files_column_orde
     table = pa.table({"s": [str(i) for i in range(50)], "k": pa.array(range(50), pa.int64())})
     pq.write_table(table, tmp_path / "r.parquet", row_group_size=20)
     want = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("s", pa.string())])
-    scan = DirectScan(
-        ("k", "s"), (((str(tmp_path / "r.parquet"), (0, 2)),), ((str(tmp_path / "r.parquet"), (1,)),)), 1, 3
-    )
-    read = scan_function(scan, want.serialize().to_pybytes())
+    splits = (((str(tmp_path / "r.parquet"), (0, 2)),), ((str(tmp_path / "r.parquet"), (1,)),))
+    read = scan_function(DirectScan(want.serialize().to_pybytes(), splits, 1, 3))
     first = list(read([pa.record_batch({"id": pa.array([0], pa.int64())})]))
     assert all(batch.schema == want for batch in first)
     assert pa.Table.from_batches(first).column("k").to_pylist() == [*range(20), *range(40, 50)]
@@ -123,7 +121,7 @@ def test_a_task_reads_its_splits_as_sparks_schema_whatever_the_files_column_orde
 def test_a_file_that_changed_since_planning_fails_the_task_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "c.parquet"
     pq.write_table(pa.table({"k": ["now a string"], "s": ["a"]}), path)
-    read = scan_function(DirectScan(("k", "s"), (((str(path), (0,)),),), 1, 1), WANT.serialize().to_pybytes())
+    read = scan_function(DirectScan(WANT.serialize().to_pybytes(), (((str(path), (0,)),),), 1, 1))
     with pytest.raises(ShuffleError, match=r"c\.parquet changed since the query was planned"):
         list(read([pa.record_batch({"id": pa.array([0], pa.int64())})]))
 
