@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -199,17 +200,42 @@ def test_the_driver_sides_log_redacts_storage_credentials() -> None:
 # --- real S3 on loopback ----------------------------------------------------------------------
 
 
+class _OneRequestAtATime:
+    """WSGI middleware running one request at a time, body included.
+
+    moto checks ``If-None-Match: *`` and then stores the object as two steps, so two threads
+    putting the same Delta log version can both pass the check and one commit overwrites the
+    other (a lost commit, seen in CI). S3 makes the conditional put atomic; serialising moto's
+    requests gives the test server the same guarantee, so a lost commit is our bug, not moto's."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        with self._lock:
+            return list(self._app(environ, start_response))
+
+
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server on a free loopback port, with bucket ``arrowbeat``; ``host:port``."""
+    """moto's S3 app behind a threaded server on a free loopback port, answering one request at a
+    time (:class:`_OneRequestAtATime`), with bucket ``arrowbeat``; ``host:port``."""
     import boto3  # type: ignore[import-untyped]
-    from moto.server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    app = _OneRequestAtATime(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
+    thread.start()
     try:
-        host, port = server.get_host_and_port()
+        host, port = str(server.server_address[0]), int(server.server_address[1])
         client = boto3.client(
             "s3",
             endpoint_url=f"http://{host}:{port}",
@@ -220,7 +246,9 @@ def s3_endpoint() -> Iterator[str]:
         client.create_bucket(Bucket="arrowbeat")
         yield f"{host}:{port}"
     finally:
-        server.stop()
+        server.shutdown()
+        thread.join(timeout=30)
+        server.server_close()
 
 
 def s3a_settings(endpoint: str, path: str) -> dict[str, str]:
