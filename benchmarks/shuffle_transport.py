@@ -25,6 +25,14 @@ rounds: ``producer_cpu_s_per_gib`` against ``raw_sender_cpu_s_per_gib`` and
 the Python per frame that the engine adds). On loopback a sender also pays the kernel's receive
 path, so a raw sender costs more than a raw receiver. The TLS channel's are printed too.
 
+Context switches per side (``getrusage``: voluntary and involuntary, every thread of the process)
+per GiB, beside the CPU: each one is a thread that slept and was woken (a recv with nothing to
+read, a condition wait). ``cpu_bound_ratio`` is (raw receiver + raw sender CPU per GiB) /
+(consumer + producer CPU per GiB): where the two processes together are bound by the machine's
+cores (two here, both runs using about 1.6 of them), throughput is cores over CPU per GiB, so this
+is the ratio the CPU alone allows; ``channel_vs_raw`` close to it says the channel is CPU-bound,
+well below it that it waits (on credit, on a wake-up).
+
 Run: ``.venv/bin/python -m benchmarks.shuffle_transport`` (``--quick`` for a smoke run). It ends
 with ``RESULT key=value`` lines.
 """
@@ -56,6 +64,12 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _switches() -> int:
+    """Context switches of this process so far, voluntary and involuntary, every thread."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return int(usage.ru_nvcsw + usage.ru_nivcsw)
+
+
 def _batch_for(buffer_size: int) -> pa.RecordBatch:
     """One int64 batch that fills a buffer almost exactly (so one batch = one buffer)."""
     from arrow_shuffle.codec import batch_size, schema_size
@@ -77,13 +91,13 @@ def _raw_sender(port: int, total: int, ready: Connection, out: Connection) -> No
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ready.recv()
-        cpu = time.process_time()
+        cpu, switches = time.process_time(), _switches()
         sent = 0
         view = memoryview(payload)
         while sent < total:
             sock.sendall(view)
             sent += len(view)
-        out.send(time.process_time() - cpu)
+        out.send((time.process_time() - cpu, _switches() - switches))
 
 
 def _raw_receiver(total: int, out: Connection, port_out: Connection) -> None:
@@ -94,7 +108,7 @@ def _raw_receiver(total: int, out: Connection, port_out: Connection) -> None:
     view = memoryview(buffer)
     got = 0
     start = time.perf_counter()
-    cpu = time.process_time()
+    cpu, switches = time.process_time(), _switches()
     while got < total:
         n = sock.recv_into(view)
         if n == 0:
@@ -102,13 +116,14 @@ def _raw_receiver(total: int, out: Connection, port_out: Connection) -> None:
         got += n
     elapsed = time.perf_counter() - start
     cpu = time.process_time() - cpu
+    switches = _switches() - switches
     sock.close()
     server.close()
-    out.send((got, elapsed, _peak_rss_mib(), cpu))
+    out.send((got, elapsed, _peak_rss_mib(), cpu, switches))
 
 
-def measure_raw_tcp(total: int) -> tuple[float, float, float, float]:
-    """(GB/s, receiver peak RSS MiB, receiver and sender CPU seconds per GiB)."""
+def measure_raw_tcp(total: int) -> dict[str, float]:
+    """GB/s, receiver peak RSS MiB, and per side CPU seconds and context switches per GiB."""
     ctx = mp.get_context("spawn")
     result_r, result_w = ctx.Pipe(duplex=False)
     sent_r, sent_w = ctx.Pipe(duplex=False)
@@ -120,11 +135,18 @@ def measure_raw_tcp(total: int) -> tuple[float, float, float, float]:
     sender = ctx.Process(target=_raw_sender, args=(port, total, go_r, sent_w))
     sender.start()
     go_w.send(True)
-    got, elapsed, rss, cpu = result_r.recv()
-    sender_cpu = sent_r.recv()
+    got, elapsed, rss, cpu, switches = result_r.recv()
+    sender_cpu, sender_switches = sent_r.recv()
     _end(sender, receiver)
     gib = got / 2**30
-    return float(got) / elapsed / 1e9, float(rss), float(cpu) / gib, float(sender_cpu) / gib
+    return {
+        "gbps": float(got) / elapsed / 1e9,
+        "peak_rss_mib": float(rss),
+        "receiver_cpu_s_per_gib": float(cpu) / gib,
+        "sender_cpu_s_per_gib": float(sender_cpu) / gib,
+        "receiver_switches_per_gib": switches / gib,
+        "sender_switches_per_gib": sender_switches / gib,
+    }
 
 
 # -- the engine -------------------------------------------------------------------------------------
@@ -161,7 +183,7 @@ def _engine_producer(
     writer = RecordWriter(partition)
     size = batch.nbytes  # measured once: it walks the buffers (microseconds the engine never pays)
     go.wait()
-    cpu = time.process_time()
+    cpu, switches = time.process_time(), _switches()
     written = 0
     sub = 0
     while written < total:
@@ -171,10 +193,12 @@ def _engine_producer(
     writer.finish()
     while partition.stats().bytes_sent < partition.stats().bytes_written and not stop.is_set():
         stop.wait(0.01)  # CPU until the last buffer left
-    cpu = time.process_time() - cpu
+    cpu, switches = time.process_time() - cpu, _switches() - switches
     stop.wait()
     stats = partition.stats()
-    report.put(("producer", stats.blocked_on_credit_s, stats.blocked_on_pool_s, _peak_rss_mib(), cpu))
+    report.put(
+        ("producer", stats.blocked_on_credit_s, stats.blocked_on_pool_s, _peak_rss_mib(), cpu, switches)
+    )
     server.close()
 
 
@@ -205,7 +229,7 @@ def _engine_consumer(
     specs = [RemoteChannelSpec(a, PartitionId(APP, 0, m), reduce_index) for m, a in enumerate(addresses)]
     go.wait()
     start = time.perf_counter()
-    cpu = time.process_time()
+    cpu, switches = time.process_time(), _switches()
     rows = 0
     transport = _tls_transport(material, server=False)
     with InputGate(specs, schema, pool, config, secret=SECRET, transport=transport) as gate:
@@ -214,8 +238,8 @@ def _engine_consumer(
             del batch
         stats = gate.stats()
     elapsed = time.perf_counter() - start
-    cpu = time.process_time() - cpu
-    report.put(("consumer", stats.bytes_received, elapsed, _peak_rss_mib(), cpu))
+    cpu, switches = time.process_time() - cpu, _switches() - switches
+    report.put(("consumer", stats.bytes_received, elapsed, _peak_rss_mib(), cpu, switches))
 
 
 def measure_engine(
@@ -246,11 +270,13 @@ def measure_engine(
     go.set()
     received = 0
     consumer_cpu = 0.0
+    consumer_switches = producer_switches = 0
     slowest = 0.0
     rss = 0.0
     for _ in range(consumers):
-        _kind, nbytes, elapsed, peak, cpu = report.get(timeout=120)
+        _kind, nbytes, elapsed, peak, cpu, switches = report.get(timeout=120)
         consumer_cpu += cpu
+        consumer_switches += switches
         received += nbytes
         slowest = max(slowest, elapsed)
         rss = max(rss, peak)
@@ -258,8 +284,9 @@ def measure_engine(
     stop.set()
     credit_wait = pool_wait = producer_cpu = 0.0
     for _ in range(producers):
-        _kind, credit_s, pool_s, peak, cpu = report.get(timeout=60)
+        _kind, credit_s, pool_s, peak, cpu, switches = report.get(timeout=60)
         producer_cpu += cpu
+        producer_switches += switches
         credit_wait += credit_s
         pool_wait += pool_s
         rss = max(rss, peak)
@@ -270,6 +297,8 @@ def measure_engine(
         "peak_rss_mib": rss,
         "consumer_cpu_s_per_gib": consumer_cpu / (received / 2**30),
         "producer_cpu_s_per_gib": producer_cpu / (received / 2**30),
+        "consumer_switches_per_gib": consumer_switches / (received / 2**30),
+        "producer_switches_per_gib": producer_switches / (received / 2**30),
         "producer_blocked_on_credit_s": credit_wait,
         "producer_blocked_on_pool_s": pool_wait,
     }
@@ -385,8 +414,14 @@ def main() -> None:
     cpu: dict[str, list[float]] = {
         k: [] for k in ("raw_rx", "raw_tx", "consumer", "producer", "tls_rx", "tls_tx")
     }
+    switches: dict[str, list[float]] = {k: [] for k in ("raw_rx", "raw_tx", "consumer", "producer")}
     for i in range(rounds):  # interleaved, so machine noise hits all alike
-        raw_gbps, raw_rss, raw_cpu, raw_tx_cpu = measure_raw_tcp(volume)
+        plain = measure_raw_tcp(volume)
+        raw_gbps, raw_cpu, raw_tx_cpu = (
+            plain["gbps"],
+            plain["receiver_cpu_s_per_gib"],
+            plain["sender_cpu_s_per_gib"],
+        )
         engine = measure_engine(1, 1, volume)
         secured = measure_engine(1, 1, volume, material)
         for key, value in (
@@ -398,6 +433,13 @@ def main() -> None:
             ("tls_tx", secured["producer_cpu_s_per_gib"]),
         ):
             cpu[key].append(value)
+        for key, value in (
+            ("raw_rx", plain["receiver_switches_per_gib"]),
+            ("raw_tx", plain["sender_switches_per_gib"]),
+            ("consumer", engine["consumer_switches_per_gib"]),
+            ("producer", engine["producer_switches_per_gib"]),
+        ):
+            switches[key].append(value)
         raw.append(raw_gbps)
         channel.append(engine["gbps"])
         tls_channel.append(secured["gbps"])
@@ -407,7 +449,7 @@ def main() -> None:
             f"consumer={secured['consumer_cpu_s_per_gib']:.2f} "
             f"producer={secured['producer_cpu_s_per_gib']:.2f}"
         )
-        rss.extend([engine["peak_rss_mib"], raw_rss])
+        rss.extend([engine["peak_rss_mib"], plain["peak_rss_mib"]])
         print(
             f"round {i}: raw_tcp={raw_gbps:.2f} GB/s channel={engine['gbps']:.2f} GB/s "
             f"ratio={engine['gbps'] / raw_gbps:.2f} "
@@ -415,7 +457,12 @@ def main() -> None:
             f"channel consumer={engine['consumer_cpu_s_per_gib']:.2f} "
             f"producer={engine['producer_cpu_s_per_gib']:.2f} "
             f"(producer blocked on credit {engine['producer_blocked_on_credit_s']:.2f}s, "
-            f"on pool {engine['producer_blocked_on_pool_s']:.2f}s, peak RSS {engine['peak_rss_mib']:.0f} MiB)"
+            f"on pool {engine['producer_blocked_on_pool_s']:.2f}s, "
+            f"peak RSS {engine['peak_rss_mib']:.0f} MiB); "
+            f"context switches/GiB: raw receiver={plain['receiver_switches_per_gib']:.0f} "
+            f"sender={plain['sender_switches_per_gib']:.0f} "
+            f"channel consumer={engine['consumer_switches_per_gib']:.0f} "
+            f"producer={engine['producer_switches_per_gib']:.0f}"
         )
     channel_gbps = round(statistics.median(channel), 3)
     raw_gbps = round(statistics.median(raw), 3)
@@ -467,6 +514,15 @@ def main() -> None:
     print(f"RESULT producer_cpu_vs_raw={med['producer'] / med['raw_tx']:.2f}")
     print(f"RESULT tls_consumer_cpu_s_per_gib={med['tls_rx']:.3f}")
     print(f"RESULT tls_producer_cpu_s_per_gib={med['tls_tx']:.3f}")
+    # What the CPU alone allows where both processes together are bound by the cores (module doc).
+    print(
+        f"RESULT cpu_bound_ratio={(med['raw_rx'] + med['raw_tx']) / (med['consumer'] + med['producer']):.3f}"
+    )
+    moved = {key: round(statistics.median(values)) for key, values in switches.items()}
+    print(f"RESULT raw_receiver_switches_per_gib={moved['raw_rx']}")
+    print(f"RESULT raw_sender_switches_per_gib={moved['raw_tx']}")
+    print(f"RESULT consumer_switches_per_gib={moved['consumer']}")
+    print(f"RESULT producer_switches_per_gib={moved['producer']}")
     # Other processes' load shares the cores with both sides: the ratios above are only
     # comparable between runs at a similar load.
     print(f"RESULT load_1m_start={load_start:.2f}")
