@@ -334,8 +334,10 @@ def _memory_pass(
                     inputs = {where: _cached_input(spark, *where)}
                 n = None if cell["partitions"] == "default" else 8
                 steps = _steps(inputs[where], cell["op"], n, group_apply, partition_apply, release)
-                _, peak = best(steps[0] if side == "spark" else steps[1], 1)
-                cell[f"own_{side}_mem"] = peak
+                with PeakMemory() as memory:
+                    (steps[0] if side == "spark" else steps[1])()
+                cell[f"own_{side}_mem"] = memory.peak
+                cell[f"own_{side}_where"] = memory.breakdown()
         finally:
             stop_session(spark)
     for cell in cells:
@@ -346,6 +348,10 @@ def _memory_pass(
             f"ratio {cell['own_arrow_mem'] / cell['own_spark_mem']:5.2f}",
             flush=True,
         )
+        # Where each side's peak was (MiB at that moment, by kind of process): a Python worker
+        # reused from an earlier cell keeps what it grew there (``spark.python.worker.reuse``).
+        print(f"    at spark's peak: {cell['own_spark_where']}", flush=True)
+        print(f"    at arrowbeat's peak: {cell['own_arrow_where']}", flush=True)
 
 
 def _steps(

@@ -31,16 +31,21 @@ from tests.harness.session import build_session, stop_session
 
 
 class PeakMemory:
-    """Samples the executors' process trees while ``with`` is active."""
+    """Samples the executors' process trees while ``with`` is active: the largest sum (``peak``),
+    what each kind of process held at that moment (``at_peak``) and the largest one process
+    reached on its own (``largest``), so a peak can be told apart by where it is."""
 
     def __init__(self, interval_s: float = 0.1) -> None:
         self.interval_s = interval_s
         self.peak = 0
+        self.at_peak: dict[str, int] = {}
+        self.largest: tuple[str, int] = ("", 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> int:
         total = 0
+        kinds: dict[str, int] = {}
         for jvm in ours("CoarseGrainedExecutorBackend"):
             try:
                 procs = [jvm, *jvm.children(recursive=True)]
@@ -48,14 +53,27 @@ class PeakMemory:
                 continue
             for proc in procs:
                 try:
-                    total += proc.memory_info().rss
+                    rss = proc.memory_info().rss
+                    kind = process_kind(proc)
                 except psutil.Error:
                     continue
+                total += rss
+                kinds[kind] = kinds.get(kind, 0) + rss
+                if rss > self.largest[1]:
+                    self.largest = (kind, rss)
+        if total > self.peak:
+            self.peak, self.at_peak = total, kinds
         return total
+
+    def breakdown(self) -> str:
+        """``at_peak`` and ``largest`` in MiB, for a line of output."""
+        parts = ", ".join(f"{kind} {rss / 2**20:.0f}" for kind, rss in sorted(self.at_peak.items()))
+        kind, rss = self.largest
+        return f"{parts}; largest process: {kind} {rss / 2**20:.0f} MiB"
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self._sample())
+            self._sample()
             self._stop.wait(self.interval_s)
 
     def __enter__(self) -> PeakMemory:
@@ -66,6 +84,19 @@ class PeakMemory:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def process_kind(proc: psutil.Process) -> str:
+    """What an executor's process is: the JVM, a Python worker (or the daemon forking them), or
+    arrowbeat's agent and sidecar."""
+    command = " ".join(proc.cmdline())
+    if "CoarseGrainedExecutorBackend" in command:
+        return "executor JVM"
+    if "pyspark.daemon" in command or "python_daemon" in command or "pyspark.worker" in command:
+        return "Python workers"
+    if "spark_plugin" in command or "arrowbeat" in command:
+        return "arrowbeat agents"
+    return "other"
 
 
 def timed(step: Callable[[], float]) -> tuple[float, int, int]:
