@@ -291,14 +291,15 @@ def measure_engine(
         pool_wait += pool_s
         rss = max(rss, peak)
     _end(*procs)
+    gib = received / 2**30
     return {
         "gbps": received / min(wall, slowest + 0.05) / 1e9,
         "bytes": received,
         "peak_rss_mib": rss,
-        "consumer_cpu_s_per_gib": consumer_cpu / (received / 2**30),
-        "producer_cpu_s_per_gib": producer_cpu / (received / 2**30),
-        "consumer_switches_per_gib": consumer_switches / (received / 2**30),
-        "producer_switches_per_gib": producer_switches / (received / 2**30),
+        "consumer_cpu_s_per_gib": consumer_cpu / gib,
+        "producer_cpu_s_per_gib": producer_cpu / gib,
+        "consumer_switches_per_gib": consumer_switches / gib,
+        "producer_switches_per_gib": producer_switches / gib,
         "producer_blocked_on_credit_s": credit_wait,
         "producer_blocked_on_pool_s": pool_wait,
     }
