@@ -40,8 +40,8 @@ import pyarrow as pa
 
 from arrow_shuffle.errors import SchemaMismatchError, ShuffleConfigError
 from spark_plugin.compat.pandas_udf import PandasConversion, to_arrow, to_pandas
-from spark_plugin.shuffle.grouping import iter_cogroups, iter_groups
-from spark_plugin.shuffle.reduce_spill import Side, bucket_tables, partition_tables
+from spark_plugin.shuffle.grouping import Rows, iter_cogroups, iter_groups
+from spark_plugin.shuffle.reduce_spill import Side, bucket_rows, partition_rows
 
 API = ("pandas", "arrow")
 
@@ -322,19 +322,19 @@ def grouped_consumer(
     past ``memory_bytes`` a spilled bucket of whole groups at a time (``reduce_spill``)."""
 
     def consume(reducer: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        tables = partition_tables(batches, in_schema, key_columns, memory_bytes)
-        yield from _gathered((out for table in tables for out in _table_outputs(table, reducer)), call)
+        buckets = partition_rows(batches, in_schema, key_columns, memory_bytes)
+        yield from _gathered((out for rows in buckets for out in _bucket_outputs(rows, reducer)), call)
 
-    def _table_outputs(table: pa.Table, reducer: int) -> Iterator[pa.Table | pa.RecordBatch]:
+    def _bucket_outputs(rows: Rows, reducer: int) -> Iterator[pa.Table | pa.RecordBatch]:
         if call.form.api == "pandas" and not call.form.iterator:  # conversions per run of groups
             from spark_plugin.shuffle.pandas_groups import pandas_group_results
 
             def where(group: pa.Table) -> str:
                 return f"key group ({_key_text(group, key_columns)}) of partition {reducer}"
 
-            yield from pandas_group_results(call, table, key_columns, conform_pandas, where)
+            yield from pandas_group_results(call, rows, key_columns, conform_pandas, where)
             return
-        for group in iter_groups(table, key_columns):
+        for group in iter_groups(rows, key_columns):
             yield from run_group(
                 call,
                 group,
@@ -362,8 +362,8 @@ def cogrouped_consumer(
         sides = [Side(left_batches, left_schema, left_keys), Side(right_batches, right_schema, right_keys)]
         outputs = (
             out
-            for left, right in bucket_tables(sides, memory_bytes)
-            for lg, rg in iter_cogroups(left, left_keys, right, right_keys)
+            for left, right in bucket_rows(sides, memory_bytes)
+            for lg, rg in iter_cogroups(left.release(), left_keys, right.release(), right_keys)
             for out in run_cogroup(
                 call,
                 lg,

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_plugin.compat.pandas_udf import PandasConversion, to_pandas
-from spark_plugin.shuffle.grouping import group_bounds
+from spark_plugin.shuffle.grouping import Rows, group_bounds
 
 CHUNK_ROWS = 65_536
 """Rows converted to pandas at once (a group larger than this is converted alone)."""
@@ -134,15 +134,15 @@ def _converted(
 
 def pandas_group_results(
     call: Any,
-    table: pa.Table,
+    rows: pa.Table | Rows,
     key_columns: Sequence[str],
     conform: Conform,
     where: Callable[[pa.Table], str],
     chunk_rows: int = CHUNK_ROWS,
 ) -> Iterator[pa.RecordBatch]:
     """``call``'s (a ``grouped_map.GroupedCall``) whole-group pandas function on every key group of
-    ``table``, its results in Arrow; ``where(group)`` names a group in errors."""
-    ordered, bounds = group_bounds(table, key_columns)
+    ``rows``, its results in Arrow; ``where(group)`` names a group in errors."""
+    ordered, bounds = group_bounds(rows, key_columns)
     positions = [ordered.schema.get_field_index(k) for k in key_columns]
     pending: list[tuple[object, str]] = []
     rows = 0

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrow_shuffle.partitioner import hash_rows, remix
+from spark_plugin.shuffle.grouping import Rows
 
 FANOUT = 16
 """Buckets per split: a partition of 16 x the budget fits in one level."""
@@ -69,24 +70,24 @@ class Side:
     keys: Sequence[str]
 
 
-def partition_tables(
+def partition_rows(
     batches: Iterable[pa.RecordBatch],
     schema: pa.Schema,
     keys: Sequence[str],
     memory_bytes: int | None,
     sort_unit_bytes: int = SORT_UNIT_BYTES,
-) -> Generator[pa.Table, None, None]:
-    """The partition's rows as tables of whole key groups: one table while they fit in
+) -> Generator[Rows, None, None]:
+    """The partition's rows in sets of whole key groups: one set while they fit in
     ``sort_unit_bytes``, else one per non-empty bucket (from memory within ``memory_bytes``,
-    ``None``: no bound, else from disk)."""
-    for tables in bucket_tables([Side(batches, schema, keys)], memory_bytes, sort_unit_bytes):
-        yield tables[0]
+    ``None``: no bound, else from disk). Each is ``Rows``, handed on: nothing here keeps it."""
+    for sides in bucket_rows([Side(batches, schema, keys)], memory_bytes, sort_unit_bytes):
+        yield sides[0]
 
 
-def bucket_tables(
+def bucket_rows(
     sides: Sequence[Side], memory_bytes: int | None, sort_unit_bytes: int = SORT_UNIT_BYTES
-) -> Generator[list[pa.Table], None, None]:
-    """Every side's rows of one set of keys at a time (one table per side, the same keys on
+) -> Generator[list[Rows], None, None]:
+    """Every side's rows of one set of keys at a time (one ``Rows`` per side, the same keys on
     each): all of it while the sides fit in ``sort_unit_bytes`` together, bucket by bucket from
     memory while they fit in ``memory_bytes`` (``None``: no bound), else bucket by bucket from
     disk. A bucket with rows on one side only has an empty table with its columns on the other."""
@@ -111,9 +112,9 @@ def bucket_tables(
                 for i, side_held in enumerate(held):
                     in_memory.write_all(i, side_held)  # emptied as they are bucketed
     if in_memory is not None:
-        yield from in_memory.tables()
+        yield from in_memory.buckets()
         return
-    yield [pa.Table.from_batches(h, schema=s.schema) for h, s in zip(held, sides, strict=True)]
+    yield [Rows.of_batches(h, s.schema) for h, s in zip(held, sides, strict=True)]
 
 
 def _spilled(
@@ -122,7 +123,7 @@ def _spilled(
     reading: int,
     sides: Sequence[Side],
     memory_bytes: int,
-) -> Iterator[list[pa.Table]]:
+) -> Iterator[list[Rows]]:
     """The rows held so far, then the rest of side ``reading`` and of every side after it, written
     to level-0 buckets and read back (``_read_back``); the held batches are dropped once written."""
     with _spill_folder() as folder:
@@ -146,8 +147,8 @@ def _handed_out(batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 def _read_back(
     buckets: list[_Bucket], sides: Sequence[Side], memory_bytes: int, level: int
-) -> Iterator[list[pa.Table]]:
-    """Each bucket's tables, a bucket over budget split again (one level deeper) unless it cannot
+) -> Iterator[list[Rows]]:
+    """Each bucket's rows, a bucket over budget split again (one level deeper) unless it cannot
     be: the deepest level, or every row of it has one key (one key hash)."""
     for bucket in buckets:
         files = bucket.files
@@ -167,7 +168,7 @@ def _read_back(
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             continue
-        yield _tables(files, sides)
+        yield _mapped_rows(files, sides)
         for f in files:
             if f is not None:
                 f.unlink()
@@ -177,9 +178,9 @@ def _parent(files: list[Path | None]) -> Path:
     return next(f for f in files if f is not None).parent
 
 
-def _tables(files: list[Path | None], sides: Sequence[Side]) -> list[pa.Table]:
+def _mapped_rows(files: list[Path | None], sides: Sequence[Side]) -> list[Rows]:
     return [
-        side.schema.empty_table() if path is None else _mapped(path)
+        Rows(side.schema.empty_table() if path is None else _mapped(path))
         for path, side in zip(files, sides, strict=True)
     ]
 
@@ -197,10 +198,11 @@ def bucket_of(hashes: np.ndarray, level: int) -> np.ndarray:
 
 
 def split_by_bucket(
-    batch: pa.RecordBatch, keys: Sequence[str], level: int
+    batch: pa.RecordBatch, keys: Sequence[str], level: int, own_copies: bool = False
 ) -> Iterator[tuple[int, pa.RecordBatch, np.ndarray]]:
     """``batch``'s rows by the bucket of their key hash at ``level``: each non-empty bucket, its
-    rows (slices of one reordered copy) and their key hashes."""
+    rows and their key hashes. The rows are slices of one reordered copy, or with ``own_copies``
+    a copy per bucket (rows kept in memory: a bucket's memory then goes with the bucket)."""
     if batch.num_rows == 0:
         return
     hashes = hash_rows(batch, keys)
@@ -208,12 +210,14 @@ def split_by_bucket(
     order = np.argsort(buckets, kind="stable")
     hashes = hashes[order]
     counts = np.bincount(buckets, minlength=FANOUT)
-    ordered = batch.take(pa.array(order))
+    ordered = None if own_copies else batch.take(pa.array(order))
     start = 0
     for bucket, count in enumerate(counts.tolist()):
         if count:
-            yield bucket, ordered.slice(start, count), hashes[start : start + count]
-            start += count
+            end = start + count
+            rows = batch.take(pa.array(order[start:end])) if ordered is None else ordered.slice(start, count)
+            yield bucket, rows, hashes[start:end]
+            start = end
 
 
 _VECTOR_HASHED = (
@@ -243,7 +247,7 @@ class _MemoryBuckets:
         self._rows: list[list[list[pa.RecordBatch]]] = [[[] for _ in range(FANOUT)] for _ in sides]
 
     def write(self, side: int, batch: pa.RecordBatch) -> None:
-        for bucket, rows, _ in split_by_bucket(batch, self._sides[side].keys, level=0):
+        for bucket, rows, _ in split_by_bucket(batch, self._sides[side].keys, level=0, own_copies=True):
             self._rows[side][bucket].append(rows)
 
     def write_all(self, side: int, batches: list[pa.RecordBatch]) -> None:
@@ -256,20 +260,17 @@ class _MemoryBuckets:
         rows, self._rows = self._rows, [[[] for _ in range(FANOUT)] for _ in self._sides]
         return [[piece for bucket in side for piece in bucket] for side in rows]
 
-    def tables(self) -> Iterator[list[pa.Table]]:
-        """Each non-empty bucket's table per side. A bucket's rows are slices of per-batch copies
-        shared with the other buckets, so the partition stays resident until the last bucket:
-        what bucketing saves is the sorted copy, one bucket's instead of the partition's."""
+    def buckets(self) -> Iterator[list[Rows]]:
+        """Each non-empty bucket's rows per side, handed on: a bucket's rows are copies of its own,
+        so once its grouping has sorted them (dropping each column as it goes) and its groups are
+        done, its memory is free, and a hot bucket is held once, not beside its sorted copy."""
         for bucket in range(FANOUT):
-            pieces = [side[bucket] for side in self._rows]
-            if not any(pieces):
-                continue
-            for side in self._rows:
-                side[bucket] = []  # the table below holds them now
-            yield [
-                pa.Table.from_batches(p, schema=s.schema) if p else s.schema.empty_table()
-                for p, s in zip(pieces, self._sides, strict=True)
-            ]
+            if any(side[bucket] for side in self._rows):
+                yield [self._hand_over(side, bucket) for side in range(len(self._sides))]
+
+    def _hand_over(self, side: int, bucket: int) -> Rows:
+        pieces, self._rows[side][bucket] = self._rows[side][bucket], []
+        return Rows.of_batches(pieces, self._sides[side].schema)  # empties ``pieces``
 
 
 @dataclass(frozen=True)

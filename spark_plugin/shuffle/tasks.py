@@ -64,7 +64,7 @@ from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, find_a
 from spark_plugin.shuffle.agent_layout import note_read, owned_output, shuffle_roots, spread_dir
 from spark_plugin.shuffle.grouping import iter_groups
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
-from spark_plugin.shuffle.reduce_spill import partition_tables, spilled_bytes
+from spark_plugin.shuffle.reduce_spill import partition_rows, spilled_bytes
 
 STATUS_SCHEMA = pa.schema(
     [
@@ -805,8 +805,8 @@ def group_consumer(
     def consume(reducer: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         pending: list[pa.Table] = []
         rows = 0
-        for table in partition_tables(batches, in_schema, key_columns, memory_bytes):
-            for group in iter_groups(table, key_columns):
+        for bucket in partition_rows(batches, in_schema, key_columns, memory_bytes):
+            for group in iter_groups(bucket, key_columns):
                 out = func(group)
                 if not isinstance(out, pa.Table) or not out.schema.equals(out_schema):
                     out = _conform(out, out_schema, reducer, group, key_columns)

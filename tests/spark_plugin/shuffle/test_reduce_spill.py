@@ -6,16 +6,17 @@ from __future__ import annotations
 import stat
 import tempfile
 from collections import Counter
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 from spark_plugin.shuffle import reduce_spill
-from spark_plugin.shuffle.grouping import iter_cogroups, iter_groups
-from spark_plugin.shuffle.reduce_spill import Side, bucket_tables, partition_tables, spilled_bytes
+from spark_plugin.shuffle.grouping import Rows, iter_cogroups, iter_groups
+from spark_plugin.shuffle.reduce_spill import Side, bucket_rows, partition_rows, spilled_bytes
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
 
@@ -37,6 +38,18 @@ def batches(
     return list(table.to_batches(max_chunksize=rows_per_batch))
 
 
+def released_rows(*args: Any, **kwargs: Any) -> Iterator[pa.Table]:
+    """``partition_rows``'s sets of rows, each released as a table that the test then holds."""
+    for rows in partition_rows(*args, **kwargs):
+        yield rows.release()
+
+
+def released_sides(*args: Any, **kwargs: Any) -> Iterator[list[pa.Table]]:
+    """``bucket_rows``'s buckets, each side released as a table."""
+    for sides in bucket_rows(*args, **kwargs):
+        yield [rows.release() for rows in sides]
+
+
 def rows_of(tables: list[pa.Table]) -> Counter[tuple[object, int]]:
     return Counter(
         (k, v) for t in tables for k, v in zip(t["k"].to_pylist(), t["v"].to_pylist(), strict=True)
@@ -46,7 +59,7 @@ def rows_of(tables: list[pa.Table]) -> Counter[tuple[object, int]]:
 def test_a_partition_within_the_budget_is_one_table_and_writes_nothing(spill_root: Path) -> None:
     data = batches([f"key{i % 50}" for i in range(5000)])
     before = spilled_bytes()
-    tables = list(partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=1 << 30))
+    tables = [rows.release() for rows in partition_rows(iter(data), SCHEMA, ["k"], memory_bytes=1 << 30)]
     assert len(tables) == 1
     assert rows_of(tables) == rows_of([pa.Table.from_batches(data)])
     assert spilled_bytes() == before
@@ -60,8 +73,9 @@ def test_over_the_budget_every_key_group_comes_back_whole_in_one_bucket(spill_ro
     before = spilled_bytes()
     seen_in: dict[str, int] = {}
     tables = []
-    for index, table in enumerate(partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=budget)):
+    for index, rows in enumerate(partition_rows(iter(data), SCHEMA, ["k"], memory_bytes=budget)):
         assert any(spill_root.iterdir()), "the buckets are read back from disk"
+        table = rows.release()
         for group in iter_groups(table, ["k"]):
             key = group["k"][0].as_py()
             assert key not in seen_in, f"{key} came back in buckets {seen_in[key]} and {index}"
@@ -78,7 +92,7 @@ def test_over_the_budget_every_key_group_comes_back_whole_in_one_bucket(spill_ro
 def test_one_key_larger_than_the_budget_comes_back_whole(spill_root: Path) -> None:
     data = batches(["hot"] * 30_000 + [f"k{i}" for i in range(300)])
     budget = pa.Table.from_batches(data).nbytes // 10
-    tables = list(partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=budget))
+    tables = [rows.release() for rows in partition_rows(iter(data), SCHEMA, ["k"], memory_bytes=budget)]
     hot = [t for t in tables if "hot" in t["k"].to_pylist()]
     assert len(hot) == 1
     assert hot[0]["k"].to_pylist().count("hot") == 30_000
@@ -101,7 +115,7 @@ def test_two_big_keys_sharing_a_bucket_twice_are_split_apart_at_the_next_level()
     )
     data = batches([names[pair[0]]] * 20_000 + [names[pair[1]]] * 20_000)
     budget = pa.Table.from_batches(data).nbytes // 3  # each big key alone is over half of it
-    tables = list(partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=budget))
+    tables = [rows.release() for rows in partition_rows(iter(data), SCHEMA, ["k"], memory_bytes=budget)]
     holding = [t for t in tables if {names[pair[0]], names[pair[1]]} & set(t["k"].to_pylist())]
     assert len(holding) == 2, [t.num_rows for t in holding]
     assert rows_of(tables) == rows_of([pa.Table.from_batches(data)])
@@ -110,13 +124,13 @@ def test_two_big_keys_sharing_a_bucket_twice_are_split_apart_at_the_next_level()
 def test_spill_files_are_private_and_removed_when_the_consumer_stops_early(spill_root: Path) -> None:
     data = batches([f"key{i % 300}" for i in range(20_000)])
     budget = pa.Table.from_batches(data).nbytes // 4
-    tables: Generator[pa.Table, None, None] = partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=budget)
-    next(tables)
+    buckets: Generator[Rows, None, None] = partition_rows(iter(data), SCHEMA, ["k"], memory_bytes=budget)
+    next(buckets)
     [folder] = list(spill_root.iterdir())
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     files = [p for p in folder.rglob("*") if p.is_file()]
     assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
-    tables.close()  # the user's function failed, say: the generator is closed
+    buckets.close()  # the user's function failed, say: the generator is closed
     assert not any(spill_root.iterdir())
 
 
@@ -130,7 +144,7 @@ def test_a_cogroup_over_the_budget_meets_each_key_of_both_sides_in_one_bucket() 
     budget = pa.Table.from_batches(left).nbytes // 6
     pairs: dict[str, tuple[int, int]] = {}
     buckets = 0
-    for lt, rt in bucket_tables(
+    for lt, rt in released_sides(
         [Side(iter(left), SCHEMA, ["k"]), Side(iter(right), right_schema, ["key"])], memory_bytes=budget
     ):
         buckets += 1
@@ -160,9 +174,7 @@ def test_past_the_sort_unit_the_groups_come_back_a_memory_bucket_at_a_time(spill
     before = spilled_bytes()
     seen_in: dict[int | None, int] = {}
     tables = list(
-        partition_tables(
-            iter(data), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=whole.nbytes // 8
-        )
+        released_rows(iter(data), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=whole.nbytes // 8)
     )
     for index, table in enumerate(tables):
         for group in iter_groups(table, ["k"]):
@@ -183,7 +195,7 @@ def test_string_keys_past_the_sort_unit_stay_one_table() -> None:
     data = batches([f"key{i % 997}" for i in range(40_000)])
     whole = pa.Table.from_batches(data)
     tables = list(
-        partition_tables(iter(data), SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=whole.nbytes // 8)
+        released_rows(iter(data), SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=whole.nbytes // 8)
     )
     assert len(tables) == 1
     assert rows_of(tables) == rows_of([whole])
@@ -196,7 +208,7 @@ def test_memory_buckets_go_to_disk_when_the_budget_is_then_passed(spill_root: Pa
     before = spilled_bytes()
     seen: set[int] = set()
     tables = []
-    for table in partition_tables(
+    for table in released_rows(
         iter(data), INT_SCHEMA, ["k"], memory_bytes=whole.nbytes // 3, sort_unit_bytes=whole.nbytes // 10
     ):
         assert any(spill_root.iterdir()), "read back from disk"
@@ -222,7 +234,7 @@ def test_a_cogroup_past_the_sort_unit_meets_each_key_of_both_sides_in_one_memory
     pairs: dict[int, tuple[int, int]] = {}
     buckets = 0
     before = spilled_bytes()
-    for lt, rt in bucket_tables(
+    for lt, rt in released_sides(
         [Side(iter(left), INT_SCHEMA, ["k"]), Side(iter(right), right_schema, ["key"])],
         memory_bytes=None,
         sort_unit_bytes=unit,
