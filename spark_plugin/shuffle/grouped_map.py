@@ -322,8 +322,10 @@ def grouped_consumer(
     past ``memory_bytes`` a spilled bucket of whole groups at a time (``reduce_spill``)."""
 
     def consume(reducer: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        buckets = partition_rows(batches, in_schema, key_columns, memory_bytes)
-        yield from _gathered((out for rows in buckets for out in _bucket_outputs(rows, reducer)), call)
+        for rows in partition_rows(batches, in_schema, key_columns, memory_bytes):
+            # Gathered a bucket at a time: results may view their group's rows, and holding them
+            # past the bucket would keep its sorted copy alive while the next one is sorted.
+            yield from _gathered(_bucket_outputs(rows, reducer), call)
 
     def _bucket_outputs(rows: Rows, reducer: int) -> Iterator[pa.Table | pa.RecordBatch]:
         if call.form.api == "pandas" and not call.form.iterator:  # conversions per run of groups

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from arrow_shuffle.errors import ShuffleConfigError
 
 RELEASE_TO_OS_BYTES = 64 << 20
-"""Rows at least this large hand freed memory back to the OS as they are sorted (below it, the
+"""Rows over this size hand freed memory back to the OS as they are sorted (below it, the
 allocator's call would cost more than the memory is worth)."""
 _NAN_BITS = np.int64(np.array(np.nan).view(np.int64))
 _MAGNITUDE = np.int64(0x7FFFFFFFFFFFFFFF)

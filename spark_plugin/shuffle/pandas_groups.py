@@ -145,15 +145,15 @@ def pandas_group_results(
     ordered, bounds = group_bounds(rows, key_columns)
     positions = [ordered.schema.get_field_index(k) for k in key_columns]
     pending: list[tuple[object, str]] = []
-    rows = 0
+    pending_rows = 0
     for group, frame in group_frames(ordered, bounds, call.conversion, chunk_rows):
         # The key as Spark passes it to func(key, pdf): the first row's values of the key columns.
         args = (tuple(frame.iloc[:, p].iloc[0] for p in positions),) if call.form.takes_key else ()
         pending.append((call.func(*args, frame), where(group)))
-        rows += group.num_rows
-        if rows >= chunk_rows:
+        pending_rows += group.num_rows
+        if pending_rows >= chunk_rows:
             yield from _converted(pending, call, conform)
-            pending, rows = [], 0
+            pending, pending_rows = [], 0
     if pending:
         yield from _converted(pending, call, conform)
 

@@ -62,7 +62,7 @@ from heartbeat.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.settings.tls import TlsMaterial, client_context, server_context
 from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, find_agent, secret_of
 from spark_plugin.shuffle.agent_layout import note_read, owned_output, shuffle_roots, spread_dir
-from spark_plugin.shuffle.grouping import iter_groups
+from spark_plugin.shuffle.grouping import Rows, iter_groups
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
 from spark_plugin.shuffle.reduce_spill import partition_rows, spilled_bytes
 
@@ -803,20 +803,25 @@ def group_consumer(
     ``memory_bytes`` the rows are grouped a spilled bucket at a time (``reduce_spill``)."""
 
     def consume(reducer: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for bucket in partition_rows(batches, in_schema, key_columns, memory_bytes):
+            yield from bucket_results(reducer, bucket)
+
+    def bucket_results(reducer: int, bucket: Rows) -> Iterator[pa.RecordBatch]:
+        """One bucket's results, all sent before the next bucket is sorted: results may view
+        their group's rows, and holding them would keep this bucket's sorted copy alive."""
         pending: list[pa.Table] = []
         rows = 0
-        for bucket in partition_rows(batches, in_schema, key_columns, memory_bytes):
-            for group in iter_groups(bucket, key_columns):
-                out = func(group)
-                if not isinstance(out, pa.Table) or not out.schema.equals(out_schema):
-                    out = _conform(out, out_schema, reducer, group, key_columns)
-                if out.num_rows == 0:
-                    continue
-                pending.append(out)
-                rows += out.num_rows
-                if rows >= batch_rows:
-                    yield from _emit(pending, out_schema)
-                    pending, rows = [], 0
+        for group in iter_groups(bucket, key_columns):
+            out = func(group)
+            if not isinstance(out, pa.Table) or not out.schema.equals(out_schema):
+                out = _conform(out, out_schema, reducer, group, key_columns)
+            if out.num_rows == 0:
+                continue
+            pending.append(out)
+            rows += out.num_rows
+            if rows >= batch_rows:
+                yield from _emit(pending, out_schema)
+                pending, rows = [], 0
         if pending:
             yield from _emit(pending, out_schema)
 

@@ -26,32 +26,41 @@ PEAK_SCRIPT = textwrap.dedent(
     import json
     import numpy as np
     import pyarrow as pa
-    from spark_plugin.shuffle.grouping import Rows, group_bounds
+    from spark_plugin.shuffle.grouping import group_bounds
+    from spark_plugin.shuffle.reduce_spill import partition_rows
 
     pool = pa.default_memory_pool()
-    rows, columns = 400_000, 10
+    rows, columns, per_batch = 400_000, 10, 10_000
+    names = ["k", *map(str, range(columns))]
     rng = np.random.default_rng(7)
 
-    def batches():
+    def frames():
+        # Each batch as a reduce task gets it: decoded from a frame of its own, every column a view
+        # of that frame's memory. String keys: held as one table, not bucketed in memory.
         out = []
-        for start in range(0, rows, 10_000):
-            keys = np.where(rng.random(10_000) < 0.6, 0, rng.integers(1, 50, 10_000))
-            values = [rng.random(10_000) for _ in range(columns)]
-            names = ["k", *map(str, range(columns))]
-            fresh = pa.record_batch([pa.array(keys), *map(pa.array, values)], names=names)
-            out.append(fresh.take(pa.array(np.arange(10_000))))  # in Arrow's pool, as IPC reads are
+        for _ in range(rows // per_batch):
+            keys = np.where(rng.random(per_batch) < 0.6, 0, rng.integers(1, 50, per_batch)).astype(str)
+            values = [pa.array(rng.random(per_batch)) for _ in range(columns)]
+            batch = pa.record_batch([pa.array(keys), *values], names=names)
+            out.append(pa.ipc.read_record_batch(batch.serialize(), batch.schema))
         return out
 
+    def handed_over(batches):
+        batches.reverse()
+        while batches:
+            yield batches.pop()
+
     def extra_at_peak(handed):
-        data = batches()
+        data = frames()
         start, schema = pool.bytes_allocated(), data[0].schema
-        if handed:  # nothing here keeps the rows: they are the grouping's
-            ordered, bounds = group_bounds(Rows.of_batches(data, schema), ["k"])
+        if handed:  # through the reduce side's reader: nothing else keeps the rows
+            [rows_] = partition_rows(handed_over(data), schema, ["k"], None, sort_unit_bytes=1 << 20)
+            ordered, bounds = group_bounds(rows_, ["k"])
         else:  # the caller keeps its table while it is grouped
             table = pa.Table.from_batches(data, schema=schema)
             data.clear()
             ordered, bounds = group_bounds(table, ["k"])
-        assert len(bounds) == 51 and ordered.column("k")[0].as_py() == 0
+        assert len(bounds) == 51 and ordered.column("k")[0].as_py() == "0"
         return start, pool.max_memory() - start
 
     source, handed_extra = extra_at_peak(True)
@@ -62,15 +71,16 @@ PEAK_SCRIPT = textwrap.dedent(
 
 
 def test_grouping_handed_rows_holds_them_about_once_at_its_peak() -> None:
-    """Handed over as ``Rows``, the sort's peak is the rows plus one column's copy and the sort
-    order; a table its caller still holds is copied whole beside itself. A fresh process, so the
-    pool's peak is this grouping's."""
+    """Rows that reach the grouping through the reduce side's reader (decoded frames, held as
+    one table past the sort unit) are sorted at a peak of the rows plus one column's copy and
+    the sort order; a table its caller still holds is copied whole beside itself. A fresh
+    process, so the pool's peak is this grouping's."""
     script = [sys.executable, "-c", PEAK_SCRIPT]
     done = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     measured = json.loads(done.stdout)
     source = measured["source"]
-    assert source > 30 << 20, measured  # 400 k rows x 11 eight-byte columns
+    assert source > 30 << 20, measured  # 400 k rows of 10 doubles and a string key
     assert measured["handed"] < 0.5 * source, measured
     assert measured["held"] > 0.95 * source, measured  # the measurement can tell the two apart
 
