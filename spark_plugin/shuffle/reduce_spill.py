@@ -92,10 +92,12 @@ def bucket_rows(
     memory while they fit in ``memory_bytes`` (``None``: no bound), else bucket by bucket from
     disk. A bucket with rows on one side only has empty ``Rows`` with its columns on the other.
 
-    Rows held as one table past ``sort_unit_bytes`` (keys not bucketed in memory) are held as
-    copies of their own: a decoded batch's columns all view its frame's memory, which no column
-    of it frees alone, so without the copy the grouping could not drop a column as it sorts."""
+    One side's rows held as one table past ``sort_unit_bytes`` (keys not bucketed in memory) are
+    held as copies of their own: a decoded batch's columns all view its frame's memory, which no
+    column of it frees alone, so without the copy the grouping could not drop a column as it
+    sorts (a cogroup takes each key's rows from whole tables: no copy for it)."""
     held: list[list[pa.RecordBatch]] = [[] for _ in sides]
+    grouping = len(sides) == 1
     in_memory: _MemoryBuckets | None = None
     size = 0
     iterators = [iter(side.batches) for side in sides]
@@ -103,7 +105,7 @@ def bucket_rows(
         for batch in batches:
             size += batch.nbytes
             if in_memory is None:
-                held[index].append(_owning_copy(batch) if size > sort_unit_bytes else batch)
+                held[index].append(_owning_copy(batch) if grouping and size > sort_unit_bytes else batch)
             else:
                 in_memory.write(index, batch)
             if memory_bytes is not None and size > memory_bytes:
