@@ -222,8 +222,8 @@ class TaskWatch:
         to_inspect: list[tuple[_Task, int | None]] = []
         with self._lock:
             gap = self._gap(sample)
-            grew, labelled, others = self._python_progress(processes)
             running = {t.task_id for t in sample.tasks}
+            grew, labelled, others = self._python_progress(processes, running)
             for tid in list(self._tasks):
                 if tid not in running:
                     del self._tasks[tid]
@@ -261,11 +261,13 @@ class TaskWatch:
             ).start()
 
     def _python_progress(
-        self, processes: list[ProcessCpu] | None
+        self, processes: list[ProcessCpu] | None, running: set[int]
     ) -> tuple[dict[int, float], dict[int, int], float]:
         """CPU seconds each task's Python processes used since the last scan (only processes seen
         in both: one that appears or goes is no progress), the labelled worker of each task, and
-        the CPU the unlabelled processes used."""
+        the CPU the unlabelled processes used. A worker still labelled with a task that no longer
+        runs counts as unlabelled: a reused worker keeps its last task's label until the next
+        task's first message reaches it, and the CPU it spends on that start is the next task's."""
         if processes is None:
             return {}, {}, 0.0
         grew: dict[int, float] = {}
@@ -274,7 +276,7 @@ class TaskWatch:
         for proc in processes:
             before = self._process_cpu.get(proc.pid)
             delta = 0.0 if before is None else max(0.0, proc.cpu_s - before)
-            if proc.task is None:
+            if proc.task is None or proc.task not in running:
                 others += delta
                 continue
             grew[proc.task] = grew.get(proc.task, 0.0) + delta
@@ -324,6 +326,8 @@ class TaskWatch:
     def _inspect(self, task: _Task, worker: int | None) -> None:
         """Take the stuck task's stacks; if it ended or moved on meanwhile, nothing is recorded."""
         tid = task.sample.task_id
+        if worker is None:  # labelled since the line's scan (a worker that was slow to start)?
+            worker = next((p.pid for p in self._scan() or [] if p.labelled and p.task == tid), None)
         python = (
             self._python_stack(worker, tid)
             if worker is not None

@@ -115,6 +115,25 @@ def test_a_python_worker_busy_on_cpu_keeps_its_task_progressing() -> None:
     assert w.work()[0].idle_s <= INTERVAL
 
 
+def test_a_reused_worker_still_labelled_with_its_last_task_works_for_the_next_one() -> None:
+    """Task 6 ended; its worker, still labelled ``abt6``, starts task 7 (reads its first message,
+    unpickles the function) before it is labelled again: that CPU is task 7's progress."""
+    clock = ManualClock(start=100.0)
+    python: list[ProcessCpu] = []
+    w = watch(clock, python)
+
+    def starting(i: int) -> str:
+        python[:] = [ProcessCpu(4242, 6, 0.25 * (i + 1), labelled=True)]
+        return line(0, 0, (7, 10, 250 * (i + 1)))
+
+    feed(w, clock, 4.0, starting)
+    assert [p.stuck for p in w.work()] == [False]
+    assert w.work()[0].idle_s <= INTERVAL
+    # The same worker idle under its stale label: task 7 turns stuck at the timeout.
+    feed(w, clock, 2.5, lambda i: line(0, 0, (7, 10, 4000 + 250 * (i + 1))))
+    assert wait_until(lambda: [p.stuck for p in w.work()] == [True], 10)
+
+
 def test_a_slow_poll_is_not_progress() -> None:
     """A thread that only polls (a millisecond a second) is as good as blocked."""
     clock = ManualClock(start=0.0)
