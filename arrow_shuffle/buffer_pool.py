@@ -425,6 +425,11 @@ class LocalBufferPool:
 
         The wait itself is real and re-checks the clock at least every 0.5 s. A pool created with
         ``reserve_now=False`` first queues for its minimum (``reserve``), within the same deadline."""
+        with self._cond:  # the common case, a buffer free at once: no clock, no wait to time
+            if self._reserved and not self._closed and (cancelled is None or not cancelled()):
+                segment = self._take_locked()
+                if segment is not None:
+                    return Buffer(segment, self)
         start = self.clock.monotonic()
         deadline = start + timeout_s
         if not self.reserved:
@@ -496,7 +501,8 @@ class LocalBufferPool:
                     to_network.append(segment)
                 else:
                     self._available.append(segment)
-                self._cond.notify()
+                if self._waiters:  # a writer blocked in request(); a receiver's pool has none
+                    self._cond.notify()
         if handed is not None:  # outside the lock: the listener may announce credit (I/O)
             buffer = Buffer(handed, self)
             if not listener(buffer):

@@ -15,7 +15,6 @@ copied out.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import threading
 import weakref
@@ -321,8 +320,10 @@ class _Lent:
         self.block = block
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to give back to
+        try:
             self.blocks.give_back(self.block)
+        except Exception:  # interpreter shutdown: nothing left to give back to
+            return
 
 
 _GATE_BLOCKS: weakref.WeakKeyDictionary[LocalBufferPool, ReceiveBlocks] = weakref.WeakKeyDictionary()

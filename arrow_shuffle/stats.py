@@ -80,9 +80,10 @@ class StatsCell:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, **deltas: float) -> None:
+        fields = self.value.__dict__  # called per buffer: plain dict updates, no attribute lookups
         with self._lock:
             for name, delta in deltas.items():
-                setattr(self.value, name, getattr(self.value, name) + delta)
+                fields[name] += delta
 
     def snapshot(self) -> Any:
         with self._lock:

@@ -12,6 +12,7 @@ how late a jump of a ``ManualClock`` is noticed (one keepalive interval at most)
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 
 from arrow_shuffle.codec import ArrowPayload
@@ -40,8 +41,9 @@ class StreamSender:
         self.credit = SenderCredit(initial_credit)
         self.keepalive_s = partition.config.keepalive_interval_s
         self._clock = clock
-        self._cond = threading.Condition()
-        self._signalled = False
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        """One item per wake-up call (a C queue: a ``Condition``'s Python-level notify cost a few
+        microseconds per buffer); the sender thread drains it before each look at its work."""
         self._stopped = False
         self.completed = False
         self.hung_up = threading.Event()
@@ -55,29 +57,27 @@ class StreamSender:
         self.where = describe(f"{partition.partition_id}#{subpartition}", conn.peer)
 
     def notify(self) -> None:
-        with self._cond:
-            self._signalled = True
-            self._cond.notify()
+        self._wake.put(None)
 
     def grant(self, credit: int) -> None:
         self.credit.grant(credit)
         self.notify()
 
     def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
+        self._stopped = True
+        self._wake.put(None)
 
     def run(self) -> None:
         clock = self._clock
         seq = 0
         last_send = clock.monotonic()
+        wake = self._wake
         try:
             while True:
-                with self._cond:
-                    if self._stopped:
-                        return
-                    self._signalled = False
+                while not wake.empty():  # wake-ups up to now: what they announced is looked at below
+                    wake.get_nowait()
+                if self._stopped:
+                    return
                 has_credit = self.credit.available > 0
                 buffer, backlog, end = self.subpartition.poll(allow_data=has_credit)
                 if buffer is not None:
@@ -104,8 +104,12 @@ class StreamSender:
                         self._credit_wait_ended(last_send)
                     continue
                 if end:
-                    self.conn.send(Kind.END_OF_PARTITION, seq=seq)
-                    self.completed = True
+                    self.completed = True  # before the send: a reader that has END sees it set
+                    try:
+                        self.conn.send(Kind.END_OF_PARTITION, seq=seq)
+                    except BaseException:
+                        self.completed = False
+                        raise
                     return
                 now = clock.monotonic()
                 if not has_credit and backlog > 0 and self.blocked_on_credit_since is None:
@@ -119,9 +123,8 @@ class StreamSender:
                     # next keepalive due, or the stream falls silent at that time for good.
                     last_send = now
                     continue
-                with self._cond:
-                    if not self._signalled and not self._stopped:
-                        self._cond.wait(self.keepalive_s - idle_for)
+                with contextlib.suppress(queue.Empty):  # a wake-up since the drain returns at once
+                    wake.get(timeout=max(0.0, self.keepalive_s - idle_for))
         except ProducerFailedError as exc:
             self._report(str(exc), ErrorCode.PRODUCER_FAILED)
         except ChannelClosedError as exc:
