@@ -25,6 +25,12 @@ rounds: ``producer_cpu_s_per_gib`` against ``raw_sender_cpu_s_per_gib`` and
 the Python per frame that the engine adds). On loopback a sender also pays the kernel's receive
 path, so a raw sender costs more than a raw receiver. The TLS channel's are printed too.
 
+User CPU per side (``getrusage``'s user time, every thread): ``*_user_s_per_gib``. The rest of a
+side's CPU is the kernel's (the copies into and out of the sockets, on loopback also the TCP stack
+both ways, futex wake-ups); a raw socket's is nearly all kernel, so the channel's user CPU per GiB
+is what its Python and Arrow work per buffer costs, and the difference of the kernel parts is
+what its extra system calls and thread wake-ups cost.
+
 Context switches per side (``getrusage``: voluntary and involuntary, every thread of the process)
 per GiB, beside the CPU: each one is a thread that slept and was woken (a recv with nothing to
 read, a condition wait). ``cpu_bound_ratio`` is (raw receiver + raw sender CPU per GiB) /
@@ -64,6 +70,11 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _user_s() -> float:
+    """User CPU seconds of this process so far, every thread."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_utime
+
+
 def _switches() -> int:
     """Context switches of this process so far, voluntary and involuntary, every thread."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -91,13 +102,13 @@ def _raw_sender(port: int, total: int, ready: Connection, out: Connection) -> No
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         ready.recv()
-        cpu, switches = time.process_time(), _switches()
+        cpu, user, switches = time.process_time(), _user_s(), _switches()
         sent = 0
         view = memoryview(payload)
         while sent < total:
             sock.sendall(view)
             sent += len(view)
-        out.send((time.process_time() - cpu, _switches() - switches))
+        out.send((time.process_time() - cpu, _user_s() - user, _switches() - switches))
 
 
 def _raw_receiver(total: int, out: Connection, port_out: Connection) -> None:
@@ -108,18 +119,18 @@ def _raw_receiver(total: int, out: Connection, port_out: Connection) -> None:
     view = memoryview(buffer)
     got = 0
     start = time.perf_counter()
-    cpu, switches = time.process_time(), _switches()
+    cpu, user, switches = time.process_time(), _user_s(), _switches()
     while got < total:
         n = sock.recv_into(view)
         if n == 0:
             break
         got += n
     elapsed = time.perf_counter() - start
-    cpu = time.process_time() - cpu
+    cpu, user = time.process_time() - cpu, _user_s() - user
     switches = _switches() - switches
     sock.close()
     server.close()
-    out.send((got, elapsed, _peak_rss_mib(), cpu, switches))
+    out.send((got, elapsed, _peak_rss_mib(), cpu, user, switches))
 
 
 def measure_raw_tcp(total: int) -> dict[str, float]:
@@ -135,8 +146,8 @@ def measure_raw_tcp(total: int) -> dict[str, float]:
     sender = ctx.Process(target=_raw_sender, args=(port, total, go_r, sent_w))
     sender.start()
     go_w.send(True)
-    got, elapsed, rss, cpu, switches = result_r.recv()
-    sender_cpu, sender_switches = sent_r.recv()
+    got, elapsed, rss, cpu, user, switches = result_r.recv()
+    sender_cpu, sender_user, sender_switches = sent_r.recv()
     _end(sender, receiver)
     gib = got / 2**30
     return {
@@ -144,6 +155,8 @@ def measure_raw_tcp(total: int) -> dict[str, float]:
         "peak_rss_mib": float(rss),
         "receiver_cpu_s_per_gib": float(cpu) / gib,
         "sender_cpu_s_per_gib": float(sender_cpu) / gib,
+        "receiver_user_s_per_gib": float(user) / gib,
+        "sender_user_s_per_gib": float(sender_user) / gib,
         "receiver_switches_per_gib": switches / gib,
         "sender_switches_per_gib": sender_switches / gib,
     }
@@ -183,7 +196,7 @@ def _engine_producer(
     writer = RecordWriter(partition)
     size = batch.nbytes  # measured once: it walks the buffers (microseconds the engine never pays)
     go.wait()
-    cpu, switches = time.process_time(), _switches()
+    cpu, user, switches = time.process_time(), _user_s(), _switches()
     written = 0
     sub = 0
     while written < total:
@@ -193,11 +206,11 @@ def _engine_producer(
     writer.finish()
     while partition.stats().bytes_sent < partition.stats().bytes_written and not stop.is_set():
         stop.wait(0.01)  # CPU until the last buffer left
-    cpu, switches = time.process_time() - cpu, _switches() - switches
+    cpu, user, switches = time.process_time() - cpu, _user_s() - user, _switches() - switches
     stop.wait()
     stats = partition.stats()
     report.put(
-        ("producer", stats.blocked_on_credit_s, stats.blocked_on_pool_s, _peak_rss_mib(), cpu, switches)
+        ("producer", stats.blocked_on_credit_s, stats.blocked_on_pool_s, _peak_rss_mib(), cpu, user, switches)
     )
     server.close()
 
@@ -229,7 +242,7 @@ def _engine_consumer(
     specs = [RemoteChannelSpec(a, PartitionId(APP, 0, m), reduce_index) for m, a in enumerate(addresses)]
     go.wait()
     start = time.perf_counter()
-    cpu, switches = time.process_time(), _switches()
+    cpu, user, switches = time.process_time(), _user_s(), _switches()
     rows = 0
     transport = _tls_transport(material, server=False)
     with InputGate(specs, schema, pool, config, secret=SECRET, transport=transport) as gate:
@@ -238,8 +251,8 @@ def _engine_consumer(
             del batch
         stats = gate.stats()
     elapsed = time.perf_counter() - start
-    cpu, switches = time.process_time() - cpu, _switches() - switches
-    report.put(("consumer", stats.bytes_received, elapsed, _peak_rss_mib(), cpu, switches))
+    cpu, user, switches = time.process_time() - cpu, _user_s() - user, _switches() - switches
+    report.put(("consumer", stats.bytes_received, elapsed, _peak_rss_mib(), cpu, user, switches))
 
 
 def measure_engine(
@@ -269,23 +282,25 @@ def measure_engine(
     start = time.perf_counter()
     go.set()
     received = 0
-    consumer_cpu = 0.0
+    consumer_cpu = consumer_user = 0.0
     consumer_switches = producer_switches = 0
     slowest = 0.0
     rss = 0.0
     for _ in range(consumers):
-        _kind, nbytes, elapsed, peak, cpu, switches = report.get(timeout=120)
+        _kind, nbytes, elapsed, peak, cpu, user, switches = report.get(timeout=120)
         consumer_cpu += cpu
+        consumer_user += user
         consumer_switches += switches
         received += nbytes
         slowest = max(slowest, elapsed)
         rss = max(rss, peak)
     wall = time.perf_counter() - start
     stop.set()
-    credit_wait = pool_wait = producer_cpu = 0.0
+    credit_wait = pool_wait = producer_cpu = producer_user = 0.0
     for _ in range(producers):
-        _kind, credit_s, pool_s, peak, cpu, switches = report.get(timeout=60)
+        _kind, credit_s, pool_s, peak, cpu, user, switches = report.get(timeout=60)
         producer_cpu += cpu
+        producer_user += user
         producer_switches += switches
         credit_wait += credit_s
         pool_wait += pool_s
@@ -298,6 +313,8 @@ def measure_engine(
         "peak_rss_mib": rss,
         "consumer_cpu_s_per_gib": consumer_cpu / gib,
         "producer_cpu_s_per_gib": producer_cpu / gib,
+        "consumer_user_s_per_gib": consumer_user / gib,
+        "producer_user_s_per_gib": producer_user / gib,
         "consumer_switches_per_gib": consumer_switches / gib,
         "producer_switches_per_gib": producer_switches / gib,
         "producer_blocked_on_credit_s": credit_wait,
@@ -416,6 +433,7 @@ def main() -> None:
         k: [] for k in ("raw_rx", "raw_tx", "consumer", "producer", "tls_rx", "tls_tx")
     }
     switches: dict[str, list[float]] = {k: [] for k in ("raw_rx", "raw_tx", "consumer", "producer")}
+    user: dict[str, list[float]] = {k: [] for k in ("raw_rx", "raw_tx", "consumer", "producer")}
     for i in range(rounds):  # interleaved, so machine noise hits all alike
         plain = measure_raw_tcp(volume)
         raw_gbps, raw_cpu, raw_tx_cpu = (
@@ -441,6 +459,13 @@ def main() -> None:
             ("producer", engine["producer_switches_per_gib"]),
         ):
             switches[key].append(value)
+        for key, value in (
+            ("raw_rx", plain["receiver_user_s_per_gib"]),
+            ("raw_tx", plain["sender_user_s_per_gib"]),
+            ("consumer", engine["consumer_user_s_per_gib"]),
+            ("producer", engine["producer_user_s_per_gib"]),
+        ):
+            user[key].append(value)
         raw.append(raw_gbps)
         channel.append(engine["gbps"])
         tls_channel.append(secured["gbps"])
@@ -524,6 +549,11 @@ def main() -> None:
     print(f"RESULT raw_sender_switches_per_gib={moved['raw_tx']}")
     print(f"RESULT consumer_switches_per_gib={moved['consumer']}")
     print(f"RESULT producer_switches_per_gib={moved['producer']}")
+    in_user = {key: round(statistics.median(values), 3) for key, values in user.items()}
+    print(f"RESULT raw_receiver_user_s_per_gib={in_user['raw_rx']:.3f}")
+    print(f"RESULT raw_sender_user_s_per_gib={in_user['raw_tx']:.3f}")
+    print(f"RESULT consumer_user_s_per_gib={in_user['consumer']:.3f}")
+    print(f"RESULT producer_user_s_per_gib={in_user['producer']:.3f}")
     # Other processes' load shares the cores with both sides: the ratios above are only
     # comparable between runs at a similar load.
     print(f"RESULT load_1m_start={load_start:.2f}")

@@ -25,6 +25,10 @@ from spark_plugin.shuffle.grouped_map import (
 from spark_plugin.shuffle.grouping import group_bounds, iter_groups
 from spark_plugin.shuffle.pandas_groups import chunks, pandas_group_results
 
+# PySpark's own pandas converters run here, which differ between its minors and pandas 2 and 3:
+# every cell of the version matrix runs these (no JVM, a few seconds).
+pytestmark = pytest.mark.compat
+
 OUT = StructType([StructField("k", LongType()), StructField("n", LongType()), StructField("s", DoubleType())])
 CONV = PandasConversion(timezone="UTC")
 
@@ -116,7 +120,9 @@ def test_string_results_and_the_key_form() -> None:
     out = StructType([StructField("k", LongType()), StructField("s", StringType())])
 
     def keyed(key: tuple[Any, ...], pdf: pd.DataFrame) -> pd.DataFrame:
-        return pd.DataFrame({"k": [key[0]], "s": [pdf["s"].iloc[0]]})
+        # An object column: a null first value is NaN under pandas 3, and a float column declared
+        # string fails pyspark 4.0/4.1's own converter (Spark's applyInPandas alike).
+        return pd.DataFrame({"k": [key[0]], "s": pd.Series([pdf["s"].iloc[0]], dtype=object)})
 
     table = rows()
     call = call_of(keyed, takes_key=True, out=out)
