@@ -443,29 +443,18 @@ def main() -> None:
         )
         engine = measure_engine(1, 1, volume)
         secured = measure_engine(1, 1, volume, material)
-        for key, value in (
-            ("raw_rx", raw_cpu),
-            ("raw_tx", raw_tx_cpu),
-            ("consumer", engine["consumer_cpu_s_per_gib"]),
-            ("producer", engine["producer_cpu_s_per_gib"]),
-            ("tls_rx", secured["consumer_cpu_s_per_gib"]),
-            ("tls_tx", secured["producer_cpu_s_per_gib"]),
+        # Each side's figures under its name in the round's results (raw TCP: receiver and sender).
+        for key, result, side in (
+            ("raw_rx", plain, "receiver"),
+            ("raw_tx", plain, "sender"),
+            ("consumer", engine, "consumer"),
+            ("producer", engine, "producer"),
         ):
-            cpu[key].append(value)
-        for key, value in (
-            ("raw_rx", plain["receiver_switches_per_gib"]),
-            ("raw_tx", plain["sender_switches_per_gib"]),
-            ("consumer", engine["consumer_switches_per_gib"]),
-            ("producer", engine["producer_switches_per_gib"]),
-        ):
-            switches[key].append(value)
-        for key, value in (
-            ("raw_rx", plain["receiver_user_s_per_gib"]),
-            ("raw_tx", plain["sender_user_s_per_gib"]),
-            ("consumer", engine["consumer_user_s_per_gib"]),
-            ("producer", engine["producer_user_s_per_gib"]),
-        ):
-            user[key].append(value)
+            cpu[key].append(result[f"{side}_cpu_s_per_gib"])
+            switches[key].append(result[f"{side}_switches_per_gib"])
+            user[key].append(result[f"{side}_user_s_per_gib"])
+        cpu["tls_rx"].append(secured["consumer_cpu_s_per_gib"])
+        cpu["tls_tx"].append(secured["producer_cpu_s_per_gib"])
         raw.append(raw_gbps)
         channel.append(engine["gbps"])
         tls_channel.append(secured["gbps"])
