@@ -20,6 +20,12 @@ run with each side in an application of its own (every cell once), since in the 
 keeps the heap an earlier Spark run grew: ``RESULT max_peak_mem_ratio`` is from that pass
 (``--shared-memory`` skips it and takes the shared application's peaks).
 
+Each input's floor is timed too: ``df.mapInArrow(g)`` with no shuffle at all, the input's one trip
+from the JVM into Python workers that both sides make (Spark's before its user function, arrowbeat's
+in its map tasks) and ``g``'s own work. No shuffle, however fast, takes a cell below its floor, so
+``spark / floor`` (printed as the cell's ceiling; ``RESULT min_cell_ceiling_ratio``,
+``min_20m_cell_ceiling_ratio``) bounds the ratio any shuffle could reach in that cell on this machine.
+
 An ``auto`` column runs the same arrowbeat call with ``path="auto"`` (``spark_plugin.shuffle.route``:
 Spark's exchange below a measured input size, arrowbeat's above): its ratio is Spark / auto, and
 each input's size as the optimizer reports it (the cached relation's real size, the number the
@@ -171,7 +177,12 @@ def main() -> None:
             for keys in args.keys.split(","):
                 df = _cached_input(spark, rows, keys)
                 size = plan_size(df).bytes or 0  # the cached relation's real size, as routing sees it
-                print(f"input rows={rows:,} keys={keys}: {size:,} bytes (optimizer statistics)", flush=True)
+                floor_s, _ = best(functools.partial(_floor, df), max(3, args.repeat))  # cheap: best of 3
+                print(
+                    f"input rows={rows:,} keys={keys}: {size:,} bytes (optimizer statistics); "
+                    f"floor {floor_s:.2f} s (the input's one trip into Python workers, no shuffle)",
+                    flush=True,
+                )
                 for partitions in args.partitions.split(","):
                     n = None if partitions == "default" else 8
                     for op in args.ops.split(","):
@@ -201,6 +212,7 @@ def main() -> None:
                             "spark_mem": spark_mem,
                             "arrow_mem": arrow_mem,
                             "bytes": size,
+                            "floor_s": floor_s,
                             "auto_ratio": None if auto_s is None else spark_s / auto_s,
                             "auto_path": None if auto_s is None else "/".join(sorted(set(auto_paths))),
                         }
@@ -210,7 +222,7 @@ def main() -> None:
                         print(
                             f"rows={rows:>10,} keys={keys:7s} partitions={partitions:7s} op={op:6s} "
                             f"spark {spark_s:7.2f} s  arrowbeat {arrow_s:7.2f} s  "
-                            f"ratio {cell['ratio']:5.2f}  "
+                            f"ratio {cell['ratio']:5.2f} (ceiling {spark_s / floor_s:5.2f})  "
                             f"peak MiB spark {spark_mem / 2**20:6.0f} arrowbeat {arrow_mem / 2**20:6.0f}"
                             + (
                                 ""
@@ -254,7 +266,21 @@ def main() -> None:
         f"op={worst['op']}"
     )
     big = [c["ratio"] for c in cells if c["rows"] >= 20_000_000]
+    # What ran, so a partial run's figures are not read as the whole matrix's.
+    print(
+        f"RESULT cells={len(cells)} (rows {args.rows}; ops {args.ops}; keys {args.keys}; "
+        f"partitions {args.partitions}; best of {args.repeat}"
+        + ("; no auto column" if args.no_auto else "")
+        + ("; memory from the shared application" if args.shared_memory else "")
+        + ")"
+    )
+    print(f"RESULT load_1m={load_before[0]:.2f}->{load_after[0]:.2f}")
     print(f"RESULT worst_cell_ratio={min(ratios):.3f}")
+    ceilings = [c["spark_s"] / c["floor_s"] for c in cells]
+    print(f"RESULT min_cell_ceiling_ratio={min(ceilings):.3f}")
+    if big:
+        big_ceilings = [c["spark_s"] / c["floor_s"] for c in cells if c["rows"] >= 20_000_000]
+        print(f"RESULT min_20m_cell_ceiling_ratio={min(big_ceilings):.3f}")
     print(f"RESULT median_cell_ratio={statistics.median(ratios):.3f}")
     if big:
         print(f"RESULT min_20m_cell_ratio={min(big):.3f}")
@@ -291,6 +317,11 @@ def _session(scratch: Any, worker_mb: int, name: str) -> Any:
             "spark.arrowbeat.tables.path": str(scratch / "tables"),
         },
     )
+
+
+def _floor(df: Any) -> Any:
+    """The input's one trip into Python workers and ``partial``'s work, no shuffle: the floor."""
+    return df.mapInArrow(partial, PARTIAL).collect()
 
 
 def _cached_input(spark: Any, rows: int, keys: str) -> Any:
