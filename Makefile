@@ -124,7 +124,7 @@ BENCH_DIR := $(CACHE)/bench
 bench: setup $(VENV)/.bench-extra
 	@mkdir -p $(BENCH_DIR)
 	@set -o pipefail; for name in $(BENCH); do \
-	  args=; case $$name in soak_monitoring) args="--minutes $(SOAK_MINUTES)";; esac; \
+	  args=; case $$name in soak_monitoring) args="--minutes $(SOAK_MINUTES)";; e2e_pandas) args=--floors;; esac; \
 	  echo "== python -m benchmarks.$$name $$args"; \
 	  $(PY) -m benchmarks.$$name $$args | tee $(BENCH_DIR)/$$name.txt.part \
 	    && mv $(BENCH_DIR)/$$name.txt.part $(BENCH_DIR)/$$name.txt \

@@ -20,11 +20,15 @@ run with each side in an application of its own (every cell once), since in the 
 keeps the heap an earlier Spark run grew: ``RESULT max_peak_mem_ratio`` is from that pass
 (``--shared-memory`` skips it and takes the shared application's peaks).
 
-Each input's floor is timed too: ``df.mapInArrow(g)`` with no shuffle at all, the input's one trip
-from the JVM into Python workers that both sides make (Spark's before its user function, arrowbeat's
-in its map tasks) and ``g``'s own work. No shuffle, however fast, takes a cell below its floor, so
-``spark / floor`` (printed as the cell's ceiling; ``RESULT min_cell_ceiling_ratio``,
-``min_20m_cell_ceiling_ratio``) bounds the ratio any shuffle could reach in that cell on this machine.
+Each input's floor is timed too (best of at least 3, once per input, before its cells): a
+``mapInArrow`` that only counts the rows, with no shuffle at all. That is the input's one trip from
+the cached rows through the JVM's rows-to-Arrow conversion into Python workers, which arrowbeat's
+map tasks make (and Spark's side too, after its exchange). No shuffle that takes its input from
+Spark this way, arrowbeat's included, takes a cell below its floor, so ``spark / floor`` (printed as
+the cell's ceiling; ``RESULT min_cell_ceiling_ratio``, ``min_20m_cell_ceiling_ratio``) bounds its
+ratio in that cell on this machine; ``arrowbeat / floor`` is what its shuffle and grouping add.
+The floor is one measurement per input while load moves, so read a ceiling to within that noise.
+``RESULT load_1m`` is the 1-minute load average before and after the run (the run's own included).
 
 An ``auto`` column runs the same arrowbeat call with ``path="auto"`` (``spark_plugin.shuffle.route``:
 Spark's exchange below a measured input size, arrowbeat's above): its ratio is Spark / auto, and
@@ -177,7 +181,7 @@ def main() -> None:
             for keys in args.keys.split(","):
                 df = _cached_input(spark, rows, keys)
                 size = plan_size(df).bytes or 0  # the cached relation's real size, as routing sees it
-                floor_s, _ = best(functools.partial(_floor, df), max(3, args.repeat))  # cheap: best of 3
+                floor_s, _ = best(functools.partial(_floor, df), max(3, args.repeat))  # one per input
                 print(
                     f"input rows={rows:,} keys={keys}: {size:,} bytes (optimizer statistics); "
                     f"floor {floor_s:.2f} s (the input's one trip into Python workers, no shuffle)",
@@ -222,7 +226,8 @@ def main() -> None:
                         print(
                             f"rows={rows:>10,} keys={keys:7s} partitions={partitions:7s} op={op:6s} "
                             f"spark {spark_s:7.2f} s  arrowbeat {arrow_s:7.2f} s  "
-                            f"ratio {cell['ratio']:5.2f} (ceiling {spark_s / floor_s:5.2f})  "
+                            f"ratio {cell['ratio']:5.2f} (ceiling {spark_s / floor_s:5.2f}, "
+                            f"arrowbeat / floor {arrow_s / floor_s:4.2f})  "
                             f"peak MiB spark {spark_mem / 2**20:6.0f} arrowbeat {arrow_mem / 2**20:6.0f}"
                             + (
                                 ""
@@ -268,9 +273,11 @@ def main() -> None:
     big = [c["ratio"] for c in cells if c["rows"] >= 20_000_000]
     # What ran, so a partial run's figures are not read as the whole matrix's.
     print(
-        f"RESULT cells={len(cells)} (rows {args.rows}; ops {args.ops}; keys {args.keys}; "
-        f"partitions {args.partitions}; best of {args.repeat}"
+        f"RESULT cells={len(cells)} (rows {args.rows.replace(',', '/')}; ops {args.ops.replace(',', '/')}; "
+        f"keys {args.keys.replace(',', '/')}; partitions {args.partitions.replace(',', '/')}; "
+        f"best of {args.repeat}"
         + ("; no auto column" if args.no_auto else "")
+        + ("; no Dask" if args.no_dask else "")
         + ("; memory from the shared application" if args.shared_memory else "")
         + ")"
     )
@@ -320,8 +327,13 @@ def _session(scratch: Any, worker_mb: int, name: str) -> Any:
 
 
 def _floor(df: Any) -> Any:
-    """The input's one trip into Python workers and ``partial``'s work, no shuffle: the floor."""
-    return df.mapInArrow(partial, PARTIAL).collect()
+    """The input's one trip into Python workers, its rows counted, no shuffle: the floor."""
+    return df.mapInArrow(_count, "rows bigint").collect()
+
+
+def _count(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Every batch taken, nothing done with it but counting its rows."""
+    yield pa.record_batch({"rows": pa.array([sum(b.num_rows for b in batches)], pa.int64())})
 
 
 def _cached_input(spark: Any, rows: int, keys: str) -> Any:
