@@ -155,10 +155,21 @@ def main() -> None:
     )
     parser.add_argument("--keys", default="uniform,hot", help="comma-separated key shapes to run")
     parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for every application of the run (repeatable), e.g. an A/B of "
+        "spark.arrowbeat.shuffle.mapMemory; named in the cells= line",
+    )
+    parser.add_argument(
         "--partitions", default="default,8", help="comma-separated partition settings to run (default, 8)"
     )
     args = parser.parse_args()
     sizes = [int(r) for r in args.rows.split(",")]
+    for setting in args.conf:
+        if "=" not in setting:
+            parser.error(f"--conf {setting!r}: expected KEY=VALUE")
 
     from spark_plugin.compat.plan_stats import plan_size
     from spark_plugin.shuffle import group_apply, partition_apply, release
@@ -166,7 +177,7 @@ def main() -> None:
     scratch = prepare()  # loopback, the venv's Python everywhere, the run marker
     _hooked()
     load_before = os.getloadavg()
-    spark = _session(scratch, args.worker_mb, "shuffle-matrix")
+    spark = _session(scratch, args, "shuffle-matrix")
     cells: list[dict[str, Any]] = []
     arrow_uniform_default: dict[int, float] = {}
     try:
@@ -281,6 +292,7 @@ def main() -> None:
         + ("; no auto column" if args.no_auto else "")
         + ("; no Dask" if args.no_dask else "")
         + ("; memory from the shared application" if args.shared_memory else "")
+        + "".join(f"; {setting}" for setting in args.conf)
         + ")"
     )
     print(f"RESULT load_1m={load_before[0]:.2f}->{load_after[0]:.2f}")
@@ -310,11 +322,11 @@ def main() -> None:
         print(f"RESULT vs_dask_p2p={dask_ratio:.3f}")
 
 
-def _session(scratch: Any, worker_mb: int, name: str) -> Any:
+def _session(scratch: Any, args: argparse.Namespace, name: str) -> Any:
     """The matrix's application: Spark's defaults but for memory (``spark.sql.shuffle.partitions``
-    back at 200), arrowbeat's dirs in ``scratch``."""
+    back at 200), arrowbeat's dirs in ``scratch``, then the run's ``--conf`` settings."""
     return build_session(
-        f"local-cluster[2,1,{worker_mb}]",
+        f"local-cluster[2,1,{args.worker_mb}]",
         scratch,
         name,
         conf={
@@ -322,6 +334,7 @@ def _session(scratch: Any, worker_mb: int, name: str) -> Any:
             "spark.sql.shuffle.partitions": "200",  # Spark's default (build_session sets 4)
             "spark.arrowbeat.shuffle.dir": str(scratch / "shuffle"),
             "spark.arrowbeat.tables.path": str(scratch / "tables"),
+            **dict(setting.split("=", 1) for setting in args.conf),
         },
     )
 
@@ -361,7 +374,7 @@ def _memory_pass(
         # The previous application's executors (sampled by PeakMemory) gone before this one starts.
         if not wait_until(lambda: not ours("CoarseGrainedExecutorBackend"), 60):
             raise RuntimeError("the previous application's executors are still running after 60 s")
-        spark = _session(scratch, args.worker_mb, f"shuffle-matrix-memory-{side}")
+        spark = _session(scratch, args, f"shuffle-matrix-memory-{side}")
         try:
             inputs: dict[tuple[int, str], Any] = {}
             for cell in cells:

@@ -39,6 +39,9 @@ class PeakMemory:
         self.interval_s = interval_s
         self.peak = 0
         self.at_peak: dict[str, int] = {}
+        self.file_backed_at_peak: dict[str, int] = {}
+        """Of ``at_peak``, the pages of mapped files (a memory-mapped shuffle read, libraries):
+        the kernel drops them under pressure, unlike a heap's."""
         self.largest: tuple[str, int] = ("", 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -46,6 +49,7 @@ class PeakMemory:
     def _sample(self) -> int:
         total = 0
         kinds: dict[str, int] = {}
+        file_backed: dict[str, int] = {}
         for jvm in ours("CoarseGrainedExecutorBackend"):
             try:
                 procs = [jvm, *jvm.children(recursive=True)]
@@ -53,21 +57,26 @@ class PeakMemory:
                 continue
             for proc in procs:
                 try:
-                    rss = proc.memory_info().rss
+                    info = proc.memory_info()
                     kind = process_kind(proc)
                 except psutil.Error:
                     continue
+                rss = info.rss
                 total += rss
                 kinds[kind] = kinds.get(kind, 0) + rss
+                file_backed[kind] = file_backed.get(kind, 0) + getattr(info, "shared", 0)
                 if rss > self.largest[1]:
                     self.largest = (kind, rss)
         if total > self.peak:
-            self.peak, self.at_peak = total, kinds
+            self.peak, self.at_peak, self.file_backed_at_peak = total, kinds, file_backed
         return total
 
     def breakdown(self) -> str:
         """``at_peak`` and ``largest`` in MiB, for a line of output."""
-        parts = ", ".join(f"{kind} {rss / 2**20:.0f}" for kind, rss in sorted(self.at_peak.items()))
+        parts = ", ".join(
+            f"{kind} {rss / 2**20:.0f} (file-backed {self.file_backed_at_peak.get(kind, 0) / 2**20:.0f})"
+            for kind, rss in sorted(self.at_peak.items())
+        )
         kind, rss = self.largest
         return f"{parts}; largest process: {kind} {rss / 2**20:.0f} MiB"
 

@@ -77,9 +77,16 @@ def export_checkout(dest: Path) -> Path:
     return dest
 
 
-def timed(timings: dict[str, float], step: str, command: list[str], **kwargs: object) -> None:
+def timed(
+    timings: dict[str, float],
+    step: str,
+    command: list[str],
+    extra_env: dict[str, str] | None = None,
+    **kwargs: object,
+) -> None:
     started = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, env=clean_env(), **kwargs)  # type: ignore[call-overload]
+    env = {**clean_env(), **(extra_env or {})}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, **kwargs)  # type: ignore[call-overload]
     timings[step] = round(time.monotonic() - started, 1)
     assert done.returncode == 0, f"{step} failed: {command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
@@ -92,10 +99,14 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     timings: dict[str, float] = {}
     source = export_checkout(base / "src")
     dist = base / "dist"
+    # The launcher's API jars as `make setup` fetched them (`make wheel` passes them the same way):
+    # without them the build backend runs Maven five times into a temporary folder, ~20 CPU-s.
+    kept = ROOT / ".cache" / "launcher" / "classpath"
     timed(
         timings,
         "pip wheel",
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dist), str(source)],
+        {"ARROWBEAT_LAUNCHER_CLASSPATH": str(kept)} if kept.is_dir() else None,
     )
     (wheel,) = dist.glob("arrowbeat-*.whl")
     venv = base / "venv"

@@ -4,6 +4,7 @@ README's table generated from the cells and their locks. No venv is built here."
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -65,3 +66,17 @@ def test_the_readme_table_is_generated_from_the_cells() -> None:
     readme = (ROOT / "README.md").read_text()
     begin, end = "<!-- matrix-table -->\n", "\n<!-- /matrix-table -->"
     assert readme[readme.index(begin) + len(begin) : readme.index(end)] == matrix.table()
+
+
+def test_every_compat_test_is_where_the_cells_collect() -> None:
+    """A test marked ``compat`` outside ``matrix.COMPAT_TESTS`` would silently leave the matrix."""
+    marked = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "tests").rglob("*.py")
+        if re.search(r"pytest\.mark\.compat\b", path.read_text())
+    }
+    assert marked, "no test is marked compat"
+    outside = {p for p in marked if not any(p == c or p.startswith(c + "/") for c in matrix.COMPAT_TESTS)}
+    assert not outside, f"marked compat but not collected by the matrix cells: {sorted(outside)}"
+    for collected in matrix.COMPAT_TESTS:
+        assert (ROOT / collected).exists(), collected

@@ -371,9 +371,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "spark.arrowbeat.shuffle.mapMemory",
         "shuffle_map_memory_bytes",
-        "32m",
+        "8m",
         "a size like 32m",
-        "Memory a map task buffers before writing a run of its output to disk (bounds the task's memory).",
+        "Memory a map task buffers before writing a run of its output to disk (bounds the task's memory: "
+        "a run needs about half as much again to write).",
         parse_bytes,
     ),
     Option(

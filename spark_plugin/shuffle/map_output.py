@@ -15,6 +15,11 @@ buffered in memory up to ``memory_bytes`` and then written as a run, so a map ta
 bounded whatever its input size; the status of reduce partition ``r`` lists its ``(offset,
 length)`` segments in run order. Memory-mapped, every segment is read back with no copy.
 
+Memory: a map task runs in a Python worker where Spark's own shuffle of the same input has no
+Python step at all, so what it holds is what arrowbeat adds to the executor's peak. Beside the
+held batches a run needs their reduce partitions (2 bytes a row), the sort order (8) and the
+reordered copy, made a quarter of the run at a time (``RUN_PIECES``).
+
 The file is private (``arrow_shuffle.private_files``): its folder 0700, the file created 0600 with
 ``O_EXCL | O_NOFOLLOW``, so a name that exists already (a planted symlink) is refused, never
 written through.
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
 from arrow_shuffle.partitioner import hash_rows, key_type_problem
@@ -35,6 +41,9 @@ from arrow_shuffle.private_files import create_private_file, make_private_dir
 
 BATCH_ROWS = 16384
 """Rows per batch in map-output files (Spark hands Python 10k-row batches by default)."""
+
+RUN_PIECES = 4
+"""A run is put in reducer order this many pieces at a time (``MapOutputWriter._write_run``)."""
 
 Segment = tuple[int, int]
 """``(offset, length)`` of one Arrow IPC stream inside a map output file."""
@@ -81,9 +90,10 @@ class MapOutputWriter:
     """Routes batches to reduce partitions and writes them as runs of IPC streams to ``path``.
 
     Input batches are held as they come (Spark hands each one over in its own buffers) with the
-    reduce partition of every row; a run then orders all held rows by partition with *one*
-    ``take`` and streams each partition's slice straight into the file. One copy of the data
-    before the file, where sorting every input batch and merging the pieces again took three.
+    reduce partition of every row; a run then orders the held rows by partition with one
+    ``take`` per quarter of the run and streams each partition's slice straight into the file.
+    One copy of the data before the file, where sorting every input batch and merging the pieces
+    again took three; a quarter of it alive at a time.
     """
 
     def __init__(
@@ -93,8 +103,11 @@ class MapOutputWriter:
         key_columns: Sequence[str],
         num_partitions: int,
         memory_bytes: int,
+        memory_pool: pa.MemoryPool | None = None,
     ) -> None:
         self.path = path
+        self.memory_pool = memory_pool
+        """Where a run's sorted pieces are allocated (default: Arrow's); a test accounts them."""
         self.schema = schema
         self.keys = list(key_columns)
         self.num_partitions = num_partitions
@@ -104,6 +117,10 @@ class MapOutputWriter:
         """Bytes written in runs forced by the memory bound (all but the final run)."""
         self._held: list[pa.RecordBatch] = []
         self._routes: list[np.ndarray] = []
+        self._route_type = np.uint16 if num_partitions <= 1 << 16 else np.int64
+        """Held reduce partition ids are narrowed: 2 bytes a row instead of 8 beside the batches,
+        and a stable sort of small integers is a radix sort in numpy (5x faster than on int64)."""
+        self._counts = np.zeros(num_partitions, dtype=np.int64)
         self._held_bytes = 0
         try:
             make_private_dir(os.path.dirname(path))  # its parent (the agent's folder): checked by the caller
@@ -118,7 +135,9 @@ class MapOutputWriter:
             return
         if not batch.schema.equals(self.schema):
             batch = pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
-        self._routes.append(route(batch, self.keys, self.num_partitions))
+        ids = route(batch, self.keys, self.num_partitions)
+        self._counts += np.bincount(ids, minlength=self.num_partitions)
+        self._routes.append(ids.astype(self._route_type))
         self._held.append(batch)
         self._held_bytes += batch.nbytes
         if self._held_bytes >= self.memory_bytes:
@@ -132,45 +151,78 @@ class MapOutputWriter:
 
     def abort(self) -> None:
         self._held, self._routes = [], []
+        self._counts[:] = 0
         self._file.close()
         if os.path.exists(self.path):
             os.unlink(self.path)
 
     def _write_run(self) -> int:
+        """Writes the held rows as one run; returns its bytes.
+
+        The rows are put in reducer order a piece at a time (``RUN_PIECES``): the sorted copy
+        beside the held batches is a piece of the run, not all of it, which is what lets a map
+        task's Python worker stay within Spark's own memory for the same input."""
         if not self._held:
             return 0
-        ids = np.concatenate(self._routes)
-        counts = np.bincount(ids, minlength=self.num_partitions)
-        # A stable sort of small integers is a radix sort in numpy: 5x faster than on int64.
-        narrow = ids.astype(np.uint16) if self.num_partitions <= 1 << 16 else ids
-        order = np.argsort(narrow, kind="stable")
-        grouped = pa.Table.from_batches(self._held, schema=self.schema).take(pa.array(order))
+        order = np.argsort(np.concatenate(self._routes), kind="stable")
+        counts = self._counts
+        held = pa.Table.from_batches(self._held, schema=self.schema)
         self._held, self._routes, self._held_bytes = [], [], 0
-        written = 0
-        start = 0
-        for reducer in np.flatnonzero(counts):
-            rows = int(counts[reducer])
-            # Large batches: every later step (network, JVM conversion) pays per batch.
-            batches = grouped.slice(start, rows).to_batches(max_chunksize=BATCH_ROWS)
-            start += rows
-            offset = self._file.tell()
-            try:
-                with pa.ipc.new_stream(self._file, self.schema) as stream:
-                    for b in batches:
-                        stream.write_batch(b)
-            except OSError as exc:
-                raise ShuffleError(
-                    f"writing map output {self.path} failed: {exc}; free disk space or point "
-                    "spark.arrowbeat.shuffle.dir elsewhere"
-                ) from exc
-            size = self._file.tell() - offset
-            out = self.outputs[reducer]
-            out.segments.append((offset, size))
-            out.bytes += size
-            out.batches += len(batches)
-            out.rows += rows
-            written += size
+        self._counts = np.zeros(self.num_partitions, dtype=np.int64)
+        ends = np.cumsum(counts)  # where each reducer's rows end in run order
+        reducers = np.flatnonzero(counts)
+        piece_rows = max(BATCH_ROWS, -(-len(order) // RUN_PIECES))
+        written, next_reducer = 0, 0
+        segment: _SegmentWriter | None = None
+        try:
+            for first in range(0, len(order), piece_rows):
+                last = min(first + piece_rows, len(order))
+                piece = pc.take(held, pa.array(order[first:last]), memory_pool=self.memory_pool)
+                at = first
+                while at < last:
+                    reducer = int(reducers[next_reducer])
+                    upto = min(int(ends[reducer]), last)
+                    if segment is None:
+                        segment = _SegmentWriter(self._file, self.schema)
+                    segment.write(piece.slice(at - first, upto - at))
+                    at = upto
+                    if upto == ends[reducer]:
+                        written += segment.close(self._file, self.outputs[reducer])
+                        segment, next_reducer = None, next_reducer + 1
+                del piece  # before the next piece is taken
+        except OSError as exc:
+            raise ShuffleError(
+                f"writing map output {self.path} failed: {exc}; free disk space or point "
+                "spark.arrowbeat.shuffle.dir elsewhere"
+            ) from exc
         return written
+
+
+class _SegmentWriter:
+    """One reducer's IPC stream in a run, written from one or more pieces of the sorted rows."""
+
+    def __init__(self, file: pa.NativeFile, schema: pa.Schema) -> None:
+        self.offset = int(file.tell())
+        self.stream = pa.ipc.new_stream(file, schema)
+        self.batches = 0
+        self.rows = 0
+
+    def write(self, rows: pa.Table) -> None:
+        # Large batches: every later step (network, JVM conversion) pays per batch.
+        for batch in rows.to_batches(max_chunksize=BATCH_ROWS):
+            self.stream.write_batch(batch)
+            self.batches += 1
+        self.rows += rows.num_rows
+
+    def close(self, file: pa.NativeFile, out: ReducerOutput) -> int:
+        """Ends the stream and records it as ``out``'s next segment; returns its bytes."""
+        self.stream.close()
+        size = int(file.tell()) - self.offset
+        out.segments.append((self.offset, size))
+        out.bytes += size
+        out.batches += self.batches
+        out.rows += self.rows
+        return size
 
 
 def read_segments(path: str, segments: Sequence[Segment]) -> Iterator[pa.RecordBatch]:

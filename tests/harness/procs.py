@@ -54,15 +54,30 @@ def executor_jvms(app: str | None = None) -> dict[str, psutil.Process]:
     return found
 
 
-def wait_until(condition: Callable[[], object], timeout_s: float, interval_s: float = 0.05) -> bool:
-    """Polls ``condition`` until it is truthy or ``timeout_s`` passes; returns whether it held."""
+POLL_FIRST_S, POLL_MAX_S = 0.05, 0.25
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float, interval_s: float | None = None) -> bool:
+    """Polls ``condition`` until it is truthy or ``timeout_s`` passes; returns whether it held.
+
+    With ``interval_s`` given, it polls at that fixed pace. Otherwise the pause doubles from
+    ``POLL_FIRST_S`` to ``POLL_MAX_S`` and is never shorter than the last poll took: many conditions
+    read a whole Delta table, and polled every 50 ms through a minute-long scenario they kept one of
+    the machine's two cores busy. A condition that holds soon is still seen within 50 ms."""
     deadline = time.monotonic() + timeout_s
+    pause = POLL_FIRST_S if interval_s is None else interval_s
     while True:
+        started = time.monotonic()
         if condition():
             return True
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             return False
-        time.sleep(interval_s)
+        if interval_s is None:
+            time.sleep(min(max(pause, now - started), deadline - now))
+            pause = min(2 * pause, POLL_MAX_S)
+        else:
+            time.sleep(interval_s)
 
 
 def freeze(pid: int, timeout_s: float = 10.0) -> None:

@@ -32,12 +32,18 @@ def executor_dirs(app_id: str) -> Path:
     raise AssertionError(f"no executor directory of {app_id}")
 
 
+_printed: dict[frozenset[tuple[str, str]], str] = {}
+
+
 def printed_flags() -> list[str]:
-    """Exactly what a user copies: the output of ``python -m spark_plugin conf``."""
-    out = subprocess.run(
-        [sys.executable, "-m", "spark_plugin", "conf"], check=True, capture_output=True, text=True
-    ).stdout
-    return shlex.split(out)
+    """Exactly what a user copies: the output of ``python -m spark_plugin conf``, run once per
+    environment it could depend on (some twenty applications of a test session ask for it)."""
+    key = frozenset(os.environ.items())
+    if key not in _printed:
+        _printed[key] = subprocess.run(
+            [sys.executable, "-m", "spark_plugin", "conf"], check=True, capture_output=True, text=True
+        ).stdout
+    return shlex.split(_printed[key])
 
 
 class SubmittedApp:

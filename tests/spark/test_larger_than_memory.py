@@ -34,7 +34,7 @@ WORKER_RSS_BOUND = 700 << 20
 @pytest.fixture(scope="module")
 def spark(shuffle_cluster: ShuffleCluster) -> Iterator[SparkSession]:
     """The run's shared ``local-cluster`` (``tests/harness/apps.py``; ``mapMemory`` at its default,
-    32m) as this module wants it: reads of host-local outputs from disk (the default), Arrow
+    8m) as this module wants it: reads of host-local outputs from disk (the default), Arrow
     batches of 4096 rows."""
     session = shuffle_cluster.spark
     wanted = {

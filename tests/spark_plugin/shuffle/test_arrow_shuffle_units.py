@@ -14,6 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -141,6 +142,46 @@ def test_memory_bound_writes_several_runs(tmp_path: Path) -> None:
     outs = writer.finish()
     assert writer.spill_bytes > 0 and max(len(o.segments) for o in outs) > 1
     assert sum(o.rows for o in outs) == 2000
+
+
+WIDE = pa.schema([("k", pa.int64())] + [(f"c{i}", pa.int64()) for i in range(7)])
+
+
+def wide_batches(keys: np.ndarray, rows_per_batch: int = 10_000) -> list[pa.RecordBatch]:
+    """Eight int64 columns (the key first, then the row number seven times), as Spark hands a
+    Python worker its input: batches of ``rows_per_batch`` rows."""
+    numbers = np.arange(len(keys), dtype=np.int64)
+    table = pa.table([pa.array(keys)] + [pa.array(numbers)] * 7, schema=WIDE)
+    batches: list[pa.RecordBatch] = table.to_batches(max_chunksize=rows_per_batch)
+    return batches
+
+
+@pytest.mark.parametrize("keys", ["uniform", "one hot key"])
+def test_a_run_is_sorted_a_piece_at_a_time_beside_the_held_rows(tmp_path: Path, keys: str) -> None:
+    """A run's reducer-ordered copy is a piece of the run (``RUN_PIECES``), not all of it, also
+    when one key holds every row: the map task's Python worker stays within Spark's memory. The
+    run's rows come back whole, each reducer in one segment, in the order they were written."""
+    rng = np.random.default_rng(7)
+    n = 200_000
+    data = rng.integers(0, 1 << 40, n) if keys == "uniform" else np.full(n, 42, dtype=np.int64)
+    batches = wide_batches(data)
+    held = sum(b.nbytes for b in batches)
+    pool = pa.proxy_memory_pool(pa.default_memory_pool())  # outlives every buffer it allocates
+    path = str(tmp_path / "m.arrows")
+    writer = MapOutputWriter(path, WIDE, ["k"], 7, 1 << 40, memory_pool=pool)  # one run, at finish
+    for b in batches:
+        writer.write(b)
+    outs = writer.finish()
+    # The copy is a quarter of the run plus one column gathered for the take: at most 3/8 of it.
+    assert pool.max_memory() <= 0.45 * held, (pool.max_memory(), held)
+    assert sum(o.rows for o in outs) == n
+    reducers = np.asarray(route(pa.table([pa.array(data)], names=["k"]).to_batches()[0], ["k"], 7))
+    for r, out in enumerate(outs):
+        assert len(out.segments) == (1 if out.rows else 0)
+        got = list(read_segments(path, out.segments))
+        assert all(b.num_rows <= 16384 for b in got) and out.batches == len(got)
+        numbers = np.concatenate([b.column("c3").to_numpy() for b in got]) if got else np.array([])
+        assert np.array_equal(numbers, np.flatnonzero(reducers == r))  # every row once, in order
 
 
 def test_route_is_process_independent_and_check_keys_names_the_column() -> None:
@@ -455,7 +496,7 @@ def test_the_application_conf_is_read_once_per_context() -> None:
 def test_dataframe_configcome_through_the_plugins_declarations() -> None:
     app = {"spark.arrowbeat.authenticate.secret": SECRET, "spark.master": "local[2]"}
     config = dataframe.shuffle_settings(FakeSession(app))  # type: ignore[arg-type]
-    assert config.shuffle_map_memory_bytes == 32 << 20 and config.shuffle_read_host_local
+    assert config.shuffle_map_memory_bytes == 8 << 20 and config.shuffle_read_host_local
     tuned = {**app, "spark.arrowbeat.shuffle.mapMemory": "64m", "spark.arrowbeat.shuffle.dir": "/x"}
     config = dataframe.shuffle_settings(FakeSession(tuned))  # type: ignore[arg-type]
     assert (config.shuffle_map_memory_bytes, config.shuffle_dir) == (64 << 20, "/x")
@@ -469,7 +510,7 @@ def test_read_host_local_disk_is_settable_per_query_and_other_keys_are_not() -> 
     }
     config = dataframe.shuffle_settings(FakeSession(app, runtime))  # type: ignore[arg-type]
     assert config.shuffle_read_host_local is False
-    assert config.shuffle_map_memory_bytes == 32 << 20  # fixed for the application
+    assert config.shuffle_map_memory_bytes == 8 << 20  # fixed for the application
 
 
 @pytest.mark.parametrize(
