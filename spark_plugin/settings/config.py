@@ -374,7 +374,7 @@ OPTIONS: tuple[Option, ...] = (
         "8m",
         "a size like 32m",
         "Memory a map task buffers before writing a run of its output to disk (bounds the task's memory: "
-        "a run needs about half as much again to write).",
+        "writing a run takes a quarter of it again plus its largest column).",
         parse_bytes,
     ),
     Option(

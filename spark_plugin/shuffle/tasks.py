@@ -117,7 +117,8 @@ class ShufflePlan:
     num_partitions: int
     schema_ipc: bytes
     route_keys: tuple[int, ...]
-    memory_bytes: int = 32 << 20
+    memory_bytes: int = 8 << 20
+    """``spark.arrowbeat.shuffle.mapMemory``: a map task writes a run past it (``MapOutputWriter``)."""
     reduce_memory_bytes: int = 512 << 20
     """``spark.arrowbeat.shuffle.reduceMemory``: a grouped reduce task spills past it (``reduce_spill``)."""
     buffer_size: int = 1 << 20

@@ -145,6 +145,9 @@ def test_memory_bound_writes_several_runs(tmp_path: Path) -> None:
 
 
 WIDE = pa.schema([("k", pa.int64())] + [(f"c{i}", pa.int64()) for i in range(7)])
+COUNTING_POOL = {kind: pa.proxy_memory_pool(pa.default_memory_pool()) for kind in ("uniform", "one hot key")}
+"""A pool per case that counts its own peak, at module level: a buffer that outlived its proxy pool
+(kept by a traceback, say) would crash the interpreter when freed."""
 
 
 def wide_batches(keys: np.ndarray, rows_per_batch: int = 10_000) -> list[pa.RecordBatch]:
@@ -166,7 +169,7 @@ def test_a_run_is_sorted_a_piece_at_a_time_beside_the_held_rows(tmp_path: Path, 
     data = rng.integers(0, 1 << 40, n) if keys == "uniform" else np.full(n, 42, dtype=np.int64)
     batches = wide_batches(data)
     held = sum(b.nbytes for b in batches)
-    pool = pa.proxy_memory_pool(pa.default_memory_pool())  # outlives every buffer it allocates
+    pool = COUNTING_POOL[keys]
     path = str(tmp_path / "m.arrows")
     writer = MapOutputWriter(path, WIDE, ["k"], 7, 1 << 40, memory_pool=pool)  # one run, at finish
     for b in batches:
