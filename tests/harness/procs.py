@@ -54,18 +54,19 @@ def executor_jvms(app: str | None = None) -> dict[str, psutil.Process]:
     return found
 
 
-POLL_FIRST_S, POLL_MAX_S = 0.05, 0.25
+POLL_S, POLL_MAX_S = 0.05, 1.0
 
 
 def wait_until(condition: Callable[[], object], timeout_s: float, interval_s: float | None = None) -> bool:
     """Polls ``condition`` until it is truthy or ``timeout_s`` passes; returns whether it held.
 
-    With ``interval_s`` given, it polls at that fixed pace. Otherwise the pause doubles from
-    ``POLL_FIRST_S`` to ``POLL_MAX_S`` and is never shorter than the last poll took: many conditions
-    read a whole Delta table, and polled every 50 ms through a minute-long scenario they kept one of
-    the machine's two cores busy. A condition that holds soon is still seen within 50 ms."""
+    With ``interval_s`` given, it polls at that fixed pace. Otherwise every ``POLL_S`` (50 ms), but
+    never sooner than twice what the last poll took (up to ``POLL_MAX_S``): many conditions read a
+    whole Delta table, and polled back to back through a minute-long scenario they kept one of the
+    machine's two cores busy. A cheap condition (a file, a process state) is still seen within
+    50 ms, which tests that act the moment a state appears (kill an executor while a task holds)
+    rely on."""
     deadline = time.monotonic() + timeout_s
-    pause = POLL_FIRST_S if interval_s is None else interval_s
     while True:
         started = time.monotonic()
         if condition():
@@ -74,8 +75,7 @@ def wait_until(condition: Callable[[], object], timeout_s: float, interval_s: fl
         if now >= deadline:
             return False
         if interval_s is None:
-            time.sleep(min(max(pause, now - started), deadline - now))
-            pause = min(2 * pause, POLL_MAX_S)
+            time.sleep(min(max(POLL_S, 2 * (now - started)), POLL_MAX_S, deadline - now))
         else:
             time.sleep(interval_s)
 
