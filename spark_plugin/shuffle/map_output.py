@@ -123,7 +123,6 @@ class MapOutputWriter:
         self._route_type = np.uint16 if num_partitions <= 1 << 16 else np.int64
         """Held reduce partition ids are narrowed: 2 bytes a row instead of 8 beside the batches,
         and a stable sort of small integers is a radix sort in numpy (5x faster than on int64)."""
-        self._counts = np.zeros(num_partitions, dtype=np.int64)
         self._held_bytes = 0
         try:
             make_private_dir(os.path.dirname(path))  # its parent (the agent's folder): checked by the caller
@@ -138,9 +137,7 @@ class MapOutputWriter:
             return
         if not batch.schema.equals(self.schema):
             batch = pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
-        ids = route(batch, self.keys, self.num_partitions)
-        self._counts += np.bincount(ids, minlength=self.num_partitions)
-        self._routes.append(ids.astype(self._route_type))
+        self._routes.append(route(batch, self.keys, self.num_partitions).astype(self._route_type))
         self._held.append(batch)
         self._held_bytes += batch.nbytes
         if self._held_bytes >= self.memory_bytes:
@@ -154,7 +151,6 @@ class MapOutputWriter:
 
     def abort(self) -> None:
         self._held, self._routes = [], []
-        self._counts[:] = 0
         self._file.close()
         if os.path.exists(self.path):
             os.unlink(self.path)
@@ -167,11 +163,12 @@ class MapOutputWriter:
         task's Python worker stay within Spark's own memory for the same input."""
         if not self._held:
             return 0
-        order = np.argsort(np.concatenate(self._routes), kind="stable")
-        counts = self._counts
+        ids = np.concatenate(self._routes)
+        counts = np.bincount(ids, minlength=self.num_partitions)
+        order = np.argsort(ids, kind="stable")
+        del ids
         held = pa.Table.from_batches(self._held, schema=self.schema)
         self._held, self._routes, self._held_bytes = [], [], 0
-        self._counts = np.zeros(self.num_partitions, dtype=np.int64)
         ends = np.cumsum(counts)  # where each reducer's rows end in run order
         reducers = np.flatnonzero(counts)
         piece_rows = max(BATCH_ROWS, -(-len(order) // RUN_PIECES))

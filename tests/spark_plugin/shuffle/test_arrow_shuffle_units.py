@@ -34,7 +34,7 @@ from spark_plugin.shuffle import dataframe
 from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, find_agent
 from spark_plugin.shuffle.agent_service import MapOutputService
 from spark_plugin.shuffle.grouping import iter_groups
-from spark_plugin.shuffle.map_output import MapOutputWriter, check_keys, read_segments, route
+from spark_plugin.shuffle.map_output import BATCH_ROWS, MapOutputWriter, check_keys, read_segments, route
 from spark_plugin.shuffle.tasks import (
     ReadStats,
     ShufflePlan,
@@ -182,7 +182,7 @@ def test_a_run_is_sorted_a_piece_at_a_time_beside_the_held_rows(tmp_path: Path, 
     for r, out in enumerate(outs):
         assert len(out.segments) == (1 if out.rows else 0)
         got = list(read_segments(path, out.segments))
-        assert all(b.num_rows <= 16384 for b in got) and out.batches == len(got)
+        assert all(b.num_rows <= BATCH_ROWS for b in got) and out.batches == len(got)
         numbers = np.concatenate([b.column("c3").to_numpy() for b in got]) if got else np.array([])
         assert np.array_equal(numbers, np.flatnonzero(reducers == r))  # every row once, in order
 
