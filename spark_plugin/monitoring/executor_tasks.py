@@ -204,6 +204,12 @@ class TaskWatch:
         self._cpu_rate = 0.0
         """The JVM's CPU seconds per second between its last two lines (before a gap)."""
         self._process_cpu: dict[int, float] = {}
+        self._scans = 0
+        """Scans of the workers started so far (numbers them)."""
+        self._signalled: dict[int, float] = {}
+        """Workers asked for their stack: pid -> the last scan whose CPU of theirs is not counted
+        (``inf`` while the stack is being written). Writing it costs the worker CPU that is not
+        its task's progress: counted, it would clear the very idleness being reported."""
         self._jvm_stacks: dict[int, str] = {}
         self._stack_arrived = threading.Condition(self._lock)
         self.last_gap: Gap | None = None
@@ -218,12 +224,16 @@ class TaskWatch:
             log.warning("ignoring a line from the JVM: %s", exc)
             return
         now = self._clock.monotonic()
-        processes = self._scan() if sample.tasks and self.timeout_s > 0 else None
+        processes, scan = None, 0
+        if sample.tasks and self.timeout_s > 0:
+            self._scans += 1
+            scan = self._scans
+            processes = self._scan()
         to_inspect: list[tuple[_Task, int | None]] = []
         with self._lock:
             gap = self._gap(sample)
             running = {t.task_id for t in sample.tasks}
-            grew, labelled, others = self._python_progress(processes, running)
+            grew, labelled, others = self._python_progress(processes, running, scan)
             for tid in list(self._tasks):
                 if tid not in running:
                     del self._tasks[tid]
@@ -261,21 +271,25 @@ class TaskWatch:
             ).start()
 
     def _python_progress(
-        self, processes: list[ProcessCpu] | None, running: set[int]
+        self, processes: list[ProcessCpu] | None, running: set[int], scan: int
     ) -> tuple[dict[int, float], dict[int, int], float]:
         """CPU seconds each task's Python processes used since the last scan (only processes seen
         in both: one that appears or goes is no progress), the labelled worker of each task, and
         the CPU the unlabelled processes used. A worker still labelled with a task that no longer
         runs counts as unlabelled: a reused worker keeps its last task's label until the next
-        task's first message reaches it, and the CPU it spends on that start is the next task's."""
+        task's first message reaches it, and the CPU it spends on that start is the next task's.
+        A worker writing the stack we asked for (``_signalled``) grows by nothing in ``scan``."""
         if processes is None:
             return {}, {}, 0.0
+        for pid, last_uncounted in list(self._signalled.items()):
+            if scan > last_uncounted:
+                del self._signalled[pid]
         grew: dict[int, float] = {}
         labelled: dict[int, int] = {}
         others = 0.0
         for proc in processes:
             before = self._process_cpu.get(proc.pid)
-            delta = 0.0 if before is None else max(0.0, proc.cpu_s - before)
+            delta = 0.0 if before is None or proc.pid in self._signalled else max(0.0, proc.cpu_s - before)
             if proc.task is None or proc.task not in running:
                 others += delta
                 continue
@@ -356,10 +370,20 @@ class TaskWatch:
             return f"Python stack unavailable: no stack file for worker {pid} ({exc.strerror})"
         if not handles_stack_signal(pid, task_id):  # a pid reused since the scan: never signal it
             return f"Python stack unavailable: worker {pid} no longer serves the task"
+        with self._lock:
+            self._signalled[pid] = float("inf")
         try:
-            os.kill(pid, STACK_SIGNAL)
-        except OSError as exc:
-            return f"Python stack unavailable: worker {pid} cannot be signalled ({exc.strerror})"
+            try:
+                os.kill(pid, STACK_SIGNAL)
+            except OSError as exc:
+                return f"Python stack unavailable: worker {pid} cannot be signalled ({exc.strerror})"
+            return self._read_stack(pid, path, start)
+        finally:
+            with self._lock:  # scans begun before now saw part of the writing; the next one rebases
+                self._signalled[pid] = self._scans + 1
+
+    @staticmethod
+    def _read_stack(pid: int, path: str, start: int) -> str:
         deadline = time.monotonic() + STACK_WAIT_S  # real waiting on a real file, whatever the clock
         text, size = "", start
         while time.monotonic() < deadline:

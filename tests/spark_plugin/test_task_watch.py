@@ -4,6 +4,7 @@ of the last test is a real process labelled the way arrowbeat's worker daemon la
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -271,9 +272,17 @@ def test_a_real_labelled_worker_blocked_in_a_udf_is_found_with_its_stack(tmp_pat
     try:
         assert worker.stdout is not None and worker.stdout.readline().strip() == "labelled"
         assert oct((local / STACKS_FOLDER).stat().st_mode & 0o777) == "0o700"
-        workers = labelled_workers(os.getpid(), agent_pid=-1)  # the worker is our child, as under a JVM
-        assert wait_until(lambda: any(p.task == 77 and p.labelled for p in workers()), 10)
+        real_scan = labelled_workers(os.getpid(), agent_pid=-1)  # the worker is our child, as under a JVM
+        assert wait_until(lambda: any(p.task == 77 and p.labelled for p in real_scan()), 10)
+        extra_cpu = [0.0]  # CPU the worker is shown to have used on top of its real figure
+
+        def workers() -> list[ProcessCpu]:
+            return [
+                dataclasses.replace(p, cpu_s=p.cpu_s + extra_cpu[0]) if p.labelled else p for p in real_scan()
+            ]
+
         clock = ManualClock(start=0.0)
+        JVM_CLOCK.append(clock)
         w = TaskWatch(timeout_s=1.0, interval_s=INTERVAL, workers=workers, local_dir=str(local), clock=clock)
         feed(w, clock, 1.5, lambda i: line(0, 0, (77, 3, 250 * (i + 1))))
         assert wait_until(lambda: [p.stuck for p in w.work()] == [True], 15)
@@ -281,6 +290,15 @@ def test_a_real_labelled_worker_blocked_in_a_udf_is_found_with_its_stack(tmp_pat
         assert "Python: wait (threading.py" in where and "blocked_udf (<string>:7)" in where, where
         assert worker.poll() is None  # the signal did not end it
         assert handles_stack_signal(worker.pid, 77) and not handles_stack_signal(worker.pid, 78)
+        # Writing the stack cost the worker CPU (50 ms, as a slow machine may charge it): the next
+        # scans do not take it for the task's progress ...
+        extra_cpu[0] = 0.05
+        feed(w, clock, 2 * INTERVAL, lambda i: line(0, 0, (77, 3, 1750 + 250 * i)))
+        assert [p.stuck for p in w.work()] == [True]
+        # ... but CPU used after them is progress again
+        extra_cpu[0] = 0.10
+        feed(w, clock, INTERVAL, lambda i: line(0, 0, (77, 3, 2250)))
+        assert [p.stuck for p in w.work()] == [False]
     finally:
         worker.kill()
         worker.wait(timeout=10)
