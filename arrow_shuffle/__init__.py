@@ -20,38 +20,41 @@ The PySpark DataFrame API built on this engine (``repartition``, ``group_apply``
 the plugin, one layer up: ``spark_plugin.shuffle``. Nothing here imports it back.
 """
 
-from arrow_shuffle.buffer_pool import NetworkBufferPool
-from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.errors import (
-    BufferAccountingError,
-    ChannelClosedError,
-    ControlMessageError,
-    ControlRequestError,
-    CorruptFrameError,
-    CreditViolationError,
-    DeadlineExceededError,
-    InsufficientBuffersError,
-    MapOutputLostError,
-    OversizedFrameError,
-    PartitionNotFoundError,
-    PeerLostError,
-    ProducerFailedError,
-    RecordTooLargeError,
-    RemoteFailureError,
-    SchemaMismatchError,
-    SequenceGapError,
-    ShuffleAuthenticationError,
-    ShuffleConfigError,
-    ShuffleError,
-    ShuffleProtocolError,
-)
-from arrow_shuffle.gate import InputGate, RemoteChannelSpec
-from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.partition import ResultPartition
-from arrow_shuffle.partition_server import PartitionServer
-from arrow_shuffle.partitioner import Partitioner, column_partitioner, hash_partitioner
-from arrow_shuffle.stats import GateStats, PartitionStats
-from arrow_shuffle.writer import RecordWriter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
+    from arrow_shuffle.buffer_pool import NetworkBufferPool
+    from arrow_shuffle.config import ShuffleConfig
+    from arrow_shuffle.errors import (
+        BufferAccountingError,
+        ChannelClosedError,
+        ControlMessageError,
+        ControlRequestError,
+        CorruptFrameError,
+        CreditViolationError,
+        DeadlineExceededError,
+        InsufficientBuffersError,
+        MapOutputLostError,
+        OversizedFrameError,
+        PartitionNotFoundError,
+        PeerLostError,
+        ProducerFailedError,
+        RecordTooLargeError,
+        RemoteFailureError,
+        SchemaMismatchError,
+        SequenceGapError,
+        ShuffleAuthenticationError,
+        ShuffleConfigError,
+        ShuffleError,
+        ShuffleProtocolError,
+    )
+    from arrow_shuffle.gate import InputGate, RemoteChannelSpec
+    from arrow_shuffle.ids import PartitionId
+    from arrow_shuffle.partition import ResultPartition
+    from arrow_shuffle.partition_server import PartitionServer
+    from arrow_shuffle.partitioner import Partitioner, column_partitioner, hash_partitioner
+    from arrow_shuffle.stats import GateStats, PartitionStats
+    from arrow_shuffle.writer import RecordWriter
 
 __all__ = [
     "BufferAccountingError",
@@ -104,11 +107,58 @@ _MOVED_TO_PLUGIN = frozenset(
 )
 
 
+_EXPORTS = {
+    "NetworkBufferPool": ".buffer_pool",
+    "ShuffleConfig": ".config",
+    "BufferAccountingError": ".errors",
+    "ChannelClosedError": ".errors",
+    "ControlMessageError": ".errors",
+    "ControlRequestError": ".errors",
+    "CorruptFrameError": ".errors",
+    "CreditViolationError": ".errors",
+    "DeadlineExceededError": ".errors",
+    "InsufficientBuffersError": ".errors",
+    "MapOutputLostError": ".errors",
+    "OversizedFrameError": ".errors",
+    "PartitionNotFoundError": ".errors",
+    "PeerLostError": ".errors",
+    "ProducerFailedError": ".errors",
+    "RecordTooLargeError": ".errors",
+    "RemoteFailureError": ".errors",
+    "SchemaMismatchError": ".errors",
+    "SequenceGapError": ".errors",
+    "ShuffleAuthenticationError": ".errors",
+    "ShuffleConfigError": ".errors",
+    "ShuffleError": ".errors",
+    "ShuffleProtocolError": ".errors",
+    "InputGate": ".gate",
+    "RemoteChannelSpec": ".gate",
+    "PartitionId": ".ids",
+    "ResultPartition": ".partition",
+    "PartitionServer": ".partition_server",
+    "Partitioner": ".partitioner",
+    "column_partitioner": ".partitioner",
+    "hash_partitioner": ".partitioner",
+    "GateStats": ".stats",
+    "PartitionStats": ".stats",
+    "RecordWriter": ".writer",
+}
+"""Each public name and the module defining it: imported when the name is first used."""
+
+
 def __getattr__(name: str) -> object:
-    """Say where the DataFrame API lives, instead of a bare AttributeError (it never lived in the engine)."""
-    if name in _MOVED_TO_PLUGIN:
-        raise AttributeError(
-            f"arrow_shuffle is the engine only; the PySpark DataFrame API is in spark_plugin.shuffle: "
-            f"from spark_plugin.shuffle import {name}"
-        )
-    raise AttributeError(f"module 'arrow_shuffle' has no attribute {name!r}")
+    """A public name, imported from its module on first use (PEP 562); a name of the DataFrame
+    API says where that lives instead of a bare AttributeError."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        if name in _MOVED_TO_PLUGIN:
+            raise AttributeError(
+                f"arrow_shuffle is the engine only; the PySpark DataFrame API is in spark_plugin.shuffle: "
+                f"from spark_plugin.shuffle import {name}"
+            )
+        raise AttributeError(f"module 'arrow_shuffle' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value  # later uses are plain attribute reads
+    return value

@@ -19,51 +19,56 @@ validated ``HeartbeatServices``. One module per role:
   secret itself, on the wire), ``_transport`` (where channels and the server port are made: the
   one place for TLS), ``_text`` (wire text checked or escaped before it is logged or recorded).
 
-The gRPC side (``AsyncAgent``, ``AgentThread``, ``ResourceManagerServer``, ``io_loop``) is imported
-on first use, so ``import heartbeat.clock`` (the shuffle engine's clock) loads no grpc.
+Every public name is imported on first use (``__getattr__``), so ``import heartbeat.clock`` (the
+shuffle engine's clock, in every Python worker) loads neither grpc nor asyncio nor the agent.
 """
 
 from typing import TYPE_CHECKING
 
-from ._text import one_line
-from .agent_core import AgentCore, Registration
-from .clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
-from .errors import (
-    AgentFailedError,
-    ClosedError,
-    HeartbeatAuthenticationError,
-    HeartbeatConfigError,
-    HeartbeatError,
-    HeartbeatProtocolError,
-    HeartbeatRpcError,
-    MalformedMessageError,
-    ProtocolVersionError,
-    RegistrationError,
-    RegistrationReplacedError,
-    RegistrationTimeoutError,
-    StaleEpochError,
-    StaleInstanceError,
-    UnknownExecutorError,
-)
-from .events import EventKind, ExecutorEvent, HeartbeatRecord
-from .listener import HeartbeatListener
-from .manager import HeartbeatManager
-from .monitor import HeartbeatMonitor, MonitorState
-from .payload import (
-    Payload,
-    PayloadProvider,
-    WorkProgress,
-    pulse_file_provider,
-    rss_provider,
-    slots_provider,
-    static_provider,
-)
-from .resource_manager import ExecutorInfo, ResourceManagerCore
-from .retry import RetryPolicy
-from .scheduler import Cancellable, LoopScheduler, ManualScheduler, Scheduler, ThreadScheduler
-from .sender import HeartbeatManagerSender
-from .services import HeartbeatServices
-from .target import HeartbeatTarget
+if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
+    from ._io_loop import io_loop
+    from ._text import one_line
+    from .agent import AsyncAgent
+    from .agent_core import AgentCore, Registration
+    from .agent_thread import AgentThread
+    from .clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
+    from .errors import (
+        AgentFailedError,
+        ClosedError,
+        HeartbeatAuthenticationError,
+        HeartbeatConfigError,
+        HeartbeatError,
+        HeartbeatProtocolError,
+        HeartbeatRpcError,
+        MalformedMessageError,
+        ProtocolVersionError,
+        RegistrationError,
+        RegistrationReplacedError,
+        RegistrationTimeoutError,
+        StaleEpochError,
+        StaleInstanceError,
+        UnknownExecutorError,
+    )
+    from .events import EventKind, ExecutorEvent, HeartbeatRecord
+    from .listener import HeartbeatListener
+    from .manager import HeartbeatManager
+    from .monitor import HeartbeatMonitor, MonitorState
+    from .payload import (
+        Payload,
+        PayloadProvider,
+        WorkProgress,
+        pulse_file_provider,
+        rss_provider,
+        slots_provider,
+        static_provider,
+    )
+    from .resource_manager import ExecutorInfo, ResourceManagerCore
+    from .retry import RetryPolicy
+    from .rm_server import ResourceManagerServer
+    from .scheduler import Cancellable, LoopScheduler, ManualScheduler, Scheduler, ThreadScheduler
+    from .sender import HeartbeatManagerSender
+    from .services import HeartbeatServices
+    from .target import HeartbeatTarget
 
 __all__ = [
     "SYSTEM_CLOCK",
@@ -119,25 +124,70 @@ __all__ = [
     "static_provider",
 ]
 
-if TYPE_CHECKING:  # the real imports are lazy (``__getattr__``): no grpc for clock-only users
-    from ._io_loop import io_loop
-    from .agent import AsyncAgent
-    from .agent_thread import AgentThread
-    from .rm_server import ResourceManagerServer
 
-_GRPC_SIDE = {
-    "io_loop": "_io_loop",
-    "AsyncAgent": "agent",
-    "AgentThread": "agent_thread",
-    "ResourceManagerServer": "rm_server",
+_EXPORTS = {
+    "one_line": "._text",
+    "AgentCore": ".agent_core",
+    "Registration": ".agent_core",
+    "SYSTEM_CLOCK": ".clock",
+    "Clock": ".clock",
+    "ManualClock": ".clock",
+    "SystemClock": ".clock",
+    "AgentFailedError": ".errors",
+    "ClosedError": ".errors",
+    "HeartbeatAuthenticationError": ".errors",
+    "HeartbeatConfigError": ".errors",
+    "HeartbeatError": ".errors",
+    "HeartbeatProtocolError": ".errors",
+    "HeartbeatRpcError": ".errors",
+    "MalformedMessageError": ".errors",
+    "ProtocolVersionError": ".errors",
+    "RegistrationError": ".errors",
+    "RegistrationReplacedError": ".errors",
+    "RegistrationTimeoutError": ".errors",
+    "StaleEpochError": ".errors",
+    "StaleInstanceError": ".errors",
+    "UnknownExecutorError": ".errors",
+    "EventKind": ".events",
+    "ExecutorEvent": ".events",
+    "HeartbeatRecord": ".events",
+    "HeartbeatListener": ".listener",
+    "HeartbeatManager": ".manager",
+    "HeartbeatMonitor": ".monitor",
+    "MonitorState": ".monitor",
+    "Payload": ".payload",
+    "PayloadProvider": ".payload",
+    "WorkProgress": ".payload",
+    "pulse_file_provider": ".payload",
+    "rss_provider": ".payload",
+    "slots_provider": ".payload",
+    "static_provider": ".payload",
+    "ExecutorInfo": ".resource_manager",
+    "ResourceManagerCore": ".resource_manager",
+    "RetryPolicy": ".retry",
+    "Cancellable": ".scheduler",
+    "LoopScheduler": ".scheduler",
+    "ManualScheduler": ".scheduler",
+    "Scheduler": ".scheduler",
+    "ThreadScheduler": ".scheduler",
+    "HeartbeatManagerSender": ".sender",
+    "HeartbeatServices": ".services",
+    "HeartbeatTarget": ".target",
+    "io_loop": "._io_loop",
+    "AsyncAgent": ".agent",
+    "AgentThread": ".agent_thread",
+    "ResourceManagerServer": ".rm_server",
 }
+"""Each public name and the module defining it: imported when the name is first used."""
 
 
 def __getattr__(name: str) -> object:
-    """The gRPC-bound classes, imported on first use (PEP 562)."""
-    module = _GRPC_SIDE.get(name)
+    """A public name, imported from its module on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'heartbeat' has no attribute {name!r}")
     from importlib import import_module
 
-    return getattr(import_module(f"{__name__}.{module}"), name)
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value  # later uses are plain attribute reads
+    return value

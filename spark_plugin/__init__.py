@@ -3,8 +3,33 @@
 ``configure(SparkSession.builder)`` or ``spark-submit $(python -m spark_plugin conf) ...``.
 """
 
-from spark_plugin.errors import ConfigError, PluginError
-from spark_plugin.jvm.launch import configure, spark_settings, submit_flags
-from spark_plugin.settings.config import ArrowBeatConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
+    from spark_plugin.errors import ConfigError, PluginError
+    from spark_plugin.jvm.launch import configure, spark_settings, submit_flags
+    from spark_plugin.settings.config import ArrowBeatConfig
 
 __all__ = ["ArrowBeatConfig", "ConfigError", "PluginError", "configure", "spark_settings", "submit_flags"]
+
+_EXPORTS = {
+    "ConfigError": ".errors",
+    "PluginError": ".errors",
+    "configure": ".jvm.launch",
+    "spark_settings": ".jvm.launch",
+    "submit_flags": ".jvm.launch",
+    "ArrowBeatConfig": ".settings.config",
+}
+"""Each public name and the module defining it: imported when the name is first used."""
+
+
+def __getattr__(name: str) -> object:
+    """A public name, imported from its module on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spark_plugin' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value  # later uses are plain attribute reads
+    return value

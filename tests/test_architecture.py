@@ -244,3 +244,61 @@ def test_the_engine_loads_no_grpc() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+LAZY_PACKAGES = ("heartbeat", "arrow_shuffle", "spark_plugin", "spark_plugin.shuffle")
+
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES)
+def test_every_public_name_of_a_package_resolves_on_first_use(package: str) -> None:
+    """The packages import their names on first use (PEP 562): each name in ``__all__`` is there,
+    is the object of the module that defines it, and an unknown name is an AttributeError."""
+    code = (
+        "import importlib\n"
+        f"pkg = importlib.import_module({package!r})\n"
+        "for name in pkg.__all__:\n"
+        "    value = getattr(pkg, name)\n"
+        "    home = importlib.import_module(pkg._EXPORTS[name], pkg.__name__)\n"
+        "    assert value is getattr(home, name), name\n"
+        "assert sorted(pkg._EXPORTS) == sorted(pkg.__all__), set(pkg._EXPORTS) ^ set(pkg.__all__)\n"
+        "try:\n"
+        "    pkg.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    assert 'no_such_name' in str(exc), exc\n"
+        "else:\n"
+        "    raise SystemExit('an unknown name resolved')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_shuffle_task_loads_only_what_it_runs() -> None:
+    """A Python worker running a map or reduce task imports ``spark_plugin.shuffle.tasks``; it must
+    not pay (about 6 MiB a worker, measured) for the driver's API, the tables, the agent's asyncio
+    or pyarrow's Parquet and filesystems, which the task never uses."""
+    code = (
+        "import sys\n"
+        "import spark_plugin.shuffle.tasks, spark_plugin.shuffle.grouped_map\n"
+        "unwanted = ('asyncio', 'grpc', 'pyarrow.parquet', 'pyarrow.fs', 'spark_plugin.shuffle.dataframe',\n"
+        "            'spark_plugin.history', 'spark_plugin.jvm.launch', 'heartbeat.agent_core',\n"
+        "            'importlib.metadata')\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(unwanted))\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_worker_daemon_loads_no_package_metadata() -> None:
+    """arrowbeat's worker daemon (every Python worker is forked from it and carries its modules)
+    parses versions but never reads installed packages' metadata (``importlib.metadata`` and the
+    ``email`` package under it: about 3 MiB a worker)."""
+    code = (
+        "import sys\n"
+        "import spark_plugin.jvm.python_daemon\n"
+        "unwanted = ('importlib.metadata', 'email', 'asyncio')\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(unwanted))\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 SUPPORTED_SPARK_MINORS: tuple[tuple[int, int], ...] = ((4, 0), (4, 1), (4, 2), (4, 3))
@@ -97,6 +96,8 @@ def spark_support(version: str) -> SparkSupport:
 def running_spark_version() -> str:
     """The Spark that ``spark-submit`` will run: ``$SPARK_HOME``'s when set (its
     ``spark-core_2.13-<version>.jar``), else the installed pyspark's."""
+    from importlib import metadata  # here: the worker daemon, which only parses versions, never loads it
+
     home = os.environ.get("SPARK_HOME")
     if home:
         for jar in sorted((Path(home) / "jars").glob("spark-core_*.jar")):
@@ -144,6 +145,8 @@ def delta_jars(spark_version: str) -> DeltaJars:
 
 def library_problems() -> list[str]:
     """pyarrow or pandas older than arrowbeat supports, each named with the version found."""
+    from importlib import metadata
+
     problems = []
     for name, minimum in (("pyarrow", MINIMUM_PYARROW), ("pandas", MINIMUM_PANDAS)):
         try:

@@ -40,17 +40,20 @@ package back. Errors are the engine's (``arrow_shuffle.errors``), except a bad
 ``spark.arrowbeat.*`` setting: ``spark_plugin``'s ``ConfigError``.
 """
 
-from spark_plugin.shuffle.dataframe import (
-    ShuffleHandle,
-    group_apply,
-    map_in_arrow,
-    map_in_pandas,
-    partition_apply,
-    release,
-    repartition,
-    shuffle_of,
-)
-from spark_plugin.shuffle.grouped import CoGroupedData, GroupedData, group_by
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
+    from spark_plugin.shuffle.dataframe import (
+        ShuffleHandle,
+        group_apply,
+        map_in_arrow,
+        map_in_pandas,
+        partition_apply,
+        release,
+        repartition,
+        shuffle_of,
+    )
+    from spark_plugin.shuffle.grouped import CoGroupedData, GroupedData, group_by
 
 __all__ = [
     "CoGroupedData",
@@ -65,3 +68,30 @@ __all__ = [
     "repartition",
     "shuffle_of",
 ]
+
+_EXPORTS = {
+    "ShuffleHandle": ".dataframe",
+    "group_apply": ".dataframe",
+    "map_in_arrow": ".dataframe",
+    "map_in_pandas": ".dataframe",
+    "partition_apply": ".dataframe",
+    "release": ".dataframe",
+    "repartition": ".dataframe",
+    "shuffle_of": ".dataframe",
+    "CoGroupedData": ".grouped",
+    "GroupedData": ".grouped",
+    "group_by": ".grouped",
+}
+"""Each public name and the module defining it: imported when the name is first used."""
+
+
+def __getattr__(name: str) -> object:
+    """A public name, imported from its module on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spark_plugin.shuffle' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value  # later uses are plain attribute reads
+    return value
