@@ -8,7 +8,7 @@ Reduce task (``statuses.repartition(R, rk).mapInArrow(reduce_fn)``): receive the
 its reduce partition and read each map output one of two ways:
 
 - a *host-local file read*: outputs of this executor, and with ``readHostLocalDisk`` those of
-  other executors on this host, are memory-mapped straight from their files. A worker is a
+  other executors on this host, are read straight from their files. A worker is a
   different process from the agent, and a direct file read is cheaper than a loopback stream.
 - a *stream*: the other outputs go through an engine ``InputGate`` of
   ``RemoteChannelSpec``s, one credit-based stream per remote agent, staged by its
@@ -163,7 +163,7 @@ class ReadStats:
     batches: int = 0
     rows: int = 0
     file_bytes: int = 0
-    """Bytes read by host-local file reads (memory-mapped map-output files)."""
+    """Bytes read by host-local file reads (map-output files read by the task itself)."""
     streamed_bytes: int = 0
     """Bytes streamed from other executors' agents through the credit-based gate."""
     blocked_s: float = 0.0
@@ -623,8 +623,8 @@ def reads_from_disk(status: dict[str, Any], me: AgentInfo, host_local: bool) -> 
 
     Always for this executor's own outputs. With ``host_local`` also for those of other executors
     on this host whose file this process can read, as Spark does with
-    ``spark.shuffle.readHostLocalDisk``: the disk is shared, and a memory-mapped file costs no
-    copy, where the stream costs the serving agent's CPU and two copies. A file that vanishes
+    ``spark.shuffle.readHostLocalDisk``: the disk is shared, and a file read costs one copy,
+    where the stream costs the serving agent's CPU and two copies more. A file that vanishes
     (its executor died and its agent cleaned up) fails the read like a lost remote output.
     """
     if status["executor"] == me.executor_id:

@@ -187,6 +187,35 @@ def test_a_run_is_sorted_a_piece_at_a_time_beside_the_held_rows(tmp_path: Path, 
         assert np.array_equal(numbers, np.flatnonzero(reducers == r))  # every row once, in order
 
 
+READ_POOL = pa.proxy_memory_pool(pa.default_memory_pool())
+"""Counts what ``read_segments`` allocates (module level, as ``COUNTING_POOL``)."""
+
+
+def test_a_reader_holds_one_segment_of_a_hot_reducer_not_the_file(tmp_path: Path) -> None:
+    """A reducer holding a hot key reads its share of a map output (several runs) one segment at
+    a time: nothing of the file stays mapped into the reader, and what it holds at any time is
+    about one segment (the batch it has in hand), not everything it has read."""
+    n = 200_000
+    batches = wide_batches(np.full(n, 42, dtype=np.int64))
+    path = str(tmp_path / "m.arrows")
+    writer = MapOutputWriter(path, WIDE, ["k"], 7, 2 << 20)  # 12.8 MB of rows: about 7 runs
+    for b in batches:
+        writer.write(b)
+    hot = max(writer.finish(), key=lambda o: o.rows)
+    lengths = [length for _, length in hot.segments]
+    assert hot.rows == n and len(lengths) >= 5
+    rows, held = 0, 0
+    for got in read_segments(path, hot.segments, memory_pool=READ_POOL):
+        rows += got.num_rows
+        held = max(held, READ_POOL.bytes_allocated())
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            assert path not in maps.read()
+        del got
+    assert rows == n
+    assert 0 < held <= 1.1 * max(lengths) < 0.5 * sum(lengths), (held, lengths)
+    assert READ_POOL.bytes_allocated() == 0  # all of it freed with the batches
+
+
 def test_route_is_process_independent_and_check_keys_names_the_column() -> None:
     b = batch([1, 2, None, 1])
     ids = route(b, ["k"], 4)
