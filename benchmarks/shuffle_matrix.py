@@ -16,8 +16,8 @@ over rows {400 k, 4 M, 20 M} x partitions {Spark's default (200, AQE), 8 explici
 aggregations (``h`` is ``f`` in pandas), so the shuffle is what is measured. Each cell prints both
 times, their ratio (Spark / arrowbeat: above 1 means arrowbeat is faster) and both peak executor
 memories (the executors' process trees, sampled every 0.1 s). Peak memory is measured again after the timing
-run with each side in an application of its own (every cell once), since in the shared one a JVM
-keeps the heap an earlier Spark run grew: ``RESULT max_peak_mem_ratio`` is from that pass
+run with each side in applications of its own (one per input, every cell once), since in the shared
+one a JVM keeps the heap an earlier Spark run grew: ``RESULT max_peak_mem_ratio`` is from that pass
 (``--shared-memory`` skips it and takes the shared application's peaks).
 
 Each input's floor is timed too (best of at least 3, once per input, before its cells): a
@@ -305,7 +305,7 @@ def main() -> None:
         print(f"RESULT min_20m_cell_ratio={min(c['ratio'] for c in big_cells):.3f}")
     print(
         "peak memory ratio from "
-        + ("each side's own application" if own else "the shared application (--shared-memory)")
+        + ("each side's own application per input" if own else "the shared application (--shared-memory)")
     )
     print(f"RESULT max_peak_mem_ratio={mem_ratio:.3f}")
     autos = [c["auto_ratio"] for c in cells if c["auto_ratio"] is not None]
@@ -363,38 +363,41 @@ def _cached_input(spark: Any, rows: int, keys: str) -> Any:
 def _memory_pass(
     scratch: Any, args: Any, cells: list[dict[str, Any]], group_apply: Any, partition_apply: Any, release: Any
 ) -> None:
-    """Each side's peak executor memory in an application of its own: every cell once on Spark's
-    path in one application, then on arrowbeat's in another, in the timing run's order.
+    """Each side's peak executor memory in applications of its own: for each input, its cells
+    once on Spark's path in one application, then on arrowbeat's in another, in the timing run's
+    order.
 
     In the shared application a JVM keeps the heap an earlier run grew (Spark's sort grows it,
     arrowbeat's path hardly does), so a cell's arrowbeat peak there holds Spark's heap from the
-    cells before it; here each side carries only its own earlier cells (the timing ratios stay
-    from the shared application, where both sides alternate under the same load)."""
-    for side in ("spark", "arrow"):
-        # The previous application's executors (sampled by PeakMemory) gone before this one starts.
-        if not wait_until(lambda: not ours("CoarseGrainedExecutorBackend"), 60):
-            raise RuntimeError("the previous application's executors are still running after 60 s")
-        spark = _session(scratch, args, f"shuffle-matrix-memory-{side}")
-        try:
-            inputs: dict[tuple[int, str], Any] = {}
-            for cell in cells:
-                where = (cell["rows"], cell["keys"])
-                if where not in inputs:
-                    for old in inputs.values():
-                        old.unpersist()
-                    inputs = {where: _cached_input(spark, *where)}
-                n = None if cell["partitions"] == "default" else 8
-                steps = _steps(inputs[where], cell["op"], n, group_apply, partition_apply, release)
-                with PeakMemory() as memory:
-                    (steps[0] if side == "spark" else steps[1])()
-                cell[f"own_{side}_mem"] = memory.peak
-                cell[f"own_{side}_where"] = memory.breakdown()
-        finally:
-            stop_session(spark)
+    cells before it; here each side carries only its own earlier cells of the same input (the
+    timing ratios stay from the shared application, where both sides alternate under the same
+    load). One application per input, not per side: a cell's figure then does not depend on
+    which other inputs happened to run before it (in one application per side, the first cell
+    of the second input carried the executors' and workers' growth from all cells of the first)."""
+    inputs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for cell in cells:
+        inputs.setdefault((cell["rows"], cell["keys"]), []).append(cell)
+    for (rows, keys), input_cells in inputs.items():
+        for side in ("spark", "arrow"):
+            # The previous application's executors (sampled by PeakMemory) gone before this one starts.
+            if not wait_until(lambda: not ours("CoarseGrainedExecutorBackend"), 60):
+                raise RuntimeError("the previous application's executors are still running after 60 s")
+            spark = _session(scratch, args, f"shuffle-matrix-memory-{side}")
+            try:
+                df = _cached_input(spark, rows, keys)
+                for cell in input_cells:
+                    n = None if cell["partitions"] == "default" else 8
+                    steps = _steps(df, cell["op"], n, group_apply, partition_apply, release)
+                    with PeakMemory() as memory:
+                        (steps[0] if side == "spark" else steps[1])()
+                    cell[f"own_{side}_mem"] = memory.peak
+                    cell[f"own_{side}_where"] = memory.breakdown()
+            finally:
+                stop_session(spark)
     for cell in cells:
         print(
             f"rows={cell['rows']:>10,} keys={cell['keys']:7s} partitions={cell['partitions']:7s} "
-            f"op={cell['op']:6s} peak MiB, each side in its own application: "
+            f"op={cell['op']:6s} peak MiB, each side in its own application per input: "
             f"spark {cell['own_spark_mem'] / 2**20:6.0f} arrowbeat {cell['own_arrow_mem'] / 2**20:6.0f} "
             f"ratio {cell['own_arrow_mem'] / cell['own_spark_mem']:5.2f}",
             flush=True,
