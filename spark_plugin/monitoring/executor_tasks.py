@@ -28,7 +28,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -48,6 +48,8 @@ worth."""
 MAX_REPORTED = 64
 """Most tasks one payload lists (stuck ones and the idlest first); the rest are counted."""
 MAX_WHERE_CHARS = 1500
+STACK_CPU_ALLOWANCE_S = 0.05
+"""What writing a stack may cost a worker (``faulthandler``: a few ms; five 10 ms ticks)."""
 STACK_WAIT_S = 2.0
 """How long a stack may take to arrive (Python: the signal handler's file; JVM: the reply)."""
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
@@ -122,6 +124,19 @@ class _Task:
     stuck: bool = False
     where: str = ""
     inspecting: bool = False
+
+
+@dataclass
+class _StackCost:
+    """CPU a worker asked for its stack may use writing it without that counting as its task's
+    progress: counted, it would clear the very idleness being reported (a 10 ms tick is charged
+    for a few ms of writing). Anything beyond the allowance is progress (a task that resumed
+    while its stack was taken is not reported stuck)."""
+
+    allowance_s: float = field(default_factory=lambda: STACK_CPU_ALLOWANCE_S)
+    last_scan: float = float("inf")
+    """The last scan it applies to: ``inf`` while the stack is written, then the first scan
+    begun after (the one before may have seen only part of the writing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +221,8 @@ class TaskWatch:
         self._process_cpu: dict[int, float] = {}
         self._scans = 0
         """Scans of the workers started so far (numbers them)."""
-        self._signalled: dict[int, float] = {}
-        """Workers asked for their stack: pid -> the last scan whose CPU of theirs is not counted
-        (``inf`` while the stack is being written). Writing it costs the worker CPU that is not
-        its task's progress: counted, it would clear the very idleness being reported."""
+        self._signalled: dict[int, _StackCost] = {}
+        """Workers asked for their stack, and what writing it may still take off their CPU."""
         self._jvm_stacks: dict[int, str] = {}
         self._stack_arrived = threading.Condition(self._lock)
         self.last_gap: Gap | None = None
@@ -278,18 +291,23 @@ class TaskWatch:
         the CPU the unlabelled processes used. A worker still labelled with a task that no longer
         runs counts as unlabelled: a reused worker keeps its last task's label until the next
         task's first message reaches it, and the CPU it spends on that start is the next task's.
-        A worker writing the stack we asked for (``_signalled``) grows by nothing in ``scan``."""
+        A worker writing the stack we asked for (``_signalled``) grows by what it used beyond
+        ``STACK_CPU_ALLOWANCE_S`` while it wrote (the scans until one begun after it finished)."""
         if processes is None:
             return {}, {}, 0.0
-        for pid, last_uncounted in list(self._signalled.items()):
-            if scan > last_uncounted:
-                del self._signalled[pid]
+        for pid in [pid for pid, cost in self._signalled.items() if scan > cost.last_scan]:
+            del self._signalled[pid]
         grew: dict[int, float] = {}
         labelled: dict[int, int] = {}
         others = 0.0
         for proc in processes:
             before = self._process_cpu.get(proc.pid)
-            delta = 0.0 if before is None or proc.pid in self._signalled else max(0.0, proc.cpu_s - before)
+            delta = 0.0 if before is None else max(0.0, proc.cpu_s - before)
+            writing = self._signalled.get(proc.pid)
+            if writing is not None:
+                excused = min(delta, writing.allowance_s)
+                writing.allowance_s -= excused
+                delta -= excused
             if proc.task is None or proc.task not in running:
                 others += delta
                 continue
@@ -371,7 +389,7 @@ class TaskWatch:
         if not handles_stack_signal(pid, task_id):  # a pid reused since the scan: never signal it
             return f"Python stack unavailable: worker {pid} no longer serves the task"
         with self._lock:
-            self._signalled[pid] = float("inf")
+            self._signalled[pid] = _StackCost()
         try:
             try:
                 os.kill(pid, STACK_SIGNAL)
@@ -380,7 +398,9 @@ class TaskWatch:
             return self._read_stack(pid, path, start)
         finally:
             with self._lock:  # scans begun before now saw part of the writing; the next one rebases
-                self._signalled[pid] = self._scans + 1
+                cost = self._signalled.get(pid)
+                if cost is not None:
+                    cost.last_scan = self._scans + 1
 
     @staticmethod
     def _read_stack(pid: int, path: str, start: int) -> str:
