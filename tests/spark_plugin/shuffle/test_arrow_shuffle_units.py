@@ -191,10 +191,11 @@ READ_POOL = pa.proxy_memory_pool(pa.default_memory_pool())
 """Counts what ``read_segments`` allocates (module level, as ``COUNTING_POOL``)."""
 
 
-def test_a_reader_holds_one_segment_of_a_hot_reducer_not_the_file(tmp_path: Path) -> None:
-    """A reducer holding a hot key reads its share of a map output (several runs) one segment at
-    a time: nothing of the file stays mapped into the reader, and what it holds at any time is
-    about one segment (the batch it has in hand), not everything it has read."""
+def test_a_reader_holds_one_batch_of_a_hot_reducer_not_the_file(tmp_path: Path) -> None:
+    """A reducer holding a hot key reads its share of a map output (several runs) a batch at a
+    time: nothing of the file stays mapped into the reader, and what it holds at any time is the
+    batch in hand, less than one segment, not everything it has read. A segment whose recorded
+    length is wrong is an error, and no batch past its end is handed out."""
     n = 200_000
     batches = wide_batches(np.full(n, 42, dtype=np.int64))
     path = str(tmp_path / "m.arrows")
@@ -212,8 +213,15 @@ def test_a_reader_holds_one_segment_of_a_hot_reducer_not_the_file(tmp_path: Path
             assert path not in maps.read()
         del got
     assert rows == n
-    assert 0 < held <= 1.1 * max(lengths) < 0.5 * sum(lengths), (held, lengths)
+    one_batch = BATCH_ROWS * 8 * len(WIDE)
+    assert 0 < held <= 1.25 * one_batch < max(lengths), (held, one_batch, lengths)
     assert READ_POOL.bytes_allocated() == 0  # all of it freed with the batches
+    (offset, length), *_ = hot.segments
+    short = [(offset, length // 2)]
+    seen: list[int] = []
+    with pytest.raises(ShuffleError, match="corrupt"):
+        seen.extend(b.num_rows for b in read_segments(path, short))
+    assert sum(seen) < BATCH_ROWS * length / 2 / one_batch + 1
 
 
 def test_route_is_process_independent_and_check_keys_names_the_column() -> None:
