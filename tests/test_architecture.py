@@ -64,16 +64,37 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[str
             for alias in node.names:
                 yield alias.name, node.lineno
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".")
-                base = base[: len(base) - node.level + (1 if is_package else 0)]
-                target = ".".join([*base, node.module] if node.module else base)
-            else:
-                target = node.module or ""
-            yield target, node.lineno
+            target = _resolve(module, is_package, node.level, node.module)
+            if node.module or not module.startswith(f"{target}."):  # ``from . import sibling``: the
+                yield target, node.lineno  # sibling, not the package (imported before the module anyway)
             for alias in node.names:  # ``from pkg import module`` imports the module too
                 yield f"{target}.{alias.name}", node.lineno
+        elif _is_exports(node):  # a package's names imported on first use (PEP 562)
+            assert isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+            for value in node.value.values:
+                assert isinstance(value, ast.Constant) and isinstance(value.value, str), ast.dump(value)
+                relative = value.value.lstrip(".")
+                level = len(value.value) - len(relative)
+                yield _resolve(module, is_package, level, relative), node.lineno
         stack.extend(ast.iter_child_nodes(node))
+
+
+def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute name of ``from <level dots><name> import ...`` written in ``module``."""
+    if not level:
+        return name or ""
+    base = module.split(".")
+    base = base[: len(base) - level + (1 if is_package else 0)]
+    return ".".join([*base, name] if name else base)
+
+
+def _is_exports(node: ast.AST) -> bool:
+    """``_EXPORTS = {name: module}``: what a package's ``__getattr__`` imports on first use."""
+    return (
+        isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
+        and isinstance(node.value, ast.Dict)
+    )
 
 
 def _graph() -> dict[str, dict[str, int]]:
@@ -261,6 +282,7 @@ def test_every_public_name_of_a_package_resolves_on_first_use(package: str) -> N
         "    home = importlib.import_module(pkg._EXPORTS[name], pkg.__name__)\n"
         "    assert value is getattr(home, name), name\n"
         "assert sorted(pkg._EXPORTS) == sorted(pkg.__all__), set(pkg._EXPORTS) ^ set(pkg.__all__)\n"
+        "assert set(pkg.__all__) <= set(dir(pkg))\n"
         "try:\n"
         "    pkg.no_such_name\n"
         "except AttributeError as exc:\n"

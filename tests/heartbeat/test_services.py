@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-import heartbeat
+import heartbeat.services
 from heartbeat import HeartbeatConfigError, HeartbeatServices, RetryPolicy
 
 
