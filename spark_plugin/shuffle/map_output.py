@@ -234,7 +234,8 @@ def read_segments(
     the whole file is read (a hot reducer's share of one map output: 24 of 34 MiB). Read a
     message at a time, the reader (a reduce task, or the agent serving a stream blocked on
     credit) holds the batch in hand, at most ``BATCH_ROWS`` rows, whatever a segment's size. A
-    segment that does not end where its status says (a corrupt or foreign file) is an error
+    segment that does not end where its status says, or holds garbage (a corrupt or foreign
+    file), is a ``ShuffleError`` (the reader reports the output lost, and Spark recomputes it)
     before any batch past its end is handed out."""
     try:
         source = pa.OSFile(path, "r", memory_pool=memory_pool)
@@ -244,10 +245,13 @@ def read_segments(
         for offset, length in segments:
             source.seek(offset)
             end = offset + length
-            for batch in pa.ipc.open_stream(source, memory_pool=memory_pool):
-                if source.tell() > end:
-                    break
-                yield batch
+            try:
+                for batch in pa.ipc.open_stream(source, memory_pool=memory_pool):
+                    if source.tell() > end:
+                        break
+                    yield batch
+            except (pa.ArrowException, OSError) as exc:  # garbage where a message should be, a bad disk
+                raise ShuffleError(f"map output {path}: the segment at {offset} is corrupt: {exc}") from exc
             if source.tell() != end:
                 raise ShuffleError(
                     f"map output {path}: the segment at {offset} of {length} bytes ends at "

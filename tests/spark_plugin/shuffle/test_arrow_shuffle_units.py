@@ -222,6 +222,11 @@ def test_a_reader_holds_one_batch_of_a_hot_reducer_not_the_file(tmp_path: Path) 
     with pytest.raises(ShuffleError, match="corrupt"):
         seen.extend(b.num_rows for b in read_segments(path, short))
     assert sum(seen) < BATCH_ROWS * length / 2 / one_batch + 1
+    with open(path, "r+b") as damaged:  # garbage over the segment's first message header
+        damaged.seek(offset)
+        damaged.write(b"A" * 16)
+    with pytest.raises(ShuffleError, match="corrupt"):
+        list(read_segments(path, [(offset, length)]))
 
 
 def test_route_is_process_independent_and_check_keys_names_the_column() -> None:
