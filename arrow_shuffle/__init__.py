@@ -22,6 +22,8 @@ the plugin, one layer up: ``spark_plugin.shuffle``. Nothing here imports it back
 
 from typing import TYPE_CHECKING
 
+from heartbeat.lazy_exports import lazy_exports
+
 if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
     from arrow_shuffle.buffer_pool import NetworkBufferPool
     from arrow_shuffle.config import ShuffleConfig
@@ -146,26 +148,15 @@ _EXPORTS = {
 """Each public name and the module defining it: imported when the name is first used."""
 
 
-def __dir__() -> list[str]:
-    """The public names too, imported or not (``dir()``, completion)."""
-    return sorted({*globals(), *_EXPORTS})
+def _moved_to_plugin(name: str) -> str:
+    """Where a name of the DataFrame API lives, instead of a bare AttributeError."""
+    if name in _MOVED_TO_PLUGIN:
+        return (
+            "arrow_shuffle is the engine only; the PySpark DataFrame API is in "
+            f"spark_plugin.shuffle: from spark_plugin.shuffle import {name}"
+        )
+    return f"module 'arrow_shuffle' has no attribute {name!r}"
 
 
 if not TYPE_CHECKING:  # for type checkers the names are the imports above: a misspelt one is an error
-
-    def __getattr__(name: str) -> object:
-        """A public name, imported from its module on first use (PEP 562); a name of the DataFrame
-        API says where that lives instead of a bare AttributeError."""
-        module = _EXPORTS.get(name)
-        if module is None:
-            if name in _MOVED_TO_PLUGIN:
-                raise AttributeError(
-                    "arrow_shuffle is the engine only; the PySpark DataFrame API is in "
-                    f"spark_plugin.shuffle: from spark_plugin.shuffle import {name}"
-                )
-            raise AttributeError(f"module 'arrow_shuffle' has no attribute {name!r}")
-        from importlib import import_module
-
-        value = getattr(import_module(module, __name__), name)
-        globals()[name] = value  # later uses are plain attribute reads
-        return value
+    __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS, _moved_to_plugin)

@@ -4,7 +4,7 @@ Knows nothing of Spark (the Spark wiring lives in ``spark_plugin``) and takes it
 validated ``HeartbeatServices``. One module per role:
 
 * the one clock: ``clock`` (``Clock``, ``SystemClock``/``SYSTEM_CLOCK``, ``ManualClock``); timers:
-  ``scheduler``;
+  ``scheduler``; ``lazy_exports`` (every package's names imported on first use);
 * the heartbeat protocol, as in Flink: ``target``, ``listener``, ``monitor`` (one target's
   liveness), ``manager`` (receiver side), ``sender`` (requests every interval), ``services``
   (validated settings and the factory for both managers);
@@ -24,6 +24,8 @@ shuffle engine's clock, in every Python worker) loads neither grpc nor asyncio n
 """
 
 from typing import TYPE_CHECKING
+
+from heartbeat.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
     from ._io_loop import io_loop
@@ -181,20 +183,5 @@ _EXPORTS = {
 """Each public name and the module defining it: imported when the name is first used."""
 
 
-def __dir__() -> list[str]:
-    """The public names too, imported or not (``dir()``, completion)."""
-    return sorted({*globals(), *_EXPORTS})
-
-
 if not TYPE_CHECKING:  # for type checkers the names are the imports above: a misspelt one is an error
-
-    def __getattr__(name: str) -> object:
-        """A public name, imported from its module on first use (PEP 562)."""
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'heartbeat' has no attribute {name!r}")
-        from importlib import import_module
-
-        value = getattr(import_module(module, __name__), name)
-        globals()[name] = value  # later uses are plain attribute reads
-        return value
+    __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

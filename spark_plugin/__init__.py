@@ -5,6 +5,8 @@
 
 from typing import TYPE_CHECKING
 
+from heartbeat.lazy_exports import lazy_exports
+
 if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
     from spark_plugin.errors import ConfigError, PluginError
     from spark_plugin.jvm.launch import configure, spark_settings, submit_flags
@@ -23,20 +25,5 @@ _EXPORTS = {
 """Each public name and the module defining it: imported when the name is first used."""
 
 
-def __dir__() -> list[str]:
-    """The public names too, imported or not (``dir()``, completion)."""
-    return sorted({*globals(), *_EXPORTS})
-
-
 if not TYPE_CHECKING:  # for type checkers the names are the imports above: a misspelt one is an error
-
-    def __getattr__(name: str) -> object:
-        """A public name, imported from its module on first use (PEP 562)."""
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'spark_plugin' has no attribute {name!r}")
-        from importlib import import_module
-
-        value = getattr(import_module(module, __name__), name)
-        globals()[name] = value  # later uses are plain attribute reads
-        return value
+    __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -117,10 +117,10 @@ def _external_imports(module: str) -> set[str]:
     return {target for target, _ in _imports(tree, module, path.name == "__init__.py")}
 
 
-BASE = ("heartbeat.clock", "heartbeat.rate_log", "heartbeat.hard_exit")
+BASE = ("heartbeat.clock", "heartbeat.rate_log", "heartbeat.hard_exit", "heartbeat.lazy_exports")
 """The base room ("clock"), which every room may import: the one clock, the one rate-limited
-logger driven by it and the one way to end a process without finalisation. They import nothing
-of arrowbeat but each other (so no gRPC, no pyspark)."""
+logger driven by it, the one way to end a process without finalisation and the packages' names
+imported on first use. They import nothing of arrowbeat but each other (so no gRPC, no pyspark)."""
 
 
 def _layer(module: str) -> str:
@@ -161,7 +161,7 @@ ALLOWED: dict[str, set[str]] = {
         "shuffle",
         "tools",
     },
-    "entry": {"foundation", "jvm", "tools"},
+    "entry": {"clock", "foundation", "jvm", "tools"},
     "jobs": {"clock", "heartbeat", "foundation", "history", "shuffle", "tools", "entry"},
 }
 

@@ -42,6 +42,8 @@ package back. Errors are the engine's (``arrow_shuffle.errors``), except a bad
 
 from typing import TYPE_CHECKING
 
+from heartbeat.lazy_exports import lazy_exports
+
 if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
     from spark_plugin.shuffle.dataframe import (
         ShuffleHandle,
@@ -85,20 +87,5 @@ _EXPORTS = {
 """Each public name and the module defining it: imported when the name is first used."""
 
 
-def __dir__() -> list[str]:
-    """The public names too, imported or not (``dir()``, completion)."""
-    return sorted({*globals(), *_EXPORTS})
-
-
 if not TYPE_CHECKING:  # for type checkers the names are the imports above: a misspelt one is an error
-
-    def __getattr__(name: str) -> object:
-        """A public name, imported from its module on first use (PEP 562)."""
-        module = _EXPORTS.get(name)
-        if module is None:
-            raise AttributeError(f"module 'spark_plugin.shuffle' has no attribute {name!r}")
-        from importlib import import_module
-
-        value = getattr(import_module(module, __name__), name)
-        globals()[name] = value  # later uses are plain attribute reads
-        return value
+    __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
