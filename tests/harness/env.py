@@ -9,6 +9,7 @@ environment as the suite without importing the suite's conftest.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -32,6 +33,7 @@ def prepare() -> Path:
     if _scratch is not None:
         return _scratch
     _scratch = Path(tempfile.mkdtemp(prefix="arrowbeat-tests-"))
+    atexit.register(clean_up)  # also when no test ran (collection only, an error) and for benchmarks
     # ``tests`` (and ``benchmarks``) are not installed: they run from the checkout. Spark's Python
     # workers unpickle functions of test modules by reference and import them from here, so every
     # process the run starts gets the checkout on its path (Spark merges PYTHONPATH into theirs).
