@@ -448,7 +448,10 @@ def test_python_workers_come_from_arrowbeats_daemon(cluster: tuple[SparkSession,
     later = [r for r in facts if r.rank > 1]
     assert later, f"no worker ran two tasks: {facts}"
     assert all(r.frozen > full for r in later), facts
-    assert all(r.frozen >= first[r.pid] for r in later if r.pid in first), facts  # never unfrozen
+    # Never unfrozen (``gc.unfreeze`` empties the permanent generation). A frozen object can still
+    # be freed by its refcount, so a later count may be a little lower: a bounded cache (``re``'s)
+    # evicts frozen entries when a later task's first import of a module compiles its patterns.
+    assert all(r.frozen >= 0.95 * first[r.pid] for r in later if r.pid in first), facts
 
 
 @contextlib.contextmanager
