@@ -298,8 +298,9 @@ def test_executor_killed_after_map_stage_result_still_exact(
     def hold_then_pass(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         marker = os.path.join(gate_dir, "holding")
         if not os.path.exists(marker):  # only the very first reduce task attempt holds
-            with open(marker, "w") as f:
+            with open(f"{marker}.tmp", "w") as f:  # whole when it appears: the test reads it at once
                 f.write(str(os.getppid()))
+            os.replace(f"{marker}.tmp", marker)
             deadline = time.monotonic() + 60
             while not os.path.exists(os.path.join(gate_dir, "go")) and time.monotonic() < deadline:
                 time.sleep(0.05)
