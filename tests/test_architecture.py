@@ -117,6 +117,13 @@ def _external_imports(module: str) -> set[str]:
     return {target for target, _ in _imports(tree, module, path.name == "__init__.py")}
 
 
+def _run_python(code: str) -> None:
+    """Runs ``code`` in a fresh interpreter from the checkout (what it imports is what a new process
+    would) and fails the test with its stderr if it fails."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
 BASE = ("heartbeat.clock", "heartbeat.rate_log", "heartbeat.hard_exit", "heartbeat.lazy_exports")
 """The base room ("clock"), which every room may import: the one clock, the one rate-limited
 logger driven by it, the one way to end a process without finalisation and the packages' names
@@ -231,8 +238,7 @@ def test_heartbeat_and_engine_import_without_pyspark() -> None:
         "m.startswith(('pyspark', 'py4j', 'spark_plugin', 'jobs')))\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    _run_python(code)
 
 
 def test_dataframe_api_stays_importable_as_documented() -> None:
@@ -250,8 +256,7 @@ def test_dataframe_api_stays_importable_as_documented() -> None:
         "else:\n"
         "    raise SystemExit('the engine re-exports the plugin')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    _run_python(code)
 
 
 def test_the_engine_loads_no_grpc() -> None:
@@ -263,8 +268,7 @@ def test_the_engine_loads_no_grpc() -> None:
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'grpc')\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    _run_python(code)
 
 
 LAZY_PACKAGES = ("heartbeat", "arrow_shuffle", "spark_plugin", "spark_plugin.shuffle")
@@ -290,8 +294,7 @@ def test_every_public_name_of_a_package_resolves_on_first_use(package: str) -> N
         "else:\n"
         "    raise SystemExit('an unknown name resolved')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    _run_python(code)
 
 
 def test_a_shuffle_task_loads_only_what_it_runs() -> None:
@@ -307,8 +310,7 @@ def test_a_shuffle_task_loads_only_what_it_runs() -> None:
         "loaded = sorted(m for m in sys.modules if m.startswith(unwanted))\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    _run_python(code)
 
 
 def test_the_worker_daemon_loads_no_package_metadata() -> None:
@@ -322,5 +324,4 @@ def test_the_worker_daemon_loads_no_package_metadata() -> None:
         "loaded = sorted(m for m in sys.modules if m.startswith(unwanted))\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    _run_python(code)

@@ -28,7 +28,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psutil
 
@@ -133,7 +133,7 @@ class _StackCost:
     for a few ms of writing). Anything beyond the allowance is progress (a task that resumed
     while its stack was taken is not reported stuck)."""
 
-    allowance_s: float = field(default_factory=lambda: STACK_CPU_ALLOWANCE_S)
+    allowance_s: float = STACK_CPU_ALLOWANCE_S
     last_scan: float = float("inf")
     """The last scan it applies to: ``inf`` while the stack is written, then the first scan
     begun after (the one before may have seen only part of the writing)."""

@@ -13,7 +13,7 @@ Layout: the file is a sequence of *runs*. A run holds, for each reduce partition
 complete Arrow IPC stream (schema, batches, end-of-stream) of that partition's rows. Rows are
 buffered in memory up to ``memory_bytes`` and then written as a run, so a map task's memory is
 bounded whatever its input size; the status of reduce partition ``r`` lists its ``(offset,
-length)`` segments in run order; a reader holds one segment at a time (``read_segments``).
+length)`` segments in run order; a reader holds one batch at a time (``read_segments``).
 
 Memory: a map task runs in a Python worker where Spark's own shuffle of the same input has no
 Python step at all, so what it holds is what arrowbeat adds to the executor's peak. Beside the
