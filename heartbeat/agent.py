@@ -38,6 +38,7 @@ from ._text import MAX_ID_CHARS, check_text, clean_reason, one_line
 from ._transport import ChannelOptions, aio_channel
 from ._wire import CONNECT_METHOD
 from .agent_core import AgentCore, RegisterRequest, Registration, error_for_status
+from .agent_outage import RmOutage
 from .agent_session import AgentSession, status_name
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import (
@@ -79,7 +80,10 @@ class AsyncAgent:
         scheduler: Scheduler | None = None,
         channel_credentials: grpc.ChannelCredentials | None = None,
         channel_options: ChannelOptions = (),
+        on_rm_unreachable: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_rm_unreachable(address)``: after each failed registration attempt, with the address
+        dialled (the Spark agent asks its JVM whether a restarted RM moved; ``set_rm_address``)."""
         self._channel_credentials = channel_credentials  # TLS to the RM when given
         self._channel_options = tuple(channel_options)
         self.core = AgentCore(
@@ -92,6 +96,8 @@ class AsyncAgent:
             on_registered=on_registered,
         )
         self.rm_address = rm_address
+        self._on_rm_unreachable = on_rm_unreachable
+        self.outage = RmOutage(executor_id, lambda: self.rm_address, clock)
         self.retry_policy = retry_policy or RetryPolicy()
         self.scheduler = scheduler
         self._secret = _auth.SharedSecret(secret)
@@ -101,6 +107,7 @@ class AsyncAgent:
         self._task: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
         self._stop_event = asyncio.Event()
+        self._wake = asyncio.Event()  # cuts a backoff sleep short: stop, or a new RM address
         self._stop_reason = "agent stopped"
 
     def __repr__(self) -> str:
@@ -137,8 +144,14 @@ class AsyncAgent:
             while not self._stopping:
                 await self._wait_until_healthy()
                 self._session = await retry_until_deadline(
-                    self._open_session, self.retry_policy, self.core.clock, self.rm_address, self._sleep
+                    self._open_session,
+                    self.retry_policy,
+                    self.core.clock,
+                    self.rm_address,
+                    self._sleep,
+                    on_failure=self._attempt_failed,
                 )
+                self.outage.registered()
                 if self._stopping:
                     await self._session.close(True, 1.0, self._stop_reason)
                     break
@@ -149,6 +162,8 @@ class AsyncAgent:
                 self._session = None
                 if final is not None and not self._stopping:
                     raise final
+                if not self._stopping:
+                    self.outage.lost(reason)
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
@@ -177,6 +192,7 @@ class AsyncAgent:
             self._stop_reason = clean_reason(reason)
         self._stopping = True
         self._stop_event.set()
+        self._wake.set()
         if self._session is not None:
             self._session.end("agent stopping")
         if self._task is None or self._task.done():
@@ -187,12 +203,32 @@ class AsyncAgent:
             self._task.cancel()
             await self._done.wait()
 
+    def set_rm_address(self, address: str) -> None:
+        """The RM is at ``address`` from now on (a restarted RM that could not bind its old port):
+        the next registration attempt dials it, at once if the agent is waiting out a backoff. Call
+        on the agent's loop."""
+        if address == self.rm_address:
+            return
+        log.warning("agent %s: the RM moved from %s to %s", self.executor_id, self.rm_address, address)
+        self.rm_address = address
+        self._wake.set()
+
+    def _attempt_failed(self, number: int, error: BaseException) -> None:
+        """A registration attempt failed: the outage log, and the host may look for a moved RM."""
+        self.outage.failed(number, error)
+        if self._on_rm_unreachable is not None:
+            try:
+                self._on_rm_unreachable(self.rm_address)
+            except Exception:  # the host's hook must not end the registration loop
+                log.exception("on_rm_unreachable failed")
+
     async def _sleep(self, seconds: float) -> None:
-        """A backoff sleep that ``stop`` cuts short."""
+        """A backoff sleep that ``stop`` (or a new RM address) cuts short."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop_event.wait(), seconds)
+            await asyncio.wait_for(self._wake.wait(), seconds)
         if self._stopping:
             raise ClosedError("the agent is stopping")
+        self._wake.clear()
 
     async def _wait_until_healthy(self) -> None:
         """A frozen host process must not re-register; poll until it recovers (no event exists)."""

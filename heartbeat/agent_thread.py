@@ -51,6 +51,7 @@ class AgentThread:
         *,
         channel_credentials: grpc.ChannelCredentials | None = None,
         channel_options: ChannelOptions = (),
+        on_rm_unreachable: Callable[[str], None] | None = None,
     ) -> None:
         self._cond = threading.Condition()
         self._kwargs: dict[str, Any] = dict(
@@ -66,6 +67,7 @@ class AgentThread:
             on_registered=self._registered,
             channel_credentials=channel_credentials,
             channel_options=channel_options,
+            on_rm_unreachable=on_rm_unreachable,
         )
         self._agent: AsyncAgent | None = None
         self._running: concurrent.futures.Future[None] | None = None
@@ -129,6 +131,18 @@ class AgentThread:
                 log.warning("a liveness probe of the agent failed: %r", future.exception())
 
         submit(run()).add_done_callback(done)
+
+    def set_rm_address(self, address: str) -> None:
+        """The RM moved to ``address`` (``AsyncAgent.set_rm_address``); returns at once."""
+        agent = self._agent
+        if agent is None:
+            self._kwargs["rm_address"] = address
+            return
+
+        async def move() -> None:
+            agent.set_rm_address(address)
+
+        submit(move())
 
     def wait_ended(self, timeout_s: float) -> bool:
         """True once the agent's ``run`` is over; False on timeout."""

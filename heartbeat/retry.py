@@ -101,11 +101,14 @@ async def retry_until_deadline(
     address: str,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     rng: random.Random | None = None,
+    on_failure: Callable[[int, BaseException], None] | None = None,
 ) -> T:
     """Run ``attempt(timeout_s)`` until it succeeds, a non-retryable error escapes, or the policy's
     deadline (if it has one) passes.
 
     ``clock`` and ``sleep`` are injected so tests run the whole schedule without real waiting.
+    ``on_failure(number, error)`` hears each retryable failure (the agent's ``RmOutage`` says at
+    WARNING, rate-limited, how long the RM has been out of reach; here it is DEBUG only).
     """
     start = clock.monotonic()
     deadline = policy.deadline_s
@@ -127,6 +130,8 @@ async def retry_until_deadline(
             if not (cut_short and last_error is not None):
                 last_error = exc
             log.debug("registration attempt %d with %s failed: %r", number, address, exc)
+            if on_failure is not None:
+                on_failure(number, exc)
         remaining = math.inf if deadline is None else deadline - (clock.monotonic() - start)
         if deadline is not None and remaining <= 0:
             raise RegistrationTimeoutError(address, deadline, number, last_error)

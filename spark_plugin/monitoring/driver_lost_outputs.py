@@ -108,10 +108,38 @@ class LostOutputs:
         return True
 
     def on_outcome(self, outcome: ReplacementOutcome) -> None:
-        """What became of a replacement: one Spark did not accept gives its charge back."""
+        """What became of a replacement: one Spark did not accept gives its charge back. An outcome
+        may come late (the JVM's kill waited on the cluster manager past the budget window, whose
+        charge has left it already): it is logged and taken, never an error on the JVM link's
+        thread. An answer for a kill this budget did not ask for (a heartbeat timeout's) is not ours."""
         charged = self._pending.pop(outcome.executor_id, None)
-        if charged is not None and outcome.outcome != "accepted":
+        if charged is None:  # a heartbeat-timeout kill (not this budget's), or a second answer
+            log.debug(
+                "arrowbeat: Spark's answer to a replacement of executor %s (%s) is not for this budget",
+                outcome.executor_id,
+                outcome.outcome,
+            )
+            return
+        late_s = self._clock.monotonic() - charged
+        if outcome.outcome == "accepted":
+            if late_s > self._window_s:
+                log.warning(
+                    "arrowbeat: Spark accepted replacing executor %s %.0f s after it was asked for",
+                    outcome.executor_id,
+                    late_s,
+                )
+            return
+        try:
             self._charged.remove(charged)
+        except ValueError:  # already out of the window: nothing to give back
+            log.warning(
+                "arrowbeat: replacing executor %s was %s %.0f s after it was asked for, past the %g s "
+                "budget window its charge had left already",
+                outcome.executor_id,
+                outcome.outcome,
+                late_s,
+                self._window_s,
+            )
 
     def forget(self, executor_id: str) -> None:
         """Spark removed the executor: its id will not come back."""

@@ -16,7 +16,8 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import psutil
 
@@ -38,6 +39,7 @@ from spark_plugin.jvm.sidecar import (
 from spark_plugin.monitoring.executor_tasks import TaskWatch, labelled_workers
 from spark_plugin.settings import tls
 from spark_plugin.settings.config import ArrowBeatConfig, ConfigError, early_value, load
+from spark_plugin.shuffle.agent_disk_usage import DiskUsage
 from spark_plugin.shuffle.agent_layout import shuffle_roots
 from spark_plugin.shuffle.agent_service import MapOutputService
 
@@ -199,9 +201,22 @@ def _reporter(channel: JvmChannel) -> Callable[[str], None]:
     return report
 
 
+APP_ID_WAITS_S = (60.0, 120.0, 300.0, 600.0)
+"""How long the shuffle service waits for the application id between two WARNINGs (the last
+repeats): it never stops waiting while the agent runs."""
+DISK_EVERY_MIN_S = 5.0
+"""The shuffle directory is walked for its disk use every heartbeat interval, at most this often."""
+
+
+class _Assigned(Protocol):
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
 class LazyShuffleService:
     """The agent's ``MapOutputService``, started once the application id is known: at once on
-    cluster executors, after the driver assigned it for the driver's own executor (local mode)."""
+    cluster executors, after the driver assigned it for the driver's own executor (local mode).
+    Its disk figure is walked off the heartbeat loop (``agent_disk_usage``): ``walk`` (tests
+    inject one) runs on a thread of its own, and :meth:`metrics` never waits for it."""
 
     def __init__(
         self,
@@ -211,12 +226,18 @@ class LazyShuffleService:
         host: str,
         transport: TcpTransport | None = None,
         on_outputs_lost: Callable[[str], None] | None = None,
+        *,
+        walk: Callable[[MapOutputService], int] = MapOutputService.disk_bytes,
+        app_id_waits_s: Sequence[float] = APP_ID_WAITS_S,
     ) -> None:
         self._args = (config, settings, executor_id, host)
         self._transport = transport
         self._on_outputs_lost = on_outputs_lost
+        self._walk = walk
+        self._waits_s = tuple(app_id_waits_s)
         self._lock = threading.Lock()
         self._service: MapOutputService | None = None
+        self._disk: DiskUsage | None = None
         self._closed = False
 
     def start_when_app_known(self, link: JvmLink) -> None:
@@ -224,12 +245,33 @@ class LazyShuffleService:
         if known:
             self._start(known)
             return
+        threading.Thread(
+            target=self.wait_then_start,
+            args=(link.app_assigned, link.app_id),
+            name="shuffle-start",
+            daemon=True,
+        ).start()
 
-        def wait_then_start() -> None:
-            if link.app_assigned.wait(timeout=600):
-                self._start(link.app_id())
-
-        threading.Thread(target=wait_then_start, name="shuffle-start", daemon=True).start()
+    def wait_then_start(self, assigned: _Assigned, app_id: Callable[[], str]) -> None:
+        """Starts the service once ``assigned`` is set, however long that takes: a WARNING after
+        each wait of :data:`APP_ID_WAITS_S` (backing off), never a silent end. Gives up only when
+        the agent closes."""
+        waited = 0.0
+        for number in range(1 << 62):
+            step = self._waits_s[min(number, len(self._waits_s) - 1)]
+            if assigned.wait(timeout=step):
+                self._start(app_id())
+                return
+            with self._lock:
+                if self._closed:
+                    return
+            waited += step
+            log.warning(
+                "the Arrow shuffle service of executor %s has waited %.0f s for the application id from "
+                "its JVM and waits on; until then it serves no map outputs",
+                self._args[2],
+                waited,
+            )
 
     def _start(self, app_id: str) -> None:
         config, settings, executor_id, host = self._args
@@ -241,22 +283,38 @@ class LazyShuffleService:
             self._transport,
             self._on_outputs_lost,
         )
+        disk = None
+        if service is not None:
+            walk = self._walk
+            disk = DiskUsage(lambda: walk(service), max(DISK_EVERY_MIN_S, config.heartbeat_interval_s))
         with self._lock:
             if self._closed:
                 if service is not None:
                     service.close()
                 return
-            self._service = service
+            self._service, self._disk = service, disk
+        if disk is not None:
+            disk.start()
 
     def metrics(self) -> dict[str, float]:
+        """The service's figures with the last walked disk use (left out before the first walk)."""
         with self._lock:
-            service = self._service
-        return service.metrics() if service is not None else {}
+            service, disk = self._service, self._disk
+        if service is None:
+            return {}
+        figures = service.metrics(walk_disk=False)
+        total = None if disk is None else disk.bytes()
+        if total is not None:
+            figures["shuffle_disk_bytes"] = float(total)
+        return figures
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             service, self._service = self._service, None
+            disk, self._disk = self._disk, None
+        if disk is not None:
+            disk.stop()
         if service is not None:
             service.close()
 

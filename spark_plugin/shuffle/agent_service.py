@@ -584,8 +584,9 @@ class MapOutputService:
                         total += os.path.getsize(os.path.join(folder, name))
         return total
 
-    def metrics(self) -> dict[str, float]:
-        """Heartbeat payload figures: buffer pool, staged streams, map-output disk use."""
+    def metrics(self, walk_disk: bool = True) -> dict[str, float]:
+        """Heartbeat payload figures: buffer pool, staged streams, map-output disk use (left out
+        with ``walk_disk=False``: the agent walks the disk off its heartbeat loop, ``agent_disk_usage``)."""
         with self._lock:
             staged = len(self._staged)
             counters = dict(self._counters)
@@ -601,8 +602,9 @@ class MapOutputService:
             "shuffle_streams_waiting_max": float(pool.queue_peak),
             "shuffle_stream_wait_max_s": pool.reservation_wait_max_s,
             "shuffle_stream_wait_total_s": pool.reservation_wait_total_s,
-            "shuffle_disk_bytes": float(self.disk_bytes()),
         }
+        if walk_disk:
+            figures["shuffle_disk_bytes"] = float(self.disk_bytes())
         figures.update({f"shuffle_{k}": v for k, v in counters.items()})
         return figures
 

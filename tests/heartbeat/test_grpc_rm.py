@@ -92,8 +92,11 @@ def test_agent_with_wrong_secret_keeps_trying_then_gives_up_at_its_deadline(
             assert isinstance(a.error.last_error, HeartbeatAuthenticationError)
         finally:
             a.stop()
-    warned = [r for r in caplog.records if r.name == "heartbeat.agent"]
+    warned = [r for r in caplog.records if r.name == "heartbeat.agent" and r.module == "agent"]
     assert len(warned) == 1 and "prove" in warned[0].getMessage(), "one warning for all attempts"
+    # Besides it, the outage's own line (agent_outage): once, as the second minute never came.
+    outage = [r.getMessage() for r in caplog.records if r.module == "agent_outage"]
+    assert len(outage) == 1 and outage[0].startswith("agent 1 has had no RM for 0 s"), outage
 
 
 def test_malformed_and_oversized_messages_get_a_status_and_others_keep_working(rm: Rm) -> None:

@@ -144,7 +144,11 @@ def test_a_port_squatter_learns_nothing_reusable_and_the_agent_registers_when_th
             rm.stop(grace_s=0.1)
     assert all("\n" not in r.getMessage() for r in caplog.records)
     assert_no_raw_line(caplog.text.splitlines())
-    warned = [r for r in caplog.records if r.name == "heartbeat.agent" and r.levelno == logging.WARNING]
+    warned = [
+        r
+        for r in caplog.records
+        if r.name == "heartbeat.agent" and r.module == "agent" and r.levelno == logging.WARNING
+    ]  # the outage's own lines (agent_outage) aside
     if mode in ("fake-rm", "refuse:UNAUTHENTICATED", "version:3"):
         assert len(warned) == 1, "one warning for the whole stretch of refusals"
         assert ("protocol version mismatch" in warned[0].getMessage()) == (mode == "version:3")
@@ -183,7 +187,12 @@ def test_a_restart_gap_squatter_against_an_agent_process(tmp_path: Path) -> None
         if second is not None:
             second.stop(grace_s=0.1)
     warnings = [line for line in agent.stderr_lines if " WARNING heartbeat." in line]  # not gRPC core's
-    assert len(warnings) == 1 and "did not prove" in warnings[0], agent.stderr_lines
+    proofs = [line for line in warnings if "did not prove" in line]
+    assert len(proofs) == 1, agent.stderr_lines
+    # And the outage, said when it began and when it ended (issue 36: no longer DEBUG only).
+    outage = [line for line in warnings if line not in proofs]
+    assert len(outage) == 2 and "agent gap lost the RM at" in outage[0], agent.stderr_lines
+    assert "agent gap registered with the RM at" in outage[1], agent.stderr_lines
     assert not [line for line in agent.stderr_lines if secret in line]
 
 

@@ -199,3 +199,24 @@ def test_a_gaps_gc_time_sums_the_pausing_collectors_only() -> None:
     sample = parse_tasks_line(line)
     assert (sample.gc_count, sample.gc_s) == (5, 0.015)
     assert parse_tasks_line("tasks 10 2000 -").gc_count == 0
+
+
+def test_a_late_refusal_is_logged_and_taken_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 36, item 4: the answer to a replacement came after the budget window (its charge had
+    left it already): logged and taken, where ``deque.remove`` raised ValueError on the JVM link's
+    thread. The budget is whole again and the executor's loss stays taken."""
+    clock, kills = ManualClock(start=0.0), Kills()
+    policy = LostOutputs(kills, clock, max_replacements=1)
+    assert policy.on_lost(lost("1"))
+    clock.jump(WINDOW_S + 1.0)
+    assert policy.on_lost(lost("2"))  # prunes executor 1's charge from the window
+    clock.jump(5.0)
+    with caplog.at_level(logging.WARNING, "arrowbeat.lost_outputs"):
+        policy.on_outcome(ReplacementOutcome("1", "refused"))
+    assert policy.charged() == 1  # executor 2's, untouched
+    assert any(
+        "replacing executor 1 was refused 606 s after it was asked for" in r.getMessage()
+        for r in caplog.records
+    ), caplog.text
+    policy.on_outcome(ReplacementOutcome("2", "refused"))  # in time: its charge is given back
+    assert policy.charged() == 0
