@@ -56,6 +56,11 @@ class ShuffleConfig:
     (never less than its reserved minimum), so one greedy stream cannot starve the others sharing
     the pool. 1.0 suits a pool of one partition (a pipelined map task's); an executor agent, whose
     pool all its staged streams share, caps it at ``agent_service.STREAM_POOL_SHARE``."""
+    checksum: bool = True
+    """Data frames carry a CRC-32 of their payload (``frames.FLAG_CHECKSUM``), checked before the
+    payload is decoded (``FrameChecksumError``). A sender with it on checksums what it sends; a
+    reader with it on refuses a data frame without one, so both ends must agree (they take it from
+    the same ``spark.arrowbeat.shuffle.checksum``). Off saves a CRC pass over every byte per side."""
 
     def __post_init__(self) -> None:
         _check_range("buffer_size", self.buffer_size, 4096, 1 << 30)
@@ -74,6 +79,8 @@ class ShuffleConfig:
         _check_range("buffer_request_timeout_s", self.buffer_request_timeout_s, 0.001, 86400.0)
         _check_range("buffer_reserve_timeout_s", self.buffer_reserve_timeout_s, 0.001, 86400.0)
         _check_range("partition_pool_share", self.partition_pool_share, 0.01, 1.0)
+        if not isinstance(self.checksum, bool):
+            raise ShuffleConfigError(f"checksum={self.checksum!r} must be True or False")
 
     @property
     def frame_limit(self) -> int:

@@ -19,12 +19,20 @@ A large BUFFER payload is received straight into Arrow memory, which its decoded
 view (``codec.ReceiveBlocks``, ``codec.ArrowPayload``); the buffer its credit stands for is held
 until the payload is consumed, exactly as if the bytes were in it, so the credit rules above count
 the same.
+
+Every BUFFER payload is checked against the CRC-32 its sender put in the frame (``frames``) by the
+receiver thread, as soon as it is in and before it is queued, so nothing decodes a damaged one: a
+mismatch is a ``FrameChecksumError`` (naming the stream, the buffer's number and both checksums)
+that ends the channel as any corrupt frame does. With ``config.checksum`` (the default) a BUFFER
+frame without a checksum is refused too, before its payload is read: a bit that clears the flag
+must not turn the check off.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import zlib
 from collections import deque
 from collections.abc import Callable
 
@@ -39,6 +47,7 @@ from arrow_shuffle.credit import ReceiverLedger, UnannouncedCredit
 from arrow_shuffle.errors import (
     ChannelClosedError,
     CreditViolationError,
+    FrameChecksumError,
     OversizedFrameError,
     PartitionNotFoundError,
     ProducerFailedError,
@@ -175,6 +184,7 @@ class RemoteInputChannel:
 
     def _receive_loop(self, conn: Connection) -> None:
         limit = self.config.frame_limit
+        required = self.config.checksum
         while True:
             header = conn.recv_header()
             assert header is not None
@@ -184,6 +194,12 @@ class RemoteInputChannel:
                         f"frame of {header.length} bytes exceeds max {limit} {self.where}"
                     )
                 self._check_seq(header)
+                if header.crc is None and required:
+                    raise FrameChecksumError(
+                        f"buffer {header.seq} carries no checksum, and this reader requires one "
+                        "(a bit that cleared its flag, or a server with spark.arrowbeat.shuffle.checksum "
+                        f"off while this reader has it on: set it alike on both) {self.where}"
+                    )
                 with self._lock:
                     if self._closed:  # cancelled: close() took our buffers back; nothing to account
                         return
@@ -195,7 +211,7 @@ class RemoteInputChannel:
                         )
                     lease = self._free.pop()
                 try:
-                    buffer = self._receive_payload(conn, lease, header.length)
+                    buffer = self._receive_payload(conn, lease, header)
                 except BaseException:
                     self._give_back(lease)
                     raise
@@ -238,23 +254,42 @@ class RemoteInputChannel:
             else:
                 raise ShuffleProtocolError(f"unexpected {header.kind.name} frame {self.where}")
 
-    def _receive_payload(self, conn: Connection, lease: Buffer, length: int) -> Buffer:
+    def _receive_payload(self, conn: Connection, lease: Buffer, header: FrameHeader) -> Buffer:
         """The payload of a BUFFER frame, on ``lease`` (the credit it spent, held until the
-        payload is consumed). A large one goes straight into a block of Arrow memory that its
-        decoded batches will view (no copy out of a segment; ``codec.ReceiveBlocks``); a small one
-        into the segment, copied out at decode (a block would be mostly empty, yet pinned by the
-        batches); one larger than a segment (``max_frame_bytes`` above ``buffer_size``) into
+        payload is consumed), checked against its checksum before it is wrapped. A large one goes
+        straight into a block of Arrow memory that its decoded batches will view (no copy out of a
+        segment; ``codec.ReceiveBlocks``, which takes the block back if the check fails); a small
+        one into the segment, copied out at decode (a block would be mostly empty, yet pinned by
+        the batches); one larger than a segment (``max_frame_bytes`` above ``buffer_size``) into
         memory of its own."""
+        length = header.length
         blocks = self._blocks
+
+        def fill(view: memoryview) -> None:
+            conn.recv_into(view)
+            self._verify(header, view)
+
         if blocks.block_size // 2 <= length <= blocks.block_size:
-            return ArrowPayload(lease, [blocks.receive(length, conn.recv_into)], length)
+            return ArrowPayload(lease, [blocks.receive(length, fill)], length)
         if length <= lease.capacity:
-            conn.recv_into(lease.segment.view[:length])
+            fill(lease.segment.view[:length])
             lease.size = length
             return lease
         data = pa.allocate_buffer(length)
-        conn.recv_into(memoryview(data))
+        fill(memoryview(data))
         return ArrowPayload(lease, [data], length)
+
+    def _verify(self, header: FrameHeader, payload: memoryview) -> None:
+        """``FrameChecksumError`` unless ``payload`` has the CRC-32 the sender put in ``header``
+        (read in place; ``zlib`` releases the GIL over it)."""
+        if header.crc is None:
+            return
+        actual = zlib.crc32(payload)
+        if actual != header.crc:
+            raise FrameChecksumError(
+                f"buffer {header.seq} ({header.length} bytes) fails its checksum: CRC-32 0x{actual:08x}, "
+                f"sender's 0x{header.crc:08x}; damaged between the two processes, not decoded {self.where}"
+            )
 
     def _check_seq(self, header: FrameHeader) -> None:
         if header.seq != self._expected_seq:

@@ -2,7 +2,10 @@
 
 Flink's ``CreditBasedSequenceNumberingViewReader``: every BUFFER frame spends one credit and
 carries its sequence number and the backlog left behind it; END_OF_PARTITION needs no credit.
-An idle stream sends keepalives so the receiver can tell "slow" from "gone".
+An idle stream sends keepalives so the receiver can tell "slow" from "gone". With the partition's
+``config.checksum`` (the default) every BUFFER frame carries the CRC-32 of its payload, computed
+by the transport from the pieces it sends (no copy), so the reader checks the bytes before it
+decodes them.
 
 Both time decisions, "is a keepalive due?" and "how long were we blocked on credit?", are read
 from the ``Clock`` the server hands in; the condition wait between them is real, and only bounds
@@ -40,6 +43,7 @@ class StreamSender:
         self.subpartition = partition.subpartitions[subpartition]
         self.credit = SenderCredit(initial_credit)
         self.keepalive_s = partition.config.keepalive_interval_s
+        self.checksum = partition.config.checksum
         self._clock = clock
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         """One item per wake-up call (a C queue: a ``Condition``'s Python-level notify cost a few
@@ -85,10 +89,22 @@ class StreamSender:
                     try:
                         if spent and isinstance(buffer, ArrowPayload):  # from the batch's memory
                             self.conn.send_parts(
-                                Kind.BUFFER, buffer.parts, buffer.size, seq, backlog, buffer.segment.view
+                                Kind.BUFFER,
+                                buffer.parts,
+                                buffer.size,
+                                seq,
+                                backlog,
+                                buffer.segment.view,
+                                checksum=self.checksum,
                             )
                         elif spent:
-                            self.conn.send(Kind.BUFFER, buffer.segment.view[: buffer.size], seq, backlog)
+                            self.conn.send(
+                                Kind.BUFFER,
+                                buffer.segment.view[: buffer.size],
+                                seq,
+                                backlog,
+                                checksum=self.checksum,
+                            )
                     finally:
                         buffer.recycle()
                     if not spent:

@@ -5,8 +5,10 @@ receive a payload into a given memory); ``Transport`` opens and accepts them. ``
 is the implementation chosen by measurement (see ``benchmarks/shuffle_transport.py``):
 length-prefixed frames on plain sockets, payloads received with ``recv_into`` straight into the
 memory the caller gives (Arrow memory that the decoded batches keep), and sent with ``sendmsg``
-from where they are (``send_parts``: a record batch's own buffers). Socket errors are mapped to
-``PeerLostError`` / ``ChannelClosedError``.
+from where they are (``send_parts``: a record batch's own buffers). A frame sent with ``checksum``
+carries the CRC-32 of its payload after the header (``frames``), computed from the pieces where
+they are; ``recv_header`` reads it with the header, and the receiver checks the payload against it
+(``RemoteInputChannel``). Socket errors are mapped to ``PeerLostError`` / ``ChannelClosedError``.
 
 "Is the peer lost?" is decided on the engine's ``Clock``, not by the socket: the socket's receive
 timeout is only a short tick (``silence_tick``) at which the receiving thread wakes up and asks
@@ -46,7 +48,16 @@ from arrow_shuffle.errors import (
     ShuffleConfigError,
     ShuffleError,
 )
-from arrow_shuffle.frames import HEADER, HEADER_SIZE, MAGIC, FrameHeader, Kind, unpack_header
+from arrow_shuffle.frames import (
+    CHECKSUM_SIZE,
+    HEADER_SIZE,
+    FrameHeader,
+    Kind,
+    pack_header,
+    payload_crc,
+    unpack_header,
+    with_checksum,
+)
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
@@ -72,7 +83,17 @@ class Connection(Protocol):
 
     peer: str
 
-    def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None: ...
+    def send(
+        self,
+        kind: Kind,
+        payload: bytes | memoryview = b"",
+        seq: int = 0,
+        value: int = 0,
+        *,
+        checksum: bool = False,
+    ) -> None:
+        """One frame; with ``checksum`` (BUFFER frames) it carries the payload's CRC-32 (``frames``)."""
+        ...
 
     def send_parts(
         self,
@@ -82,13 +103,18 @@ class Connection(Protocol):
         seq: int = 0,
         value: int = 0,
         scratch: memoryview | None = None,
+        *,
+        checksum: bool = False,
     ) -> None:
         """``send`` of a payload given as pieces of ``size`` bytes in all, never joined where the
         transport can gather them (a record batch's own buffers go out without a copy); where it
-        cannot, they are copied into ``scratch`` if it is large enough."""
+        cannot, they are copied into ``scratch`` if it is large enough. The checksum is computed
+        from the pieces where they are."""
         ...
 
-    def recv_header(self, idle_ok: bool = False) -> FrameHeader | None: ...
+    def recv_header(self, idle_ok: bool = False) -> FrameHeader | None:
+        """The next header; a checksummed frame's with its ``crc`` (the payload is still to read)."""
+        ...
 
     def recv_into(self, target: memoryview) -> None: ...
 
@@ -140,7 +166,7 @@ class TcpConnection:
         self.tls = isinstance(sock, ssl.SSLSocket)
         """The stream is inside TLS (a client's after ``connect``, a server's after ``start_tls``)."""
         self._send_lock = threading.Lock()
-        self._header = bytearray(HEADER_SIZE)
+        self._header = bytearray(HEADER_SIZE + CHECKSUM_SIZE)
         self._closed = False
         self._clock = clock
         self._heard_at = clock.monotonic()
@@ -237,8 +263,16 @@ class TcpConnection:
         """When a byte last arrived from the peer (``clock.monotonic()``; creation time before)."""
         return self._heard_at
 
-    def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None:
-        header = FrameHeader(kind, len(payload), seq, value).pack()
+    def send(
+        self,
+        kind: Kind,
+        payload: bytes | memoryview = b"",
+        seq: int = 0,
+        value: int = 0,
+        *,
+        checksum: bool = False,
+    ) -> None:
+        header = pack_header(kind, len(payload), seq, value, payload_crc((payload,)) if checksum else None)
         with self._send_lock:
             self._check_open()
             if self.tls:
@@ -262,17 +296,20 @@ class TcpConnection:
         seq: int = 0,
         value: int = 0,
         scratch: memoryview | None = None,
+        *,
+        checksum: bool = False,
     ) -> None:
         """Plain TCP: header and pieces in one ``sendmsg`` (the kernel gathers them from where they
         are: no copy in user space). TLS has no ``sendmsg`` and would cut a record per piece: the
         pieces are copied together first, into ``scratch`` when it is large enough (the pool
-        buffer the payload holds anyway; no allocation per frame)."""
+        buffer the payload holds anyway; no allocation per frame). The checksum is computed from
+        the pieces themselves, before any copy."""
         total = 0
         for part in parts:
             total += len(part)
         if total != size:
             raise ShuffleError(f"internal: payload pieces hold {total} bytes, not {size} (to {self.peer})")
-        header = HEADER.pack(MAGIC, kind, 0, size, seq, value)
+        header = pack_header(kind, size, seq, value, payload_crc(parts) if checksum else None)
         with self._send_lock:
             self._check_open()
             if self.tls:
@@ -338,7 +375,7 @@ class TcpConnection:
         try:
             if self._closed:
                 return False
-            header = FrameHeader(kind, 0).pack()
+            header = pack_header(kind, 0)
             if self.tls:  # no MSG_DONTWAIT on TLS: send only into a socket with room
                 try:
                     if not select.select([], [self._sock], [], 0)[1]:
@@ -376,12 +413,18 @@ class TcpConnection:
             self._sock.sendall(payload[sent - len(header) :])
 
     def recv_header(self, idle_ok: bool = False) -> FrameHeader | None:
-        """The next header. With ``idle_ok``, ``None`` when a silence tick passes before any byte
-        of it (the caller checks its own state and calls again); the peer is never lost then."""
+        """The next header, and the checksum after it if it has one. With ``idle_ok``, ``None``
+        when a silence tick passes before any byte of it (the caller checks its own state and
+        calls again); the peer is never lost then."""
         view = memoryview(self._header)
-        if not self._recv_exact(view, idle_ok):
+        if not self._recv_exact(view[:HEADER_SIZE], idle_ok):
             return None
-        return unpack_header(self._header)
+        header = unpack_header(view)
+        if header.checksummed:
+            trailer = view[HEADER_SIZE:]
+            self._recv_exact(trailer, False)
+            header = with_checksum(header, trailer)
+        return header
 
     def recv_into(self, target: memoryview) -> None:
         self._recv_exact(target, False)

@@ -172,8 +172,16 @@ class _HeldKeepalive:
         self._release = release
         self._held = False
 
-    def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None:
-        self._inner.send(kind, payload, seq, value)
+    def send(
+        self,
+        kind: Kind,
+        payload: bytes | memoryview = b"",
+        seq: int = 0,
+        value: int = 0,
+        *,
+        checksum: bool = False,
+    ) -> None:
+        self._inner.send(kind, payload, seq, value, checksum=checksum)
         if kind is Kind.KEEPALIVE and not self._held:
             self._held = True
             assert self._release.wait(10)

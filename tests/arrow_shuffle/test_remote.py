@@ -264,32 +264,34 @@ def _payload(config: ShuffleConfig, pool: NetworkBufferPool) -> bytes:
 
 
 def _gap(conn: TcpConnection, credit: int, payload: bytes) -> None:
-    conn.send(Kind.BUFFER, payload, seq=0, value=0)
-    conn.send(Kind.BUFFER, payload, seq=2, value=0)
+    conn.send(Kind.BUFFER, payload, seq=0, value=0, checksum=True)
+    conn.send(Kind.BUFFER, payload, seq=2, value=0, checksum=True)
 
 
 def _duplicate(conn: TcpConnection, credit: int, payload: bytes) -> None:
-    conn.send(Kind.BUFFER, payload, seq=0, value=0)
-    conn.send(Kind.BUFFER, payload, seq=0, value=0)
+    conn.send(Kind.BUFFER, payload, seq=0, value=0, checksum=True)
+    conn.send(Kind.BUFFER, payload, seq=0, value=0, checksum=True)
 
 
 def _no_credit(conn: TcpConnection, credit: int, payload: bytes) -> None:
     # The consumer holds at most exclusive + floating buffers (10); never reading a credit,
     # the 11th buffer is one the receiver never announced.
     for seq in range(64):
-        conn.send(Kind.BUFFER, payload, seq=seq, value=0)
+        conn.send(Kind.BUFFER, payload, seq=seq, value=0, checksum=True)
 
 
 def _oversized(conn: TcpConnection, credit: int, payload: bytes) -> None:
-    conn.send(Kind.BUFFER, b"x" * (64 * 1024), seq=0, value=0)
+    conn.send(Kind.BUFFER, b"x" * (64 * 1024), seq=0, value=0, checksum=True)
 
 
 def _corrupt_payload(conn: TcpConnection, credit: int, payload: bytes) -> None:
-    conn.send(Kind.BUFFER, b"\xff" * 100, seq=0, value=0)
+    conn.send(Kind.BUFFER, b"\xff" * 100, seq=0, value=0, checksum=True)
 
 
 def _corrupt_large_payload(conn: TcpConnection, credit: int, payload: bytes) -> None:
-    conn.send(Kind.BUFFER, b"\xff" * 12_000, seq=0, value=0)  # received into a block, not a segment
+    conn.send(
+        Kind.BUFFER, b"\xff" * 12_000, seq=0, value=0, checksum=True
+    )  # received into a block, not a segment
 
 
 def _corrupt_header(conn: TcpConnection, credit: int, payload: bytes) -> None:
@@ -382,9 +384,17 @@ class _LateReceiver:
             self.buffers += 1
         return header
 
-    def send(self, kind: Kind, payload: bytes | memoryview = b"", seq: int = 0, value: int = 0) -> None:
+    def send(
+        self,
+        kind: Kind,
+        payload: bytes | memoryview = b"",
+        seq: int = 0,
+        value: int = 0,
+        *,
+        checksum: bool = False,
+    ) -> None:
         try:
-            self._inner.send(kind, payload, seq, value)
+            self._inner.send(kind, payload, seq, value, checksum=checksum)
             if kind is Kind.ADD_CREDIT and self.peer_gone.is_set():
                 # Sent again until it raises (the peer's reset, on loopback, within milliseconds).
                 wait_until(lambda: self._inner.send(kind, payload, seq, value), 5, interval_s=0.01)
@@ -429,7 +439,7 @@ def test_end_wins_over_a_credit_announcement_that_hit_the_closed_connection(
 
     def all_then_end(conn: TcpConnection, credit: int) -> None:
         for seq in range(sent):
-            conn.send(Kind.BUFFER, payload, seq=seq, value=0)
+            conn.send(Kind.BUFFER, payload, seq=seq, value=0, checksum=True)
         conn.send(Kind.END_OF_PARTITION, seq=sent)
 
     fake = FakeServer(SECRET.encode(), all_then_end, hang_up=True)
@@ -524,7 +534,7 @@ def test_a_frame_larger_than_a_buffer_within_max_frame_bytes_arrives_whole(
     assert len(payload) > config.buffer_size
 
     def script(conn: TcpConnection, credit: int) -> None:
-        conn.send(Kind.BUFFER, payload, seq=0, value=0)
+        conn.send(Kind.BUFFER, payload, seq=0, value=0, checksum=True)
         conn.send(Kind.END_OF_PARTITION, seq=1)
 
     fake = FakeServer(SECRET.encode(), script)
@@ -556,7 +566,7 @@ def test_credit_goes_out_in_batches_and_a_keepalive_hands_over_what_came(
     def script(conn: TcpConnection, credit: int) -> None:
         assert credit == config.exclusive_buffers_per_channel
         for seq in range(sent):
-            conn.send(Kind.BUFFER, payload, seq=seq, value=10)  # "10 more queued behind it"
+            conn.send(Kind.BUFFER, payload, seq=seq, value=10, checksum=True)  # "10 more queued behind it"
         conn.send(Kind.KEEPALIVE)
         assert consumed.wait(10), "the consumer never got every buffer"
         while (header := conn.recv_header(idle_ok=True)) is not None:  # all it sent, until silence
