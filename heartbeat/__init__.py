@@ -8,7 +8,8 @@ validated ``HeartbeatServices``. One module per role:
 * the heartbeat protocol, as in Flink: ``target``, ``listener``, ``monitor`` (one target's
   liveness), ``manager`` (receiver side), ``sender`` (requests every interval), ``services``
   (validated settings and the factory for both managers);
-* what travels and what is told: ``payload``, ``events``; the exception tree: ``errors``;
+* what travels and what is told: ``payload``, ``notices`` (the agent's findings, carried until
+  surely delivered), ``events``; the exception tree: ``errors``;
 * the ResourceManager: ``resource_manager`` (its core, no transport) and ``rm_server`` (gRPC);
 * the agent: ``agent_core`` (its core, no transport), ``agent_session`` (one registered stream),
   ``agent`` (``AsyncAgent``: registration with ``retry`` and re-registration),
@@ -55,7 +56,9 @@ if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads onl
     from .listener import HeartbeatListener
     from .manager import HeartbeatManager
     from .monitor import HeartbeatMonitor, MonitorState
+    from .notices import NoticeBoard
     from .payload import (
+        Notice,
         Payload,
         PayloadProvider,
         WorkProgress,
@@ -101,6 +104,8 @@ __all__ = [
     "ManualClock",
     "ManualScheduler",
     "MonitorState",
+    "Notice",
+    "NoticeBoard",
     "Payload",
     "PayloadProvider",
     "ProtocolVersionError",
@@ -157,6 +162,8 @@ _EXPORTS = {
     "HeartbeatManager": ".manager",
     "HeartbeatMonitor": ".monitor",
     "MonitorState": ".monitor",
+    "NoticeBoard": ".notices",
+    "Notice": ".payload",
     "Payload": ".payload",
     "PayloadProvider": ".payload",
     "WorkProgress": ".payload",

@@ -14,7 +14,7 @@ from .errors import (
     StaleInstanceError,
     UnknownExecutorError,
 )
-from .payload import Payload, WorkProgress
+from .payload import MAX_NOTICE_DETAIL_CHARS, MAX_NOTICES, NOTICE_KINDS, Notice, Payload, WorkProgress
 from .resource_manager import ExecutorInfo
 
 SERVICE_NAME = "arrowbeat.heartbeat.ResourceManager"
@@ -53,6 +53,7 @@ def payload_to_proto(payload: Payload) -> pb.Payload:
             )
             for w in payload.work[:MAX_WORK]
         ],
+        notices=[pb.Notice(id=n.id, kind=n.kind, detail=n.detail) for n in payload.notices[:MAX_NOTICES]],
     )
 
 
@@ -73,6 +74,14 @@ def payload_from_proto(message: pb.Payload) -> Payload:
         check_text("work where", w.where, MAX_WHERE_CHARS, allow_empty=True)
         if not (math.isfinite(w.running_s) and math.isfinite(w.idle_s)) or min(w.running_s, w.idle_s) < 0:
             raise MalformedMessageError(f"work {w.id}: running_s and idle_s must be finite and >= 0")
+    if len(message.notices) > MAX_NOTICES:
+        raise MalformedMessageError(
+            f"payload has {len(message.notices)} notices; at most {MAX_NOTICES} allowed"
+        )
+    for n in message.notices:  # recorded in the history tables: checked like ids
+        check_text("notice id", n.id)
+        check_text("notice kind", n.kind)
+        check_text("notice detail", n.detail, MAX_NOTICE_DETAIL_CHARS, allow_empty=True)
 
     def opt(value: int) -> int | None:
         return None if value < 0 else value
@@ -87,6 +96,9 @@ def payload_from_proto(message: pb.Payload) -> Payload:
         work=tuple(
             WorkProgress(w.id, w.label, w.running_s, w.idle_s, w.stuck, w.where) for w in message.work
         ),
+        # A kind this side does not know (a newer agent's) is dropped, not refused: the heartbeat
+        # that proves the executor alive must not fail over a notice, nor a peer invent an event.
+        notices=tuple(Notice(n.id, n.kind, n.detail) for n in message.notices if n.kind in NOTICE_KINDS),
     )
 
 

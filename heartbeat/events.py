@@ -23,9 +23,10 @@ log = logging.getLogger(__name__)
 
 
 class EventKind(enum.Enum):
-    """What happened to an executor. The first five are the agent's own protocol; the last three
+    """What happened to an executor. The first five are the agent's own protocol; the next three
     are the cluster manager's view (Spark's, told by the driver plugin), so a reader can tell an
-    executor Spark let go on purpose from one that crashed, and one that never had an agent."""
+    executor Spark let go on purpose from one that crashed, and one that never had an agent; then
+    what its payloads tell (its tasks, its shuffle's damaged outputs) and the RM's own gaps."""
 
     REGISTERED = "REGISTERED"
     REREGISTERED = "REREGISTERED"
@@ -44,6 +45,11 @@ class EventKind(enum.Enum):
     the detail names it and where it waits (``WorkProgress`` in the payload)."""
     TASK_RESUMED = "TASK_RESUMED"
     """A stuck unit of work progressed again or ended; the detail says which."""
+    SHUFFLE_CORRUPT = "SHUFFLE_CORRUPT"
+    """The executor's agent found a map output of its own damaged (a checksum mismatch, a truncated
+    or undecodable file) and arranged its recompute; the detail names the shuffle, the map
+    partition, the file and what Spark does about it. Told by the agent as a ``Notice`` in its
+    payloads (``payload.NOTICE_KINDS``), recorded once by the driver side."""
     MONITORING_GAP = "MONITORING_GAP"
     """Not about one executor: the RM itself was down (dead or hung, then restarted) and nothing
     was recorded between the event's ``ts`` and the end its detail gives; an interval without

@@ -4,7 +4,9 @@ A provider is any callable returning a mapping of figure names to numbers. The w
 (``PAYLOAD_FIELDS``) land in their typed fields; every other name goes to ``metrics`` (e.g.
 shuffle buffer-pool figures). A provider may instead return a sequence of ``WorkProgress``: the
 units of work the executor runs (Spark task attempts) and whether each advances, so the RM side
-can tell a stuck one from a slow one. A provider that raises is logged once and skipped, so a broken
+can tell a stuck one from a slow one, and ``Notice``s: one-line findings of the agent that the
+driver side records as executor events (``notices.NoticeBoard`` carries each in several payloads,
+the driver records it once). A provider that raises is logged once and skipped, so a broken
 metric never silences the heartbeat that proves liveness.
 """
 
@@ -36,7 +38,29 @@ class WorkProgress:
     """Where it is stuck (a one-line stack excerpt, or why none could be taken), when stuck."""
 
 
-PayloadProvider = Callable[[], Mapping[str, float | int | None] | Sequence[WorkProgress]]
+NOTICE_KINDS = frozenset({"SHUFFLE_CORRUPT"})
+"""The kinds a notice may have: each is the name of the ``events.EventKind`` it is recorded as. A
+closed set, so a peer cannot invent event kinds; the wire drops a notice of any other kind."""
+MAX_NOTICES = 32
+"""Notices one payload carries at most (``_wire``), so also the most a ``NoticeBoard`` keeps."""
+MAX_NOTICE_DETAIL_CHARS = 1024
+"""A notice's detail at most (the history table keeps its first 512; the driver's log all of it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A finding of the agent to be recorded once on the driver side as an executor event."""
+
+    id: str
+    """Unique within the agent process's life and across its restarts (``NoticeBoard``): the
+    driver records each ``(executor, id)`` once however many payloads carry it."""
+    kind: str
+    """One of ``NOTICE_KINDS``."""
+    detail: str
+    """One printable line, at most ``MAX_NOTICE_DETAIL_CHARS``."""
+
+
+PayloadProvider = Callable[[], Mapping[str, float | int | None] | Sequence[WorkProgress | Notice]]
 
 PAYLOAD_FIELDS = ("slots_total", "slots_busy", "running_tasks", "rss_bytes", "jvm_pulse_age_ms")
 
@@ -52,6 +76,7 @@ class Payload:
     jvm_pulse_age_ms: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     work: tuple[WorkProgress, ...] = ()
+    notices: tuple[Notice, ...] = ()
 
 
 def collect_payload(providers: Sequence[PayloadProvider], failed: set[int] | None = None) -> Payload:
@@ -59,6 +84,7 @@ def collect_payload(providers: Sequence[PayloadProvider], failed: set[int] | Non
     typed: dict[str, int] = {}
     metrics: dict[str, float] = {}
     work: list[WorkProgress] = []
+    notices: list[Notice] = []
     for index, provider in enumerate(providers):
         try:
             figures = provider()
@@ -69,7 +95,11 @@ def collect_payload(providers: Sequence[PayloadProvider], failed: set[int] | Non
                     failed.add(index)
             continue
         if not isinstance(figures, Mapping):
-            work.extend(figures)
+            for item in figures:
+                if isinstance(item, Notice):
+                    notices.append(item)
+                else:
+                    work.append(item)
             continue
         for name, value in figures.items():
             if value is None:
@@ -78,7 +108,7 @@ def collect_payload(providers: Sequence[PayloadProvider], failed: set[int] | Non
                 typed[name] = int(value)
             else:
                 metrics[name] = float(value)
-    return Payload(metrics=metrics, work=tuple(work), **typed)
+    return Payload(metrics=metrics, work=tuple(work), notices=tuple(notices), **typed)
 
 
 def slots_provider(total: int, busy: Callable[[], int] | None = None) -> PayloadProvider:

@@ -131,7 +131,7 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, epoch: _Optional[str] = ..., instance_id: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class Payload(_message.Message):
-    __slots__ = ("slots_total", "slots_busy", "running_tasks", "rss_bytes", "jvm_pulse_age_ms", "metrics", "work")
+    __slots__ = ("slots_total", "slots_busy", "running_tasks", "rss_bytes", "jvm_pulse_age_ms", "metrics", "work", "notices")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,7 @@ class Payload(_message.Message):
     JVM_PULSE_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     WORK_FIELD_NUMBER: _ClassVar[int]
+    NOTICES_FIELD_NUMBER: _ClassVar[int]
     slots_total: int
     slots_busy: int
     running_tasks: int
@@ -153,7 +154,18 @@ class Payload(_message.Message):
     jvm_pulse_age_ms: int
     metrics: _containers.ScalarMap[str, float]
     work: _containers.RepeatedCompositeFieldContainer[WorkProgress]
-    def __init__(self, slots_total: _Optional[int] = ..., slots_busy: _Optional[int] = ..., running_tasks: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., jvm_pulse_age_ms: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., work: _Optional[_Iterable[_Union[WorkProgress, _Mapping]]] = ...) -> None: ...
+    notices: _containers.RepeatedCompositeFieldContainer[Notice]
+    def __init__(self, slots_total: _Optional[int] = ..., slots_busy: _Optional[int] = ..., running_tasks: _Optional[int] = ..., rss_bytes: _Optional[int] = ..., jvm_pulse_age_ms: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., work: _Optional[_Iterable[_Union[WorkProgress, _Mapping]]] = ..., notices: _Optional[_Iterable[_Union[Notice, _Mapping]]] = ...) -> None: ...
+
+class Notice(_message.Message):
+    __slots__ = ("id", "kind", "detail")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    detail: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class WorkProgress(_message.Message):
     __slots__ = ("id", "label", "running_s", "idle_s", "stuck", "where")

@@ -14,7 +14,8 @@ from spark_plugin.history.tables import EXECUTOR_EVENTS
 #: After these, an executor is no longer expected to come back on its own.
 _ENDED = {"UNREGISTERED", "SPARK_REMOVED", "SPARK_LOST"}
 #: Events about an executor's agent registration; the others (UNMONITORED: no agent ever came;
-#: TASK_STUCK/TASK_RESUMED: its tasks) say nothing of whether an agent is expected back.
+#: TASK_STUCK/TASK_RESUMED: its tasks; SHUFFLE_CORRUPT: a damaged map output its agent found) say
+#: nothing of whether an agent is expected back.
 _LIFECYCLE = {"REGISTERED", "REREGISTERED", "HEARTBEAT_TIMEOUT", "UNREACHABLE", *_ENDED}
 
 

@@ -14,8 +14,9 @@ heartbeat, null when unknown).
 
 ``executor_events``: app_id, executor_id, host, instance_id, ts, event (REGISTERED, REREGISTERED,
 HEARTBEAT_TIMEOUT, UNREACHABLE, UNREGISTERED; Spark's view: SPARK_REMOVED, SPARK_LOST,
-UNMONITORED; tasks: TASK_STUCK, TASK_RESUMED; the RM's own: MONITORING_GAP, an interval without
-history after the RM was restarted, ``history.gaps``), detail.
+UNMONITORED; tasks: TASK_STUCK, TASK_RESUMED; the agent's findings: SHUFFLE_CORRUPT, a damaged
+map output of its own, the detail naming the shuffle, map partition and file; the RM's own:
+MONITORING_GAP, an interval without history after the RM was restarted, ``history.gaps``), detail.
 
 A table written by an older arrowbeat that lacks only columns added since (nullable, at the end)
 gets them added when opened; any other difference is refused.

@@ -61,6 +61,7 @@ EXECUTOR_METRICS = frozenset(
         "shuffle.spillBytes",
         "shuffle.diskBytes",
         "shuffle.streamsOpen",
+        "shuffle.corruptOutputs",
     }
 )
 """An executor's names (``PluginMetrics.EXECUTOR`` on the JVM side)."""
@@ -77,6 +78,7 @@ _EXECUTOR_SOURCES: dict[str, tuple[str, float]] = {
     "shuffle.spillBytes": ("shuffle_spill_bytes", 1.0),
     "shuffle.diskBytes": ("shuffle_disk_bytes", 1.0),
     "shuffle.streamsOpen": ("shuffle_streams_open", 1.0),
+    "shuffle.corruptOutputs": ("shuffle_outputs_corrupt", 1.0),  # damaged outputs found, agent's life
 }
 
 _STATE_METRICS = {

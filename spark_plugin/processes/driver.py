@@ -31,6 +31,7 @@ from spark_plugin.jvm.sidecar import (
     unavailable_internals,
     wait_for_exit,
 )
+from spark_plugin.monitoring.driver_notices import NoticeEvents
 from spark_plugin.monitoring.driver_tasks import TaskEvents
 from spark_plugin.settings import extras
 from spark_plugin.settings.config import ArrowBeatConfig, ConfigError, early_value, load
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("arrowbeat.driver")
 SPARK_VERSION_SETTING = "arrowbeat.spark.version"
 """The running Spark's version, which the JVM's driver plugin adds to the settings it hands over."""
+RESTART_ANY_PORT = "arrowbeat.rm.restart.anyPort"
+"""Set by the JVM for a restart (``ArrowBeatDriverPlugin.RESTART_ANY_PORT``): if the RM's port is
+taken, serve on another rather than fail every restart."""
 
 
 def rm_host(config: ArrowBeatConfig, settings: dict[str, str]) -> str:
@@ -60,6 +64,11 @@ def dynamic_allocation(settings: dict[str, str]) -> bool:
     return settings.get("spark.dynamicAllocation.enabled", "").strip().lower() == "true"
 
 
+DERIVED_KINDS = frozenset({"TASK_STUCK", "TASK_RESUMED", "SHUFFLE_CORRUPT"})
+"""Events the router itself makes from heartbeats (the RM's bus never carries them): the live
+page's view gets them through :meth:`EventRouter.watch_derived`, the bus's own from the bus."""
+
+
 class EventRouter:
     """The RM's subscriber: history rows, a log line per lifecycle event, the optional kill.
 
@@ -67,7 +76,8 @@ class EventRouter:
     reason): it is logged only through :func:`wire_text`, and the history rows pass it too. A
     kill goes to the JVM only for an id of Spark's form (``JvmChannel.kill_executor``). Heartbeats
     also pass ``task_events.TaskEvents``: stuck and resumed tasks, explained re-registrations
-    (held until the next heartbeat), GC time per interval."""
+    (held until the next heartbeat), GC time per interval; and ``driver_notices.NoticeEvents``:
+    the agents' notices (a damaged map output: ``SHUFFLE_CORRUPT``), each recorded once."""
 
     def __init__(
         self,
@@ -76,13 +86,21 @@ class EventRouter:
         kill: Callable[[str], None] | None = None,
         tasks: TaskEvents | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        notices: NoticeEvents | None = None,
     ) -> None:
         self._app_id = app_id
         self._history = history
         self._kill = kill
         self._tasks = tasks or TaskEvents()
+        self._notices = notices or NoticeEvents()
         self._clock = clock
         self._last_beat: dict[str, float] = {}
+        self._watchers: list[Callable[[ExecutorEvent], None]] = []
+
+    def watch_derived(self, watcher: Callable[[ExecutorEvent], None]) -> None:
+        """``watcher`` also gets each event of :data:`DERIVED_KINDS` recorded from now on (on the
+        RM's event thread, like a bus subscriber)."""
+        self._watchers = [*self._watchers, watcher]
 
     def __call__(self, event: object) -> None:
         from heartbeat import ExecutorEvent, HeartbeatRecord
@@ -93,6 +111,7 @@ class EventRouter:
             self._last_beat[event.executor_id] = event.ts
             gap_ms = None if previous is None else (event.ts - previous) * 1000.0
             derived, gc_s = self._tasks.on_heartbeat(event, self._clock.monotonic())
+            derived += self._notices.on_heartbeat(event)
             if self._history is not None:
                 gc_ms = None if gc_s is None else gc_s * 1000.0
                 self._history.append(HEARTBEATS.name, heartbeat_row(self._app_id(), event, gap_ms, gc_ms))
@@ -115,7 +134,8 @@ class EventRouter:
         from heartbeat import EventKind
         from spark_plugin.history import EXECUTOR_EVENTS, event_row
 
-        log.info(
+        log.log(
+            logging.WARNING if event.kind is EventKind.SHUFFLE_CORRUPT else logging.INFO,
             "executor %s (%s, instance %s): %s %s",
             wire_text(event.executor_id, MAX_ID_CHARS),
             wire_text(event.host, MAX_ID_CHARS),
@@ -125,6 +145,12 @@ class EventRouter:
         )
         if self._history is not None:
             self._history.append(EXECUTOR_EVENTS.name, event_row(self._app_id(), event))
+        if event.kind.name in DERIVED_KINDS:
+            for watcher in self._watchers:
+                try:
+                    watcher(event)
+                except Exception:  # a view must not stop the history (as on the bus)
+                    log.exception("derived-event watcher %r raised; it stays", watcher)
         if self._kill is not None and event.kind in (EventKind.HEARTBEAT_TIMEOUT, EventKind.UNREACHABLE):
             try:
                 self._kill(event.executor_id)
@@ -210,6 +236,8 @@ def main() -> int:
         port=config.rm_port,
         known_executors=[e.executor_id for e in recovered.known],
         server_credentials=None if material is None else tls.grpc_server_credentials(material),
+        # A restart whose port was taken meanwhile serves on another; agents ask their JVMs for it.
+        any_port_if_taken=settings.get(RESTART_ANY_PORT) == "true",
     )
     app_id = settings.get("spark.app.id", "")
     no_kill = unavailable_internals(settings).get("kill-and-replace-executor")
@@ -263,6 +291,8 @@ def main() -> int:
             rm_address=address,
             ssl_context=None if material is None else tls.server_context(material),  # HTTPS with TLS on
         )
+        if page is not None:  # stuck tasks and damaged outputs are the router's, not the bus's
+            router.watch_derived(page.view)
     from spark_plugin.monitoring.driver_lost_outputs import LostOutputs
     from spark_plugin.monitoring.driver_spark_view import SparkView
 

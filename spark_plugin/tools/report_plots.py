@@ -33,6 +33,7 @@ EVENT_COLOURS = {
     "UNMONITORED": "#e377c2",
     "TASK_STUCK": "#bcbd22",
     "TASK_RESUMED": "#17becf",
+    "SHUFFLE_CORRUPT": "#ff1493",
     "MONITORING_GAP": "#d62728",
 }
 

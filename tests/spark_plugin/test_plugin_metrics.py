@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from heartbeat import EventKind, ExecutorEvent
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.jvm.plugin_metrics import (
+    DRIVER_METRICS,
+    EXECUTOR_METRICS,
     LivenessTally,
     MetricsReporter,
     driver_figures,
@@ -171,11 +175,13 @@ def test_executor_figures_map_the_agents_shuffle_figures() -> None:
         "shuffle_pool_used_bytes": 4096.0,
         "shuffle_bytes_staged": 10.0,
         "shuffle_stream_wait_total_s": 0.25,
+        "shuffle_outputs_corrupt": 2.0,
     }
     assert executor_figures(agent) == {
         "shuffle.poolUsedBytes": 4096.0,
         "shuffle.bytesServed": 10.0,
         "shuffle.poolWaitMs": 250.0,
+        "shuffle.corruptOutputs": 2.0,
     }
     assert executor_figures({}) == {}
     encode(1, executor_figures(agent), "executor")
@@ -201,3 +207,18 @@ def test_the_reporter_numbers_snapshots_and_survives_a_failing_one() -> None:
         f"{PREFIX} 1 executors.running=1",
         f"{PREFIX} 3 executors.running=2",
     ]
+
+
+def test_the_jvm_takes_the_same_fixed_names() -> None:
+    """Without a JVM: ``PluginMetrics.java``'s fixed name sets are the lists here (a name only one
+    side has is refused by the JVM, or never sent)."""
+    java = (Path(__file__).parents[2] / "launcher/src/main/java/arrowbeat/PluginMetrics.java").read_text()
+
+    def names(field: str) -> set[str]:
+        found = re.search(rf"Set<String> {field} =\s*Set\.of\(([^)]*)\);", java)
+        assert found is not None, field
+        return set(re.findall(r'"([^"]+)"', found[1]))
+
+    assert names("EXECUTOR") == EXECUTOR_METRICS
+    assert names("DRIVER") == DRIVER_METRICS
+    assert "shuffle.corruptOutputs" in EXECUTOR_METRICS

@@ -5,6 +5,7 @@
 const EVENT_TONE = {
   REGISTERED: "ok", REREGISTERED: "amber", TASK_RESUMED: "ok",
   HEARTBEAT_TIMEOUT: "red", UNREACHABLE: "red", UNMONITORED: "red", SPARK_LOST: "red", TASK_STUCK: "amber",
+  SHUFFLE_CORRUPT: "red",
   UNREGISTERED: "gone", SPARK_REMOVED: "gone",
 };
 const MAX_EVENTS = 300;

@@ -47,7 +47,8 @@ final class PluginMetrics {
           "shuffle.creditWaitMs",
           "shuffle.spillBytes",
           "shuffle.diskBytes",
-          "shuffle.streamsOpen");
+          "shuffle.streamsOpen",
+          "shuffle.corruptOutputs");
   private static final Pattern PER_EXECUTOR =
       Pattern.compile("executor\\.[A-Za-z0-9][A-Za-z0-9_-]{0,63}\\.(heartbeatAgeMs|rttMs)");
 
