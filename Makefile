@@ -116,15 +116,15 @@ proto: $(VENV)/.installed
 # `make bench` runs every benchmark (`make bench BENCH="shuffle_transport heartbeat_scale"` some),
 # saves each one's output as .cache/bench/<name>.txt (only when it succeeds) and rewrites the
 # README's benchmark table from the RESULT lines saved there. They take long: minutes each, the
-# soak SOAK_MINUTES (default 10).
-BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark shuffle_matrix e2e_pandas stuck_tasks cluster_faults
+# soaks SOAK_MINUTES each (default 10; the streaming soak's long form is --shuffles 10000).
+BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark shuffle_matrix e2e_pandas stuck_tasks cluster_faults streaming_soak
 BENCH ?= $(BENCHES)
 SOAK_MINUTES ?= 10
 BENCH_DIR := $(CACHE)/bench
 bench: setup $(VENV)/.bench-extra
 	@mkdir -p $(BENCH_DIR)
 	@set -o pipefail; for name in $(BENCH); do \
-	  args=; case $$name in soak_monitoring) args="--minutes $(SOAK_MINUTES)";; e2e_pandas) args=--floors;; esac; \
+	  args=; case $$name in soak_monitoring|streaming_soak) args="--minutes $(SOAK_MINUTES)";; e2e_pandas) args=--floors;; esac; \
 	  echo "== python -m benchmarks.$$name $$args"; \
 	  $(PY) -m benchmarks.$$name $$args | tee $(BENCH_DIR)/$$name.txt.part \
 	    && mv $(BENCH_DIR)/$$name.txt.part $(BENCH_DIR)/$$name.txt \

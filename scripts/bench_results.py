@@ -43,6 +43,9 @@ BENCHMARKS: dict[str, str] = {
     "SIGSTOPs: stuck-task detection, false positives, gaps told apart",
     "cluster_faults": "a standalone cluster, two Workers as hosts: a whole host frozen (arrowbeat 1 s / 5 s) "
     "and a host killed mid-shuffle (time to the exact result vs the same job without a kill)",
+    "streaming_soak": "a Structured Streaming query with an arrowbeat grouped shuffle in every micro-batch "
+    "(materialized and pipelined by turns, each batch checked against Spark's answer): wrong and failed "
+    "batches, RSS per 1,000 shuffles and descriptor growth of every process",
 }
 """Every benchmark of ``make bench``, in table order, with what it compares (the prose part)."""
 

@@ -1,0 +1,180 @@
+"""Streaming soak: a Structured Streaming query with an arrowbeat grouped shuffle in every
+micro-batch, for minutes to hours: wrong answers, failed shuffles, and memory and descriptors of
+every process as the shuffles add up.
+
+The query (``spark_plugin.jobs.streaming_soak``): a ``rate-micro-batch`` source, ``foreachBatch``
+running ``group_by(batch, "k").applyInArrow(f)`` in ``materialized`` and ``pipelined`` mode by
+turns, each shuffle released and its answer compared with Spark's ``groupBy("k").agg(...)`` of the
+same batch. After each batch (at most once every ``--sample-s``) the RSS and open descriptors of
+the Python driver, the driver JVM, arrowbeat's driver-side process, every executor JVM, agent,
+Python daemon and Python worker are sampled. Growth is measured after a warm-up, over the second
+half of the shuffles: RSS as a least-squares slope in MiB per 1,000 shuffles, descriptors as the
+change between the window's first and last samples (medians of five). A process that did not live
+through most of that window (a replaced worker) gets no figure; it is listed. A JVM's RSS also
+grows while its heap fills up to its working size, which over a short run is not a leak: read the
+JVMs' lines against the Python processes'.
+
+``RESULT`` lines: ``shuffles`` (and ``pipelined_shuffles``), ``wrong_batches``, ``failed_batches``,
+``first_failed_shuffle`` (per mode, ``none`` when nothing failed), ``shuffles_per_minute``,
+``rss_mib_per_1k_shuffles_max`` (the worst process; ``rss_worst_kind`` names its kind) and one
+``rss_mib_per_1k_shuffles.<kind>`` per kind (the worst of that kind), ``fds_growth_max``
+(``fds_worst_kind``), ``load_1m`` before and after. It exits 1 when a batch was wrong or failed.
+
+    .venv/bin/python -m benchmarks.streaming_soak --minutes 10    (or: make bench BENCH=streaming_soak)
+    .venv/bin/python -m benchmarks.streaming_soak --shuffles 10000 (the long form: 5,000 pipelined)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from spark_plugin.jobs import streaming_soak
+
+
+def _environment(scratch: Path) -> None:
+    """Loopback only, this venv's Python for the driver and the executors, Spark dirs in
+    ``scratch``, and a Spark home of the run's own: ``local-cluster`` Workers put executor dirs
+    in ``$SPARK_HOME/work`` (inside the pyspark package otherwise), so it is a folder of links to
+    the package's entries but ``work``."""
+    import pyspark
+
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_DIRS"] = str(scratch / "local")
+    home = scratch / "spark-home"
+    home.mkdir()
+    package = Path(pyspark.__file__).resolve().parent
+    for entry in package.iterdir():
+        if entry.name != "work":
+            (home / entry.name).symlink_to(entry)
+    os.environ["SPARK_HOME"] = str(home)
+
+
+def _session(master: str, executor_memory: str, scratch: Path) -> Any:
+    from pyspark.sql import SparkSession
+
+    from spark_plugin import configure
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("arrowbeat-streaming-soak")
+        .config("spark.driver.memory", "1g")
+        .config("spark.executor.memory", executor_memory)
+        .config("spark.sql.shuffle.partitions", "2")  # Spark's side of the comparison: a small batch
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
+        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch / 'derby'}")
+        .config("spark.arrowbeat.shuffle.dir", str(scratch / "shuffle"))
+        .config("spark.arrowbeat.tables.path", str(scratch / "tables"))
+    )
+    return configure(builder, delta=False).getOrCreate()
+
+
+def _key(kind: str) -> str:
+    return kind.lower().replace(" ", "_").replace("-", "_")
+
+
+def report(result: streaming_soak.SoakResult, load: tuple[float, float]) -> None:
+    """The run's figures: per process, per mode, then the ``RESULT`` lines."""
+    print()
+    if result.query_error:
+        print(f"the query ended early: {result.query_error}")
+    for error in result.errors:
+        print(f"  {error}")
+    for mode, by_name in streaming_soak.timings(result).items():
+        parts = ", ".join(f"{name} {med:.3f}/{p95:.3f}" for name, (med, p95) in by_name.items())
+        print(f"{mode:12s} seconds per batch (median/p95): {parts}")
+    if result.between_s:
+        between = sorted(result.between_s)
+        print(f"between batches (the query's own work), median {between[len(between) // 2]:.3f} s")
+    rows = sorted(streaming_soak.growth(result), key=lambda g: (g.kind, g.label))
+    print(f"\nper process, after the warm-up (shuffles {result.shuffles // 2}-{result.shuffles}):")
+    for g in rows:
+        per = "-" if g.rss_mib_per_1k is None else f"{g.rss_mib_per_1k:+8.2f}"
+        fds = "-" if g.fds_growth is None else f"{g.fds_growth:+d}"
+        print(
+            f"  {g.label:48s} RSS {g.rss_start_mib:7.1f} -> {g.rss_end_mib:7.1f} MiB, {per} MiB/1k shuffles; "
+            f"fds {g.fds_start} -> {g.fds_end} ({fds})"
+        )
+    measured = [g for g in rows if g.rss_mib_per_1k is not None]
+    worst = max(measured, key=lambda g: g.rss_mib_per_1k or 0.0, default=None)
+    fds_worst = max(
+        (g for g in rows if g.fds_growth is not None), key=lambda g: g.fds_growth or 0, default=None
+    )
+    first_failed = ", ".join(f"{m} {n}" for m, n in result.first_failed_shuffle.items()) or "none"
+    print()
+    print(f"RESULT shuffles={result.shuffles}")
+    print(f"RESULT pipelined_shuffles={result.by_mode.get('pipelined', 0)}")
+    print(f"RESULT wrong_batches={result.wrong_batches}")
+    print(f"RESULT failed_batches={result.failed_batches}")
+    print(f"RESULT first_failed_shuffle={first_failed}")
+    print(f"RESULT shuffles_per_minute={result.shuffles / max(result.seconds, 1e-9) * 60:.1f}")
+    if worst is not None:
+        print(f"RESULT rss_mib_per_1k_shuffles_max={worst.rss_mib_per_1k:.2f}")
+        print(f"RESULT rss_worst_kind={worst.kind}")
+    for kind in sorted({g.kind for g in measured}):
+        top = max(g.rss_mib_per_1k or 0.0 for g in measured if g.kind == kind)
+        print(f"RESULT rss_mib_per_1k_shuffles.{_key(kind)}={top:.2f}")
+    if fds_worst is not None:
+        print(f"RESULT fds_growth_max={fds_worst.fds_growth}")
+        print(f"RESULT fds_worst_kind={fds_worst.kind}")
+    print(f"RESULT load_1m={load[0]:.2f}->{load[1]:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0, help="stop after this long (0: no limit)")
+    parser.add_argument("--shuffles", type=int, default=None, help="stop after N shuffles")
+    parser.add_argument("--trigger-ms", type=int, default=0, help="processing-time trigger (0: back to back)")
+    parser.add_argument("--rows-per-batch", type=int, default=2_000)
+    parser.add_argument("--keys", type=int, default=64)
+    parser.add_argument("--sample-s", type=float, default=1.0, help="least time between two samples")
+    parser.add_argument("--master", default="local-cluster[2,1,1024]")
+    parser.add_argument("--executor-memory", default="512m", help="spark.executor.memory")
+    args = parser.parse_args(argv)
+    config = streaming_soak.SoakConfig(
+        rows_per_batch=args.rows_per_batch,
+        keys=args.keys,
+        trigger_ms=args.trigger_ms,
+        max_shuffles=args.shuffles,
+        max_seconds=args.minutes * 60 if args.minutes > 0 else None,
+        sample_every_s=args.sample_s,
+    )
+    scratch = Path(tempfile.mkdtemp(prefix="arrowbeat-streaming-soak-"))
+    load_before = os.getloadavg()[0]
+    print(
+        f"{args.master}, executor memory {args.executor_memory}: {args.rows_per_batch:,} rows per batch over "
+        f"{args.keys} keys, trigger {args.trigger_ms} ms, modes {'/'.join(config.modes)}; "
+        f"limits {args.minutes:g} min, {args.shuffles or 'no'} shuffles; "
+        f"load average {load_before:.2f} (2 cores)",
+        flush=True,
+    )
+    spark = None
+    try:
+        _environment(scratch)
+        started = time.perf_counter()
+        spark = _session(args.master, args.executor_memory, scratch)
+        print(f"session started in {time.perf_counter() - started:.1f} s", flush=True)
+        result = streaming_soak.run(
+            spark, config, str(scratch / "checkpoint"), log=lambda s: print(s, flush=True)
+        )
+    finally:
+        if spark is not None:
+            spark.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    report(result, (load_before, os.getloadavg()[0]))
+    clean = not (result.wrong_batches or result.failed_batches or result.query_error)
+    return 0 if clean else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
