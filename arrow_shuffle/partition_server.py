@@ -13,6 +13,11 @@ end-of-partition releases its subpartition, so a blocked producer fails fast ins
 A peer that breaks the protocol (garbage, an oversized control frame, non-positive credit) gets
 an ERROR frame; the error names the partition and the peer, is logged and kept in
 ``stream_errors()``, and only that stream ends.
+
+Nothing grows with the number of streams: a stream's sender is dropped when its connection ends
+(completed, failed or cancelled) and only its figures are kept, summed into ``stream_counts()``;
+``senders()`` shows the open streams and the last ``RECENT_STREAMS`` that ended (an agent serves
+streams for the executor's whole life: keeping every sender cost about 7.6 KB per stream).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from arrow_shuffle.acceptor import AcceptLimits, Acceptor
@@ -47,6 +53,35 @@ from arrow_shuffle.transport import Connection, TcpTransport, Transport
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
+
+RECENT_STREAMS = 16
+"""Ended streams ``senders()`` still shows (the newest), for tests and debugging."""
+
+
+@dataclass(frozen=True)
+class StreamCounts:
+    """Every stream a server served, in aggregate: what outlives the streams themselves."""
+
+    opened: int = 0
+    """Streams that got a sender (a partition request that was accepted)."""
+    live: int = 0
+    """Streams open now."""
+    completed: int = 0
+    """Streams that sent END_OF_PARTITION, open or ended."""
+    ended: int = 0
+    """Streams whose connection ended."""
+    ended_completed: int = 0
+    """Streams that ended after END: the reader had its whole subpartition and hung up."""
+    buffers_sent: int = 0
+    """Buffers sent by every stream, open or ended."""
+    keepalives_sent: int = 0
+    max_overdraft: int = 0
+    """Most buffers any stream sent beyond its credit: > 0 would be a protocol bug."""
+
+    @property
+    def failed(self) -> int:
+        """Streams that ended without END (the reader cancelled or went away, or the stream failed)."""
+        return self.ended - self.ended_completed
 
 
 @dataclass(frozen=True)
@@ -85,7 +120,13 @@ class PartitionServer:
             raise ShuffleConfigError("secret must be non-empty")
         self._partitions: dict[PartitionId, ResultPartition] = {}
         self._lock = threading.Lock()
-        self._senders: list[StreamSender] = []
+        self._streams_changed = threading.Condition(self._lock)
+        """Notified when a stream sent its END or ended (``wait_for_streams``)."""
+        self._senders: dict[StreamSender, None] = {}
+        """The open streams, in the order they opened (a dict as an ordered set)."""
+        self._recent: deque[StreamSender] = deque(maxlen=RECENT_STREAMS)
+        self._ended = StreamCounts()
+        """The figures of every stream that ended (``live`` unused)."""
         self._stream_errors: deque[ShuffleError] = deque(maxlen=100)
         self._closed = False
         listener = (transport or TcpTransport()).listen(host, port, self.config.peer_timeout_s, clock)
@@ -132,9 +173,59 @@ class PartitionServer:
             partition.release()
 
     def senders(self) -> list[StreamSender]:
-        """The streams served so far (tests assert their credit counters)."""
+        """The last ``RECENT_STREAMS`` streams that ended, oldest first, then the open ones (tests
+        assert their credit counters); ``stream_counts()`` has the figures of all of them."""
         with self._lock:
-            return list(self._senders)
+            return [*self._recent, *self._senders]
+
+    def stream_counts(self) -> StreamCounts:
+        """Every stream served so far, in aggregate."""
+        with self._lock:
+            return self._counts()
+
+    def wait_for_streams(self, done: Callable[[StreamCounts], bool], timeout_s: float) -> bool:
+        """Wait until ``done(stream_counts())`` holds, at most ``timeout_s`` of real time (a caller
+        on a ``ManualClock`` waits in short slices and checks its own deadline); whether it holds."""
+        with self._streams_changed:
+            return self._streams_changed.wait_for(lambda: done(self._counts()), max(0.0, timeout_s))
+
+    def _counts(self) -> StreamCounts:
+        ended, live = self._ended, list(self._senders)
+        return StreamCounts(
+            opened=ended.ended + len(live),
+            live=len(live),
+            completed=ended.ended_completed + sum(1 for s in live if s.completed),
+            ended=ended.ended,
+            ended_completed=ended.ended_completed,
+            buffers_sent=ended.buffers_sent + sum(s.buffers_sent for s in live),
+            keepalives_sent=ended.keepalives_sent + sum(s.keepalives_sent for s in live),
+            max_overdraft=max([ended.max_overdraft, *(s.max_overdraft for s in live)]),
+        )
+
+    def _stream_ended(self, sender: StreamSender) -> None:
+        """Drop an ended stream's sender, keeping its figures (and it among the recent few)."""
+        with self._lock:
+            if sender not in self._senders:
+                return  # counted already
+            del self._senders[sender]
+            ended = self._ended
+            self._ended = StreamCounts(
+                ended=ended.ended + 1,
+                ended_completed=ended.ended_completed + int(sender.completed),
+                buffers_sent=ended.buffers_sent + sender.buffers_sent,
+                keepalives_sent=ended.keepalives_sent + sender.keepalives_sent,
+                max_overdraft=max(ended.max_overdraft, sender.max_overdraft),
+            )
+            self._recent.append(sender)
+            self._streams_changed.notify_all()
+
+    def _run_sender(self, sender: StreamSender) -> None:
+        """The sender thread: its stream's END wakes ``wait_for_streams``."""
+        try:
+            sender.run()
+        finally:
+            with self._lock:
+                self._streams_changed.notify_all()
 
     def stream_errors(self) -> list[ShuffleError]:
         """Errors that ended streams by the peer's fault (wrong secret, unknown partition, broken
@@ -179,7 +270,9 @@ class PartitionServer:
             sender = self._open_stream(
                 conn, request.app_id, request.partition_id, request.subpartition, request.credit, where
             )
-            sender_thread = threading.Thread(target=sender.run, name="shuffle-sender", daemon=True)
+            sender_thread = threading.Thread(
+                target=self._run_sender, args=(sender,), name="shuffle-sender", daemon=True
+            )
             sender_thread.start()
             self._read_control(conn, sender)
         except (
@@ -208,6 +301,8 @@ class PartitionServer:
                     sender.subpartition.release()
             if sender_thread is not None:
                 sender_thread.join(timeout=5)
+            if sender is not None:
+                self._stream_ended(sender)
 
     @staticmethod
     def _read_request(conn: Connection, session: Session) -> _Request:
@@ -258,7 +353,7 @@ class PartitionServer:
         sender = StreamSender(conn, partition, subpartition, credit, self.clock)
         sender.subpartition.attach_reader(sender.notify)
         with self._lock:
-            self._senders.append(sender)
+            self._senders[sender] = None
         return sender
 
     def _read_control(self, conn: Connection, sender: StreamSender) -> None:

@@ -15,6 +15,12 @@ signal, never enables, disables, cancels or unregisters anything, so whatever Sp
 armed. Should something else already handle ``SIGUSR2`` in the worker, arrowbeat's handler chains
 to it rather than replace it.
 
+Stack files go with their workers. A worker cannot remove its own: PySpark's daemon ends it with
+``os._exit`` (no ``atexit``), or a signal does. So each worker, when it makes its file, removes
+the files of workers that are gone (``remove_dead_workers_files``): the folder holds the live
+workers' files and those of workers that ended since the last one started, never one per
+worker the executor ever ran.
+
 Kept tiny: it is imported by every worker; nothing here may print to stdout.
 """
 
@@ -55,9 +61,40 @@ def _ready_for_stacks() -> bool:
     path = os.path.join(folder, f"{os.getpid()}.txt")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a reused pid's old file
+    remove_dead_workers_files(folder)
     stream = os.fdopen(create_private_file(path), "a", encoding="utf-8")
     faulthandler.register(STACK_SIGNAL, file=stream, all_threads=True, chain=_signal_caught(STACK_SIGNAL))
     _stack_file = stream
+    return True
+
+
+def remove_dead_workers_files(folder: str) -> int:
+    """Delete the stack files in ``folder`` whose worker is gone; returns how many.
+
+    A file stays while its pid runs (a pid reused by another process keeps it until that one
+    ends: at most one file per pid). Best effort: a file another worker removed first is fine."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        stem, _, ext = name.partition(".")
+        if ext != "txt" or not stem.isdigit() or int(stem) == os.getpid() or _alive(int(stem)):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, name))
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): alive
+        return True
     return True
 
 

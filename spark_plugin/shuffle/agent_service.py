@@ -38,11 +38,14 @@ Where its directories are (``shuffle_roots``: Spark's local directories of this 
 ``stage`` serves only files whose real path is inside one of this agent's directories.
 
 Time comes from an injected ``heartbeat.clock.Clock``: ``monotonic()`` ages staged streams and
-times a shuffle's last read (both ends measured in this process), ``time()`` only ages files,
-whose modification times are wall clock; a test moves a ``ManualClock`` past the TTL instead of
-waiting an hour. The TTL counts reads: a shuffle is forgotten after ``ttl_s`` with no stage, no
-stream end, no host-local read (``note_read`` touches its folder) and no write, and never while
-one of its streams is staged (which a dead reader's stream is not for long: ``expire_stages``).
+times a shuffle's last use; a test moves a ``ManualClock`` past the TTL instead of waiting an
+hour. The TTL counts reads: a shuffle is forgotten after ``ttl_s`` with no stage, no stream end,
+no host-local read (``note_read`` touches its folder) and no write, and never while one of its
+streams is staged (which a dead reader's stream is not for long: ``expire_stages``). Writes and
+host-local reads are seen as *changes* of the folder between two sweeps, dated on the monotonic
+clock (``agent_ttl.FolderActivity``): a wall clock stepped forward deletes nothing early. What
+outlives a shuffle is bounded: the ids deleted on purpose (``agent_ttl.DeletedShuffles``, the
+newest exactly, older ones by a watermark) and nothing else.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ from heartbeat.clock import SYSTEM_CLOCK, Clock
 from heartbeat.rate_log import RateLog
 from spark_plugin.shuffle.agent_layout import agent_file, agent_identity, shuffle_folder, usable_executor_dirs
 from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
+from spark_plugin.shuffle.agent_ttl import DeletedShuffles, FolderActivity
 from spark_plugin.shuffle.local_secret import SecretDesk
 from spark_plugin.shuffle.map_output import Segment, read_segments
 
@@ -180,9 +184,12 @@ class MapOutputService:
         self.ttl_s = ttl_s
         self._on_outputs_lost = on_outputs_lost
         self._lost_reported = False
-        self._deleted: set[int] = set()
+        self._deleted = DeletedShuffles(self._on_disk)
         """Shuffles whose outputs this agent deleted on purpose (release, TTL): their files are
-        gone, but not *lost*; a reader of one gets an error, and the executor is not replaced."""
+        gone, but not *lost*; a reader of one gets an error, and the executor is not replaced.
+        Bounded: the newest ids exactly, older ones by a watermark (``agent_ttl``)."""
+        self._activity = FolderActivity(clock)
+        """When each shuffle folder last changed (writes, host-local reads), on the monotonic clock."""
         self._clock = clock
         self.dir = usable[0][1]
         self.dirs = tuple(folder for _, folder in usable)
@@ -455,6 +462,7 @@ class MapOutputService:
         with self._lock:
             self._last_read.pop(shuffle_folder(shuffle_id), None)
             self._deleted.add(shuffle_id)
+        self._activity.forget(shuffle_folder(shuffle_id))
         return sum(_remove_tree(os.path.join(folder, shuffle_folder(shuffle_id))) for folder in self.dirs)
 
     def _inside(self, path: object) -> str:
@@ -467,33 +475,43 @@ class MapOutputService:
     def sweep(self) -> int:
         """TTL: delete the map outputs of shuffles idle for ``ttl_s``; returns the bytes freed.
 
-        Idle means no stage and no stream end (monotonic, seen by this process), and no write or
-        host-local read (``note_read``) since: wall time against the folder's and files' newest
-        modification time, the only clock the file system keeps. A shuffle with a staged stream
-        is in use and never swept, however old."""
+        Idle means no stage and no stream end, and no write or host-local read (``note_read``)
+        since: all on the monotonic clock of this process, the file system's part seen as a
+        change of the shuffle's folders since the previous sweep (``agent_ttl.FolderActivity``;
+        a sweep runs every ``min(60 s, ttl / 4)``). A shuffle with a staged stream is in use and
+        never swept, however old."""
         names: set[str] = set()
         for folder in self.dirs:
             with contextlib.suppress(FileNotFoundError):
                 names.update(n for n in os.listdir(folder) if n.startswith("s"))
+        now, since = self._activity.look()
+        self._activity.keep_only(names)
         freed = 0
         for name in sorted(names):
             paths = [os.path.join(folder, name) for folder in self.dirs]
+            # One shuffle, one age: its folders on every local dir count together.
+            changed = self._activity.last_change(name, paths, now, since)
             with self._lock:
                 busy = any(shuffle_folder(s.shuffle_id) == name for s in self._staged.values())
-                last_read = self._last_read.get(name)
-            if busy:
+                last_read = self._last_read.get(name, changed)
+            if busy or now - max(changed, last_read) <= self.ttl_s:
                 continue
-            # One shuffle, one age: its folders on every local dir count together.
-            idle = self._clock.time() - max(_newest_mtime(p) for p in paths)
-            if last_read is not None:
-                idle = min(idle, self._clock.monotonic() - last_read)
-            if idle > self.ttl_s:
-                with self._lock:
-                    self._last_read.pop(name, None)
-                    with contextlib.suppress(ValueError):
-                        self._deleted.add(int(name[1:]))
-                freed += sum(_remove_tree(p) for p in paths)
+            with self._lock:
+                self._last_read.pop(name, None)
+                with contextlib.suppress(ValueError):
+                    self._deleted.add(int(name[1:]))
+            self._activity.forget(name)
+            freed += sum(_remove_tree(p) for p in paths)
+        with self._lock:  # reads of shuffles whose folders went another way
+            for gone in [n for n in self._last_read if n not in names]:
+                if not any(shuffle_folder(s.shuffle_id) == gone for s in self._staged.values()):
+                    del self._last_read[gone]
         return freed
+
+    def _on_disk(self, shuffle_id: int) -> bool:
+        """Whether a folder of ``shuffle_id`` exists in one of this agent's directories."""
+        name = shuffle_folder(shuffle_id)
+        return any(os.path.lexists(os.path.join(folder, name)) for folder in self.dirs)
 
     def report_lost(self, shuffle_id: int, paths: Sequence[str]) -> bool:
         """A reducer's stream from here failed: whether any of ``paths`` (inside this agent's
@@ -656,19 +674,6 @@ class MapOutputService:
 
     def _carried_lost(self, args: dict[str, Any]) -> int:
         return int(self.carried_lost(args["shuffle"], args["owners"]))
-
-
-def _newest_mtime(path: str) -> float:
-    """Newest modification time in ``path``'s tree; ``-inf`` if it does not exist."""
-    try:
-        newest = os.lstat(path).st_mtime
-    except FileNotFoundError:
-        return float("-inf")
-    for folder, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):
-                newest = max(newest, os.lstat(os.path.join(folder, name)).st_mtime)
-    return newest
 
 
 def _remove_tree(path: str) -> int:

@@ -251,6 +251,8 @@ class ShuffleHandle:
             if self.released:
                 return 0
             self.released = True
+        if self.mode == "pipelined":  # its map tasks unregister as they end; whatever is left goes
+            _forget_pipelined(self.plan.app_id, self.shuffle_id)
         freed = self._release_from_cluster() if self.connect else self._release_from_here()
         if self.persisted is not None:
             with contextlib.suppress(Exception):  # the session may be stopping
@@ -513,7 +515,10 @@ _rendezvous_of: dict[str, Any] = {}
 
 
 def _rendezvous(spark: SparkSession, plan: ShufflePlan) -> Any:
-    """The driver's rendezvous for pipelined map tasks, one per application, started on first use."""
+    """The driver's rendezvous for pipelined map tasks, one per application, started on first use.
+
+    It holds running shuffles only: map tasks unregister as they end, ``ShuffleHandle.release``
+    forgets the rest, and what nobody touched for ``spark.arrowbeat.shuffle.ttl`` is swept."""
     from spark_plugin.shuffle.rendezvous import Rendezvous
 
     app = spark.sparkContext.applicationId
@@ -521,8 +526,19 @@ def _rendezvous(spark: SparkSession, plan: ShufflePlan) -> Any:
         found = _rendezvous_of.get(app)
         if found is None:
             host = conf_value(spark, "spark.driver.host", "127.0.0.1")
-            found = _rendezvous_of[app] = Rendezvous(plan.secret, host, transport=server_transport(plan))
+            ttl_s = shuffle_settings(spark).shuffle_ttl_s
+            found = _rendezvous_of[app] = Rendezvous(
+                plan.secret, host, transport=server_transport(plan), ttl_s=ttl_s
+            )
         return found
+
+
+def _forget_pipelined(app: str, shuffle: int) -> None:
+    """Drop a released pipelined shuffle's rendezvous entries (in this process: no call)."""
+    with _rendezvous_lock:
+        found = _rendezvous_of.get(app)
+    if found is not None:
+        found.forget(shuffle)
 
 
 def _check_pipelined(spark: SparkSession, source: DataFrame, num_partitions: int) -> int:

@@ -14,7 +14,9 @@ Data path: each map task hosts an engine ``PartitionServer`` with a PIPELINED ``
 Python worker; pipelined data never outlives its producer, so unlike materialized map outputs it
 needs no agent. The driver's ``rendezvous.Rendezvous`` maps each map task to its address. The map
 task exits once every subpartition was consumed (or fails after ``CONSUME_TIMEOUT_S`` on an
-injected ``heartbeat.clock.Clock``).
+injected ``heartbeat.clock.Clock``), and unregisters its entry as it ends, drained or failed:
+its readers located it before they could drain it, and a retried reader could not re-read it
+anyway. So the driver holds entries of running shuffles only, however many ran before.
 
 Failure: pipelined outputs are consumed as they stream and cannot be re-read, so a lost task
 fails its readers/producers and, after Spark's retries, the query, with an error naming the
@@ -23,10 +25,10 @@ partition; it never yields a partial result. Use ``mode="materialized"`` for rec
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
-import time
 from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
@@ -37,10 +39,10 @@ from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.partition import ResultPartition
-from arrow_shuffle.partition_server import PartitionServer
+from arrow_shuffle.partition_server import PartitionServer, StreamCounts
 from arrow_shuffle.writer import RecordWriter
 from heartbeat.clock import SYSTEM_CLOCK, Clock
-from spark_plugin.shuffle.rendezvous import locate, register
+from spark_plugin.shuffle.rendezvous import locate, register, unregister
 from spark_plugin.shuffle.tasks import (
     ReadStats,
     Report,
@@ -49,12 +51,17 @@ from spark_plugin.shuffle.tasks import (
     server_transport,
 )
 
+log = logging.getLogger(__name__)
+
 CONSUME_TIMEOUT_S = 120.0
 """Longest a finished map task waits for its reducers to drain it."""
 
 HANG_UP_GRACE_S = 10.0
 """Longest a drained map task waits for its readers to hang up before it closes its server (a
 reader hangs up as soon as it reads END; past this it learns END from the stream anyway)."""
+WAIT_SLICE_S = 0.05
+"""Real seconds between two looks at the injected clock while waiting for readers (a stream's
+END or hang-up wakes the wait at once)."""
 
 
 def _host() -> str:
@@ -116,6 +123,7 @@ def _map(
     pid = PartitionId(plan.app_id, plan.shuffle_id, index, token)
     partition = ResultPartition(pid, plan.num_partitions, plan.schema, pool, config)
     server.register(partition)
+    registered = False
     try:
         host, port = server.address
         register(
@@ -129,6 +137,7 @@ def _map(
             clock=clock,
             transport=client_transport(plan),
         )
+        registered = True
         writer = RecordWriter(partition, plan.key_columns)
         try:
             for batch in batches:
@@ -139,12 +148,8 @@ def _map(
         except BaseException:
             writer.abort()
             raise
-        deadline = clock.monotonic() + CONSUME_TIMEOUT_S
-        while sum(1 for s in server.senders() if s.completed) < plan.num_partitions:
-            if clock.monotonic() > deadline:
-                raise ShuffleError(f"pipelined map partition {index}: reducers did not drain it in time")
-            time.sleep(0.01)
-        _wait_for_hang_ups(server, clock)
+        _wait_until_drained(server, plan.num_partitions, index, clock)
+        _wait_for_hang_ups(server, plan.num_partitions, clock)
         stats = partition.stats()
         report(
             {
@@ -164,17 +169,51 @@ def _map(
         )
     finally:
         server.close()
+        if registered:
+            _unregister(plan, rendezvous, index, token, clock)
     return
     yield
 
 
-def _wait_for_hang_ups(server: PartitionServer, clock: Clock) -> None:
+def _wait_until_drained(server: PartitionServer, streams: int, index: int, clock: Clock) -> None:
+    """Every subpartition sent its END, within ``CONSUME_TIMEOUT_S`` on ``clock``."""
+    deadline = clock.monotonic() + CONSUME_TIMEOUT_S
+
+    def drained(counts: StreamCounts) -> bool:
+        return counts.completed >= streams
+
+    while not server.wait_for_streams(drained, WAIT_SLICE_S):
+        if clock.monotonic() > deadline:
+            raise ShuffleError(f"pipelined map partition {index}: reducers did not drain it in time")
+
+
+def _wait_for_hang_ups(server: PartitionServer, streams: int, clock: Clock) -> None:
     """Close only once every reader hung up after END (bounded): a credit a reader announces
     while END is still in flight must find the connection open, not a reset."""
     deadline = clock.monotonic() + HANG_UP_GRACE_S
-    for sender in server.senders():
-        if sender.completed:
-            sender.hung_up.wait(max(0.0, deadline - clock.monotonic()))
+
+    def hung_up(counts: StreamCounts) -> bool:
+        return counts.ended_completed >= streams
+
+    for _ in range(int(HANG_UP_GRACE_S / WAIT_SLICE_S)):  # bounded in real time too, as it was
+        if server.wait_for_streams(hung_up, WAIT_SLICE_S) or clock.monotonic() >= deadline:
+            return
+
+
+def _unregister(plan: ShufflePlan, rendezvous: tuple[str, int], index: int, token: int, clock: Clock) -> None:
+    """Best effort: a driver that cannot be told keeps the entry until its TTL sweep."""
+    try:
+        unregister(
+            rendezvous,
+            plan.secret,
+            plan.shuffle_id,
+            index,
+            token,
+            clock=clock,
+            transport=client_transport(plan),
+        )
+    except ShuffleError as exc:
+        log.info("pipelined map partition %s of shuffle %s not unregistered: %s", index, plan.shuffle_id, exc)
 
 
 def _reduce(

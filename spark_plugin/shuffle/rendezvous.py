@@ -9,11 +9,20 @@ schema-checked JSON sealed with the connection's session key after the mutual HM
 nothing is unpickled. Every call has a deadline; a driver that stops answering is a
 ``PeerLostError``. Used by ``pipelined`` only; materialized shuffles need no rendezvous, their map
 outputs are tracked by Spark (``tasks``).
+
+Nothing stays after a shuffle (a streaming query runs one per micro-batch, for months): a map task
+``unregister``s its own entry (by its token, so never a retry's) once its readers drained it or
+it failed, and the shuffle's entry goes with its last map; ``ShuffleHandle.release`` forgets the
+whole shuffle; and a shuffle nobody registered or looked up for ``ttl_s`` (on the monotonic
+clock) is swept, for map tasks killed before they could unregister. A reader needs the entries
+only until it located every map, which is before it can drain any, so a drained map's entry
+is never needed again (pipelined outputs cannot be re-read).
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from arrow_shuffle.config import ShuffleConfig
@@ -27,8 +36,10 @@ from heartbeat.clock import SYSTEM_CLOCK, Clock
 MAX_MAPS = 100_000
 """Most map tasks one pipelined shuffle may have (and a ``locate`` answer list)."""
 MAX_SHUFFLES = 4096
-"""Most shuffles the table holds at once; a query forgets its shuffle when it is done."""
+"""Most shuffles the table holds at once (a safety bound: entries go when their shuffle ends)."""
 MAX_WAIT_S = 600.0
+DEFAULT_TTL_S = 3600.0
+"""``spark.arrowbeat.shuffle.ttl``'s default: a shuffle untouched this long is swept."""
 _MAP = Record({"map": Int(0, I32), "host": Str(255, 1), "port": Int(1, 65535), "token": Int(0, I64)})
 RENDEZVOUS = Service(
     "arrowbeat-rendezvous",
@@ -53,9 +64,24 @@ RENDEZVOUS = Service(
             max_response_bytes=16 << 20,
         ),
         Operation("forget", Record({"shuffle": Int(0, I32)}), Null()),
+        Operation(
+            "unregister",
+            Record({"shuffle": Int(0, I32), "map": Int(0, MAX_MAPS - 1), "token": Int(0, I64)}),
+            Null(),
+        ),
     ),
 )
-"""The rendezvous' operations, served by ``Rendezvous`` and called by ``register``/``locate``/``forget``."""
+"""The rendezvous' operations, served by ``Rendezvous`` and called by ``register``/``locate``/
+``forget``/``unregister``."""
+
+
+@dataclass
+class _Shuffle:
+    """One shuffle's registered maps, and when it was last registered to or looked up."""
+
+    touched: float
+    """``clock.monotonic()`` of its last register or locate (the TTL runs from it)."""
+    maps: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 class Rendezvous:
@@ -68,17 +94,27 @@ class Rendezvous:
         clock: Clock = SYSTEM_CLOCK,
         config: ShuffleConfig | None = None,
         transport: Transport | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
     ) -> None:
+        """``ttl_s``: a shuffle nobody registered to or looked up for this long is forgotten
+        (``spark.arrowbeat.shuffle.ttl``; its map tasks were killed before they unregistered)."""
         self._clock = clock
+        self.ttl_s = ttl_s
         self._lock = threading.Condition()
-        self._maps: dict[int, dict[int, dict[str, Any]]] = {}
+        self._shuffles: dict[int, _Shuffle] = {}
+        self._swept_at = clock.monotonic()
         self.waiting = 0
         """``locate`` calls waiting for maps to register right now."""
         self._closed = False
         self._server = ControlServer(
             secret,
             RENDEZVOUS,
-            {"register": self._register, "locate": self._locate, "forget": self._forget},
+            {
+                "register": self._register,
+                "locate": self._locate,
+                "forget": self._forget,
+                "unregister": self._unregister,
+            },
             host,
             0,
             config=config,
@@ -95,11 +131,24 @@ class Rendezvous:
         return self._server
 
     def _register(self, args: dict[str, Any]) -> None:
-        shuffle = args.pop("shuffle")
+        self.register(args["shuffle"], args["map"], args["host"], args["port"], args["token"])
+
+    def register(self, shuffle: int, map_index: int, host: str, port: int, token: int) -> None:
+        """Map task ``map_index`` of ``shuffle`` serves at ``host:port`` (attempt ``token``)."""
+        args: dict[str, Any] = {"map": map_index, "host": host, "port": port, "token": token}
         with self._lock:
-            if shuffle not in self._maps and len(self._maps) >= MAX_SHUFFLES:
-                raise ControlRequestError(f"the rendezvous holds {MAX_SHUFFLES} shuffles already")
-            self._maps.setdefault(shuffle, {})[args["map"]] = args
+            now = self._clock.monotonic()
+            if shuffle not in self._shuffles and (
+                now - self._swept_at >= self.ttl_s / 4 or len(self._shuffles) >= MAX_SHUFFLES
+            ):
+                self._sweep(now)
+            if shuffle not in self._shuffles and len(self._shuffles) >= MAX_SHUFFLES:
+                raise ControlRequestError(
+                    f"the rendezvous holds {MAX_SHUFFLES} shuffles running at once already"
+                )
+            entry = self._shuffles.setdefault(shuffle, _Shuffle(now))
+            entry.touched = now
+            entry.maps[args["map"]] = args
             self._lock.notify_all()
 
     def _locate(self, args: dict[str, Any]) -> list[dict[str, Any]]:
@@ -108,24 +157,65 @@ class Rendezvous:
     def _forget(self, args: dict[str, Any]) -> None:
         self.forget(args["shuffle"])
 
+    def _unregister(self, args: dict[str, Any]) -> None:
+        self.unregister(args["shuffle"], args["map"], args["token"])
+
     def locate(self, shuffle: int, count: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
         """The maps of ``shuffle`` registered so far, once ``count`` did or ``timeout_s`` passed."""
         with self._lock:
             deadline = self._clock.monotonic() + timeout_s
             self.waiting += 1
             try:
-                while len(self._maps.get(shuffle, {})) < count and not self._closed:
+                while len(self._maps_of(shuffle)) < count and not self._closed:
                     left = deadline - self._clock.monotonic()
                     if left <= 0:
                         break
                     self._lock.wait(min(left, 0.5))
             finally:
                 self.waiting -= 1
-            return sorted(self._maps.get(shuffle, {}).values(), key=lambda m: int(m["map"]))
+            entry = self._shuffles.get(shuffle)
+            if entry is not None:
+                entry.touched = self._clock.monotonic()
+            return sorted(self._maps_of(shuffle).values(), key=lambda m: int(m["map"]))
+
+    def _maps_of(self, shuffle: int) -> dict[int, dict[str, Any]]:
+        entry = self._shuffles.get(shuffle)
+        return {} if entry is None else entry.maps
 
     def forget(self, shuffle: int) -> None:
+        """Drop every entry of ``shuffle`` (released, or its query is over)."""
         with self._lock:
-            self._maps.pop(shuffle, None)
+            self._shuffles.pop(shuffle, None)
+
+    def unregister(self, shuffle: int, map_index: int, token: int) -> None:
+        """A map task's entry goes (drained or failed); only its own attempt's (``token``), so a
+        late call never removes a retry's. The shuffle goes with its last entry."""
+        with self._lock:
+            entry = self._shuffles.get(shuffle)
+            if entry is None:
+                return
+            found = entry.maps.get(map_index)
+            if found is not None and int(found["token"]) == token:
+                del entry.maps[map_index]
+            if not entry.maps:
+                del self._shuffles[shuffle]
+
+    def shuffles(self) -> int:
+        """Shuffles with entries now."""
+        with self._lock:
+            return len(self._shuffles)
+
+    def sweep(self) -> int:
+        """Forget shuffles nobody registered to or looked up for ``ttl_s``; returns how many."""
+        with self._lock:
+            return self._sweep(self._clock.monotonic())
+
+    def _sweep(self, now: float) -> int:
+        self._swept_at = now
+        stale = [s for s, entry in self._shuffles.items() if now - entry.touched >= self.ttl_s]
+        for shuffle in stale:
+            del self._shuffles[shuffle]
+        return len(stale)
 
     def close(self) -> None:
         with self._lock:  # waiting look-ups answer with what they have
@@ -211,3 +301,19 @@ def forget(
     """Drop a finished shuffle's entries."""
     with _client(address, secret, config, clock, transport) as client:
         client.call("forget", shuffle=shuffle)
+
+
+def unregister(
+    address: tuple[str, int],
+    secret: str,
+    shuffle: int,
+    map_index: int,
+    token: int,
+    *,
+    config: ShuffleConfig | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    transport: Transport | None = None,
+) -> None:
+    """A map task's entry is not needed any more (its readers drained it, or it failed)."""
+    with _client(address, secret, config, clock, transport) as client:
+        client.call("unregister", shuffle=shuffle, map=map_index, token=token)
