@@ -45,6 +45,7 @@ DRIVER_METRICS = frozenset(
         "events.heartbeatTimeout",
         "events.unreachable",
         "events.reregistered",
+        "events.shuffleCorrupt",
         "history.rowsBuffered",
         "history.rowsDropped",
         "history.commitFailures",
@@ -114,14 +115,24 @@ def encode(snapshot: int, figures: Mapping[str, float | None], role: str) -> lis
     return metrics_lines(snapshot, fields)
 
 
+_COUNTED = {
+    "HEARTBEAT_TIMEOUT": "events.heartbeatTimeout",
+    "UNREACHABLE": "events.unreachable",
+    "REREGISTERED": "events.reregistered",
+    "SHUFFLE_CORRUPT": "events.shuffleCorrupt",
+}
+"""The events the driver counts, and each one's gauge."""
+
+
 class LivenessTally:
-    """An RM subscriber: counts HEARTBEAT_TIMEOUT, UNREACHABLE and REREGISTERED events, and
+    """An RM subscriber: counts HEARTBEAT_TIMEOUT, UNREACHABLE and REREGISTERED events (and
+    SHUFFLE_CORRUPT, which the driver's ``EventRouter`` hands it: the bus never carries it), and
     remembers executors that went (unregistered, or removed by Spark), whose gauges go too.
     Events arrive on the RM's event thread; readers call from the reporter's."""
 
     def __init__(self, max_gone: int = 10_000) -> None:
         self._lock = threading.Lock()
-        self._counts = {"events.heartbeatTimeout": 0, "events.unreachable": 0, "events.reregistered": 0}
+        self._counts = dict.fromkeys(_COUNTED.values(), 0)
         self._gone: OrderedDict[str, None] = OrderedDict()
         self._max_gone = max_gone
 
@@ -139,11 +150,7 @@ class LivenessTally:
             self._count(kind, executor_id)
 
     def _count(self, kind: str, executor_id: str) -> None:
-        counted = {
-            "HEARTBEAT_TIMEOUT": "events.heartbeatTimeout",
-            "UNREACHABLE": "events.unreachable",
-            "REREGISTERED": "events.reregistered",
-        }.get(kind)
+        counted = _COUNTED.get(kind)
         with self._lock:
             if counted is not None:
                 self._counts[counted] += 1

@@ -264,6 +264,7 @@ def main() -> int:
     tally = LivenessTally()
     tally.replay(recovered.events)  # before the RM starts: no event of ours can come first
     rm.subscribe(tally)
+    router.watch_derived(tally)  # SHUFFLE_CORRUPT is the router's, not the bus's: counted from there
     address = rm.start()
     book = GapBook(
         SYSTEM_CLOCK,

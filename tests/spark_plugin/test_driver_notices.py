@@ -11,6 +11,7 @@ from heartbeat._proto import heartbeat_pb2 as pb
 from heartbeat._wire import payload_from_proto, payload_to_proto
 from heartbeat.payload import collect_payload
 from spark_plugin.history import EXECUTOR_EVENTS
+from spark_plugin.jvm.plugin_metrics import LivenessTally
 from spark_plugin.monitoring.driver_notices import NoticeEvents
 from spark_plugin.processes.driver import DERIVED_KINDS, EventRouter
 
@@ -98,6 +99,8 @@ def test_the_driver_router_writes_one_shuffle_corrupt_row_naming_executor_and_fi
     router = EventRouter(lambda: "app-1", history, clock=clock)
     shown: list[ExecutorEvent] = []
     router.watch_derived(shown.append)  # the live page's view
+    tally = LivenessTally()  # Spark's driver gauges
+    router.watch_derived(tally)
     router(ExecutorEvent(EventKind.REGISTERED, "7", "host-a", "i1", 1_700_000_000.0))  # the bus's own
     board.add("SHUFFLE_CORRUPT", DETAIL)
     for beat in range(4):
@@ -110,6 +113,7 @@ def test_the_driver_router_writes_one_shuffle_corrupt_row_naming_executor_and_fi
     ]
     assert "/tmp/x/m5-2.42.0-0a1b2c3d.arrows" in events[1]["detail"]
     assert [(e.kind, e.detail) for e in shown] == [(EventKind.SHUFFLE_CORRUPT, DETAIL)]
+    assert tally.counts()["events.shuffleCorrupt"] == 1
 
 
 def test_every_event_kind_is_listed_where_people_read_them() -> None:

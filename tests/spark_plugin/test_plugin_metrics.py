@@ -126,6 +126,7 @@ def test_driver_figures_count_states_and_age_each_watched_executor() -> None:
         "events.heartbeatTimeout": 1.0,
         "events.unreachable": 1.0,
         "events.reregistered": 1.0,
+        "events.shuffleCorrupt": 0.0,
         "history.rowsBuffered": 5.0,
         "history.rowsDropped": 1.0,
     }
@@ -151,6 +152,7 @@ def test_a_restarted_rms_counters_go_on_from_the_recorded_events() -> None:
         ("UNREACHABLE", "2"),
         ("SPARK_LOST", "2"),
         ("TASK_STUCK", "1"),
+        ("SHUFFLE_CORRUPT", "1"),
     ]
     for kind, executor in recorded:
         before(event(EventKind(kind), executor))
@@ -163,6 +165,7 @@ def test_a_restarted_rms_counters_go_on_from_the_recorded_events() -> None:
             "events.heartbeatTimeout": 1,
             "events.unreachable": 1,
             "events.reregistered": 1,
+            "events.shuffleCorrupt": 1,
         }
     )
     assert after.gone("2") and not after.gone("1")

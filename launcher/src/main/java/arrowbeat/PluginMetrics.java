@@ -36,6 +36,7 @@ final class PluginMetrics {
           "events.heartbeatTimeout",
           "events.unreachable",
           "events.reregistered",
+          "events.shuffleCorrupt",
           "history.rowsBuffered",
           "history.rowsDropped",
           "history.commitFailures");
