@@ -28,6 +28,7 @@ original stays in ``__cause__``::
     ├── UnsafePathError                       a path not ours alone: foreign owner, writable by others,
     │   │                                     a symlink, or outside the directory it must be in
     │   └── UnsafeIdError                     an id that cannot be a path component ('..', '/', NUL, empty)
+    ├── CorruptDataError                      stored bytes that do not verify (checksum) or do not decode
     └── MapOutputLostError                    (Spark side) map outputs a reduce task needs are gone
 
 Every error about a stream names the partition and the peer (``describe``). The Spark side
@@ -138,6 +139,11 @@ class UnsafeIdError(UnsafePathError):
     """An id that becomes a path component (application, executor, shuffle, attempt, partition)
     is empty, ``.``/``..``, overlong, or holds a separator, NUL or another character outside
     ``[A-Za-z0-9._-]``; the message names the id."""
+
+
+class CorruptDataError(ShuffleError):
+    """Stored shuffle bytes (a map-output file's segment) that fail their checksum, end early or do
+    not decode: never handed to Arrow, and the output is recomputed rather than read again."""
 
 
 class MapOutputLostError(ShuffleError):

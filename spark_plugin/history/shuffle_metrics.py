@@ -45,6 +45,8 @@ def rows_of(
         reducers = r.get("reducers")
         if reducers and reducers[0] != reducers[1]:  # a coalesced reduce task: the partitions it read
             detail["reducers"] = [int(reducers[0]), int(reducers[1])]
+        if r.get("corrupt"):  # written again because a reader found its output damaged
+            detail["corrupt"] = dict(r["corrupt"])
         if r.get("route"):  # a routing decision (spark_plugin.shuffle.route): path, reason, threshold
             detail["route"] = dict(r["route"])
         values = {
@@ -63,6 +65,7 @@ def rows_of(
             "seconds": float(r["seconds"]),
             "recomputed": bool(r["recomputed"]),
             "detail": json.dumps(detail) if detail else None,
+            "corrupt": bool(r.get("corrupt")),
         }
         for name, value in values.items():
             columns[name].append(value)

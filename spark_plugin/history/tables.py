@@ -119,13 +119,16 @@ SHUFFLE_METRICS = TableSpec(
             ("seconds", pa.float64()),
             ("recomputed", pa.bool_()),
             ("detail", pa.string()),
+            ("corrupt", pa.bool_()),  # added with checksums (issue 36): older tables get it when opened
         ]
     ),
 )
 """Written by the application's driver process (``spark_plugin.history.shuffle_metrics``), not the RM, so it
 is not in :data:`TABLES`: one row per map task (side ``write``: partition = map partition) and per
 reduce partition read (side ``read``), successful task attempts only. ``recomputed`` marks a map
-partition written again by a retried stage (executor loss) and a read that used such outputs."""
+partition written again by a retried stage (executor loss, a damaged output) and a read that used
+such outputs; ``corrupt`` marks a map partition written again because a reader found its first
+output damaged (the detail names the executor, the file and what was found)."""
 
 TABLES: tuple[TableSpec, ...] = (HEARTBEATS, EXECUTOR_EVENTS)
 

@@ -24,8 +24,10 @@ import psutil
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.transport import TcpTransport
-from heartbeat import AgentThread, PayloadProvider, one_line, rss_provider, slots_provider
+from heartbeat import AgentThread, NoticeBoard, PayloadProvider, one_line, rss_provider, slots_provider
+from heartbeat.clock import SYSTEM_CLOCK, Clock
 from heartbeat.hard_exit import exit_now
+from heartbeat.rate_log import RateLog
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.jvm.plugin_metrics import MetricsReporter, executor_figures
 from spark_plugin.jvm.sidecar import (
@@ -98,12 +100,27 @@ def main() -> int:
         retry_policy=config.registration_policy(),  # no deadline: it tries while the executor lives
         channel_credentials=None if material is None else tls.grpc_channel_credentials(material),
         channel_options=() if material is None else tls.grpc_channel_options(material),
+        on_rm_unreachable=rm_unreachable_reporter(channel.rm_unreachable),
     )
+    link.on_rm_address(agent.set_rm_address)  # a restarted RM on another port (the JVM tells us)
     tasks = task_watch(config, settings, link, channel)
     payload += [tasks.work, tasks.metrics]
     transport = None if material is None else TcpTransport(server_context=tls.server_context(material))
-    shuffle = LazyShuffleService(config, settings, executor_id, host, transport, _reporter(channel))
-    payload.append(shuffle.metrics)
+    notices = NoticeBoard()  # findings carried to the driver in the payloads, recorded as events there
+
+    def on_corrupt(detail: str) -> None:  # a damaged map output of ours: a SHUFFLE_CORRUPT event
+        notices.add("SHUFFLE_CORRUPT", detail)
+
+    shuffle = LazyShuffleService(
+        config,
+        settings,
+        executor_id,
+        host,
+        transport,
+        _reporter(channel),
+        on_corrupt=on_corrupt,
+    )
+    payload += [shuffle.metrics, notices]
     answer_pulses(link, agent, channel)
     link.start()
     shuffle.start_when_app_known(link)  # before registering: a registered agent serves shuffles
@@ -149,6 +166,30 @@ def answer_pulses(link: JvmLink, agent: AgentThread, channel: JvmChannel) -> Non
     pulse, so it is never answered: the agent's own silence to the RM (``is_healthy``) is
     unchanged."""
     link.on_pulse(PulseAnswers(agent.when_serving, lambda: (0, 0), channel.alive))
+
+
+ASK_RM_EVERY_S = 1.0
+"""How often at most an agent that cannot reach its RM asks its JVM whether the RM moved (the JVM
+asks the driver over Spark's RPC, one ask at a time)."""
+
+
+def rm_unreachable_reporter(
+    tell_jvm: Callable[[str], None], clock: Clock = SYSTEM_CLOCK, every_s: float = ASK_RM_EVERY_S
+) -> Callable[[str], None]:
+    """``AgentThread``'s ``on_rm_unreachable``: each failed registration attempt, at most one a
+    ``every_s``, becomes an ``rm-unreachable <address>`` command to the JVM (``JvmChannel.
+    rm_unreachable``), which answers with the RM's new address if it moved."""
+    rate = RateLog(None, every_s, clock, max_keys=1)
+
+    def unreachable(address: str) -> None:
+        if rate.admit("ask") is None:
+            return
+        try:
+            tell_jvm(address)
+        except JvmCommandError as exc:
+            log.warning("cannot ask the JVM where the RM is: %s", exc)
+
+    return unreachable
 
 
 AGENT_ENDED = 3
@@ -229,10 +270,12 @@ class LazyShuffleService:
         *,
         walk: Callable[[MapOutputService], int] = MapOutputService.disk_bytes,
         app_id_waits_s: Sequence[float] = APP_ID_WAITS_S,
+        on_corrupt: Callable[[str], None] | None = None,
     ) -> None:
         self._args = (config, settings, executor_id, host)
         self._transport = transport
         self._on_outputs_lost = on_outputs_lost
+        self._on_corrupt = on_corrupt
         self._walk = walk
         self._waits_s = tuple(app_id_waits_s)
         self._lock = threading.Lock()
@@ -282,6 +325,7 @@ class LazyShuffleService:
             host,
             self._transport,
             self._on_outputs_lost,
+            self._on_corrupt,
         )
         disk = None
         if service is not None:
@@ -325,6 +369,7 @@ def agent_shuffle_config(config: ArrowBeatConfig) -> ShuffleConfig:
     return ShuffleConfig(
         network_memory_bytes=config.shuffle_agent_memory_bytes,
         buffer_reserve_timeout_s=config.shuffle_buffer_reserve_timeout_s,
+        checksum=config.shuffle_checksum,
     )
 
 
@@ -335,9 +380,11 @@ def start_shuffle_service(
     host: str,
     transport: TcpTransport | None = None,
     on_outputs_lost: Callable[[str], None] | None = None,
+    on_corrupt: Callable[[str], None] | None = None,
 ) -> MapOutputService | None:
     """The Arrow shuffle's map-output directory and server (TLS when ``transport`` has a server
-    context); the agent runs on without it on failure."""
+    context); the agent runs on without it on failure. ``on_corrupt(detail)``: a damaged map
+    output of this executor was found (a ``SHUFFLE_CORRUPT`` notice for the driver)."""
     try:
         service = MapOutputService(
             app_id=settings.get("spark.app.id", "") or "app",
@@ -351,7 +398,12 @@ def start_shuffle_service(
             ttl_s=config.shuffle_ttl_s,
             transport=transport,
             on_outputs_lost=on_outputs_lost,
+            on_corrupt=on_corrupt,
             port=config.shuffle_port,
+            # Spark's own block-manager folders and how Spark names its files there: a damaged map
+            # output's status blocks are removed so that Spark reruns that map partition.
+            spark_local_dirs=settings.get("arrowbeat.executor.local.dirs", "").split(","),
+            spark_settings=settings,
         )
     except (OSError, ShuffleError) as exc:
         log.error("Arrow shuffle service not started on executor %s: %s", executor_id, exc)

@@ -450,6 +450,19 @@ OPTIONS: tuple[Option, ...] = (
         parse_bool,
     ),
     Option(
+        "spark.arrowbeat.shuffle.checksum",
+        "shuffle_checksum",
+        "true",
+        "true or false",
+        "Map tasks write a CRC-32 of every 1 MiB of each map-output segment beside its index, and "
+        "every reader (a host-local file read, the agent serving a stream) verifies it before Arrow "
+        "decodes a byte; the shuffle channel checksums each network frame. Damaged bytes are a lost "
+        "map output that Spark recomputes (a `SHUFFLE_CORRUPT` event, `corrupt` in "
+        "`shuffle_metrics`), never a wrong answer or a crashed worker. Off, only decoding guards "
+        "the files. One setting for the whole application: a frame's sender and reader must agree.",
+        parse_bool,
+    ),
+    Option(
         "spark.arrowbeat.shuffle.path",
         "shuffle_path",
         "",
@@ -629,6 +642,7 @@ class ArrowBeatConfig:
     shuffle_agent_memory_bytes: int
     shuffle_buffer_reserve_timeout_s: float
     shuffle_read_host_local: bool
+    shuffle_checksum: bool
     shuffle_direct_scan: bool
     shuffle_adaptive: str
     shuffle_path: str

@@ -301,7 +301,7 @@ class MapOutputClient:
         shuffle_id: int,
         reducer: int,
         schema: pa.Schema,
-        files: Sequence[tuple[str, Sequence[tuple[int, int]]]],
+        files: Sequence[tuple[str, Sequence[Sequence[Any]]]],
     ) -> PartitionId:
         """Ask the agent to stream ``reducer``'s rows of ``files``; the partition to request."""
         wire = self._client.call(
@@ -309,7 +309,7 @@ class MapOutputClient:
             shuffle=shuffle_id,
             reducer=reducer,
             schema=schema.serialize().to_pybytes(),
-            files=[(path, [tuple(s) for s in segments]) for path, segments in files],
+            files=[(path, [_segment(s) for s in segments]) for path, segments in files],
         )
         return PartitionId.from_wire(wire)
 
@@ -334,6 +334,20 @@ class MapOutputClient:
         taken: int = self._client.call("carried_lost", shuffle=shuffle_id, owners=list(owners))
         return bool(taken)
 
+    def report_corrupt(self, shuffle_id: int, path: str, detail: str) -> int:
+        """Tell the agent its map output at ``path`` is damaged (``detail``: what the reader found).
+        The answer is a ``corrupt_outputs.Outcome``: 1 Spark recomputes exactly that map partition,
+        2 the executor is being replaced, 0 the shuffle was released there (nothing to recompute)."""
+        outcome: int = self._client.call(
+            "report_corrupt", shuffle=shuffle_id, path=path, detail=detail[:1000]
+        )
+        return outcome
+
+    def corrupt_outputs(self, shuffle_id: int) -> list[tuple[int, str, str]]:
+        """The agent's damaged outputs of the shuffle: ``(map partition, file, what was found)``."""
+        found: list[tuple[int, str, str]] = self._client.call("corrupt_outputs", shuffle=shuffle_id)
+        return found
+
     def metrics(self) -> dict[str, Any]:
         figures: dict[str, Any] = self._client.call("metrics")
         return figures
@@ -346,3 +360,8 @@ class MapOutputClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _segment(segment: Sequence[Any]) -> tuple[int, int, list[int]]:
+    """A status row's segment as the stage request carries it: a two-item one has no checksums."""
+    return (int(segment[0]), int(segment[1]), list(segment[2]) if len(segment) > 2 else [])

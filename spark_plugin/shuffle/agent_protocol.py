@@ -26,7 +26,8 @@ MAX_SCHEMA_BYTES = 1 << 20
 """Largest Arrow IPC schema a ``stage`` request may carry (thousands of columns fit)."""
 MAX_STAGE_BYTES = 8 << 20
 """Largest ``stage`` request: the schema plus every map output file and segment of one reducer."""
-_SEGMENT = Tuple((Int(0, I64), Int(0, I64)))
+_SEGMENT = Tuple((Int(0, I64), Int(0, I64), List(Int(0, 0xFFFFFFFF), 1 << 16)))
+"""``map_output.Segment``: offset, length and the CRC-32 of each chunk (empty: unchecked)."""
 _FILE = Tuple((Str(4096, 1), List(_SEGMENT, 1 << 20)))
 AGENT_CONTROL = Service(
     "arrowbeat-agent-control",
@@ -56,6 +57,16 @@ AGENT_CONTROL = Service(
             "carried_lost",
             Record({"shuffle": Int(0, I32), "owners": List(Str(256, 1), 1 << 12)}),
             Int(0, 1),
+        ),
+        Operation(
+            "report_corrupt",
+            Record({"shuffle": Int(0, I32), "path": Str(4096, 1), "detail": Str(1000)}),
+            Int(0, 2),
+        ),
+        Operation(
+            "corrupt_outputs",
+            Record({"shuffle": Int(0, I32)}),
+            List(Tuple((Int(-1, I32), Str(4096, 1), Str(1000))), 1 << 10),
         ),
     ),
 )

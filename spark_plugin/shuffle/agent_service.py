@@ -58,7 +58,7 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -70,6 +70,7 @@ from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.control_server import ControlServer
 from arrow_shuffle.errors import (
     ControlMessageError,
+    CorruptDataError,
     InsufficientBuffersError,
     MapOutputLostError,
     ShuffleConfigError,
@@ -87,8 +88,9 @@ from heartbeat.rate_log import RateLog
 from spark_plugin.shuffle.agent_layout import agent_file, agent_identity, shuffle_folder, usable_executor_dirs
 from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
 from spark_plugin.shuffle.agent_ttl import DeletedShuffles, FolderActivity
+from spark_plugin.shuffle.corrupt_outputs import CorruptOutputs, Outcome, status_blocks_remover
 from spark_plugin.shuffle.local_secret import SecretDesk
-from spark_plugin.shuffle.map_output import Segment, read_segments
+from spark_plugin.shuffle.map_output import read_segments
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +167,9 @@ class MapOutputService:
         transport: Transport | None = None,
         on_outputs_lost: Callable[[str], None] | None = None,
         port: int = 0,
+        spark_local_dirs: Sequence[str] = (),
+        on_corrupt: Callable[[str], None] | None = None,
+        spark_settings: Mapping[str, str] | None = None,
     ) -> None:
         """``port``: 0 for free ports, else the first of the range the data and then the control
         server take the first free ports of (``bind_from``: pinned ports for firewalls).
@@ -172,7 +177,11 @@ class MapOutputService:
         skipped). ``transport``: how the data and control servers accept (TLS when it carries a server
         context, see ``TcpTransport``); plain TCP by default. ``on_outputs_lost(reason)`` is called
         (once per service, from a control thread) when map-output files of ours are found missing;
-        ``reason`` is a token, ``"files-missing"``."""
+        ``reason`` is a token, ``"files-missing"``. ``spark_local_dirs``: this executor's block
+        manager folders, where the status rows of a damaged output are removed so that Spark
+        recomputes it (``corrupt_outputs``), named as ``spark_settings`` say (the executor's Spark
+        version and shuffle settings, ``compat.shuffle_blocks``); ``on_corrupt(detail)`` is told of
+        each damaged output."""
         if not as_bytes(secret):
             raise ShuffleConfigError("the map-output service needs the application secret")
         self.app_id = app_id
@@ -184,6 +193,9 @@ class MapOutputService:
         self.ttl_s = ttl_s
         self._on_outputs_lost = on_outputs_lost
         self._lost_reported = False
+        self.corrupt = CorruptOutputs(
+            executor_id, spark_local_dirs, self._tell_jvm, on_corrupt, status_blocks_remover(spark_settings)
+        )
         self._deleted = DeletedShuffles(self._on_disk)
         """Shuffles whose outputs this agent deleted on purpose (release, TTL): their files are
         gone, but not *lost*; a reader of one gets an error, and the executor is not replaced.
@@ -257,6 +269,8 @@ class MapOutputService:
                 "metrics": self._metrics,
                 "report_lost": self._report_lost,
                 "carried_lost": self._carried_lost,
+                "report_corrupt": self._report_corrupt,
+                "corrupt_outputs": self._corrupt_outputs,
             },
             host,
             port,
@@ -293,7 +307,11 @@ class MapOutputService:
 
     # -- operations (also called directly by tests) ---------------------------------------------
     def stage(
-        self, shuffle_id: int, reducer: int, schema: pa.Schema, files: Sequence[tuple[str, Sequence[Segment]]]
+        self,
+        shuffle_id: int,
+        reducer: int,
+        schema: pa.Schema,
+        files: Sequence[tuple[str, Sequence[Sequence[Any]]]],
     ) -> PartitionId:
         """Open a stream of ``reducer``'s rows from ``files``; returns the id to request it by.
 
@@ -339,7 +357,7 @@ class MapOutputService:
         return pid
 
     def _fill(
-        self, pid: PartitionId, partition: ResultPartition, files: list[tuple[str, list[Segment]]]
+        self, pid: PartitionId, partition: ResultPartition, files: list[tuple[str, Sequence[Sequence[Any]]]]
     ) -> None:
         try:
             partition.reserve_buffers()
@@ -361,8 +379,12 @@ class MapOutputService:
         writer = RecordWriter(partition)
         try:
             for path, segments in files:
-                for batch in read_segments(path, segments):
-                    writer.write(batch, subpartition=0)
+                try:
+                    for batch in read_segments(path, segments):
+                        writer.write(batch, subpartition=0)
+                except CorruptDataError as exc:  # never read again: removed, its recompute arranged
+                    self.report_corrupt(pid.shuffle_id, path, str(exc))
+                    raise
             writer.finish()
             with self._lock:
                 stats = partition.stats()
@@ -513,6 +535,19 @@ class MapOutputService:
         name = shuffle_folder(shuffle_id)
         return any(os.path.lexists(os.path.join(folder, name)) for folder in self.dirs)
 
+    def report_corrupt(self, shuffle_id: int, path: str, detail: str) -> Outcome:
+        """A reader found the map output at ``path`` (inside this agent's directory, else
+        ``UnsafePathError``) damaged: it is removed and its recompute arranged
+        (``corrupt_outputs``); the answer says how. Idempotent per file."""
+        try:
+            real = self._inside(path)
+        except UnsafePathError as exc:
+            _refused.warning(self.dir, "refused a report of a damaged map output: %s", exc)
+            raise
+        with self._lock:
+            released = shuffle_id in self._deleted
+        return self.corrupt.handle(shuffle_id, real, detail, released=released)
+
     def report_lost(self, shuffle_id: int, paths: Sequence[str]) -> bool:
         """A reducer's stream from here failed: whether any of ``paths`` (inside this agent's
         directory, else ``UnsafePathError`` before any is looked at) is missing; if so
@@ -573,7 +608,11 @@ class MapOutputService:
                 log.exception("on_outputs_lost failed")
 
     def _outputs_lost(self, shuffle_id: int, missing: list[str]) -> bool:
-        """Whether ``missing`` are lost (and the JVM told), not deleted here on purpose."""
+        """Whether ``missing`` are lost (and the JVM told), not deleted here on purpose (released,
+        swept, or found damaged: ``report_corrupt`` arranged those)."""
+        missing = [path for path in missing if not self.corrupt.known(path)]
+        if not missing:
+            return False
         with self._lock:
             deleted = shuffle_id in self._deleted
         if deleted:  # released or swept here: gone on purpose, nothing for Spark to recompute
@@ -624,6 +663,7 @@ class MapOutputService:
         if walk_disk:
             figures["shuffle_disk_bytes"] = float(self.disk_bytes())
         figures.update({f"shuffle_{k}": v for k, v in counters.items()})
+        figures["shuffle_outputs_corrupt"] = float(self.corrupt.count)
         return figures
 
     def close(self) -> None:
@@ -674,6 +714,12 @@ class MapOutputService:
 
     def _carried_lost(self, args: dict[str, Any]) -> int:
         return int(self.carried_lost(args["shuffle"], args["owners"]))
+
+    def _report_corrupt(self, args: dict[str, Any]) -> int:
+        return int(self.report_corrupt(args["shuffle"], args["path"], args["detail"]))
+
+    def _corrupt_outputs(self, args: dict[str, Any]) -> list[tuple[int, str, str]]:
+        return [(c.map_partition, c.path, c.detail) for c in self.corrupt.of_shuffle(args["shuffle"])]
 
 
 def _remove_tree(path: str) -> int:

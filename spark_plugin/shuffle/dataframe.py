@@ -217,10 +217,14 @@ class ShuffleHandle:
         with self._lock:
             everything = self.reports()
             recomputed = {str(a) for r in everything if r["side"] == "read" for _, a in r["recomputed_maps"]}
+            recomputed |= _rewritten(everything)
+            damaged = self._damaged_outputs(everything, recomputed)
             fresh = []
             for report in everything:
                 if report["side"] == "write" and report["attempt"] in recomputed:
                     report["recomputed"] = True  # readers name the map outputs of a recomputation
+                    if int(report["partition"]) in damaged:
+                        report["corrupt"] = damaged[int(report["partition"])]
                 key = _metric_key(report)
                 if key in self._written_keys:
                     continue
@@ -241,6 +245,38 @@ class ShuffleHandle:
                 self._written_keys.difference_update(_metric_key(r) for r in fresh)
                 raise
             return len(fresh)
+
+    def _damaged_outputs(
+        self, reports: list[dict[str, Any]], recomputed: set[str]
+    ) -> dict[int, dict[str, str]]:
+        """Map partition -> where and how its first output was found damaged, asked of the agents
+        only when some map partition was recomputed (the agents removed the damaged files and
+        keep what they found, ``corrupt_outputs``). Empty on Spark Connect (no secret here) and
+        for agents that are gone."""
+        fresh = [r for r in reports if r["side"] == "write" and r["attempt"] in recomputed]
+        if not fresh or self.connect:
+            return {}
+        executors = {
+            (str(r["control"][0]), int(r["control"][1])): str(r["executor"]) for r in reports if r["control"]
+        }
+        found: dict[int, dict[str, str]] = {}
+        for address in sorted(self.agents()):
+            try:
+                with MapOutputClient(
+                    address,
+                    self.plan.secret,
+                    f"agent {address[0]}:{address[1]}",
+                    transport=client_transport(self.plan),
+                ) as client:
+                    for partition, path, detail in client.corrupt_outputs(self.shuffle_id):
+                        found[int(partition)] = {
+                            "executor": executors.get(address, ""),
+                            "file": path,
+                            "found": detail,
+                        }
+            except ShuffleError as exc:
+                log.info("damaged outputs of shuffle %s not asked of %s: %s", self.shuffle_id, address, exc)
+        return found
 
     def release(self) -> int:
         """Delete this shuffle's data in every agent that reported some; returns bytes freed.
@@ -312,6 +348,22 @@ def _tables_location(spark: SparkSession) -> Any:
     entries = conf_entries(spark)
     root = tables_root(from_spark_conf(entries), dict(entries))
     return root if isinstance(root, Path) else locate(root, dict(entries))
+
+
+def _rewritten(reports: list[dict[str, Any]]) -> set[str]:
+    """The map attempts that wrote a partition some earlier stage had written already: reruns,
+    which no reader names when every map partition it read was rerun (then none looks later
+    than the others, ``tasks.read_partitions``)."""
+    first: dict[int, int] = {}
+    for r in reports:
+        if r["side"] == "write":
+            stage = int(str(r["attempt"]).split(".")[0])
+            first[int(r["partition"])] = min(stage, first.get(int(r["partition"]), stage))
+    return {
+        str(r["attempt"])
+        for r in reports
+        if r["side"] == "write" and int(str(r["attempt"]).split(".")[0]) > first[int(r["partition"])]
+    }
 
 
 def _metric_key(report: dict[str, Any]) -> tuple[str, int, str, bool]:
@@ -463,6 +515,7 @@ def _plan(
         memory_bytes=settings.shuffle_map_memory_bytes,
         reduce_memory_bytes=settings.shuffle_reduce_memory_bytes,
         read_host_local=settings.shuffle_read_host_local,
+        checksum=settings.shuffle_checksum,
         lost_wait_s=_retry_wait_s(spark),
         tls=tls_from_config(settings),  # the driver's SparkConf holds what the executors got
     )

@@ -33,12 +33,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
+from arrow_shuffle.checksum import ChecksumSink, VerifiedSegment
+from arrow_shuffle.errors import CorruptDataError, ShuffleConfigError, ShuffleError
 from arrow_shuffle.partitioner import hash_rows, key_type_problem
 from arrow_shuffle.private_files import create_private_file, make_private_dir
 
@@ -48,8 +50,10 @@ BATCH_ROWS = 16384
 RUN_PIECES = 4
 """A run is put in reducer order this many pieces at a time (``MapOutputWriter._write_run``)."""
 
-Segment = tuple[int, int]
-"""``(offset, length)`` of one Arrow IPC stream inside a map output file."""
+Segment = tuple[int, int, list[int]]
+"""``(offset, length, checksums)`` of one Arrow IPC stream inside a map output file: a CRC-32 of
+every ``CHUNK_BYTES`` of it (``arrow_shuffle.checksum``), or none when checksums are off. A
+two-item ``(offset, length)`` is read unchecked."""
 
 
 @dataclass
@@ -107,7 +111,9 @@ class MapOutputWriter:
         num_partitions: int,
         memory_bytes: int,
         memory_pool: pa.MemoryPool | None = None,
+        checksum: bool = True,
     ) -> None:
+        """``checksum``: each segment gets its CRC-32s (``Segment``), which every reader verifies."""
         self.path = path
         self.memory_pool = memory_pool
         """Where a run's sorted pieces are allocated (default: Arrow's); a test accounts them."""
@@ -126,7 +132,8 @@ class MapOutputWriter:
         self._held_bytes = 0
         try:
             make_private_dir(os.path.dirname(path))  # its parent (the agent's folder): checked by the caller
-            self._file = pa.PythonFile(os.fdopen(create_private_file(path), "wb"), mode="w")
+            self._sink = ChecksumSink(os.fdopen(create_private_file(path), "wb"), enabled=checksum)
+            self._file = pa.PythonFile(self._sink, mode="w")
         except OSError as exc:
             raise ShuffleError(
                 f"cannot create map output {path}: {exc}; check spark.arrowbeat.shuffle.dir"
@@ -183,7 +190,7 @@ class MapOutputWriter:
                     reducer = int(reducers[next_reducer])
                     upto = min(int(ends[reducer]), last)
                     if segment is None:
-                        segment = _SegmentWriter(self._file, self.schema)
+                        segment = _SegmentWriter(self._file, self._sink, self.schema)
                     segment.write(piece.slice(at - first, upto - at))
                     at = upto
                     if upto == ends[reducer]:
@@ -201,8 +208,10 @@ class MapOutputWriter:
 class _SegmentWriter:
     """One reducer's IPC stream in a run, written from one or more pieces of the sorted rows."""
 
-    def __init__(self, file: pa.NativeFile, schema: pa.Schema) -> None:
+    def __init__(self, file: pa.NativeFile, sink: ChecksumSink, schema: pa.Schema) -> None:
         self.offset = int(file.tell())
+        self.sink = sink
+        sink.begin()
         self.stream = pa.ipc.new_stream(file, schema)
         self.batches = 0
         self.rows = 0
@@ -218,7 +227,7 @@ class _SegmentWriter:
         """Ends the stream and records it as ``out``'s next segment; returns its bytes."""
         self.stream.close()
         size = int(file.tell()) - self.offset
-        out.segments.append((self.offset, size))
+        out.segments.append((self.offset, size, self.sink.end()))
         out.bytes += size
         out.batches += self.batches
         out.rows += self.rows
@@ -226,34 +235,68 @@ class _SegmentWriter:
 
 
 def read_segments(
-    path: str, segments: Sequence[Segment], memory_pool: pa.MemoryPool | None = None
+    path: str, segments: Sequence[Sequence[Any]], memory_pool: pa.MemoryPool | None = None
 ) -> Iterator[pa.RecordBatch]:
     """The batches of ``segments`` of a local map output file, read one batch at a time.
 
     Read, not memory-mapped: a mapping keeps every page it touched resident in the reader until
-    the whole file is read (a hot reducer's share of one map output: 24 of 34 MiB). Read a
-    message at a time, the reader (a reduce task, or the agent serving a stream blocked on
-    credit) holds the batch in hand, at most ``BATCH_ROWS`` rows, whatever a segment's size. A
-    segment that does not end where its status says, or holds garbage (a corrupt or foreign
-    file), is a ``ShuffleError`` (the reader reports the output lost, and Spark recomputes it)
-    before any batch past its end is handed out."""
+    the whole file is read (a hot reducer's share of one map output: 24 of 34 MiB). A segment
+    with checksums is read through ``VerifiedSegment``: a chunk (``CHUNK_BYTES``) at a time,
+    verified before Arrow decodes any of it, so the reader (a reduce task, or the agent serving a
+    stream blocked on credit) holds a chunk and the batch in hand, whatever a segment's size.
+    A segment that fails its checksum, ends early, does not end where its status says, or holds
+    garbage (a corrupt or foreign file) is a ``CorruptDataError`` before any batch past the damage
+    is handed out; a file that is gone is a ``ShuffleError``. Either way the reader reports the
+    output lost, and Spark recomputes it."""
     try:
-        source = pa.OSFile(path, "r", memory_pool=memory_pool)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
         raise ShuffleError(f"map output {path} is gone: {exc}") from exc
-    with source:
-        for offset, length in segments:
-            source.seek(offset)
-            end = offset + length
-            try:
-                for batch in pa.ipc.open_stream(source, memory_pool=memory_pool):
-                    if source.tell() > end:
-                        break
-                    yield batch
-            except (pa.ArrowException, OSError) as exc:  # garbage where a message should be, a bad disk
-                raise ShuffleError(f"map output {path}: the segment at {offset} is corrupt: {exc}") from exc
-            if source.tell() != end:
-                raise ShuffleError(
-                    f"map output {path}: the segment at {offset} of {length} bytes ends at "
-                    f"{source.tell() - offset}: the file is corrupt"
-                )
+    try:
+        with pa.OSFile(path, "r", memory_pool=memory_pool) as unchecked:
+            for segment in segments:
+                offset, length = int(segment[0]), int(segment[1])
+                crcs = segment[2] if len(segment) > 2 else None
+                if crcs:
+                    yield from _verified(fd, path, offset, length, crcs, memory_pool)
+                else:
+                    yield from _unchecked(unchecked, path, offset, length, memory_pool)
+    except OSError as exc:
+        raise ShuffleError(f"map output {path} is gone: {exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def _verified(
+    fd: int, path: str, offset: int, length: int, crcs: Sequence[int], memory_pool: pa.MemoryPool | None
+) -> Iterator[pa.RecordBatch]:
+    source = VerifiedSegment(fd, offset, length, crcs, f"map output {path}")
+    try:
+        yield from pa.ipc.open_stream(pa.PythonFile(source, mode="r"), memory_pool=memory_pool)
+    except pa.ArrowException as exc:  # verified bytes that do not decode: written wrong, or foreign
+        raise CorruptDataError(f"map output {path}: the segment at {offset} does not decode: {exc}") from exc
+    if source.tell() != length:
+        raise CorruptDataError(
+            f"map output {path}: the segment at {offset} of {length} bytes ends at {source.tell()}: "
+            "the file is corrupt"
+        )
+
+
+def _unchecked(
+    source: pa.NativeFile, path: str, offset: int, length: int, memory_pool: pa.MemoryPool | None
+) -> Iterator[pa.RecordBatch]:
+    """A segment written without checksums: decoding is all that guards it."""
+    source.seek(offset)
+    end = offset + length
+    try:
+        for batch in pa.ipc.open_stream(source, memory_pool=memory_pool):
+            if source.tell() > end:
+                break
+            yield batch
+    except pa.ArrowException as exc:  # garbage where a message should be
+        raise CorruptDataError(f"map output {path}: the segment at {offset} is corrupt: {exc}") from exc
+    if source.tell() != end:
+        raise CorruptDataError(
+            f"map output {path}: the segment at {offset} of {length} bytes ends at "
+            f"{source.tell() - offset}: the file is corrupt"
+        )

@@ -93,7 +93,9 @@ def pipelined_function(
         assert ctx is not None
         index = ctx.partitionId()
         attempt = ctx.attemptNumber()
-        config = ShuffleConfig(buffer_size=plan.buffer_size, network_memory_bytes=32 * plan.buffer_size)
+        config = ShuffleConfig(
+            buffer_size=plan.buffer_size, network_memory_bytes=32 * plan.buffer_size, checksum=plan.checksum
+        )
         if index < num_maps:
             yield from _map(
                 plan, rendezvous, index, attempt, config, report, pre(batches) if pre else batches, clock

@@ -53,7 +53,7 @@ import pyarrow as pa
 
 from arrow_shuffle.buffer_pool import NetworkBufferPool
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.errors import MapOutputLostError, SchemaMismatchError, ShuffleError
+from arrow_shuffle.errors import CorruptDataError, MapOutputLostError, SchemaMismatchError, ShuffleError
 from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.private_files import check_id, check_private_dir
@@ -124,6 +124,8 @@ class ShufflePlan:
     buffer_size: int = 1 << 20
     read_host_local: bool = True
     """Read map outputs of other executors on the same host from disk (``reads_from_disk``)."""
+    checksum: bool = True
+    """``spark.arrowbeat.shuffle.checksum``: map outputs carry CRC-32s that every reader verifies."""
     lost_wait_s: float = 5.0
     """How long a reduce task that found map outputs lost waits for their executor to go before
     failing (``lost_outputs``): Spark's ``spark.shuffle.io.retryWait``."""
@@ -219,7 +221,14 @@ def map_function(
             f"s{check_id(plan.shuffle_id, 'shuffle id')}",
             f"{name}-{uuid.uuid4().hex[:8]}.arrows",
         )
-        writer = MapOutputWriter(path, plan.schema, plan.key_columns, plan.num_partitions, plan.memory_bytes)
+        writer = MapOutputWriter(
+            path,
+            plan.schema,
+            plan.key_columns,
+            plan.num_partitions,
+            plan.memory_bytes,
+            checksum=plan.checksum,
+        )
         try:
             for batch in batches:
                 writer.write(batch)
@@ -431,6 +440,8 @@ def read_partitions(
         except (OSError, ShuffleError) as exc:
             with contextlib.suppress(ShuffleError):  # without the secret the owner is not told
                 plan = keyed(plan, me)
+            if isinstance(exc, CorruptDataError):
+                raise damaged_output(plan, s, label, exc) from exc
             raise lost_outputs(
                 plan,
                 [s],
@@ -460,7 +471,9 @@ def read_partitions(
                 raise lost_outputs(plan, items, f"{_where(label, executor, items)}: {exc}") from exc
             clients.append((client, pid))
             specs.append(RemoteChannelSpec((items[0]["host"], items[0]["data_port"]), pid, 0))
-        config = ShuffleConfig(buffer_size=plan.buffer_size, network_memory_bytes=plan.buffer_size)
+        config = ShuffleConfig(
+            buffer_size=plan.buffer_size, network_memory_bytes=plan.buffer_size, checksum=plan.checksum
+        )
         need = len(specs) * config.exclusive_buffers_per_channel + config.floating_buffers_per_gate
         pool = _worker_pool(need, plan.buffer_size)
         gate = InputGate(specs, schema, pool, config, plan.secret, client_transport(plan))
@@ -523,10 +536,10 @@ def release_function(
     return run
 
 
-def _files_of(items: Sequence[dict[str, Any]]) -> list[tuple[str, list[tuple[int, int]]]]:
+def _files_of(items: Sequence[dict[str, Any]]) -> list[tuple[str, list[tuple[Any, ...]]]]:
     """One executor's map-output files and, per file, the segments of every partition to read,
     in reduce-partition order (``items`` are in that order)."""
-    files: dict[str, list[tuple[int, int]]] = {}
+    files: dict[str, list[tuple[Any, ...]]] = {}
     for s in items:
         files.setdefault(s["path"], []).extend(tuple(x) for x in json.loads(s["segments"]))
     return list(files.items())
@@ -582,14 +595,59 @@ def lost_outputs(
                     answering.append((host, port))
         except ShuffleError:
             continue  # the carrier is gone: Spark dropped what it carried
-    deadline = clock.monotonic() + plan.lost_wait_s
+    _wait_gone(answering, plan.lost_wait_s, clock)
+    return MapOutputLostError(message)
+
+
+def _wait_gone(answering: list[tuple[str, int]], wait_s: float, clock: Clock) -> None:
+    """Waits, at most ``wait_s``, for the agents ``answering`` to stop: their executors are being
+    replaced, and the task's retry must meet a fetch failure, not the same stale outputs."""
+    deadline = clock.monotonic() + wait_s
     pause = threading.Event()
     while answering and clock.monotonic() < deadline:
         answering = [a for a in answering if _answers(a)]
         pause.wait(0.1)
     if not answering:  # give the driver the moment it needs to drop the executor's outputs
-        pause.wait(min(1.0, plan.lost_wait_s))
-    return MapOutputLostError(message)
+        pause.wait(min(1.0, wait_s))
+
+
+def damaged_output(
+    plan: ShufflePlan, status: dict[str, Any], label: str, exc: CorruptDataError, clock: Clock = SYSTEM_CLOCK
+) -> MapOutputLostError:
+    """The error to fail a reduce task with when a map output it read host-locally is damaged.
+
+    Reading it again would fail the same way: its owner's agent is told (``report_corrupt``), and
+    removes it and has Spark recompute it (``corrupt_outputs``): by dropping its status rows, so
+    the task's retry meets a fetch failure for exactly that map partition (answered at once), or,
+    where it cannot, by replacing the executor (then the task waits for it to go, as for a lost
+    output). An owner that cannot be told is going or gone, which Spark sees by itself."""
+    owner = (str(status["host"]), int(status["control_port"]))
+    where = (
+        f"{label}: the map output of map partition {status['map']} on executor {status['executor']} "
+        f"({status['path']}) is damaged ({exc})"
+    )
+    try:
+        with MapOutputClient(
+            owner, plan.secret, f"agent {owner[0]}:{owner[1]}", transport=client_transport(plan)
+        ) as client:
+            outcome = client.report_corrupt(plan.shuffle_id, str(status["path"]), str(exc))
+    except ShuffleError as err:
+        return MapOutputLostError(
+            f"{where}; its executor's agent cannot be told ({err}): Spark retries the task"
+        )
+    if outcome == 1:
+        return MapOutputLostError(
+            f"{where}; Spark recomputes map partition {status['map']} and retries the task"
+        )
+    if outcome == 2:
+        _wait_gone([owner], plan.lost_wait_s, clock)
+        return MapOutputLostError(
+            f"{where}; Spark replaces executor {status['executor']} and recomputes its outputs"
+        )
+    return MapOutputLostError(
+        f"{where}; shuffle {plan.shuffle_id} was released on executor {status['executor']}, so map "
+        f"partition {status['map']} cannot be recomputed any more: run the query again"
+    )
 
 
 def stale_carriers(

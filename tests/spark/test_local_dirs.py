@@ -33,7 +33,7 @@ SECRET = "s" * 32
 SCHEMA = pa.schema([("k", pa.int64())])
 
 
-def _write(path: str) -> list[tuple[int, int]]:
+def _write(path: str) -> list[tuple[int, int, list[int]]]:
     writer = MapOutputWriter(path, SCHEMA, ["k"], 1, 1 << 20)
     writer.write(pa.record_batch([pa.array(range(10), pa.int64())], schema=SCHEMA))
     return writer.finish()[0].segments

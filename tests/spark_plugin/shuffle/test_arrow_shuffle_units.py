@@ -10,6 +10,7 @@ import os
 import re
 import threading
 import time
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,6 +29,7 @@ from arrow_shuffle import (
     ShuffleConfigError,
     ShuffleError,
 )
+from arrow_shuffle.checksum import CHUNK_BYTES
 from heartbeat.clock import ManualClock
 from spark_plugin.errors import ConfigError
 from spark_plugin.shuffle import dataframe
@@ -203,20 +205,21 @@ def test_a_reader_holds_one_batch_of_a_hot_reducer_not_the_file(tmp_path: Path) 
     for b in batches:
         writer.write(b)
     hot = max(writer.finish(), key=lambda o: o.rows)
-    lengths = [length for _, length in hot.segments]
+    lengths = [length for _, length, _ in hot.segments]
     assert hot.rows == n and len(lengths) >= 5
+    one_batch = BATCH_ROWS * 8 * len(WIDE)
+    unchecked = [(offset, length) for offset, length, _ in hot.segments]
     rows, held = 0, 0
-    for got in read_segments(path, hot.segments, memory_pool=READ_POOL):
+    for got in read_segments(path, unchecked, memory_pool=READ_POOL):
         rows += got.num_rows
         held = max(held, READ_POOL.bytes_allocated())
         with open("/proc/self/maps", encoding="utf-8") as maps:
             assert path not in maps.read()
         del got
     assert rows == n
-    one_batch = BATCH_ROWS * 8 * len(WIDE)
     assert 0 < held <= 1.25 * one_batch < max(lengths), (held, one_batch, lengths)
     assert READ_POOL.bytes_allocated() == 0  # all of it freed with the batches
-    (offset, length), *_ = hot.segments
+    (offset, length, _), *_ = hot.segments
     short = [(offset, length // 2)]
     seen: list[int] = []
     with pytest.raises(ShuffleError, match="corrupt"):
@@ -227,6 +230,32 @@ def test_a_reader_holds_one_batch_of_a_hot_reducer_not_the_file(tmp_path: Path) 
         damaged.write(b"A" * 16)
     with pytest.raises(ShuffleError, match="corrupt"):
         list(read_segments(path, [(offset, length)]))
+
+
+def test_a_verified_reader_holds_a_chunk_and_a_batch_not_the_segment(tmp_path: Path) -> None:
+    """Checksummed segments are verified a chunk at a time before Arrow reads them: the reader
+    holds the chunk and the batch in hand (Python bytes, seen by tracemalloc), far less than one
+    segment of a hot reducer (about the map task's run, here 8 MiB)."""
+    n = 1_000_000
+    path = str(tmp_path / "m.arrows")
+    writer = MapOutputWriter(path, WIDE, ["k"], 3, 8 << 20)
+    for b in wide_batches(np.full(n, 42, dtype=np.int64)):
+        writer.write(b)
+    hot = max(writer.finish(), key=lambda o: o.rows)
+    assert all(len(crcs) == -(-length // CHUNK_BYTES) for _, length, crcs in hot.segments)
+    rows = 0
+    tracemalloc.start()
+    try:
+        for got in read_segments(path, hot.segments):
+            rows += got.num_rows
+            del got
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    one_batch = BATCH_ROWS * 8 * len(WIDE)
+    lengths = [length for _, length, _ in hot.segments]
+    assert rows == n
+    assert peak <= 2 * CHUNK_BYTES + 1.5 * one_batch < 0.5 * max(lengths), (peak, one_batch, lengths)
 
 
 def test_route_is_process_independent_and_check_keys_names_the_column() -> None:
