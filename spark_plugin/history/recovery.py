@@ -1,5 +1,6 @@
 """What a restarted ResourceManager learns from the history it kept: the executors it knew, the
-events its gauge counters had counted, and the tasks it had reported stuck and not yet resumed."""
+events its gauge counters had counted, the tasks it had reported stuck and not yet resumed, and
+the damaged map outputs it had recorded (which agents may still be carrying)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,15 @@ class Recovered:
     """Per live executor, the task attempts recorded ``TASK_STUCK`` and not yet ``TASK_RESUMED``:
     the restarted RM takes them as still stuck (``TaskEvents.adopt_stuck``), so a task that stays
     stuck is not reported (or killed) twice, and one that moved on during the gap is resumed."""
+    corrupt: list[tuple[str, str]] = field(default_factory=list)
+    """The last :data:`MAX_CORRUPT` ``SHUFFLE_CORRUPT`` events as ``(executor_id, detail)``,
+    oldest first: an agent's board still carries a notice for a while after it was recorded
+    (``heartbeat.notices``), and the restarted RM records it again unless it knows it
+    (``NoticeEvents.adopt``)."""
+
+
+MAX_CORRUPT = 1024
+"""Recorded damaged outputs a restarted RM takes back (agents carry a notice for about 30 s)."""
 
 
 @dataclass(frozen=True)
@@ -114,4 +124,12 @@ def recover(root: TablesLocation | Path | str, app_id: str) -> Recovered:
         last[row["executor_id"]] = KnownExecutor(
             row["executor_id"], row["host"], row["instance_id"], row["event"]
         )
-    return Recovered([e for e in last.values() if e.last_event not in _ENDED], replay, stuck_tasks(ordered))
+    corrupt = [
+        (str(r["executor_id"]), str(r["detail"] or "")) for r in ordered if r["event"] == "SHUFFLE_CORRUPT"
+    ]
+    return Recovered(
+        [e for e in last.values() if e.last_event not in _ENDED],
+        replay,
+        stuck_tasks(ordered),
+        corrupt[-MAX_CORRUPT:],
+    )

@@ -11,14 +11,21 @@ holds a token of the agent process that posted it, so a restarted agent's notice
 
 Memory is bounded: the last ``max_seen`` keys are kept (oldest forgotten first), far more than
 the boards of live executors can carry at once (``heartbeat.payload.MAX_NOTICES`` each).
+
+A restarted RM knows no ids, but boards may still carry what its predecessor recorded: it adopts
+the recorded events (``history.recovery``, executor and detail as the table holds them) and takes
+a notice of the same executor with the same detail for recorded. The detail names the damaged
+file, which an agent handles once, so an equal detail is the same finding.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord
 from heartbeat.payload import NOTICE_KINDS
+from spark_plugin.history.wire_text import wire_text
 
 MAX_SEEN = 20_000
 """Notices remembered as recorded (a key is a few hundred bytes at most: a few MiB in all)."""
@@ -33,6 +40,17 @@ class NoticeEvents:
             raise ValueError(f"max_seen must be at least 1, got {max_seen}")
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._max_seen = max_seen
+        self._recorded: OrderedDict[tuple[str, str], None] = OrderedDict()
+        """``(executor id, detail as recorded)`` of a predecessor's events (``adopt``)."""
+
+    def adopt(self, recorded: Iterable[tuple[str, str]]) -> None:
+        """Events ``(executor id, detail)`` a previous RM of this application recorded (the newest
+        ``max_seen`` are kept): a notice still carried that matches one records nothing again."""
+        for key in recorded:
+            self._recorded[key] = None
+            self._recorded.move_to_end(key)
+            while len(self._recorded) > self._max_seen:
+                self._recorded.popitem(last=False)
 
     def remembered(self) -> int:
         """How many notices are remembered as recorded (at most ``max_seen``)."""
@@ -52,6 +70,8 @@ class NoticeEvents:
             self._seen[key] = None
             while len(self._seen) > self._max_seen:
                 self._seen.popitem(last=False)
+            if self._recorded and (record.executor_id, wire_text(notice.detail)) in self._recorded:
+                continue  # recorded by the RM before a restart
             out.append(
                 ExecutorEvent(
                     kind, record.executor_id, record.host, record.instance_id, record.ts, notice.detail

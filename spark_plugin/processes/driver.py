@@ -254,11 +254,14 @@ def main() -> int:
     )
     for executor_id, stuck in recovered.stuck.items():  # a restart: what its predecessor reported
         tasks.adopt_stuck(executor_id, [(t.task_id, t.label) for t in stuck])
+    notices = NoticeEvents()
+    notices.adopt(recovered.corrupt)  # agents may still carry what the predecessor recorded
     router = EventRouter(
         lambda: link.app_id(app_id),
         history,
         kill=channel.kill_executor if config.on_heartbeat_timeout == "kill" and not no_kill else None,
         tasks=tasks,
+        notices=notices,
     )
     rm.subscribe(router)
     tally = LivenessTally()

@@ -10,7 +10,7 @@ from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord, ManualClock, No
 from heartbeat._proto import heartbeat_pb2 as pb
 from heartbeat._wire import payload_from_proto, payload_to_proto
 from heartbeat.payload import collect_payload
-from spark_plugin.history import EXECUTOR_EVENTS
+from spark_plugin.history import EXECUTOR_EVENTS, event_row
 from spark_plugin.jvm.plugin_metrics import LivenessTally
 from spark_plugin.monitoring.driver_notices import NoticeEvents
 from spark_plugin.processes.driver import DERIVED_KINDS, EventRouter
@@ -74,6 +74,24 @@ def test_memory_is_bounded_and_the_oldest_is_forgotten_first() -> None:
     assert events.remembered() == 3
     newest = Payload(notices=(Notice("a-9", "SHUFFLE_CORRUPT", "finding 9"),))
     assert events.on_heartbeat(HeartbeatRecord("1", "h", "i", 0.0, 1.0, newest)) == []
+
+
+def test_a_restarted_rm_does_not_record_again_what_its_predecessor_recorded() -> None:
+    board = NoticeBoard(ManualClock())
+    board.add("SHUFFLE_CORRUPT", DETAIL)
+    before = NoticeEvents()
+    assert len(before.on_heartbeat(heartbeat(board))) == 1
+    after = NoticeEvents()  # a new driver-side process: no ids known
+    after.adopt([("1", DETAIL), ("2", "another executor's")])  # from history.recovery
+    board.add("SHUFFLE_CORRUPT", "x" * 600)  # a new finding, its detail cut in the table
+    again = after.on_heartbeat(heartbeat(board))
+    assert [e.detail for e in again] == ["x" * 600], "only the finding the old RM never recorded"
+    elsewhere = NoticeEvents()
+    elsewhere.adopt([("2", DETAIL)])  # the same words of another executor are not this finding
+    assert len(elsewhere.on_heartbeat(heartbeat(board))) == 2
+    cut = NoticeEvents()
+    cut.adopt([("1", DETAIL), ("1", event_row("app-1", again[0])["detail"])])  # as the table holds it
+    assert cut.on_heartbeat(heartbeat(board)) == []
 
 
 def test_a_kind_outside_the_notice_kinds_never_becomes_an_event() -> None:

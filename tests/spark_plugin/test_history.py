@@ -408,3 +408,22 @@ def test_a_restarted_rm_recovers_the_tasks_still_stuck(tmp_path: Path) -> None:
         "1": [("6", "stage 2.0 partition 6 attempt 0 (task 6)")]
     }
     assert recover(tmp_path / "elsewhere", "app-1").stuck == {}
+
+
+def test_a_restarted_rm_recovers_the_damaged_outputs_it_recorded(tmp_path: Path) -> None:
+    """Handed to the restarted RM's ``NoticeEvents.adopt``: agents may still carry those notices."""
+    writer = HistoryWriter(tmp_path, flush_interval_s=60)
+    writer.open()
+    for row in [
+        event("1", "REGISTERED", 1),
+        event("1", "SHUFFLE_CORRUPT", 2, detail="shuffle 3, map partition 5, executor 1, file /a: bad"),
+        event("2", "SHUFFLE_CORRUPT", 3, app_id="another-app", detail="elsewhere"),
+        event("1", "SHUFFLE_CORRUPT", 4, detail="shuffle 4, map partition 0, executor 1, file /b: bad"),
+    ]:
+        writer.append(EXECUTOR_EVENTS.name, row)
+    writer.stop()
+    assert recover(tmp_path, "app-1").corrupt == [
+        ("1", "shuffle 3, map partition 5, executor 1, file /a: bad"),
+        ("1", "shuffle 4, map partition 0, executor 1, file /b: bad"),
+    ]
+    assert recover(tmp_path / "elsewhere", "app-1").corrupt == []
