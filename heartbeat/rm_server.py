@@ -147,8 +147,15 @@ class ResourceManagerServer:
         max_pending_handshakes: int = 1024,
         call_window_s: float = 60.0,
         server_credentials: grpc.ServerCredentials | None = None,
+        any_port_if_taken: bool = False,
     ) -> None:
+        """``any_port_if_taken``: if ``port`` cannot be bound, serve on a free one instead (a
+        restarted RM whose port another process took meanwhile; its agents learn the new address
+        from their hosts). Without it, a taken port fails ``start``."""
         self.services = services
+        self._any_port_if_taken = any_port_if_taken
+        self.moved_from: int | None = None
+        """The port asked for, when it was taken and another is served (``any_port_if_taken``)."""
         self._server_credentials = server_credentials  # TLS when given (plaintext when None)
         self._secret = _auth.SharedSecret(secret)  # refuses an empty one
         self._host = host
@@ -280,7 +287,22 @@ class ResourceManagerServer:
             ),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-        port = bind_server(server, self._host, self._port, self._server_credentials)
+        try:
+            port = bind_server(server, self._host, self._port, self._server_credentials)
+        except RuntimeError as exc:  # grpc raises where it used to return 0
+            log.debug("binding %s:%d failed: %s", self._host, self._port, exc)
+            port = 0
+        if port == 0 and self._any_port_if_taken and self._port != 0:
+            port = bind_server(server, self._host, 0, self._server_credentials)
+            if port != 0:
+                self.moved_from = self._port
+                log.warning(
+                    "the RM's port %s:%d is taken (by another process since the RM last ran there); "
+                    "serving on port %d instead",
+                    self._host,
+                    self._port,
+                    port,
+                )
         if port == 0:
             raise HeartbeatError(f"could not bind {self._host}:{self._port}")
         self._core = ResourceManagerCore(

@@ -8,7 +8,8 @@ raise ``ValueError`` where a caller wants the reason) for anything not exactly o
 To us, on stdin (the JVM writes, we parse):
 
 * the settings block, ``key<TAB>value`` lines closed by an empty line (:func:`unescape_line`);
-* ``p <running tasks>`` (a pulse), ``app <application id>``, ``stop``, ``exiting``
+* ``p <running tasks>`` (a pulse), ``app <application id>``, ``stop``, ``exiting``, and to an
+  agent ``rm <host:port>``, where its RM is now (a restarted RM on another port)
   (:func:`parse_link_line`);
 * on the driver, Spark's view of its executors (:func:`parse_executor_line`):
   ``executor-added <id> <host>``, ``executor-removed <id> <facts> <reason>``,
@@ -51,6 +52,7 @@ KINDS = frozenset(
         "executor-replacement",
         "tasks",
         "stack",
+        "rm",
         "ready",
         "command",
         "metrics",
@@ -107,17 +109,33 @@ class AppAssigned:
     app_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class RmMoved:
+    """The RM is at ``address`` now: it was restarted and could not bind its port again."""
+
+    address: str
+
+
+ADDRESS = re.compile(r"[A-Za-z0-9.\-\[\]:]{1,253}:[0-9]{1,5}")
+"""``host:port`` of the RM as the JVM passes it on (``Protocol.ADDRESS``)."""
 STOP, EXITING = "stop", "exiting"
-LinkLine = Pulse | AppAssigned | str
+LinkLine = Pulse | AppAssigned | RmMoved | str
+NOT_STARTED = 2
+"""Exit status of a driver-side process or an agent that refused its settings: the JVM does not
+retry its start (``Supervision.retriesStart``), since the same settings fail again; any other
+failed start (a missed start-up timeout, a crash) is retried, rate-limited."""
 
 
 def parse_link_line(line: str) -> LinkLine | None:
-    """A pulse, the application id, :data:`STOP` or :data:`EXITING`; None for anything else."""
+    """A pulse, the application id, the RM's new address, :data:`STOP` or :data:`EXITING`; None
+    for anything else."""
     parts = line.split()
     if parts in ([STOP], [EXITING]):
         return parts[0]
     if len(parts) == 2 and parts[0] == "app":
         return AppAssigned(parts[1])
+    if len(parts) == 2 and parts[0] == "rm" and ADDRESS.fullmatch(parts[1]):
+        return RmMoved(parts[1])
     if len(parts) == 2 and parts[0] == "p" and parts[1].isdigit():
         return Pulse(int(parts[1]))
     return None
@@ -348,18 +366,24 @@ def ready_line(info: Mapping[str, object]) -> str:
 
 COMMAND = "ARROWBEAT-CMD"
 KILL_EXECUTOR, OUTPUTS_LOST, JSTACK, KILL_TASK = "kill-executor", "outputs-lost", "jstack", "kill-task"
+RM_UNREACHABLE = "rm-unreachable"
 
 
 def command_line(verb: str, argument: str | int) -> str:
     """``ARROWBEAT-CMD <verb> <argument>`` for an argument the JVM takes (``Protocol.parseCommand``):
     an executor id of Spark's form (never ``driver``) for :data:`KILL_EXECUTOR`, a reason token for
-    :data:`OUTPUTS_LOST`, a task attempt id for :data:`JSTACK` and :data:`KILL_TASK`."""
+    :data:`OUTPUTS_LOST`, a task attempt id for :data:`JSTACK` and :data:`KILL_TASK`, the RM's
+    ``host:port`` an agent cannot reach for :data:`RM_UNREACHABLE` (its JVM asks the driver
+    whether the RM moved)."""
     if verb == KILL_EXECUTOR:
         if not isinstance(argument, str) or not is_executor(argument):
             raise JvmCommandError(f"no kill-executor for executor id {str(argument)[:40]!r}: not a Spark id")
     elif verb == OUTPUTS_LOST:
         if not isinstance(argument, str) or not REASON.fullmatch(argument):
             raise JvmCommandError(f"no outputs-lost with reason {str(argument)[:40]!r}: expected [a-z-]")
+    elif verb == RM_UNREACHABLE:
+        if not isinstance(argument, str) or not ADDRESS.fullmatch(argument):
+            raise JvmCommandError(f"no rm-unreachable for {str(argument)[:40]!r}: not host:port")
     elif verb in (JSTACK, KILL_TASK):
         if isinstance(argument, bool) or not isinstance(argument, int) or not 0 <= argument < MAX_TASK_ID:
             raise JvmCommandError(f"{argument!r} is not a task attempt id")

@@ -11,7 +11,8 @@ The hosting JVM (driver or executor) starts this process with a pipe on stdin an
 3. writes a pulse line ``p <running_tasks>`` every pulse interval. A pulse proves the JVM itself
    runs: a SIGSTOPped or GC-frozen JVM stops pulsing although this process still would answer;
    the driver (and the driver's own executor in local mode, which starts before it) also sends
-   ``app <application id>`` once Spark has assigned one, and the driver Spark's own view of its
+   ``app <application id>`` once Spark has assigned one, an agent ``rm <host:port>`` when its RM
+   was restarted on another port (:meth:`JvmLink.on_rm_address`), and the driver Spark's own view of its
    executors, ``executor-...`` lines (``spark_plugin.monitoring.driver_spark_view``), handed to
    :meth:`JvmLink.on_executor_lines`;
 4. writes ``stop`` and closes the pipe to stop us. The kernel closes it too when the JVM dies, even
@@ -47,7 +48,7 @@ from typing import BinaryIO
 from heartbeat.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.errors import MalformedSettingsError, SettingsTruncatedError
 from spark_plugin.jvm import protocol
-from spark_plugin.jvm.protocol import EXECUTOR_LINES, EXITING, STOP, TASK_LINES, AppAssigned, Pulse
+from spark_plugin.jvm.protocol import EXECUTOR_LINES, EXITING, STOP, TASK_LINES, AppAssigned, Pulse, RmMoved
 
 JVM_UNAVAILABLE = "arrowbeat.jvm.unavailable."
 """Settings key prefix: a Spark internal the launcher could not use (``SparkInternals.SETTING_PREFIX``)."""
@@ -90,6 +91,7 @@ class JvmLink:
         self._executor_lines: Callable[[str], None] | None = None
         self._task_lines: Callable[[str], None] | None = None
         self._pulses: Callable[[], None] | None = None
+        self._rm_address: Callable[[str], None] | None = None
 
     def on_executor_lines(self, handler: Callable[[str], None]) -> None:
         """``executor-...`` lines (Spark's view of its executors) go to ``handler``, on the link's
@@ -106,6 +108,11 @@ class JvmLink:
         (:meth:`JvmChannel.alive`, through :class:`PulseAnswers`), which is how the JVM tells a
         hung process from a live one. It must not block. Set it before :meth:`start`."""
         self._pulses = handler
+
+    def on_rm_address(self, handler: Callable[[str], None]) -> None:
+        """``rm <host:port>`` lines (the RM moved; the address already checked) go to ``handler``,
+        on the link's thread. Set it before :meth:`start`."""
+        self._rm_address = handler
 
     def read_settings(self) -> dict[str, str]:
         """Reads the settings block; raises :class:`SettingsTruncatedError` (an ``EOFError``) if the
@@ -174,6 +181,11 @@ class JvmLink:
             with self._lock:
                 self._app_id = parsed.app_id
             self.app_assigned.set()
+        if isinstance(parsed, RmMoved) and self._rm_address is not None:
+            try:
+                self._rm_address(parsed.address)
+            except Exception:  # as above: the link must outlive a failed handler
+                log.exception("the RM's new address from the JVM could not be applied")
         running = parsed.running_tasks if isinstance(parsed, Pulse) else None
         with self._lock:
             self._last_pulse = self._clock.monotonic()
@@ -240,6 +252,12 @@ class JvmChannel:
         so that Spark replaces the executor and recomputes its map partitions. An agent may give
         no other command."""
         self._write(protocol.command_line(protocol.OUTPUTS_LOST, reason))
+
+    def rm_unreachable(self, address: str) -> None:
+        """Tells the executor JVM that the RM at ``address`` cannot be reached: it asks the driver
+        whether the RM moved and, if so, answers with an ``rm <host:port>`` line
+        (:meth:`JvmLink.on_rm_address`)."""
+        self._write(protocol.command_line(protocol.RM_UNREACHABLE, address))
 
     def jstack(self, task_id: int) -> None:
         """Asks the executor JVM for the stack of running task ``task_id``'s thread (its reply is

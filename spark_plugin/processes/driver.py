@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("arrowbeat.driver")
 SPARK_VERSION_SETTING = "arrowbeat.spark.version"
 """The running Spark's version, which the JVM's driver plugin adds to the settings it hands over."""
+START_FAILED = 1
+"""Exit status when the RM could not start (its port taken, say): unlike a refused setting
+(``protocol.NOT_STARTED``), the JVM starts the process again, rate-limited as restarts are."""
 RESTART_ANY_PORT = "arrowbeat.rm.restart.anyPort"
 """Set by the JVM for a restart (``ArrowBeatDriverPlugin.RESTART_ANY_PORT``): if the RM's port is
 taken, serve on another rather than fail every restart."""
@@ -218,7 +221,7 @@ def main() -> int:
         log.error("no spark.arrowbeat.authenticate.secret was handed over by the JVM launcher")
         return 2
 
-    from heartbeat import ResourceManagerServer
+    from heartbeat import HeartbeatError, ResourceManagerServer
     from spark_plugin.settings import tls
 
     try:  # generated here at the first start; a restart gets the same one back from the JVM
@@ -268,7 +271,13 @@ def main() -> int:
     tally.replay(recovered.events)  # before the RM starts: no event of ours can come first
     rm.subscribe(tally)
     router.watch_derived(tally)  # SHUFFLE_CORRUPT is the router's, not the bus's: counted from there
-    address = rm.start()
+    try:
+        address = rm.start()
+    except HeartbeatError as exc:  # e.g. a pinned spark.arrowbeat.rm.port taken: the JVM retries
+        log.error("arrowbeat's ResourceManager did not start: %s", exc)
+        if history is not None:
+            history.stop()
+        return START_FAILED
     book = GapBook(
         SYSTEM_CLOCK,
         carried_gap(settings),

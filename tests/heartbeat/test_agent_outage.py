@@ -113,3 +113,28 @@ def test_an_agent_dials_the_address_it_is_told_and_hears_each_failure(
         )
     finally:
         agent.stop()
+
+
+def test_a_restarted_rm_whose_port_is_taken_serves_on_another() -> None:
+    """``any_port_if_taken`` (what the JVM asks of a restart): the port taken by another socket,
+    the RM serves on a free one and says where it was asked to; without it, start fails as before."""
+    from heartbeat import HeartbeatError, ResourceManagerServer
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        strict = ResourceManagerServer(FAST, SECRET, port=taken)
+        with pytest.raises(HeartbeatError, match=f"could not bind 127.0.0.1:{taken}"):
+            strict.start()
+        strict.stop()
+        moved = ResourceManagerServer(FAST, SECRET, port=taken, any_port_if_taken=True)
+        try:
+            address = moved.start()
+            assert address != f"127.0.0.1:{taken}" and moved.moved_from == taken
+            agent = AgentThread(address, SECRET, executor_id="after-move", services=FAST)
+            agent.start()
+            assert agent.wait_registered(DEADLINE_S), agent.error
+            agent.stop()
+        finally:
+            moved.stop()

@@ -7,12 +7,14 @@ how fast is not this test's business."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
+import socket
 import sys
 import time
 import uuid
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +150,13 @@ def test_a_dead_or_hung_driver_side_process_is_restarted_and_every_executor_runs
     agents' registration backoff cap. History is kept across the restarts (the REGISTERED events
     stay, the executors come back REREGISTERED) and ``MONITORING_GAP`` rows say which intervals
     have none, and why. Before the supervision, a sixth death left arrowbeat off and a frozen RM
-    was never restarted."""
+    was never restarted.
+
+    Issue 36, item 4, on the same application: the RM SIGKILLed once more and its port taken at
+    once by another socket. The restart serves on another port, every agent learns it through its
+    JVM (agent -> executor plugin -> driver plugin over Spark's RPC) and registers there: every
+    executor RUNNING again, listed by the RM at its new address, and a ``MONITORING_GAP`` for the
+    outage. Before, every restart failed on the taken port and the agents dialled it for ever."""
     from spark_plugin.history.gaps import describe, parse_gap
     from spark_plugin.settings.config import load
 
@@ -209,6 +217,42 @@ def test_a_dead_or_hung_driver_side_process_is_restarted_and_every_executor_runs
         assert wait_until(lambda: _states(address) == both, back_within_s), _states(address)
         assert "is hung: no answer to the pulse" in app.log_text()
 
+        # The port taken while the RM is down: its restart moves, and the agents follow it.
+        moved = successor()
+        assert moved is not None
+        gone.add(moved.pid)
+        host, port = address.rsplit(":", 1)
+        outages.append((time.time(), "moved"))
+        moved.send_signal(signal.SIGKILL)
+        moved.wait(10)
+        with taken_port(host, int(port)):
+            found: list[str] = []
+
+            def moved_to() -> bool:
+                found[:] = [a for a in started_addresses(app.log_text()) if a != address]
+                return bool(found) and _states(found[-1]) is not None
+
+            assert wait_until(moved_to, 60), app.log_tail()
+            answered = time.monotonic()
+            new_address = found[-1]
+            # Each agent first fails an attempt on the taken port (one heartbeat timeout at most),
+            # asks its JVM, which asks the driver, then registers at once at the new address.
+            within_s = back_within_s + config.heartbeat_timeout_s + 2 * LOADED_SLACK_S
+            assert wait_until(lambda: _states(new_address) == both, within_s), (
+                f"not every executor RUNNING at {new_address} {within_s:g} s after the moved RM "
+                f"answered: {_states(new_address)}"
+            )
+            assert time.monotonic() - answered <= within_s
+            took_s = time.monotonic() - answered
+            print(f"moved RM {address} -> {new_address}: all RUNNING {took_s:.1f} s after it answered")
+            assert "could not bind " + address + " again and serves on " + new_address in app.log_text()
+            # Each executor's plugin asked the driver and told its agent, which dialled the new one.
+            app_id = str(rows(tables, "executor_events")[0]["app_id"])
+            for executor in both:
+                text = (executor_dirs(app_id) / executor / "stderr").read_text(errors="replace")
+                assert f"arrowbeat's RM is at {new_address} now" in text, text[-3000:]
+                assert f"the RM moved from {address} to {new_address}" in text, text[-3000:]
+
         # The history: kept across the restarts, with the gaps named.
         def gaps() -> list[dict[str, Any]]:
             return [r for r in rows(tables, "executor_events") if r["event"] == "MONITORING_GAP"]
@@ -228,6 +272,95 @@ def test_a_dead_or_hung_driver_side_process_is_restarted_and_every_executor_runs
         assert [k for _, k in events(tables)].count("REGISTERED") == 2, "history was not kept across restarts"
         # The last re-registrations are recorded with the next heartbeat (TaskEvents holds them).
         assert wait_until(lambda: {e for e, k in events(tables) if k == "REREGISTERED"} == {"0", "1"}, 10)
+        app.finish_hold(go, timeout_s=180)
+    finally:
+        app.close()
+
+
+@contextlib.contextmanager
+def taken_port(host: str, port: int, within_s: float = 10.0) -> Iterator[list[socket.socket]]:
+    """Listening sockets on ``port`` at every address ``host`` resolves to, and at ::1 for
+    ``localhost`` (gRPC's resolver adds it and binds each: one taken leaves the RM on the other),
+    which a process that just died held: retried until the kernel let go of it; closed on exit.
+    They accept nothing: an agent dialling them times out."""
+    deadline = time.monotonic() + within_s
+    squatters: list[socket.socket] = []
+    addresses = [(f, k, p, w) for f, k, p, _, w in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+    if host == "localhost" and socket.has_ipv6:
+        addresses.append((socket.AF_INET6, socket.SOCK_STREAM, 0, ("::1", port, 0, 0)))
+    try:
+        for family, kind, proto, where in dict.fromkeys(addresses):
+            while True:
+                squatter = socket.socket(family, kind, proto)
+                squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    squatter.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                try:
+                    squatter.bind(where)
+                    squatter.listen()
+                    squatters.append(squatter)
+                    break
+                except OSError:
+                    squatter.close()
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
+        yield squatters
+    finally:
+        for squatter in squatters:
+            squatter.close()
+
+
+def started_addresses(log_text: str) -> list[str]:
+    """The addresses the driver-side processes announced, in order (the JVM logs each ready line)."""
+    return re.findall(r"arrowbeat driver started: \{[^}]*\baddress=([^,} ]+)", log_text)
+
+
+def test_a_failed_first_start_is_retried_and_every_executor_runs_once_it_does(scratch: Path) -> None:
+    """Issue 36, item 4: the RM's pinned port (``spark.arrowbeat.rm.port``) taken when the
+    application starts. The first start fails (the process exits: not a refused setting) and the
+    driver plugin starts it again, rate-limited as restarts are, while the executors' plugins, told
+    the RM is pending, ask the driver for its address and start their agents once it runs: after the
+    port is freed, every executor RUNNING, and a ``MONITORING_GAP`` says why nothing was monitored
+    before. Before, arrowbeat stayed off for the application's life."""
+    from spark_plugin.history.gaps import parse_gap
+
+    tables, go = scratch / "first-start-tables", scratch / "first-start-go"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    conf = {
+        **fast_heartbeats(tables),
+        "spark.arrowbeat.authenticate.secret": SECRET,
+        "spark.arrowbeat.heartbeat.registrationBackoff.max": f"{int(BACKOFF_CAP_S * 1000)}ms",
+        "spark.arrowbeat.rm.port": str(port),
+    }
+    app = SubmittedApp(APPS / "hold_app.py", "local-cluster[2,1,1024]", scratch, conf=conf, args=[str(go)])
+    try:
+        with taken_port("localhost", port):
+            ready = app.wait_for("APP-READY ", timeout_s=180)
+            assert ready["rm_address"] is None and ready["executors"] == 2  # pending, the jobs run
+            failed = "arrowbeat's driver-side process did not start; it is started again"
+            assert wait_until(lambda: failed in app.log_text(), 30), app.log_tail()
+            assert wait_until(lambda: "could not be started (retried in" in app.log_text(), 30), (
+                app.log_tail()
+            )
+            assert not started_addresses(app.log_text())
+        assert wait_until(lambda: bool(started_addresses(app.log_text())), 60), app.log_tail()
+        (address,) = started_addresses(app.log_text())
+        assert address.endswith(f":{port}")  # a first start keeps the pinned port
+        freed = time.monotonic()
+        both = {"0": "RUNNING", "1": "RUNNING"}
+        assert wait_until(lambda: _states(address) == both, 90), (_states(address), app.log_tail())
+        print(
+            f"first start retried: every executor RUNNING {time.monotonic() - freed:.1f} s after the RM ran"
+        )
+
+        def gap() -> list[Any]:
+            found = [r for r in rows(tables, "executor_events") if r["event"] == "MONITORING_GAP"]
+            return [parse_gap(str(r["detail"])) for r in found]
+
+        assert wait_until(lambda: any(g and "the first start failed" in g.cause for g in gap()), 30), gap()
         app.finish_hold(go, timeout_s=180)
     finally:
         app.close()

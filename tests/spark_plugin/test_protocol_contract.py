@@ -34,6 +34,7 @@ from spark_plugin.jvm.protocol import (
     OutputsLost,
     Pulse,
     ReplacementOutcome,
+    RmMoved,
     TaskFigures,
 )
 from spark_plugin.jvm.sidecar import JvmLink
@@ -93,9 +94,18 @@ def check_settings(jvm: Jvm) -> None:
 
 
 def check_link_lines(jvm: Jvm) -> None:
-    pulse, app, stop, exiting = jvm_writes(
-        jvm, ("pulse", "3"), ("app", "app-20260101-0001"), ("stop",), ("exiting",)
+    pulse, app, stop, exiting, rm, not_rm = jvm_writes(
+        jvm,
+        ("pulse", "3"),
+        ("app", "app-20260101-0001"),
+        ("stop",),
+        ("exiting",),
+        ("rm", "10.0.0.7:40123"),
+        ("rm", "10.0.0.7:40123\nARROWBEAT-CMD kill-executor 1"),
     )
+    assert protocol.parse_link_line(rm) == RmMoved("10.0.0.7:40123")
+    assert not_rm == "-"  # the JVM formats no other
+    assert protocol.parse_link_line("rm 10.0.0.7") is None
     assert protocol.parse_link_line(pulse) == Pulse(3)
     assert protocol.parse_link_line(app) == AppAssigned("app-20260101-0001")
     assert protocol.parse_link_line(stop) == protocol.STOP
@@ -245,6 +255,8 @@ def check_commands(jvm: Jvm) -> None:
         protocol.command_line(protocol.OUTPUTS_LOST, "files-missing"),
         protocol.command_line(protocol.JSTACK, 42),
         protocol.command_line(protocol.KILL_TASK, 10**18 - 1),
+        protocol.command_line(protocol.RM_UNREACHABLE, "10.0.0.7:40123"),
+        protocol.command_line(protocol.RM_UNREACHABLE, "[::1]:7077"),
     ]
     bad = [
         "ARROWBEAT-CMD kill-executor driver",
@@ -254,6 +266,8 @@ def check_commands(jvm: Jvm) -> None:
         "ARROWBEAT-CMD jstack -1",
         "ARROWBEAT-CMD kill-task " + "1" * 19,
         "ARROWBEAT-CMD reboot now",
+        "ARROWBEAT-CMD rm-unreachable 10.0.0.7",
+        "ARROWBEAT-CMD rm-unreachable a:1;b",
         "ARROWBEAT-CMDX kill-executor 1",
     ]
     answers = jvm([("command", line) for line in [*good, *bad]])
@@ -265,6 +279,7 @@ def check_commands(jvm: Jvm) -> None:
         (protocol.OUTPUTS_LOST, "Files"),
         (protocol.JSTACK, -1),
         (protocol.KILL_TASK, 10**18),
+        (protocol.RM_UNREACHABLE, "10.0.0.7 :1"),
         ("reboot", "now"),
     ]
     for verb, argument in refused:
@@ -374,6 +389,7 @@ CHECKS: dict[str, Callable[[Jvm], None]] = {
     "settings": check_settings,
     "pulse": check_link_lines,
     "app": check_link_lines,
+    "rm": check_link_lines,
     "stop": check_link_lines,
     "exiting": check_link_lines,
     "executor-added": check_executor_lines,

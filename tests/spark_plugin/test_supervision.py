@@ -187,3 +187,22 @@ def test_a_failed_restart_is_retried_after_a_capped_doubling_backoff(run: Run) -
         "2000",
         "3000",
     ]
+
+
+def test_a_failed_first_start_is_retried_unless_it_cannot_succeed(run: Run) -> None:
+    """Issue 36, item 4: a first start that missed the start-up timeout (a loaded node), crashed or
+    ended any other way is retried, as restarts are; only a missing interpreter and a process that
+    refused its settings (``protocol.NOT_STARTED``: the same settings fail again) are final.
+    Before, every failed first start left the application or the executor unmonitored for life."""
+    from spark_plugin.jvm.protocol import NOT_STARTED
+    from spark_plugin.processes.executor import AGENT_ENDED
+
+    answers = run(
+        "retries-start timeout",
+        "retries-start exit 1",
+        f"retries-start exit {AGENT_ENDED}",
+        "retries-start exit 137",
+        f"retries-start exit {NOT_STARTED}",
+        "retries-start missing",
+    )
+    assert answers == ["true", "true", "true", "true", "false", "false"]

@@ -53,6 +53,12 @@ public final class ProtocolCheck {
         return Protocol.pulse(Integer.parseInt(a.get(0)));
       case "app":
         return Protocol.app(a.get(0));
+      case "rm":
+        try {
+          return Protocol.rm(a.get(0));
+        } catch (IllegalArgumentException e) {
+          return "-";
+        }
       case "stop":
         return Protocol.STOP;
       case "exiting":

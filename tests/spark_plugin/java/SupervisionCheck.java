@@ -17,6 +17,7 @@ import java.nio.charset.StandardCharsets;
  * next T                                       -> the earliest restart time at T
  * attempt T | failed T | succeeded             -> ok
  * backoff FAILURES                             -> the delay after that many failures
+ * retries-start timeout | exit STATUS | missing -> true | false (is a failed start retried?)
  * </pre>
  */
 public final class SupervisionCheck {
@@ -47,6 +48,15 @@ public final class SupervisionCheck {
         case "failed" -> supervision.failed(Long.parseLong(w[1]));
         case "succeeded" -> supervision.succeeded();
         case "backoff" -> answer = String.valueOf(supervision.backoffMs(Integer.parseInt(w[1])));
+        case "retries-start" -> {
+          Throwable failure = switch (w[1]) {
+            case "timeout" -> new Sidecar.SidecarException("did not report ready", -1);
+            case "exit" -> new Sidecar.SidecarException("exited", Integer.parseInt(w[2]));
+            case "missing" -> new Launch.MissingInterpreterException("no python");
+            default -> throw new IllegalArgumentException("no failure " + w[1]);
+          };
+          answer = String.valueOf(Supervision.retriesStart(failure));
+        }
         default -> throw new IllegalArgumentException("no request " + w[0]);
       }
       System.out.println(answer);

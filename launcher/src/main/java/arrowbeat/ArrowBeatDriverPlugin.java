@@ -21,6 +21,13 @@ import org.slf4j.LoggerFactory;
  * address and the application's secret to every executor through the map {@link #init} returns,
  * and forwards Spark's own view of its executors to it ({@link ExecutorListener}). Never throws: a
  * failure is logged and the application runs on without arrowbeat.
+ *
+ * <p>The address can change: a restarted process that cannot bind its port again (another process
+ * took it meanwhile) serves on a free one. Executor plugins ask for the address now ({@link
+ * Protocol#RM_ADDRESS_QUERY}, over Spark's RPC, the way the first one reached them) when their
+ * agent cannot reach the RM, and hand it on. A first start that failed but may succeed later (a
+ * missed start-up timeout on a loaded driver; {@link Supervision#retriesStart}) is retried like a
+ * restart; the executors are told that the RM is pending and ask for its address the same way.
  */
 public final class ArrowBeatDriverPlugin implements DriverPlugin {
   private static final Logger LOG = LoggerFactory.getLogger(ArrowBeatDriverPlugin.class);
@@ -28,9 +35,13 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   static final String GAP_FROM_MS = "arrowbeat.rm.restart.fromMs";
   static final String GAP_UNSAVED_ROWS = "arrowbeat.rm.restart.unsavedRows";
   static final String GAP_CAUSE = "arrowbeat.rm.restart.cause";
+  /** Set for a restart: if the old port is taken, the RM serves on another (driver.py reads it). */
+  static final String RESTART_ANY_PORT = "arrowbeat.rm.restart.anyPort";
+  /** To the executors, instead of an address: the RM is not up yet, ask for its address later. */
+  static final String RM_PENDING = "arrowbeat.rm.pending";
   private static final int MAX_CAUSE_CHARS = 300;
   /** {@code host:port} as the driver-side process announces it (and spark.arrowbeat.rm.address). */
-  private static final Pattern ADDRESS = Pattern.compile("[A-Za-z0-9.\\-\\[\\]:]{1,253}:[0-9]{1,5}");
+  private static final Pattern ADDRESS = Protocol.ADDRESS;
   /** The live page's URL as the driver-side process announces it: no token, no path. */
   private static final Pattern UI_URL = Pattern.compile("https?://[A-Za-z0-9.\\-\\[\\]:]{1,253}:[0-9]{1,5}/");
   static final String UI_URL_KEY = "spark.arrowbeat.ui.url";
@@ -79,6 +90,8 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   private String gapCause;
   private int restarts;
   private long restartWaitLogged = -1;
+  /** Whether a driver-side process was ever ready (else a restart is a retried first start). */
+  private volatile boolean everStarted;
 
   /** The running Spark's version, for the driver-side process's support check. */
   static final String SPARK_VERSION = "arrowbeat.spark.version";
@@ -120,22 +133,33 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
         settings.put(Launch.SECRET, secret);
       }
       metrics = PluginMetrics.forDriver(ctx.metricRegistry());
-      launch();
+      try {
+        launch();
+      } catch (Throwable first) {
+        if (!Supervision.retriesStart(first)) {
+          throw first;
+        }
+        // A loaded driver that missed the start-up timeout, say: retried like a restart.
+        supervision.attempting(nowMs());
+        supervision.failed(nowMs());
+        gapFromMs = System.currentTimeMillis(); // nothing is monitored from here until one runs
+        gapCause = "the first start failed: " + first.getMessage();
+        LOG.error("arrowbeat's driver-side process did not start; it is started again (rate-limited as "
+            + "restarts are) and the executors' agents start once it runs: {}", first.getMessage());
+      }
       long checkMs = checkMs();
       supervisor.scheduleWithFixedDelay(this::supervise, checkMs, checkMs, java.util.concurrent.TimeUnit.MILLISECONDS);
       sc.addSparkListener(new ExecutorListener());
-      String address = sidecar.info().get("address");
-      if (address == null || !ADDRESS.matcher(address).matches()) {
-        throw new IllegalStateException("the driver-side process announced no valid address");
-      }
-      conf.set(Launch.RM_ADDRESS, address);
-      publishUiUrl(sidecar.info());
-      publishGeneratedTls(sidecar.info());
       // Driver-side code of this application may query the RM; Spark redacts "secret" keys.
       conf.set(Launch.SECRET, secret);
-      conf.set("spark.arrowbeat.driver.pid", String.valueOf(sidecar.pid()));
+      Sidecar current = sidecar;
+      String address = current == null ? null : published(current);
       executorSettings.putAll(settings);
-      executorSettings.put(Launch.RM_ADDRESS, address);
+      if (address == null) {
+        executorSettings.put(RM_PENDING, "true");
+      } else {
+        executorSettings.put(Launch.RM_ADDRESS, address);
+      }
     } catch (Throwable t) {
       LOG.error("arrowbeat is off for this application: the driver-side process did not start: {}",
           t.getMessage());
@@ -145,6 +169,23 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
       }
     }
     return executorSettings;
+  }
+
+  /**
+   * A ready process's address, UI URL, certificate and pid, into the SparkConf (and the settings a
+   * restart gets): at its first start, and again when a restart moved it. Returns the address.
+   */
+  private String published(Sidecar ready) {
+    String address = ready.info().get("address");
+    if (address == null || !ADDRESS.matcher(address).matches()) {
+      throw new IllegalStateException("the driver-side process announced no valid address");
+    }
+    conf.set(Launch.RM_ADDRESS, address);
+    publishUiUrl(ready.info());
+    publishGeneratedTls(ready.info());
+    conf.set("spark.arrowbeat.driver.pid", String.valueOf(ready.pid()));
+    everStarted = true;
+    return address;
   }
 
   /**
@@ -376,14 +417,21 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
     return conf == null || metrics == null;
   }
 
-  /** One restart attempt, on the same port and UI port; a failure is retried after the backoff. */
+  /**
+   * One restart attempt, on the same port (another if it is taken: agents ask for the new address)
+   * and UI port; a failure is retried after the backoff. Before any process was ready, a retried
+   * first start, on the configured ports.
+   */
   private void restart() {
     Map<String, String> info = lastInfo;
     supervision.attempting(nowMs());
     restarts++;
     try {
       String address = info.get("address");
-      settings.put("spark.arrowbeat.rm.port", address.substring(address.lastIndexOf(':') + 1));
+      if (address != null) {
+        settings.put("spark.arrowbeat.rm.port", address.substring(address.lastIndexOf(':') + 1));
+        settings.put(RESTART_ANY_PORT, "true");
+      }
       String ui = info.get("ui_url");
       if (ui != null && UI_URL.matcher(ui).matches()) { // same port, same token: the logged URL stays valid
         settings.put("spark.arrowbeat.ui.port", ui.substring(ui.lastIndexOf(':') + 1, ui.length() - 1));
@@ -394,15 +442,26 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
       settings.put(GAP_FROM_MS, String.valueOf(gapFromMs));
       settings.put(GAP_UNSAVED_ROWS, String.valueOf(gapUnsavedRows));
       settings.put(GAP_CAUSE, gapCause == null ? "unknown" : gapCause);
-      LOG.warn("restarting arrowbeat's driver-side process on {} (restart {})", address, restarts);
+      LOG.warn("{} arrowbeat's driver-side process on {} (attempt {})",
+          everStarted ? "restarting" : "starting", address == null ? "its configured port" : address,
+          restarts);
       launch();
       supervision.succeeded();
       restartWaitLogged = -1;
-      conf.set("spark.arrowbeat.driver.pid", String.valueOf(sidecar.pid()));
+      boolean first = !everStarted;
+      String now = published(sidecar);
+      if (first) {
+        LOG.warn("arrowbeat's driver-side process runs on {} after a failed first start; executors' "
+            + "agents start once they ask for its address", now);
+      } else if (!now.equals(address)) {
+        LOG.warn("arrowbeat's driver-side process could not bind {} again and serves on {}: each "
+            + "executor's agent is told when it asks (it does while it cannot reach the RM)", address, now);
+      }
     } catch (Throwable t) {
       supervision.failed(nowMs());
-      LOG.error("arrowbeat's driver-side process could not be restarted (retried in {} ms): {}",
-          Math.max(0, supervision.nextRestartAt(nowMs()) - nowMs()), t.getMessage());
+      LOG.error("arrowbeat's driver-side process could not be {} (retried in {} ms): {}",
+          everStarted ? "restarted" : "started", Math.max(0, supervision.nextRestartAt(nowMs()) - nowMs()),
+          t.getMessage());
     }
   }
 
@@ -427,6 +486,11 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
    */
   @Override
   public Object receive(Object message) {
+    if (Protocol.RM_ADDRESS_QUERY.equals(message)) { // an executor plugin: where is the RM now?
+      Sidecar current = sidecar;
+      String address = current == null || !everStarted ? null : current.info().get("address");
+      return address != null && ADDRESS.matcher(address).matches() ? address : "";
+    }
     String line = Protocol.relayed(message);
     if (line == null) {
       LOG.warn("arrowbeat driver plugin ignored a malformed message from an executor");

@@ -38,8 +38,21 @@ import org.slf4j.LoggerFactory;
  * limit. A check that runs late because this JVM was paused (a GC, a SIGSTOP) judges nothing, so a
  * frozen JVM never kills a live agent once it resumes; while it is frozen it sends no pulse, and
  * the agent stops answering the RM as before.
+ *
+ * <p>The RM's address can change (a restarted RM that could not bind its port again): an agent
+ * that cannot reach the RM says so ({@link Protocol#RM_UNREACHABLE}, at most once a second), this
+ * plugin asks the driver plugin for the address now ({@link Protocol#RM_ADDRESS_QUERY}, one ask at
+ * a time, off the agent's threads) and, if it moved, tells the agent ({@link Protocol#rm}) and
+ * starts any later agent with it. A failed first start of the agent is retried like a restart
+ * unless it cannot succeed ({@link Supervision#retriesStart}); while the driver's RM has not
+ * started yet ({@code arrowbeat.rm.pending}), the agent starts once an ask returns its address.
  */
 public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
+  /** Spark settings that decide the layout of its shuffle files ({@code CONF_KEYS} of the shim). */
+  static final String[] SHUFFLE_LAYOUT_KEYS = {
+    "spark.shuffle.useOldFetchProtocol", "spark.shuffle.manager", "spark.shuffle.push.enabled"
+  };
+
   private static final Logger LOG = LoggerFactory.getLogger(ArrowBeatExecutorPlugin.class);
   static final int RESTARTS_MAX = 5;
   static final long RESTARTS_WINDOW_MS = 5 * 60_000;
@@ -83,6 +96,19 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
   private PluginContext ctx;
   private Map<String, String> settings;
   private PluginMetrics metrics;
+  /** The RM's address as last learnt (the driver's settings, then its answers); "" while pending. */
+  private volatile String rmAddress = "";
+  /** Whether the hang checks and task-watch reports run (they start with the first agent). */
+  private boolean wired;
+  /** One ask of the driver for the RM's address at a time (Spark's RPC may wait). */
+  private final java.util.concurrent.atomic.AtomicBoolean asking = new java.util.concurrent.atomic.AtomicBoolean();
+  private final java.util.concurrent.ExecutorService addressAsker =
+      Executors.newSingleThreadExecutor(
+          r -> {
+            Thread t = new Thread(r, "arrowbeat-rm-address");
+            t.setDaemon(true);
+            return t;
+          });
 
   /**
    * This executor's own local directories as Spark resolved them (its block manager's folders),
@@ -103,11 +129,13 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
   public void init(PluginContext ctx, Map<String, String> extraConf) {
     try {
       String address = extraConf.get(Launch.RM_ADDRESS);
-      if (address == null || address.isEmpty()) {
+      boolean pending = "true".equals(extraConf.get(ArrowBeatDriverPlugin.RM_PENDING));
+      if ((address == null || address.isEmpty()) && !pending) {
         LOG.warn("arrowbeat is off on executor {}: the driver-side process is not running",
             ctx.executorID());
         return;
       }
+      rmAddress = address == null ? "" : address;
       SparkConf conf = ctx.conf();
       this.ctx = ctx;
       metrics = PluginMetrics.forExecutor(ctx.metricRegistry());
@@ -124,13 +152,37 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
       settings.put("arrowbeat.executor.jvm.pid", String.valueOf(ProcessHandle.current().pid()));
       String localDirs = localDirs();
       settings.put("arrowbeat.executor.local.dirs", localDirs);
+      // What decides how Spark names this executor's shuffle files (the agent removes the status
+      // blocks of a damaged map output by those names: spark_plugin/compat/shuffle_blocks.py).
+      settings.put("arrowbeat.executor.spark.version", SparkInternals.sparkVersion());
+      for (String key : SHUFFLE_LAYOUT_KEYS) {
+        if (conf.contains(key)) {
+          settings.put(key, conf.get(key));
+        }
+      }
       LOG.info(
           "arrowbeat executor plugin on executor {} (Spark {}): host {} (from the {}), local dirs [{}]",
           ctx.executorID(), SparkInternals.sparkVersion(), host.name(), host.source(), localDirs);
-      sidecar = launch();
-      startWatchReports(Launch.pulseMs(sidecar.info()));
-      startHangChecks(Launch.pulseMs(sidecar.info()));
       Runtime.getRuntime().addShutdownHook(shutdownNotice); // an agent ending with its JVM is no crash
+      if (rmAddress.isEmpty()) {
+        LOG.warn("arrowbeat's driver-side process on the driver has not started yet; the agent of "
+            + "executor {} starts once it runs", ctx.executorID());
+        scheduleFirstStart();
+        return;
+      }
+      try {
+        started(launch());
+      } catch (Throwable first) {
+        if (!Supervision.retriesStart(first)) {
+          throw first;
+        }
+        supervision.attempting(nowMs());
+        supervision.failed(nowMs());
+        LOG.error("arrowbeat agent did not start on executor {}; it is started again (rate-limited as "
+            + "restarts are): {}", ctx.executorID(), first.getMessage());
+        tellDriverNotStarted(ctx, first);
+        scheduleFirstStart();
+      }
     } catch (Throwable t) {
       LOG.error("arrowbeat agent did not start on executor {}; the executor runs on without it: {}",
           ctx.executorID(), t.getMessage());
@@ -142,12 +194,125 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
     }
   }
 
+  /** The first agent that started: it is the one running, and the checks that follow it start. */
+  private synchronized void started(Sidecar agent) {
+    sidecar = agent;
+    if (!wired) {
+      wired = true;
+      startWatchReports(Launch.pulseMs(agent.info()));
+      startHangChecks(Launch.pulseMs(agent.info()));
+    }
+  }
+
+  /** The next first-start attempt, when the rate limit allows (on the restarter thread). */
+  private void scheduleFirstStart() {
+    if (shuttingDown) {
+      return;
+    }
+    long delayMs = Math.max(0, supervision.nextRestartAt(nowMs()) - nowMs());
+    try {
+      restarter.schedule(this::firstStart, delayMs, TimeUnit.MILLISECONDS);
+    } catch (java.util.concurrent.RejectedExecutionException e) {
+      LOG.debug("arrowbeat agent start not scheduled: the executor is shutting down");
+    }
+  }
+
+  /**
+   * A retried first start: without the RM's address yet, an ask of the driver first (no attempt
+   * counted while the RM is pending, only the backoff); then a start, which on failure is tried
+   * again unless it cannot succeed.
+   */
+  private void firstStart() {
+    if (shuttingDown) {
+      return;
+    }
+    if (rmAddress.isEmpty() && askRmAddress("") == null) {
+      supervision.failed(nowMs());
+      scheduleFirstStart();
+      return;
+    }
+    supervision.attempting(nowMs());
+    try {
+      Sidecar agent = launch();
+      supervision.succeeded();
+      synchronized (this) {
+        if (shuttingDown) {
+          agent.stop(0);
+          return;
+        }
+        started(agent);
+      }
+      LOG.warn("arrowbeat agent of executor {} started (pid {}) after a failed or delayed first start",
+          ctx.executorID(), agent.pid());
+    } catch (Throwable t) {
+      supervision.failed(nowMs());
+      if (!Supervision.retriesStart(t)) {
+        LOG.error("arrowbeat agent of executor {} did not start and will not be retried: {}",
+            ctx.executorID(), t.getMessage());
+        tellDriverNotStarted(ctx, t);
+        return;
+      }
+      LOG.error("arrowbeat agent of executor {} did not start (retried in {} ms): {}", ctx.executorID(),
+          Math.max(0, supervision.nextRestartAt(nowMs()) - nowMs()), t.getMessage());
+      scheduleFirstStart();
+    }
+  }
+
+  /**
+   * Asks the driver plugin where the RM is now ({@link Protocol#RM_ADDRESS_QUERY}); if it moved
+   * from {@code dialled}, later agents start with the new address and the running one is told.
+   * The address, or null while the RM is down or the ask failed.
+   */
+  private String askRmAddress(String dialled) {
+    Object answer;
+    try {
+      answer = ctx.ask(Protocol.RM_ADDRESS_QUERY);
+    } catch (Exception e) {
+      LOG.debug("arrowbeat could not ask the driver for the RM's address: {}", e.toString());
+      return null;
+    }
+    String address = Protocol.address(answer);
+    if (address == null) {
+      return null; // the RM is down (being restarted) or has not started yet
+    }
+    String before = rmAddress;
+    rmAddress = address;
+    if (!address.equals(dialled)) {
+      LOG.warn("arrowbeat's RM is at {} now (the agent of executor {} dialled {}); telling the agent",
+          address, ctx.executorID(), dialled.isEmpty() ? before : dialled);
+      if (!dialled.isEmpty()) {
+        sendLine(Protocol.rm(address));
+      }
+    }
+    return address;
+  }
+
+  /** {@link #askRmAddress} off the agent's protocol thread, skipped while an ask is in flight. */
+  private void askRmAddressLater(String dialled) {
+    if (!asking.compareAndSet(false, true)) {
+      return;
+    }
+    try {
+      addressAsker.execute(
+          () -> {
+            try {
+              askRmAddress(dialled);
+            } finally {
+              asking.set(false);
+            }
+          });
+    } catch (java.util.concurrent.RejectedExecutionException e) {
+      asking.set(false);
+    }
+  }
+
   /**
    * Starts the agent with this executor's settings and wires it: its commands, metrics, pulses,
    * and what its unexpected exit does. Throws if it does not report ready within the startup timeout.
    */
   private Sidecar launch() throws Exception {
     SparkConf conf = ctx.conf();
+    settings.put(Launch.RM_ADDRESS, rmAddress); // the last one learnt (a restarted RM may have moved)
     String executorId = ctx.executorID();
     String appId = settings.getOrDefault("spark.app.id", "");
     if (appId.isEmpty() && SparkEnv.get() != null) { // a restart: the driver has assigned one since
@@ -161,8 +326,9 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
             settings,
             Launch.startupTimeoutMs(conf));
     agent.onMetrics(metrics::accept); // the agent's shuffle figures, as Spark metrics
-    // An agent may say two things only: its executor's map outputs are gone, or it wants the
-    // stack of one running task's thread. Anything else (kill-executor included) is refused.
+    // An agent may say three things only: its executor's map outputs are gone, it wants the
+    // stack of one running task's thread, or it cannot reach the RM at an address. Anything else
+    // (kill-executor included) is refused.
     agent.onCommand(
         command -> {
           if (Protocol.OUTPUTS_LOST.equals(command.verb())) {
@@ -170,6 +336,8 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
                 + "has Spark replace the executor so their map partitions are recomputed", executorId,
                 command.argument());
             reportLostLater(executorId, command.argument());
+          } else if (Protocol.RM_UNREACHABLE.equals(command.verb())) {
+            askRmAddressLater(command.argument()); // did the RM move? (a restart on another port)
           } else if (Protocol.JSTACK.equals(command.verb())) {
             String stack = taskWatch.stackOf(Long.parseLong(command.argument()));
             sendLine(Protocol.stack(command.argument(), stack));
@@ -508,6 +676,7 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
     }
     restarter.shutdownNow();
     reporter.shutdownNow();
+    addressAsker.shutdownNow();
     try {
       Runtime.getRuntime().removeShutdownHook(shutdownNotice);
     } catch (IllegalStateException | IllegalArgumentException e) {

@@ -14,12 +14,14 @@ import java.util.regex.Pattern;
  * anything not exactly of the grammar, which the caller logs (rate-limited) and ignores.
  *
  * <p>To the child, on its stdin: the settings block, then {@code p <running tasks>}, {@code app
- * <id>}, {@code stop}, {@code exiting}; on the driver Spark's view of its executors ({@code
+ * <id>}, {@code stop}, {@code exiting}; to an agent {@code rm <host:port>}, the RM's address when
+ * it moved (a restarted RM that could not bind its port again); on the driver Spark's view of its executors ({@code
  * executor-...}); on an executor its running tasks ({@code tasks ...}) and a task thread's stack
  * ({@code stack ...}). From the child, on its stdout: {@code ARROWBEAT-READY}, {@code
  * ARROWBEAT-CMD} and {@code ARROWBEAT-METRICS} lines, and from the driver-side process {@code
  * ARROWBEAT-ALIVE}, its answer to each pulse. Between the plugins (Spark's RPC): an
- * executor's lost outputs and an agent that did not start, as the lines the driver plugin relays.
+ * executor's lost outputs and an agent that did not start, as the lines the driver plugin relays,
+ * and an executor plugin's ask for the RM's address now ({@link #RM_ADDRESS_QUERY}).
  */
 final class Protocol {
   private Protocol() {}
@@ -30,6 +32,8 @@ final class Protocol {
   /** A host as the driver-side process accepts it. */
   static final Pattern HOST = Pattern.compile("[A-Za-z0-9._:%\\[\\]-]{1,253}");
   static final int MAX_COMMAND_CHARS = 256;
+  /** {@code host:port} as the driver-side process announces it (and spark.arrowbeat.rm.address). */
+  static final Pattern ADDRESS = Pattern.compile("[A-Za-z0-9.\\-\\[\\]:]{1,253}:[0-9]{1,5}");
 
   // ---- to the child (its stdin) ---------------------------------------------------------------
 
@@ -57,6 +61,17 @@ final class Protocol {
 
   static String app(String appId) {
     return "app " + appId;
+  }
+
+  /**
+   * {@code rm <host:port>}: to an agent, where the RM is now (it was restarted on another port);
+   * the agent registers there. Throws for anything not an {@link #ADDRESS}.
+   */
+  static String rm(String address) {
+    if (address == null || !ADDRESS.matcher(address).matches()) {
+      throw new IllegalArgumentException("not an RM address");
+    }
+    return "rm " + address;
   }
 
   /** Spark registered an executor ({@code host} already checked against {@link #HOST}). */
@@ -232,6 +247,8 @@ final class Protocol {
   static final String OUTPUTS_LOST = "outputs-lost";
   static final String JSTACK = "jstack";
   static final String KILL_TASK = "kill-task";
+  /** From an agent: it cannot reach the RM at the address given (is there a newer one?). */
+  static final String RM_UNREACHABLE = "rm-unreachable";
 
   /** One command from a child: a known verb and its argument, already of the expected shape. */
   record Command(String verb, String argument) {
@@ -246,7 +263,8 @@ final class Protocol {
    * {@link #EXECUTOR_ID}, never Spark's {@code driver}; {@code ARROWBEAT-CMD outputs-lost <reason>}
    * (from an agent only, about its own executor), a {@link #REASON}; {@code ARROWBEAT-CMD jstack
    * <task>} (from an agent) and {@code ARROWBEAT-CMD kill-task <task>} (from the driver-side
-   * process), a {@link #TASK_ID}. Null unless the line is exactly one well-formed command.
+   * process), a {@link #TASK_ID}; {@code ARROWBEAT-CMD rm-unreachable <host:port>} (from an agent),
+   * an {@link #ADDRESS}. Null unless the line is exactly one well-formed command.
    */
   static Command parseCommand(String line) {
     if (line == null || line.length() > MAX_COMMAND_CHARS) {
@@ -264,6 +282,9 @@ final class Protocol {
     }
     if ((words[1].equals(JSTACK) || words[1].equals(KILL_TASK)) && TASK_ID.matcher(words[2]).matches()) {
       return new Command(words[1], words[2]);
+    }
+    if (words[1].equals(RM_UNREACHABLE) && ADDRESS.matcher(words[2]).matches()) {
+      return new Command(RM_UNREACHABLE, words[2]);
     }
     return null;
   }
@@ -358,6 +379,17 @@ final class Protocol {
   private static final Pattern AGENT_DOWN_CAUSE =
       Pattern.compile("[\\x20-\\x7e]{1," + (MAX_AGENT_DOWN_CAUSE_CHARS + 8) + "}");
 
+  /**
+   * An executor plugin's ask of the driver plugin ({@code PluginContext.ask}): the RM's address
+   * now. The answer is the address, or {@code ""} while the driver-side process is down.
+   */
+  static final String RM_ADDRESS_QUERY = "rm-address?";
+
+  /** The driver plugin's answer to {@link #RM_ADDRESS_QUERY}, checked: an address, else null. */
+  static String address(Object answer) {
+    return answer instanceof String text && ADDRESS.matcher(text).matches() ? text : null;
+  }
+
   /** An {@link #executorAgentDown} line, checked again (it is longer than a command). */
   private static boolean isAgentDown(Object message) {
     String[] words = message instanceof String text && text.length() <= 2 * MAX_COMMAND_CHARS
@@ -371,6 +403,6 @@ final class Protocol {
   static final Set<String> KINDS = Set.of(
       "settings", "pulse", "app", "stop", "exiting", "executor-added", "executor-removed",
       "executor-unmonitored", "executor-agent-down", "executor-outputs-lost", "executor-replacement",
-      "tasks", "stack",
+      "tasks", "stack", "rm",
       "ready", "command", "metrics", "alive", "plugin-message");
 }

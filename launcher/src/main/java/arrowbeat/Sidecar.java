@@ -98,11 +98,12 @@ final class Sidecar {
     } catch (java.util.concurrent.TimeoutException e) {
       sidecar.stop(0);
       throw new SidecarException(
-          name + " did not report ready within " + readyTimeoutMs + " ms" + sidecar.tailText());
+          name + " did not report ready within " + readyTimeoutMs + " ms" + sidecar.tailText(), -1);
     } catch (java.util.concurrent.ExecutionException | InterruptedException e) {
       sidecar.stop(0);
       Throwable cause = e.getCause() == null ? e : e.getCause();
-      throw new SidecarException(name + " failed to start: " + cause.getMessage() + sidecar.tailText());
+      throw new SidecarException(
+          name + " failed to start: " + cause.getMessage() + sidecar.tailText(), sidecar.exitCode());
     }
   }
 
@@ -398,10 +399,18 @@ final class Sidecar {
     }
   }
 
-  /** A start failure with the child's last output attached. */
+  /** A start failure with the child's last output attached, and its exit status if it exited. */
   static final class SidecarException extends Exception {
-    SidecarException(String message) {
+    private final int exitStatus;
+
+    SidecarException(String message, int exitStatus) {
       super(message);
+      this.exitStatus = exitStatus;
+    }
+
+    /** The child's exit status; -1 if it did not exit (it missed the start-up timeout). */
+    int exitStatus() {
+      return exitStatus;
     }
   }
 }

@@ -21,6 +21,11 @@ import java.util.Map;
  * Policy#windowMs} (sliding: a further one waits until the oldest leaves the window; never a cap per
  * application), and an attempt that failed is retried after a backoff doubling from 1 s up to
  * {@link Policy#backoffMaxMs}.
+ *
+ * <p>A failed first start is retried the same way ({@link #retriesStart}): a loaded node that
+ * missed the start-up timeout, or a port taken for a moment, must not leave the application (the
+ * RM) or an executor (an agent) unmonitored for life. Only a start that cannot succeed later is
+ * final: no interpreter, or a process that refused its settings ({@link #NOT_STARTED}).
  */
 final class Supervision {
   /** The supervisor's numbers, as the driver-side process announced them in its ready line. */
@@ -48,6 +53,28 @@ final class Supervision {
         return fallback;
       }
     }
+  }
+
+  /**
+   * The exit status of a driver-side process or an agent that refused its settings (a bad
+   * {@code spark.arrowbeat.*} value, no secret): the same settings fail again, so it is not retried
+   * ({@code spark_plugin.jvm.protocol.NOT_STARTED}).
+   */
+  static final int NOT_STARTED = 2;
+
+  /**
+   * Is a failed start worth another attempt? Yes unless it cannot succeed with the same settings:
+   * the interpreter is missing ({@link Launch.MissingInterpreterException}) or the process exited
+   * with {@link #NOT_STARTED}. A start-up timeout (-1), a crash or any other status is retried.
+   */
+  static boolean retriesStart(boolean interpreterMissing, int exitStatus) {
+    return !interpreterMissing && exitStatus != NOT_STARTED;
+  }
+
+  /** {@link #retriesStart} of what a start threw. */
+  static boolean retriesStart(Throwable failure) {
+    int status = failure instanceof Sidecar.SidecarException started ? started.exitStatus() : -1;
+    return retriesStart(failure instanceof Launch.MissingInterpreterException, status);
   }
 
   /** First delay before retrying a failed restart; doubles per further failure. */
