@@ -13,6 +13,7 @@ reduce task's retry meets a fetch failure and Spark reruns the map partitions
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from pyspark.sql import functions as F
 
 from spark_plugin.shuffle import group_apply, shuffle_of
 from tests.harness.apps import ShuffleCluster
-from tests.harness.procs import executor_jvms
+from tests.harness.history_read import rows as history_rows
+from tests.harness.procs import executor_jvms, wait_until
 
 pytestmark = pytest.mark.spark
 ROWS = 20_000
@@ -122,6 +124,16 @@ def test_damaged_map_outputs_are_recomputed_and_the_answer_is_exact(
             damaged = {r["partition"] for r in writes}
             assert corrupt and corrupt <= damaged, (corrupt, damaged)
             assert all(r["recomputed"] for r in mine if r["corrupt"])
+            # Each damaged file an agent found is a SHUFFLE_CORRUPT event naming its executor and file.
+            named = {r["file"] for r in (json.loads(m["detail"])["corrupt"] for m in mine if m["corrupt"])}
+
+            def recorded() -> bool:
+                found = [
+                    e for e in history_rows(tables, "executor_events") if e["event"] == "SHUFFLE_CORRUPT"
+                ]
+                return all(any(f in e["detail"] for e in found) for f in named)
+
+            assert wait_until(recorded, 30), named
         finally:
             handle.release()
     # The damage cost map partitions, not executors.
