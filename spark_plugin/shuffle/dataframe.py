@@ -568,7 +568,8 @@ _rendezvous_of: dict[str, Any] = {}
 
 
 def _rendezvous(spark: SparkSession, plan: ShufflePlan) -> Any:
-    """The driver's rendezvous for pipelined map tasks, one per application, started on first use.
+    """The driver's rendezvous for pipelined map tasks, one per application, started on first use
+    (and the previous application's closed).
 
     It holds running shuffles only: map tasks unregister as they end, ``ShuffleHandle.release``
     forgets the rest, and what nobody touched for ``spark.arrowbeat.shuffle.ttl`` is swept."""
@@ -578,6 +579,10 @@ def _rendezvous(spark: SparkSession, plan: ShufflePlan) -> Any:
     with _rendezvous_lock:
         found = _rendezvous_of.get(app)
         if found is None:
+            # A process runs one SparkContext at a time: an earlier application's is over.
+            for ended in _rendezvous_of.values():
+                ended.close()
+            _rendezvous_of.clear()
             host = conf_value(spark, "spark.driver.host", "127.0.0.1")
             ttl_s = shuffle_settings(spark).shuffle_ttl_s
             found = _rendezvous_of[app] = Rendezvous(

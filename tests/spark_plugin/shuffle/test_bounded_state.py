@@ -34,7 +34,7 @@ from arrow_shuffle.writer import RecordWriter
 from benchmarks.bookkeeping_soak import fast_dir, run_soak
 from heartbeat.clock import SYSTEM_CLOCK, ManualClock
 from spark_plugin.jvm.worker_label import STACKS_FOLDER
-from spark_plugin.shuffle import dataframe, pipelined
+from spark_plugin.shuffle import dataframe, pipelined, rendezvous
 from spark_plugin.shuffle.agent_layout import note_read
 from spark_plugin.shuffle.agent_service import MapOutputService
 from spark_plugin.shuffle.agent_ttl import RECENT_DELETED, DeletedShuffles
@@ -433,3 +433,38 @@ def test_thousands_of_shuffles_leave_memory_and_descriptors_flat() -> None:
     assert second < GROWTH_LIMIT_PER_1K, (second, soak.marks)
     assert soak.fds_growth(1, 3) == 0, soak.marks
     assert soak.threads_growth(1, 3) == 0, soak.marks
+
+
+class _Conf:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def getAll(self) -> list[tuple[str, str]]:
+        return list(self.values.items())
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.values.get(key, default)
+
+
+def _application(app: str) -> Any:
+    """A classic session of application ``app`` as ``_rendezvous`` reads it (conf, id)."""
+    conf = _Conf({"spark.arrowbeat.authenticate.secret": SECRET, "spark.arrowbeat.shuffle.ttl": "10m"})
+    context = type("Context", (), {"applicationId": app, "getConf": staticmethod(lambda: conf)})()
+    return type("Session", (), {"sparkContext": context, "conf": conf})()
+
+
+def test_the_driver_keeps_one_rendezvous_with_the_shuffle_ttl() -> None:
+    """One per application, with ``spark.arrowbeat.shuffle.ttl``; a new application (the process
+    stopped its SparkContext and started another) closes the previous one's."""
+    try:
+        first = dataframe._rendezvous(_application("app-1"), _plan(1))
+        assert first.ttl_s == 600.0
+        assert dataframe._rendezvous(_application("app-1"), _plan(2)) is first
+        second = dataframe._rendezvous(_application("app-2"), _plan(3))
+        assert second is not first and list(dataframe._rendezvous_of) == ["app-2"]
+        with pytest.raises(ShuffleError):  # closed: its port no longer answers
+            rendezvous.locate(first.address, SECRET, 1, 0, 0.0)
+    finally:
+        for found in dataframe._rendezvous_of.values():
+            found.close()
+        dataframe._rendezvous_of.clear()
