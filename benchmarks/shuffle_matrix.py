@@ -30,6 +30,18 @@ ratio in that cell on this machine; ``arrowbeat / floor`` is what its shuffle an
 The floor is one measurement per input while load moves, so read a ceiling to within that noise.
 ``RESULT load_1m`` is the 1-minute load average before and after the run (the run's own included).
 
+The closing figures include what the map-output and frame checksums cost
+(``spark.arrowbeat.shuffle.checksum``, one application-wide key; issue 36's goal: at most 3% on the
+20 M cells). After the timing run, the arrowbeat side of the largest-rows cells (the 20 M cells in a
+full run) runs again in applications of their own, one per input and setting, checksums off and on
+by turns (off, on, then on, off, ``--repeat`` rounds), each application warmed first, every cell
+once per application; each setting's best counts. Not the shared application's on-figure: its JVMs
+had grown the heaps of Spark's runs before it, and load drifts over a run, so both settings are
+timed the same way, close together. Each cell prints its ``checksum on/off`` times and
+``cost = on/off - 1``; ``RESULT checksum_cost_max`` (the worst cell, a fraction: 0.021 is 2.1%) and
+``RESULT checksum_cost_median``. A cost within the spread of best-of-N here (a few percent) reads as
+"no cost seen", a negative one as noise. ``--no-checksum-cost`` skips the pass.
+
 An ``auto`` column runs the same arrowbeat call with ``path="auto"`` (``spark_plugin.shuffle.route``:
 Spark's exchange below a measured input size, arrowbeat's above): its ratio is Spark / auto, and
 each input's size as the optimizer reports it (the cached relation's real size, the number the
@@ -45,7 +57,7 @@ Dask distributed's P2P shuffle (``groupby("k").apply(f, shuffle_method="p2p")`` 
 uniform cell with default partitions: ``RESULT vs_dask_p2p=<dask / arrowbeat>``.
 
     .venv/bin/python -m benchmarks.shuffle_matrix [--rows 400000,4000000,20000000] [--repeat 2] [--no-auto]
-        [--shared-memory]
+        [--shared-memory] [--no-checksum-cost]
         [--ops group,repart] [--keys uniform,hot] [--partitions default,8]   (a subset of the cells)
 """
 
@@ -147,6 +159,11 @@ def main() -> None:
         "--shared-memory",
         action="store_true",
         help="skip the own-application memory pass: peak memory only from the shared application",
+    )
+    parser.add_argument(
+        "--no-checksum-cost",
+        action="store_true",
+        help="skip the checksums' cost (the largest-rows cells' arrowbeat side, checksum off vs on)",
     )
     parser.add_argument(
         "--ops",
@@ -255,6 +272,11 @@ def main() -> None:
         stop_session(spark)
     if not args.shared_memory:
         _memory_pass(scratch, args, cells, group_apply, partition_apply, release)
+    costs = (
+        []
+        if args.no_checksum_cost
+        else _checksum_pass(scratch, args, cells, group_apply, partition_apply, release)
+    )
     dask_ratio = None
     if not args.no_dask and arrow_uniform_default:
         rows = max(arrow_uniform_default)
@@ -292,6 +314,7 @@ def main() -> None:
         + ("; no auto column" if args.no_auto else "")
         + ("; no Dask" if args.no_dask else "")
         + ("; memory from the shared application" if args.shared_memory else "")
+        + ("; no checksum cost" if args.no_checksum_cost else "")
         + "".join(f"; {setting}" for setting in args.conf)
         + ")"
     )
@@ -320,11 +343,19 @@ def main() -> None:
                 print(f"RESULT worst_cell_ratio_auto_{path}_path={min(on):.3f}")
     if dask_ratio is not None:
         print(f"RESULT vs_dask_p2p={dask_ratio:.3f}")
+    if costs:
+        print(
+            f"checksum cost over {len(costs)} cells of {max(c['rows'] for c in cells):,} rows "
+            "(arrowbeat side, on/off - 1, each setting in applications of its own, by turns)"
+        )
+        print(f"RESULT checksum_cost_max={max(costs):.3f}")
+        print(f"RESULT checksum_cost_median={statistics.median(costs):.3f}")
 
 
-def _session(scratch: Any, args: argparse.Namespace, name: str) -> Any:
+def _session(scratch: Any, args: argparse.Namespace, name: str, conf: dict[str, str] | None = None) -> Any:
     """The matrix's application: Spark's defaults but for memory (``spark.sql.shuffle.partitions``
-    back at 200), arrowbeat's dirs in ``scratch``, then the run's ``--conf`` settings."""
+    back at 200), arrowbeat's dirs in ``scratch``, then the run's ``--conf`` settings, then
+    ``conf`` (a pass's own setting wins over the run's)."""
     return build_session(
         f"local-cluster[2,1,{args.worker_mb}]",
         scratch,
@@ -335,6 +366,7 @@ def _session(scratch: Any, args: argparse.Namespace, name: str) -> Any:
             "spark.arrowbeat.shuffle.dir": str(scratch / "shuffle"),
             "spark.arrowbeat.tables.path": str(scratch / "tables"),
             **dict(setting.split("=", 1) for setting in args.conf),
+            **(conf or {}),
         },
     )
 
@@ -406,6 +438,73 @@ def _memory_pass(
         # reused from an earlier cell keeps what it grew there (``spark.python.worker.reuse``).
         print(f"    at spark's peak: {cell['own_spark_where']}", flush=True)
         print(f"    at arrowbeat's peak: {cell['own_arrow_where']}", flush=True)
+
+
+CHECKSUM_KEY = "spark.arrowbeat.shuffle.checksum"
+
+
+def _checksum_pass(
+    scratch: Any, args: Any, cells: list[dict[str, Any]], group_apply: Any, partition_apply: Any, release: Any
+) -> list[float]:
+    """The checksums' cost on the arrowbeat side of the largest-rows cells: ``on / off - 1`` per
+    cell, each setting's best over ``args.repeat`` applications of its own per input.
+
+    The key is application-wide (an agent frames with its application's setting), so each
+    setting needs applications of its own. Rounds alternate the order (off, on; on, off; ...), so
+    a drift of load over the pass falls on both settings alike; each application is warmed
+    (Python workers forked, the JVM's first plans compiled) before its cells, which run in the
+    timing run's order, so a cell's cold or warm start is the same for both settings."""
+    largest = max(c["rows"] for c in cells)
+    inputs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for cell in cells:
+        if cell["rows"] == largest:
+            inputs.setdefault((cell["rows"], cell["keys"]), []).append(cell)
+    for (rows, keys), input_cells in inputs.items():
+        for cell in input_cells:
+            cell["checksum_s"] = {"on": [], "off": []}
+        for round_ in range(max(1, args.repeat)):
+            for setting in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
+                if not wait_until(lambda: not ours("CoarseGrainedExecutorBackend"), 60):
+                    raise RuntimeError("the previous application's executors are still running after 60 s")
+                spark = _session(
+                    scratch,
+                    args,
+                    f"shuffle-matrix-checksum-{setting}",
+                    {CHECKSUM_KEY: "true" if setting == "on" else "false"},
+                )
+                try:
+                    warm = _cached_input(spark, 200_000, keys)
+                    for cell in input_cells:  # every kind of call once: workers and plans warm
+                        n = None if cell["partitions"] == "default" else 8
+                        _steps(warm, cell["op"], n, group_apply, partition_apply, release)[1]()
+                    warm.unpersist()
+                    df = _cached_input(spark, rows, keys)
+                    for cell in input_cells:
+                        n = None if cell["partitions"] == "default" else 8
+                        arrow_step = _steps(df, cell["op"], n, group_apply, partition_apply, release)[1]
+                        started = time.perf_counter()
+                        arrow_step()
+                        cell["checksum_s"][setting].append(time.perf_counter() - started)
+                    df.unpersist()
+                finally:
+                    stop_session(spark)
+    costs = []
+    for input_cells in inputs.values():
+        for cell in input_cells:
+            on, off = min(cell["checksum_s"]["on"]), min(cell["checksum_s"]["off"])
+            cell["checksum_cost"] = on / off - 1
+            costs.append(cell["checksum_cost"])
+            print(
+                f"rows={cell['rows']:>10,} keys={cell['keys']:7s} partitions={cell['partitions']:7s} "
+                f"op={cell['op']:6s} arrowbeat checksum on {on:7.2f} s off {off:7.2f} s  "
+                f"cost {cell['checksum_cost']:+.3f}  (runs on "
+                + "/".join(f"{t:.2f}" for t in cell["checksum_s"]["on"])
+                + ", off "
+                + "/".join(f"{t:.2f}" for t in cell["checksum_s"]["off"])
+                + ")",
+                flush=True,
+            )
+    return costs
 
 
 def _steps(
