@@ -16,7 +16,8 @@ JVMs' lines against the Python processes'.
 
 ``RESULT`` lines: ``shuffles`` (and ``pipelined_shuffles``), ``wrong_batches``, ``failed_batches``,
 ``first_failed_shuffle`` (per mode, ``none`` when nothing failed), ``shuffles_per_minute``,
-``rss_mib_per_1k_shuffles_max`` (the worst process; ``rss_worst_kind`` names its kind) and one
+``rss_mib_per_1k_shuffles_max`` (the worst process; ``rss_worst_kind`` names its kind),
+``rss_mib_per_1k_shuffles_max_python`` (the worst process that is not a JVM) and one
 ``rss_mib_per_1k_shuffles.<kind>`` per kind (the worst of that kind), ``fds_growth_max``
 (``fds_worst_kind``), ``load_1m`` before and after. It exits 1 when a batch was wrong or failed.
 
@@ -79,6 +80,19 @@ def _session(master: str, executor_memory: str, scratch: Path) -> Any:
     return configure(builder, delta=False).getOrCreate()
 
 
+def _accumulators() -> int | str:
+    """How many accumulators PySpark's driver-side registry holds: it keeps every one ever made
+    (each arrowbeat shuffle's task reports travel in one) until the interpreter exits."""
+    from pyspark import accumulators
+
+    registry = getattr(accumulators, "_accumulatorRegistry", None)
+    return "unknown" if registry is None else len(registry)
+
+
+PYTHON_KINDS = ("python driver", "driver-side arrowbeat", "agent", "Python daemon", "Python worker")
+"""The processes whose memory is all Python's (no JVM heap filling up to its working size)."""
+
+
 def _key(kind: str) -> str:
     return kind.lower().replace(" ", "_").replace("-", "_")
 
@@ -96,6 +110,7 @@ def report(result: streaming_soak.SoakResult, load: tuple[float, float]) -> None
     if result.between_s:
         between = sorted(result.between_s)
         print(f"between batches (the query's own work), median {between[len(between) // 2]:.3f} s")
+    print(f"accumulators the Python driver still holds: {_accumulators()} (one per arrowbeat shuffle made)")
     rows = sorted(streaming_soak.growth(result), key=lambda g: (g.kind, g.label))
     print(f"\nper process, after the warm-up (shuffles {result.shuffles // 2}-{result.shuffles}):")
     for g in rows:
@@ -121,6 +136,9 @@ def report(result: streaming_soak.SoakResult, load: tuple[float, float]) -> None
     if worst is not None:
         print(f"RESULT rss_mib_per_1k_shuffles_max={worst.rss_mib_per_1k:.2f}")
         print(f"RESULT rss_worst_kind={worst.kind}")
+    python = [g.rss_mib_per_1k or 0.0 for g in measured if g.kind in PYTHON_KINDS]
+    if python:
+        print(f"RESULT rss_mib_per_1k_shuffles_max_python={max(python):.2f}")
     for kind in sorted({g.kind for g in measured}):
         top = max(g.rss_mib_per_1k or 0.0 for g in measured if g.kind == kind)
         print(f"RESULT rss_mib_per_1k_shuffles.{_key(kind)}={top:.2f}")
