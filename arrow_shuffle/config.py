@@ -60,7 +60,10 @@ class ShuffleConfig:
     """Data frames carry a CRC-32 of their payload (``frames.FLAG_CHECKSUM``), checked before the
     payload is decoded (``FrameChecksumError``). A sender with it on checksums what it sends; a
     reader with it on refuses a data frame without one, so both ends must agree (they take it from
-    the same ``spark.arrowbeat.shuffle.checksum``). Off saves a CRC pass over every byte per side."""
+    the same ``spark.arrowbeat.shuffle.checksum``). Off saves a CRC pass over every byte per side:
+    about 0.3 s of CPU per GiB on each (``zlib.crc32`` reads ~4 GB/s on the 2-core test machine;
+    ``benchmarks/shuffle_transport.py``, where both sides share those two cores, moves 1.0 GB/s
+    per channel with it and 4.5 without)."""
 
     def __post_init__(self) -> None:
         _check_range("buffer_size", self.buffer_size, 4096, 1 << 30)
