@@ -15,7 +15,7 @@ original stays in ``__cause__``::
     ├── ShuffleProtocolError                  the peer broke the wire protocol
     │   ├── SequenceGapError                  a buffer arrived out of order (gap or duplicate)
     │   ├── CorruptFrameError                 bad magic/type, or a payload that is not valid Arrow IPC
-    │   │   └── FrameChecksumError            a data frame whose payload fails its CRC-32, or has none
+    │   │   └── FrameChecksumError            a data frame whose payload fails its checksum, or has none
     │   ├── OversizedFrameError               a frame larger than ``max_frame_bytes``
     │   ├── CreditViolationError              the sender sent a buffer without credit
     │   └── ControlMessageError               a control message outside its operation's schema
@@ -87,7 +87,7 @@ class CorruptFrameError(ShuffleProtocolError):
 
 
 class FrameChecksumError(CorruptFrameError):
-    """A BUFFER frame's payload does not match the CRC-32 its sender computed (damaged between the
+    """A BUFFER frame's payload does not match the checksum its sender computed (damaged between the
     two processes), or carries none while this reader requires one. Names the stream, the
     buffer's sequence number and both checksums; nothing of the payload was decoded."""
 

@@ -9,7 +9,7 @@ lengths are checked against a maximum before anything is read, so a corrupt or h
 never makes us allocate or wait for it.
 
 A BUFFER frame with ``FLAG_CHECKSUM`` carries ``crc:u32`` right after the header (not counted in
-``length``): the CRC-32 (``zlib.crc32``, the project's checksum) of its payload, computed by the
+``length``): the checksum (``checksum.digest``, the project's one) of its payload, computed by the
 sender from the pieces it sends and checked by the receiver before the payload is decoded
 (``RemoteInputChannel``). Under TLS a record's MAC already catches damage in transit; the check
 stays on there too (one setting, ``ShuffleConfig.checksum``), as it also covers what lies outside
@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import enum
 import struct
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from arrow_shuffle.checksum import digest_parts
 from arrow_shuffle.errors import CorruptFrameError
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ HEADER = struct.Struct("!HBBIqi")
 HEADER_SIZE = HEADER.size
 MAX_CONTROL_PAYLOAD = 64 * 1024
 FLAG_CHECKSUM = 0x01
-"""Flags bit: a ``CHECKSUM_SIZE``-byte CRC-32 of the payload follows the header (BUFFER frames only)."""
+"""Flags bit: a ``CHECKSUM_SIZE``-byte checksum of the payload follows the header (BUFFER frames only)."""
 CHECKSUM = struct.Struct("!I")
 CHECKSUM_SIZE = CHECKSUM.size
 _CHECKSUMMED = struct.Struct("!HBBIqiI")
@@ -80,7 +80,7 @@ class FrameHeader:
     seq: int = 0
     value: int = 0
     crc: int | None = None
-    """The payload's CRC-32 as the sender computed it (a checksummed frame), else ``None``."""
+    """The payload's checksum as the sender computed it (a checksummed frame), else ``None``."""
     checksummed: bool = False
     """The flag was set: ``CHECKSUM_SIZE`` bytes of checksum follow the header (``with_checksum``
     reads them into ``crc``)."""
@@ -97,12 +97,8 @@ def pack_header(kind: Kind, length: int, seq: int = 0, value: int = 0, crc: int 
 
 
 def payload_crc(parts: Iterable[bytes | bytearray | memoryview | pa.Buffer]) -> int:
-    """CRC-32 of the pieces of a payload, in order, read where they are (no copy; ``zlib``
-    releases the GIL for every piece over a few KiB)."""
-    crc = 0
-    for part in parts:
-        crc = zlib.crc32(part, crc)
-    return crc
+    """The checksum of the pieces of a payload, in order, read where they are (no copy)."""
+    return digest_parts(parts)
 
 
 def unpack_header(data: bytes | bytearray | memoryview) -> FrameHeader:

@@ -20,7 +20,7 @@ view (``codec.ReceiveBlocks``, ``codec.ArrowPayload``); the buffer its credit st
 until the payload is consumed, exactly as if the bytes were in it, so the credit rules above count
 the same.
 
-Every BUFFER payload is checked against the CRC-32 its sender put in the frame (``frames``) by the
+Every BUFFER payload is checked against the checksum its sender put in the frame (``frames``) by the
 receiver thread, as soon as it is in and before it is queued, so nothing decodes a damaged one: a
 mismatch is a ``FrameChecksumError`` (naming the stream, the buffer's number and both checksums)
 that ends the channel as any corrupt frame does. With ``config.checksum`` (the default) a BUFFER
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import zlib
 from collections import deque
 from collections.abc import Callable
 
@@ -40,6 +39,7 @@ import pyarrow as pa
 
 from arrow_shuffle.auth import client_handshake
 from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, NetworkBufferPool, Segment
+from arrow_shuffle.checksum import digest
 from arrow_shuffle.codec import ArrowPayload, blocks_for
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.control_schema import PARTITION_REQUEST, encode_json
@@ -280,14 +280,14 @@ class RemoteInputChannel:
         return ArrowPayload(lease, [data], length)
 
     def _verify(self, header: FrameHeader, payload: memoryview) -> None:
-        """``FrameChecksumError`` unless ``payload`` has the CRC-32 the sender put in ``header``
-        (read in place; ``zlib`` releases the GIL over it)."""
+        """``FrameChecksumError`` unless ``payload`` has the checksum the sender put in ``header``
+        (``checksum.digest``, read in place)."""
         if header.crc is None:
             return
-        actual = zlib.crc32(payload)
+        actual = digest(payload)
         if actual != header.crc:
             raise FrameChecksumError(
-                f"buffer {header.seq} ({header.length} bytes) fails its checksum: CRC-32 0x{actual:08x}, "
+                f"buffer {header.seq} ({header.length} bytes) fails its checksum: 0x{actual:08x}, "
                 f"sender's 0x{header.crc:08x}; damaged between the two processes, not decoded {self.where}"
             )
 

@@ -3,9 +3,9 @@
 Flink's ``CreditBasedSequenceNumberingViewReader``: every BUFFER frame spends one credit and
 carries its sequence number and the backlog left behind it; END_OF_PARTITION needs no credit.
 An idle stream sends keepalives so the receiver can tell "slow" from "gone". With the partition's
-``config.checksum`` (the default) every BUFFER frame carries the CRC-32 of its payload, computed
-by the transport from the pieces it sends (no copy), so the reader checks the bytes before it
-decodes them.
+``config.checksum`` (the default) every BUFFER frame carries the checksum (``checksum.digest``) of
+its payload, computed by the transport from the pieces it sends (no copy), so the reader checks
+the bytes before it decodes them.
 
 Both time decisions, "is a keepalive due?" and "how long were we blocked on credit?", are read
 from the ``Clock`` the server hands in; the condition wait between them is real, and only bounds

@@ -6,7 +6,7 @@ is the implementation chosen by measurement (see ``benchmarks/shuffle_transport.
 length-prefixed frames on plain sockets, payloads received with ``recv_into`` straight into the
 memory the caller gives (Arrow memory that the decoded batches keep), and sent with ``sendmsg``
 from where they are (``send_parts``: a record batch's own buffers). A frame sent with ``checksum``
-carries the CRC-32 of its payload after the header (``frames``), computed from the pieces where
+carries the checksum of its payload after the header (``frames``), computed from the pieces where
 they are; ``recv_header`` reads it with the header, and the receiver checks the payload against it
 (``RemoteInputChannel``). Socket errors are mapped to ``PeerLostError`` / ``ChannelClosedError``.
 
@@ -92,7 +92,7 @@ class Connection(Protocol):
         *,
         checksum: bool = False,
     ) -> None:
-        """One frame; with ``checksum`` (BUFFER frames) it carries the payload's CRC-32 (``frames``)."""
+        """One frame; with ``checksum`` (BUFFER frames) it carries the payload's checksum (``frames``)."""
         ...
 
     def send_parts(

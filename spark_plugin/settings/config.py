@@ -454,7 +454,7 @@ OPTIONS: tuple[Option, ...] = (
         "shuffle_checksum",
         "true",
         "true or false",
-        "Map tasks write a CRC-32 of every 1 MiB of each map-output segment beside its index, and "
+        "Map tasks write a checksum (XXH3) of every 1 MiB of each map-output segment beside its index, and "
         "every reader (a host-local file read, the agent serving a stream) verifies it before Arrow "
         "decodes a byte; the shuffle channel checksums each network frame. Damaged bytes are a lost "
         "map output that Spark recomputes (a `SHUFFLE_CORRUPT` event, `corrupt` in "

@@ -27,7 +27,7 @@ MAX_SCHEMA_BYTES = 1 << 20
 MAX_STAGE_BYTES = 8 << 20
 """Largest ``stage`` request: the schema plus every map output file and segment of one reducer."""
 _SEGMENT = Tuple((Int(0, I64), Int(0, I64), List(Int(0, 0xFFFFFFFF), 1 << 16)))
-"""``map_output.Segment``: offset, length and the CRC-32 of each chunk (empty: unchecked)."""
+"""``map_output.Segment``: offset, length and the checksum of each chunk (empty: unchecked)."""
 _FILE = Tuple((Str(4096, 1), List(_SEGMENT, 1 << 20)))
 AGENT_CONTROL = Service(
     "arrowbeat-agent-control",

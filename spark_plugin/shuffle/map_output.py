@@ -51,8 +51,8 @@ RUN_PIECES = 4
 """A run is put in reducer order this many pieces at a time (``MapOutputWriter._write_run``)."""
 
 Segment = tuple[int, int, list[int]]
-"""``(offset, length, checksums)`` of one Arrow IPC stream inside a map output file: a CRC-32 of
-every ``CHUNK_BYTES`` of it (``arrow_shuffle.checksum``), or none when checksums are off. A
+"""``(offset, length, checksums)`` of one Arrow IPC stream inside a map output file: a checksum
+of every ``CHUNK_BYTES`` of it (``arrow_shuffle.checksum``), or none when checksums are off. A
 two-item ``(offset, length)`` is read unchecked."""
 
 
@@ -113,7 +113,7 @@ class MapOutputWriter:
         memory_pool: pa.MemoryPool | None = None,
         checksum: bool = True,
     ) -> None:
-        """``checksum``: each segment gets its CRC-32s (``Segment``), which every reader verifies."""
+        """``checksum``: each segment gets its checksums (``Segment``), which every reader verifies."""
         self.path = path
         self.memory_pool = memory_pool
         """Where a run's sorted pieces are allocated (default: Arrow's); a test accounts them."""

@@ -125,7 +125,7 @@ class ShufflePlan:
     read_host_local: bool = True
     """Read map outputs of other executors on the same host from disk (``reads_from_disk``)."""
     checksum: bool = True
-    """``spark.arrowbeat.shuffle.checksum``: map outputs carry CRC-32s that every reader verifies."""
+    """``spark.arrowbeat.shuffle.checksum``: map outputs carry checksums that every reader verifies."""
     lost_wait_s: float = 5.0
     """How long a reduce task that found map outputs lost waits for their executor to go before
     failing (``lost_outputs``): Spark's ``spark.shuffle.io.retryWait``."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from arrow_shuffle import (
     ShuffleConfigError,
     ShuffleError,
 )
+from arrow_shuffle.checksum import digest
 from arrow_shuffle.errors import CorruptFrameError, FrameChecksumError
 from arrow_shuffle.frames import (
     CHECKSUM_SIZE,
@@ -135,7 +135,7 @@ def test_a_flipped_bit_is_a_typed_error_and_no_damaged_row(
         seqs, strings, error = _read(gate)
     assert isinstance(error, FrameChecksumError), error
     message = str(error)
-    assert f"buffer {frame} " in message and "CRC-32 0x" in message and "sender's 0x" in message
+    assert f"buffer {frame} " in message and "checksum: 0x" in message and "sender's 0x" in message
     assert f"{spec.partition_id}#0" in message and f"{proxy.address[0]}:{proxy.address[1]}" in message
     assert set(strings) <= {GOOD}  # no damaged row reached the reader
     assert seqs == list(range(len(seqs))) and len(seqs) < rows  # the rows before it, nothing after
@@ -159,7 +159,7 @@ def test_checked_frames_carry_the_crc_of_their_payload_and_every_row_arrives(
     assert len(buffers) > 10
     for seen in buffers:
         assert seen.flags == FLAG_CHECKSUM
-        assert seen.sent_crc == zlib.crc32(seen.payload)
+        assert seen.sent_crc == digest(seen.payload)
     others = [f for f in proxy.frames if f.kind != Kind.BUFFER]
     assert others and all(f.flags == 0 and f.crc is None for f in others)
 
@@ -203,7 +203,7 @@ def test_each_receive_path_checks_before_decoding(
     payload = _ipc(rows)
     half, whole = cfg.buffer_size // 2, cfg.buffer_size
     assert {10: len(payload) < half, 400: half <= len(payload) <= whole, 1200: len(payload) > whole}[rows]
-    crc = zlib.crc32(payload) ^ (0 if right else 0x80000000)
+    crc = digest(payload) ^ (0 if right else 0x80000000)
 
     def script(conn: TcpConnection, credit: int) -> None:
         conn._sock.sendall(pack_header(Kind.BUFFER, len(payload), 0, 0, crc) + payload)
@@ -220,7 +220,7 @@ def test_each_receive_path_checks_before_decoding(
         assert error is None and seqs == list(range(rows))
     else:
         assert isinstance(error, FrameChecksumError) and seqs == []
-        assert f"sender's 0x{crc:08x}" in str(error) and f"CRC-32 0x{zlib.crc32(payload):08x}" in str(error)
+        assert f"sender's 0x{crc:08x}" in str(error) and f"checksum: 0x{digest(payload):08x}" in str(error)
     assert pool.num_available == pool.num_segments
 
 
@@ -287,7 +287,7 @@ def test_the_crc_follows_the_header_only_when_asked(
     assert (magic, kind, length, seq, value) == (MAGIC, Kind.BUFFER, len(payload), 7, 3)
     assert flags == (FLAG_CHECKSUM if checksum else 0)
     if checksum:
-        assert int.from_bytes(_exact(theirs, CHECKSUM_SIZE), "big") == zlib.crc32(payload)
+        assert int.from_bytes(_exact(theirs, CHECKSUM_SIZE), "big") == digest(payload)
     assert _exact(theirs, len(payload)) == payload  # nothing else between header and payload
 
 
@@ -298,7 +298,7 @@ def test_recv_header_reads_the_crc_with_the_header() -> None:
         sender.send(Kind.BUFFER, b"payload", seq=1, checksum=True)
         sender.send(Kind.KEEPALIVE)
         header = receiver.recv_header()
-        assert header is not None and header.crc == zlib.crc32(b"payload") and header.checksummed
+        assert header is not None and header.crc == digest(b"payload") and header.checksummed
         got = bytearray(7)
         receiver.recv_into(memoryview(got))
         assert got == b"payload"
