@@ -144,7 +144,7 @@ def report(result: streaming_soak.SoakResult, load: tuple[float, float]) -> None
         print(f"RESULT rss_mib_per_1k_shuffles.{_key(kind)}={top:.2f}")
     if fds_worst is not None:
         print(f"RESULT fds_growth_max={fds_worst.fds_growth}")
-        print(f"RESULT fds_worst_kind={fds_worst.kind}")
+        print(f"RESULT fds_worst_kind={fds_worst.kind if fds_worst.fds_growth else 'none'}")
     print(f"RESULT load_1m={load[0]:.2f}->{load[1]:.2f}")
 
 
