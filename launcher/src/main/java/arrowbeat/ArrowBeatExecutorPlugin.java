@@ -275,14 +275,13 @@ public final class ArrowBeatExecutorPlugin implements ExecutorPlugin {
     if (address == null) {
       return null; // the RM is down (being restarted) or has not started yet
     }
-    String before = rmAddress;
     rmAddress = address;
-    if (!address.equals(dialled)) {
+    if (dialled.isEmpty()) {
+      LOG.info("arrowbeat's RM runs at {}: starting the agent of executor {}", address, ctx.executorID());
+    } else if (!address.equals(dialled)) {
       LOG.warn("arrowbeat's RM is at {} now (the agent of executor {} dialled {}); telling the agent",
-          address, ctx.executorID(), dialled.isEmpty() ? before : dialled);
-      if (!dialled.isEmpty()) {
-        sendLine(Protocol.rm(address));
-      }
+          address, ctx.executorID(), dialled);
+      sendLine(Protocol.rm(address));
     }
     return address;
   }
