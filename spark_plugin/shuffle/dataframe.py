@@ -64,6 +64,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
+from spark_plugin.compat.accumulators import discard as discard_accumulator
 from spark_plugin.compat.arrow_schema import to_arrow_schema
 from spark_plugin.compat.connect import is_connect, unsupported
 from spark_plugin.compat.plan_stats import PlanSize, plan_size
@@ -163,6 +164,11 @@ class ShuffleHandle:
         """Made from a Spark Connect session: no accumulator, reports from the eager map side."""
         self._reports = None if self.connect else spark.sparkContext.accumulator([], _ListParam())
         self._collected: list[dict[str, Any]] = []
+        self._let_go: Callable[[], Any] | None = None
+        """Drops the accumulator's reports from PySpark's registry (``compat.accumulators``): at
+        release, or when the handle is gone (then nothing could read them any more)."""
+        if self._reports is not None:
+            self._let_go = weakref.finalize(self, discard_accumulator, self._reports.aid)
         self._written_keys: set[tuple[str, int, str, bool]] = set()
         self._lock = threading.Lock()
         self.released = False
@@ -297,8 +303,22 @@ class ShuffleHandle:
             self.flush_metrics()
         except Exception as exc:  # metrics must never turn a release into a failure
             log.warning("shuffle_metrics rows of shuffle %s not written: %s", self.shuffle_id, exc)
+        self._keep_reports()
         _LIVE.discard(self)
         return freed
+
+    def _keep_reports(self) -> None:
+        """Move the task reports out of PySpark's accumulator registry into this handle: a
+        released shuffle takes no more, and PySpark would keep them for the process's life (20 MB
+        per 1,000 shuffles of a streaming query); they go with the handle."""
+        acc = self._reports
+        if acc is None:
+            return
+        with self._lock:
+            self._collected[:0] = list(acc.value)
+            self._reports = None
+        if self._let_go is not None:
+            self._let_go()
 
     def _release_from_here(self) -> int:
         """The driver process calls each agent (it is in the cluster and holds the secret)."""

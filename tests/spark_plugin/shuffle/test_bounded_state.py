@@ -10,18 +10,22 @@ flat (``benchmarks.bookkeeping_soak`` runs 100,000).
 
 from __future__ import annotations
 
+import gc
+import itertools
 import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyspark.accumulators import Accumulator, _accumulatorRegistry
 
 from arrow_shuffle import ControlRequestError, RemoteFailureError, ShuffleError
 from arrow_shuffle.buffer_pool import NetworkBufferPool
@@ -33,6 +37,7 @@ from arrow_shuffle.partition_server import RECENT_STREAMS, PartitionServer
 from arrow_shuffle.writer import RecordWriter
 from benchmarks.bookkeeping_soak import fast_dir, run_soak
 from heartbeat.clock import SYSTEM_CLOCK, ManualClock
+from spark_plugin.compat.accumulators import DISCARDED
 from spark_plugin.jvm.worker_label import STACKS_FOLDER
 from spark_plugin.shuffle import dataframe, pipelined, rendezvous
 from spark_plugin.shuffle.agent_layout import note_read
@@ -173,25 +178,38 @@ def test_shuffles_killed_tasks_left_are_swept_after_the_ttl() -> None:
         driver.close()
 
 
-class _Accumulator:
-    def __init__(self) -> None:
-        self.value: list[dict[str, Any]] = []
-
-    def add(self, _rows: list[dict[str, Any]]) -> None:
-        pass
+_AIDS = itertools.count(1 << 40)
+"""Accumulator ids of this module's fake sessions, far from any SparkContext's."""
 
 
 class _Context:
+    """Makes real PySpark accumulators (registered in PySpark's driver registry, as a
+    SparkContext's are), without a JVM."""
+
     applicationId = APP
 
-    def accumulator(self, _value: object, _param: object) -> _Accumulator:
-        return _Accumulator()
+    def accumulator(self, value: Any, param: Any) -> Accumulator[Any]:
+        return Accumulator(next(_AIDS), value, param)
 
 
 class _Session:
-    """What ``ShuffleHandle`` asks of a classic session (no reports: nothing to write)."""
+    """What ``ShuffleHandle`` asks of a classic session."""
 
     sparkContext = _Context()
+
+
+def _update(aid: int, reports: list[dict[str, Any]]) -> None:
+    """What PySpark's accumulator server does with a task's update."""
+    _accumulatorRegistry[aid] += reports
+
+
+def _report(partition: int) -> dict[str, Any]:
+    return {"side": "read", "partition": partition, "attempt": "1.2.0", "executor": "1", "control": []}
+
+
+def _entry(aid: int) -> object:
+    """PySpark's registry entry of ``aid`` (typed as accumulators; a released one is not)."""
+    return _accumulatorRegistry[aid]
 
 
 def test_releasing_a_pipelined_shuffle_forgets_its_entries() -> None:
@@ -201,11 +219,60 @@ def test_releasing_a_pipelined_shuffle_forgets_its_entries() -> None:
         driver.register(9, 0, "h", 1, token=1)  # a map task that never ended normally
         driver.register(10, 0, "h", 1, token=1)
         handle = dataframe.ShuffleHandle(_Session(), _plan(9), "pipelined")  # type: ignore[arg-type]
-        assert handle.release() == 0
+        assert handle.release() == 0  # no reports: no metrics to write
         assert driver.locate(9, 1, 0.0) == [] and driver.shuffles() == 1
     finally:
         dataframe._rendezvous_of.pop(APP, None)
         driver.close()
+
+
+@pytest.fixture
+def no_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Releases write no ``shuffle_metrics`` rows here (no tables): the reports are the subject."""
+    monkeypatch.setattr(dataframe.ShuffleHandle, "flush_metrics", lambda self: 0)
+
+
+@pytest.mark.usefixtures("no_metrics")
+def test_a_released_shuffles_reports_leave_pysparks_accumulator_registry() -> None:
+    """PySpark's driver keeps every accumulator it made, with its value. A released shuffle's
+    reports move to its handle (and go with it); a late update is taken and dropped."""
+    handle = dataframe.ShuffleHandle(_Session(), _plan(11), "materialized")  # type: ignore[arg-type]
+    aid = handle._reports.aid  # type: ignore[union-attr]
+    _update(aid, [_report(0), _report(1)])
+    assert handle.release() == 0
+    assert _entry(aid) is DISCARDED  # before: the accumulator, with both reports
+    assert [r["partition"] for r in handle.reports()] == [0, 1]
+    _update(aid, [_report(2)])  # a released DataFrame evaluated again: nothing kept, no error
+    assert _entry(aid) is DISCARDED and len(handle.reports()) == 2
+
+
+def test_a_dropped_handle_takes_its_reports_along() -> None:
+    handle = dataframe.ShuffleHandle(_Session(), _plan(12), "materialized")  # type: ignore[arg-type]
+    aid = handle._reports.aid  # type: ignore[union-attr]
+    _update(aid, [_report(0)])
+    del handle
+    gc.collect()
+    assert _entry(aid) is DISCARDED
+
+
+@pytest.mark.usefixtures("no_metrics")
+def test_a_thousand_released_shuffles_keep_a_slot_each_not_their_reports() -> None:
+    """Twenty reports a shuffle (about 10 KB of dicts): before, all of them stayed in
+    PySpark's registry; now a registry slot (about 100 bytes) does."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for shuffle in range(1000):
+            handle = dataframe.ShuffleHandle(_Session(), _plan(shuffle), "materialized")  # type: ignore[arg-type]
+            _update(handle._reports.aid, [_report(p) for p in range(20)])  # type: ignore[union-attr]
+            handle.release()
+            del handle
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 300_000, grown  # before: over 10 MB
 
 
 # -- a data server drops its streams' senders ------------------------------------------------------
