@@ -81,9 +81,12 @@ class AsyncAgent:
         channel_credentials: grpc.ChannelCredentials | None = None,
         channel_options: ChannelOptions = (),
         on_rm_unreachable: Callable[[str], None] | None = None,
+        on_kill_host: Callable[[str], None] | None = None,
     ) -> None:
         """``on_rm_unreachable(address)``: after each failed registration attempt, with the address
-        dialled (the Spark agent asks its JVM whether a restarted RM moved; ``set_rm_address``)."""
+        dialled (the Spark agent asks its JVM whether a restarted RM moved; ``set_rm_address``).
+        ``on_kill_host(reason)``: the RM timed our registration out and says the host may be ended
+        if it is frozen (``AgentCore.on_kill_host``); the callback decides and acts."""
         self._channel_credentials = channel_credentials  # TLS to the RM when given
         self._channel_options = tuple(channel_options)
         self.core = AgentCore(
@@ -94,6 +97,7 @@ class AsyncAgent:
             payload_providers=payload_providers,
             is_healthy=is_healthy,
             on_registered=on_registered,
+            on_kill_host=on_kill_host,
         )
         self.rm_address = rm_address
         self._on_rm_unreachable = on_rm_unreachable

@@ -153,8 +153,10 @@ class AgentCore:
         payload_providers: Sequence[PayloadProvider] = (),
         is_healthy: Callable[[], bool] = lambda: True,
         on_registered: Callable[[Registration], None] | None = None,
+        on_kill_host: Callable[[str], None] | None = None,
     ) -> None:
         self.executor_id = executor_id
+        self._on_kill_host = on_kill_host
         self.host = host
         self.pid = os.getpid() if pid is None else pid
         self.services = services or HeartbeatServices()
@@ -269,6 +271,23 @@ class AgentCore:
             return
         session.target.seq = seq
         session.manager.request_heartbeat(RM_TARGET_ID, None)
+
+    def on_kill_host(self, epoch: str, instance_id: str, reason: str) -> bool:
+        """The RM timed out the registration being served and says its host may be ended if it is
+        frozen: handed to ``on_kill_host`` (which checks the host itself before it acts) only for
+        this session's own registration, and only while the host is unhealthy (a healthy host
+        answers, so the RM's verdict is stale). Whether it was handed on."""
+        session = self._session
+        if session is None or self._on_kill_host is None:
+            return False
+        if (epoch, instance_id) != tuple(session.target.registration) or self.healthy():
+            log.warning("agent %s ignored the RM's word that its host may be ended", self.executor_id)
+            return False
+        try:
+            self._on_kill_host(one_line(reason))
+        except Exception:
+            log.exception("ending the frozen host of agent %s failed", self.executor_id)
+        return True
 
     def rm_closed_stream(self, status: str | None, details: str | None, *, failed: bool = False) -> None:
         """The stream ended with ``status``: keep it typed in ``rm_error`` and end the session.

@@ -109,7 +109,12 @@ class AgentSession:
                 if message is EOF:
                     self.core.rm_closed_stream(status_name(await self.call.code()), await self.call.details())
                     return
-                if message.WhichOneof("body") != "heartbeat_request" or self._ended.done():
+                body = message.WhichOneof("body")
+                if body == "kill_host" and not self._ended.done():  # the RM's last word
+                    kill = message.kill_host
+                    self.core.on_kill_host(kill.epoch, kill.instance_id, kill.reason)
+                    continue
+                if body != "heartbeat_request" or self._ended.done():
                     continue
                 request = message.heartbeat_request
                 self.core.on_heartbeat_request(request.epoch, request.instance_id, request.seq)

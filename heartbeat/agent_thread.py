@@ -52,6 +52,7 @@ class AgentThread:
         channel_credentials: grpc.ChannelCredentials | None = None,
         channel_options: ChannelOptions = (),
         on_rm_unreachable: Callable[[str], None] | None = None,
+        on_kill_host: Callable[[str], None] | None = None,
     ) -> None:
         self._cond = threading.Condition()
         self._kwargs: dict[str, Any] = dict(
@@ -68,6 +69,7 @@ class AgentThread:
             channel_credentials=channel_credentials,
             channel_options=channel_options,
             on_rm_unreachable=on_rm_unreachable,
+            on_kill_host=on_kill_host,
         )
         self._agent: AsyncAgent | None = None
         self._running: concurrent.futures.Future[None] | None = None

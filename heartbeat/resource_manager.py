@@ -41,6 +41,7 @@ from .errors import StaleEpochError, StaleInstanceError, UnknownExecutorError
 from .events import Event, EventKind, ExecutorEvent, HeartbeatRecord
 from .monitor import HeartbeatMonitor
 from .payload import Payload
+from .rm_trust import trusted_timeout
 from .scheduler import Cancellable, Scheduler
 from .services import HeartbeatServices
 
@@ -65,6 +66,11 @@ class AgentLink(Protocol):
 
     def close(self, status: str, detail: str) -> None:
         """End the connection with a gRPC status name and a message telling the agent what to do."""
+        ...
+
+    def ask_kill_host(self, epoch: str, instance_id: str, reason: str) -> None:
+        """Make the next ``close`` first tell the agent that it may end its frozen host (its
+        executor JVM): sent last on the stream, the agent checks locally before it acts."""
         ...
 
 
@@ -154,8 +160,12 @@ class ResourceManagerCore:
         known_executors: Iterable[str] = (),
         spread: int = 10,
         max_ended: int = 10_000,
+        kill_frozen_hosts: bool = False,
     ) -> None:
+        """``kill_frozen_hosts``: on a heartbeat timeout it trusts (``rm_trust``), the RM tells the
+        agent it may end its host if that is frozen (``AgentLink.ask_kill_host``)."""
         self.services = services
+        self._kill_frozen_hosts = kill_frozen_hosts
         self.epoch = epoch or uuid.uuid4().hex
         self._clock = clock
         self._bus = bus
@@ -391,12 +401,27 @@ class ResourceManagerCore:
         registration = self._registrations.get(target_id)
         if registration is not None and registration.state == "RUNNING":
             timeout = self.services.timeout_s
+            trusted, stall = trusted_timeout(
+                registration.target.sent.values(),
+                registration.monitor.last_heartbeat,
+                self._clock.monotonic(),
+                self.services.interval_s,
+                timeout,
+            )
+            detail = f"no heartbeat for {timeout:g} s"
+            if not trusted:
+                detail += f"; not acted on: the RM itself sent no request for {stall:.2f} s (its own stall)"
+            elif self._kill_frozen_hosts:
+                registration.target.link.ask_kill_host(
+                    self.epoch, registration.instance_id, f"no heartbeat for {timeout:g} s"
+                )
             self._end(
                 registration,
                 "TIMEOUT",
                 EventKind.HEARTBEAT_TIMEOUT,
-                f"no heartbeat for {timeout:g} s",
+                detail,
                 ("NOT_FOUND", "heartbeat timeout: the RM dropped this registration; register again"),
+                trusted=trusted,
             )
 
     def notify_target_unreachable(self, target_id: str) -> None:
@@ -478,6 +503,8 @@ class ResourceManagerCore:
         kind: EventKind,
         detail: str,
         close: tuple[str, str] | None,
+        *,
+        trusted: bool = True,
     ) -> None:
         with self._lock:
             if registration.state != "RUNNING":
@@ -490,7 +517,9 @@ class ResourceManagerCore:
         self._sender.unmonitor_if(registration.executor_id, registration.monitor)
         if close is not None:
             registration.target.link.close(*close)
-        self._emit(kind, registration.executor_id, registration.host, registration.instance_id, detail)
+        self._emit(
+            kind, registration.executor_id, registration.host, registration.instance_id, detail, trusted
+        )
         self._await_agent(registration.executor_id, registration.host, f"{kind.value} ({detail})")
 
     def _await_agent(self, executor_id: str, host: str, after: str) -> None:
@@ -547,8 +576,18 @@ class ResourceManagerCore:
                 while len(self._forgotten) > self._max_ended:
                     self._forgotten.popitem(last=False)
 
-    def _emit(self, kind: EventKind, executor_id: str, host: str, instance_id: str, detail: str) -> None:
+    def _emit(
+        self,
+        kind: EventKind,
+        executor_id: str,
+        host: str,
+        instance_id: str,
+        detail: str,
+        trusted: bool = True,
+    ) -> None:
         if self._stopped:
             return
         log.info("executor %s (%s) %s %s", executor_id, instance_id, kind.value, detail)
-        self._bus.publish(ExecutorEvent(kind, executor_id, host, instance_id, self._clock.time(), detail))
+        self._bus.publish(
+            ExecutorEvent(kind, executor_id, host, instance_id, self._clock.time(), detail, trusted)
+        )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -36,7 +37,7 @@ from . import _auth
 from ._grpc_compat import EOF
 from ._io_loop import submit
 from ._proto import heartbeat_pb2 as pb
-from ._text import one_line
+from ._text import clean_reason, one_line
 from ._transport import bind_server, server_options
 from ._wire import (
     CALL_PROOF_KEY,
@@ -95,6 +96,8 @@ class _StreamLink:
         self._queue: collections.deque[pb.RmMessage] = collections.deque()
         self._wake = asyncio.Event()
         self.closed = False
+        self.last_words: pb.RmMessage | None = None
+        """Written just before the stream ends with a status (``ask_kill_host``)."""
         self.ended: asyncio.Future[tuple[str, str] | None] = asyncio.get_running_loop().create_future()
         self.on_send_failure: Callable[[], None] = lambda: None
 
@@ -109,6 +112,11 @@ class _StreamLink:
 
     def close(self, status: str, detail: str) -> None:
         self.finish((status, detail))
+
+    def ask_kill_host(self, epoch: str, instance_id: str, reason: str) -> None:
+        if not self.closed:
+            kill = pb.KillHost(epoch=epoch, instance_id=instance_id, reason=clean_reason(reason))
+            self.last_words = pb.RmMessage(kill_host=kill)
 
     def finish(self, status: tuple[str, str] | None) -> None:
         self.closed = True
@@ -148,10 +156,13 @@ class ResourceManagerServer:
         call_window_s: float = 60.0,
         server_credentials: grpc.ServerCredentials | None = None,
         any_port_if_taken: bool = False,
+        kill_frozen_hosts: bool = False,
     ) -> None:
         """``any_port_if_taken``: if ``port`` cannot be bound, serve on a free one instead (a
         restarted RM whose port another process took meanwhile; its agents learn the new address
-        from their hosts). Without it, a taken port fails ``start``."""
+        from their hosts). Without it, a taken port fails ``start``. ``kill_frozen_hosts``: see
+        ``ResourceManagerCore``."""
+        self._kill_frozen_hosts = kill_frozen_hosts
         self.services = services
         self._any_port_if_taken = any_port_if_taken
         self.moved_from: int | None = None
@@ -312,6 +323,7 @@ class ResourceManagerServer:
             self._bus,
             known_executors=self._known,
             spread=self._spread,
+            kill_frozen_hosts=self._kill_frozen_hosts,
         )
         await server.start()
         self._server = server
@@ -501,6 +513,9 @@ class ResourceManagerServer:
                 if task is not None:
                     task.cancel()
         if status is not None:
+            if link.last_words is not None:  # the agent may end its frozen host: said before the end
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(context.write(link.last_words), self.services.interval_s)
             await context.abort(getattr(grpc.StatusCode, status[0]), status[1])
 
     def _register_proof_ok(self, req: pb.RegisterRequest, rm_nonce: bytes) -> bool:

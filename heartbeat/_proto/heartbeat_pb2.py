@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fheartbeat.proto\x12\x13\x61rrowbeat.heartbeat\"(\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"<\n\rHelloResponse\x12\x11\n\tchallenge\x18\x01 \x01(\x0c\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\"\x16\n\x14ListExecutorsRequest\"\xe7\x01\n\x0e\x45xecutorStatus\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\x15\n\rregistered_at\x18\x06 \x01(\x01\x12\x16\n\x0elast_heartbeat\x18\x07 \x01(\x01\x12\x13\n\x0blast_rtt_ms\x18\x08 \x01(\x01\x12-\n\x07payload\x18\t \x01(\x0b\x32\x1c.arrowbeat.heartbeat.Payload\x12\x0e\n\x06\x64\x65tail\x18\n \x01(\t\"^\n\x15ListExecutorsResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x36\n\texecutors\x18\x02 \x03(\x0b\x32#.arrowbeat.heartbeat.ExecutorStatus\"\xcb\x01\n\x0c\x41gentMessage\x12\x38\n\x08register\x18\x01 \x01(\x0b\x32$.arrowbeat.heartbeat.RegisterRequestH\x00\x12;\n\theartbeat\x18\x02 \x01(\x0b\x32&.arrowbeat.heartbeat.HeartbeatResponseH\x00\x12<\n\nunregister\x18\x03 \x01(\x0b\x32&.arrowbeat.heartbeat.UnregisterRequestH\x00\x42\x06\n\x04\x62ody\"\xc9\x01\n\tRmMessage\x12;\n\nregistered\x18\x01 \x01(\x0b\x32%.arrowbeat.heartbeat.RegisterResponseH\x00\x12\x42\n\x11heartbeat_request\x18\x02 \x01(\x0b\x32%.arrowbeat.heartbeat.HeartbeatRequestH\x00\x12\x33\n\tchallenge\x18\x03 \x01(\x0b\x32\x1e.arrowbeat.heartbeat.ChallengeH\x00\x42\x06\n\x04\x62ody\"7\n\tChallenge\x12\x10\n\x08rm_nonce\x18\x01 \x01(\x0c\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\"\xb1\x01\n\x0fRegisterRequest\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\x14\n\x0cresume_epoch\x18\x04 \x01(\t\x12\x1a\n\x12resume_instance_id\x18\x05 \x01(\t\x12\x18\n\x10protocol_version\x18\x06 \x01(\r\x12\x13\n\x0b\x61gent_nonce\x18\x07 \x01(\x0c\x12\r\n\x05proof\x18\x08 \x01(\x0c\"\x7f\n\x10RegisterResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x13\n\x0binterval_ms\x18\x03 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x03\x12\x0f\n\x07resumed\x18\x05 \x01(\x08\x12\r\n\x05proof\x18\x06 \x01(\x0c\"C\n\x10HeartbeatRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"\xc1\x02\n\x07Payload\x12\x13\n\x0bslots_total\x18\x01 \x01(\x03\x12\x12\n\nslots_busy\x18\x02 \x01(\x03\x12\x15\n\rrunning_tasks\x18\x03 \x01(\x03\x12\x11\n\trss_bytes\x18\x04 \x01(\x03\x12\x18\n\x10jvm_pulse_age_ms\x18\x05 \x01(\x03\x12:\n\x07metrics\x18\x06 \x03(\x0b\x32).arrowbeat.heartbeat.Payload.MetricsEntry\x12/\n\x04work\x18\x07 \x03(\x0b\x32!.arrowbeat.heartbeat.WorkProgress\x12,\n\x07notices\x18\x08 \x03(\x0b\x32\x1b.arrowbeat.heartbeat.Notice\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"2\n\x06Notice\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"j\n\x0cWorkProgress\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\x12\x11\n\trunning_s\x18\x03 \x01(\x01\x12\x0e\n\x06idle_s\x18\x04 \x01(\x01\x12\r\n\x05stuck\x18\x05 \x01(\x08\x12\r\n\x05where\x18\x06 \x01(\t\"s\n\x11HeartbeatResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12-\n\x07payload\x18\x04 \x01(\x0b\x32\x1c.arrowbeat.heartbeat.Payload\"G\n\x11UnregisterRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t2\x9b\x02\n\x0fResourceManager\x12P\n\x07\x43onnect\x12!.arrowbeat.heartbeat.AgentMessage\x1a\x1e.arrowbeat.heartbeat.RmMessage(\x01\x30\x01\x12N\n\x05Hello\x12!.arrowbeat.heartbeat.HelloRequest\x1a\".arrowbeat.heartbeat.HelloResponse\x12\x66\n\rListExecutors\x12).arrowbeat.heartbeat.ListExecutorsRequest\x1a*.arrowbeat.heartbeat.ListExecutorsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fheartbeat.proto\x12\x13\x61rrowbeat.heartbeat\"(\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\"<\n\rHelloResponse\x12\x11\n\tchallenge\x18\x01 \x01(\x0c\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\"\x16\n\x14ListExecutorsRequest\"\xe7\x01\n\x0e\x45xecutorStatus\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\x12\r\n\x05state\x18\x05 \x01(\t\x12\x15\n\rregistered_at\x18\x06 \x01(\x01\x12\x16\n\x0elast_heartbeat\x18\x07 \x01(\x01\x12\x13\n\x0blast_rtt_ms\x18\x08 \x01(\x01\x12-\n\x07payload\x18\t \x01(\x0b\x32\x1c.arrowbeat.heartbeat.Payload\x12\x0e\n\x06\x64\x65tail\x18\n \x01(\t\"^\n\x15ListExecutorsResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x36\n\texecutors\x18\x02 \x03(\x0b\x32#.arrowbeat.heartbeat.ExecutorStatus\"\xcb\x01\n\x0c\x41gentMessage\x12\x38\n\x08register\x18\x01 \x01(\x0b\x32$.arrowbeat.heartbeat.RegisterRequestH\x00\x12;\n\theartbeat\x18\x02 \x01(\x0b\x32&.arrowbeat.heartbeat.HeartbeatResponseH\x00\x12<\n\nunregister\x18\x03 \x01(\x0b\x32&.arrowbeat.heartbeat.UnregisterRequestH\x00\x42\x06\n\x04\x62ody\"\xfd\x01\n\tRmMessage\x12;\n\nregistered\x18\x01 \x01(\x0b\x32%.arrowbeat.heartbeat.RegisterResponseH\x00\x12\x42\n\x11heartbeat_request\x18\x02 \x01(\x0b\x32%.arrowbeat.heartbeat.HeartbeatRequestH\x00\x12\x33\n\tchallenge\x18\x03 \x01(\x0b\x32\x1e.arrowbeat.heartbeat.ChallengeH\x00\x12\x32\n\tkill_host\x18\x04 \x01(\x0b\x32\x1d.arrowbeat.heartbeat.KillHostH\x00\x42\x06\n\x04\x62ody\">\n\x08KillHost\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"7\n\tChallenge\x12\x10\n\x08rm_nonce\x18\x01 \x01(\x0c\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\"\xb1\x01\n\x0fRegisterRequest\x12\x13\n\x0b\x65xecutor_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\x12\x14\n\x0cresume_epoch\x18\x04 \x01(\t\x12\x1a\n\x12resume_instance_id\x18\x05 \x01(\t\x12\x18\n\x10protocol_version\x18\x06 \x01(\r\x12\x13\n\x0b\x61gent_nonce\x18\x07 \x01(\x0c\x12\r\n\x05proof\x18\x08 \x01(\x0c\"\x7f\n\x10RegisterResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x13\n\x0binterval_ms\x18\x03 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x03\x12\x0f\n\x07resumed\x18\x05 \x01(\x08\x12\r\n\x05proof\x18\x06 \x01(\x0c\"C\n\x10HeartbeatRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"\xc1\x02\n\x07Payload\x12\x13\n\x0bslots_total\x18\x01 \x01(\x03\x12\x12\n\nslots_busy\x18\x02 \x01(\x03\x12\x15\n\rrunning_tasks\x18\x03 \x01(\x03\x12\x11\n\trss_bytes\x18\x04 \x01(\x03\x12\x18\n\x10jvm_pulse_age_ms\x18\x05 \x01(\x03\x12:\n\x07metrics\x18\x06 \x03(\x0b\x32).arrowbeat.heartbeat.Payload.MetricsEntry\x12/\n\x04work\x18\x07 \x03(\x0b\x32!.arrowbeat.heartbeat.WorkProgress\x12,\n\x07notices\x18\x08 \x03(\x0b\x32\x1b.arrowbeat.heartbeat.Notice\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"2\n\x06Notice\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"j\n\x0cWorkProgress\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\x12\x11\n\trunning_s\x18\x03 \x01(\x01\x12\x0e\n\x06idle_s\x18\x04 \x01(\x01\x12\r\n\x05stuck\x18\x05 \x01(\x08\x12\r\n\x05where\x18\x06 \x01(\t\"s\n\x11HeartbeatResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12-\n\x07payload\x18\x04 \x01(\x0b\x32\x1c.arrowbeat.heartbeat.Payload\"G\n\x11UnregisterRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t2\x9b\x02\n\x0fResourceManager\x12P\n\x07\x43onnect\x12!.arrowbeat.heartbeat.AgentMessage\x1a\x1e.arrowbeat.heartbeat.RmMessage(\x01\x30\x01\x12N\n\x05Hello\x12!.arrowbeat.heartbeat.HelloRequest\x1a\".arrowbeat.heartbeat.HelloResponse\x12\x66\n\rListExecutors\x12).arrowbeat.heartbeat.ListExecutorsRequest\x1a*.arrowbeat.heartbeat.ListExecutorsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,27 +46,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTMESSAGE']._serialized_start=499
   _globals['_AGENTMESSAGE']._serialized_end=702
   _globals['_RMMESSAGE']._serialized_start=705
-  _globals['_RMMESSAGE']._serialized_end=906
-  _globals['_CHALLENGE']._serialized_start=908
-  _globals['_CHALLENGE']._serialized_end=963
-  _globals['_REGISTERREQUEST']._serialized_start=966
-  _globals['_REGISTERREQUEST']._serialized_end=1143
-  _globals['_REGISTERRESPONSE']._serialized_start=1145
-  _globals['_REGISTERRESPONSE']._serialized_end=1272
-  _globals['_HEARTBEATREQUEST']._serialized_start=1274
-  _globals['_HEARTBEATREQUEST']._serialized_end=1341
-  _globals['_PAYLOAD']._serialized_start=1344
-  _globals['_PAYLOAD']._serialized_end=1665
-  _globals['_PAYLOAD_METRICSENTRY']._serialized_start=1619
-  _globals['_PAYLOAD_METRICSENTRY']._serialized_end=1665
-  _globals['_NOTICE']._serialized_start=1667
-  _globals['_NOTICE']._serialized_end=1717
-  _globals['_WORKPROGRESS']._serialized_start=1719
-  _globals['_WORKPROGRESS']._serialized_end=1825
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1827
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1942
-  _globals['_UNREGISTERREQUEST']._serialized_start=1944
-  _globals['_UNREGISTERREQUEST']._serialized_end=2015
-  _globals['_RESOURCEMANAGER']._serialized_start=2018
-  _globals['_RESOURCEMANAGER']._serialized_end=2301
+  _globals['_RMMESSAGE']._serialized_end=958
+  _globals['_KILLHOST']._serialized_start=960
+  _globals['_KILLHOST']._serialized_end=1022
+  _globals['_CHALLENGE']._serialized_start=1024
+  _globals['_CHALLENGE']._serialized_end=1079
+  _globals['_REGISTERREQUEST']._serialized_start=1082
+  _globals['_REGISTERREQUEST']._serialized_end=1259
+  _globals['_REGISTERRESPONSE']._serialized_start=1261
+  _globals['_REGISTERRESPONSE']._serialized_end=1388
+  _globals['_HEARTBEATREQUEST']._serialized_start=1390
+  _globals['_HEARTBEATREQUEST']._serialized_end=1457
+  _globals['_PAYLOAD']._serialized_start=1460
+  _globals['_PAYLOAD']._serialized_end=1781
+  _globals['_PAYLOAD_METRICSENTRY']._serialized_start=1735
+  _globals['_PAYLOAD_METRICSENTRY']._serialized_end=1781
+  _globals['_NOTICE']._serialized_start=1783
+  _globals['_NOTICE']._serialized_end=1833
+  _globals['_WORKPROGRESS']._serialized_start=1835
+  _globals['_WORKPROGRESS']._serialized_end=1941
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1943
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2058
+  _globals['_UNREGISTERREQUEST']._serialized_start=2060
+  _globals['_UNREGISTERREQUEST']._serialized_end=2131
+  _globals['_RESOURCEMANAGER']._serialized_start=2134
+  _globals['_RESOURCEMANAGER']._serialized_end=2417
 # @@protoc_insertion_point(module_scope)

@@ -67,14 +67,26 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[RegisterRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatResponse, _Mapping]] = ..., unregister: _Optional[_Union[UnregisterRequest, _Mapping]] = ...) -> None: ...
 
 class RmMessage(_message.Message):
-    __slots__ = ("registered", "heartbeat_request", "challenge")
+    __slots__ = ("registered", "heartbeat_request", "challenge", "kill_host")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_REQUEST_FIELD_NUMBER: _ClassVar[int]
     CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    KILL_HOST_FIELD_NUMBER: _ClassVar[int]
     registered: RegisterResponse
     heartbeat_request: HeartbeatRequest
     challenge: Challenge
-    def __init__(self, registered: _Optional[_Union[RegisterResponse, _Mapping]] = ..., heartbeat_request: _Optional[_Union[HeartbeatRequest, _Mapping]] = ..., challenge: _Optional[_Union[Challenge, _Mapping]] = ...) -> None: ...
+    kill_host: KillHost
+    def __init__(self, registered: _Optional[_Union[RegisterResponse, _Mapping]] = ..., heartbeat_request: _Optional[_Union[HeartbeatRequest, _Mapping]] = ..., challenge: _Optional[_Union[Challenge, _Mapping]] = ..., kill_host: _Optional[_Union[KillHost, _Mapping]] = ...) -> None: ...
+
+class KillHost(_message.Message):
+    __slots__ = ("epoch", "instance_id", "reason")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    instance_id: str
+    reason: str
+    def __init__(self, epoch: _Optional[str] = ..., instance_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Challenge(_message.Message):
     __slots__ = ("rm_nonce", "protocol_version")

@@ -247,6 +247,13 @@ class JvmChannel:
         an ``executor-replacement`` line (``protocol.ReplacementOutcome``)."""
         self._write(protocol.command_line(protocol.KILL_EXECUTOR, executor_id))
 
+    def lost_executor(self, executor_id: str) -> None:
+        """:meth:`kill_executor` for an executor whose heartbeats timed out: once Spark accepted
+        the kill, the JVM also tells Spark's scheduler the executor is lost, so the tasks running
+        there are resubmitted now, not when the cluster manager has ended the process (a frozen
+        JVM outlives its SIGTERM by the Worker's grace). Same answer as :meth:`kill_executor`."""
+        self._write(protocol.command_line(protocol.LOST_EXECUTOR, executor_id))
+
     def outputs_lost(self, reason: str) -> None:
         """Tells the JVM ExecutorPlugin that this executor's map outputs are gone (files vanished),
         so that Spark replaces the executor and recomputes its map partitions. An agent may give

@@ -77,7 +77,8 @@ class EventRouter:
 
     Every text of an event came from the wire (the agent chose its id, host and unregister
     reason): it is logged only through :func:`wire_text`, and the history rows pass it too. A
-    kill goes to the JVM only for an id of Spark's form (``JvmChannel.kill_executor``). Heartbeats
+    kill goes to the JVM only for an id of Spark's form (``JvmChannel.lost_executor``: the kill, then
+    Spark's scheduler told the executor is lost, so its running tasks are resubmitted at once). Heartbeats
     also pass ``task_events.TaskEvents``: stuck and resumed tasks, explained re-registrations
     (held until the next heartbeat), GC time per interval; and ``driver_notices.NoticeEvents``:
     the agents' notices (a damaged map output: ``SHUFFLE_CORRUPT``), each recorded once."""
@@ -155,6 +156,13 @@ class EventRouter:
                 except Exception:  # a view must not stop the history (as on the bus)
                     log.exception("derived-event watcher %r raised; it stays", watcher)
         if self._kill is not None and event.kind in (EventKind.HEARTBEAT_TIMEOUT, EventKind.UNREACHABLE):
+            if not event.trusted:  # the RM's own stall may explain it: a late check judges nothing
+                log.warning(
+                    "not asking Spark to kill executor %s: %s",
+                    wire_text(event.executor_id, MAX_ID_CHARS),
+                    wire_text(event.detail),
+                )
+                return
             try:
                 self._kill(event.executor_id)
             except JvmCommandError as exc:  # one per lost executor: bounded by registrations
@@ -241,6 +249,9 @@ def main() -> int:
         server_credentials=None if material is None else tls.grpc_server_credentials(material),
         # A restart whose port was taken meanwhile serves on another; agents ask their JVMs for it.
         any_port_if_taken=settings.get(RESTART_ANY_PORT) == "true",
+        # onHeartbeatTimeout=kill: on a timeout it trusts, the RM tells the agent it may SIGKILL
+        # its executor JVM if that is frozen (the agent checks: monitoring.agent_frozen_jvm).
+        kill_frozen_hosts=config.on_heartbeat_timeout == "kill",
     )
     app_id = settings.get("spark.app.id", "")
     no_kill = unavailable_internals(settings).get("kill-and-replace-executor")
@@ -262,7 +273,7 @@ def main() -> int:
     router = EventRouter(
         lambda: link.app_id(app_id),
         history,
-        kill=channel.kill_executor if config.on_heartbeat_timeout == "kill" and not no_kill else None,
+        kill=channel.lost_executor if config.on_heartbeat_timeout == "kill" and not no_kill else None,
         tasks=tasks,
         notices=notices,
     )

@@ -101,6 +101,7 @@ def main() -> int:
         channel_credentials=None if material is None else tls.grpc_channel_credentials(material),
         channel_options=() if material is None else tls.grpc_channel_options(material),
         on_rm_unreachable=rm_unreachable_reporter(channel.rm_unreachable),
+        on_kill_host=frozen_jvm_killer(settings, link, config.heartbeat_interval_s),
     )
     link.on_rm_address(agent.set_rm_address)  # a restarted RM on another port (the JVM tells us)
     tasks = task_watch(config, settings, link, channel)
@@ -166,6 +167,23 @@ def answer_pulses(link: JvmLink, agent: AgentThread, channel: JvmChannel) -> Non
     pulse, so it is never answered: the agent's own silence to the RM (``is_healthy``) is
     unchanged."""
     link.on_pulse(PulseAnswers(agent.when_serving, lambda: (0, 0), channel.alive))
+
+
+def frozen_jvm_killer(
+    settings: dict[str, str], link: JvmLink, stale_s: float
+) -> Callable[[str], None] | None:
+    """``AgentThread``'s ``on_kill_host``: the RM timed this executor out and its JVM may be ended
+    if it is frozen (``monitoring.executor_frozen_jvm`` checks first). None without the JVM's pid."""
+    from spark_plugin.monitoring.executor_frozen_jvm import FrozenJvm
+
+    jvm_pid = int(settings.get("arrowbeat.executor.jvm.pid", "0") or 0)
+    if jvm_pid <= 0:
+        return None
+    try:
+        return FrozenJvm(jvm_pid, link.pulse_age_s, stale_s).on_kill_host
+    except psutil.Error:
+        log.warning("cannot watch executor JVM pid %s; a frozen JVM is left to Spark's kill", jvm_pid)
+        return None
 
 
 ASK_RM_EVERY_S = 1.0

@@ -68,6 +68,7 @@ class FakeLink:
     broken: bool = False
     sent: list[tuple[str, str, int]] = field(default_factory=list)
     closed: tuple[str, str] | None = None
+    kill_asked: list[tuple[str, str, str]] = field(default_factory=list)
 
     def send_heartbeat_request(self, epoch: str, instance_id: str, seq: int) -> None:
         if self.broken or self.closed is not None:
@@ -76,6 +77,9 @@ class FakeLink:
 
     def close(self, status: str, detail: str) -> None:
         self.closed = (status, detail)
+
+    def ask_kill_host(self, epoch: str, instance_id: str, reason: str) -> None:
+        self.kill_asked.append((epoch, instance_id, reason))
 
 
 @dataclass

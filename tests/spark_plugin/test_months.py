@@ -72,6 +72,9 @@ class Link:
     def close(self, status: str, detail: str) -> None:
         self.closed = True
 
+    def ask_kill_host(self, epoch: str, instance_id: str, reason: str) -> None:
+        """Never asked: these RMs do not kill frozen hosts."""
+
 
 @dataclass
 class Agent:

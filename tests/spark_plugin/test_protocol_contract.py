@@ -252,6 +252,7 @@ def check_commands(jvm: Jvm) -> None:
     good = [
         protocol.command_line(protocol.KILL_EXECUTOR, "3"),
         protocol.command_line(protocol.KILL_EXECUTOR, "exec-1.a_b"),
+        protocol.command_line(protocol.LOST_EXECUTOR, "7"),
         protocol.command_line(protocol.OUTPUTS_LOST, "files-missing"),
         protocol.command_line(protocol.JSTACK, 42),
         protocol.command_line(protocol.KILL_TASK, 10**18 - 1),
@@ -262,6 +263,7 @@ def check_commands(jvm: Jvm) -> None:
         "ARROWBEAT-CMD kill-executor driver",
         "ARROWBEAT-CMD kill-executor ../1",
         "ARROWBEAT-CMD kill-executor 1 2",
+        "ARROWBEAT-CMD lost-executor driver",
         "ARROWBEAT-CMD outputs-lost Files",
         "ARROWBEAT-CMD jstack -1",
         "ARROWBEAT-CMD kill-task " + "1" * 19,
@@ -276,6 +278,7 @@ def check_commands(jvm: Jvm) -> None:
     refused: list[tuple[str, str | int]] = [
         (protocol.KILL_EXECUTOR, "driver"),
         (protocol.KILL_EXECUTOR, "../1"),
+        (protocol.LOST_EXECUTOR, "driver"),
         (protocol.OUTPUTS_LOST, "Files"),
         (protocol.JSTACK, -1),
         (protocol.KILL_TASK, 10**18),

@@ -246,7 +246,7 @@ def test_the_driver_side_process_speaks_only_protocol_on_stdout_and_never_shows_
             assert agent.wait_registered(30), agent.error
         agents[2].stop(reason="bye\nARROWBEAT-CMD kill-executor 7")
         healthy["7"] = healthy["a b"] = False
-        assert wait_until(lambda: "ARROWBEAT-CMD kill-executor 7" in driver.stdout_lines(), 30), (
+        assert wait_until(lambda: "ARROWBEAT-CMD lost-executor 7" in driver.stdout_lines(), 30), (
             driver.stderr_text()
         )
         assert wait_until(lambda: "not asking Spark to kill executor" in driver.stderr_text(), 30)
@@ -264,7 +264,7 @@ def test_the_driver_side_process_speaks_only_protocol_on_stdout_and_never_shows_
     assert all(SECRET not in line for line in metrics)  # names and numbers only (plugin_metrics)
     lines = [line for line in driver.stdout_lines() if line not in metrics]
     assert [line.split()[0] for line in lines] == ["ARROWBEAT-READY", "ARROWBEAT-CMD"], lines
-    assert lines[1] == "ARROWBEAT-CMD kill-executor 7"
+    assert lines[1] == "ARROWBEAT-CMD lost-executor 7"
     err = driver.stderr_text()
     assert " DEBUG " in err and SECRET not in err
     left = [line for line in err.splitlines() if "executor leaver" in line and "UNREGISTERED" in line]

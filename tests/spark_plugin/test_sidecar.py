@@ -185,6 +185,16 @@ def test_the_channel_writes_the_ready_line_and_a_kill() -> None:
     )
 
 
+def test_a_kill_for_a_heartbeat_timeout_is_the_lost_executor_command() -> None:
+    """The router's kill (``lost_executor``) is its own verb: only it makes the driver JVM tell
+    Spark's scheduler the executor is lost; an id the JVM would refuse is not written."""
+    assert written([("lost_executor", ("3",), {})]) == b"ARROWBEAT-CMD lost-executor 3\n"
+    out = io.BytesIO()
+    with pytest.raises(JvmCommandError):
+        JvmChannel(out).lost_executor("driver")
+    assert out.getvalue() == b""
+
+
 def test_the_ready_line_carries_a_generated_certificate_and_refuses_other_long_values() -> None:
     from spark_plugin.settings import tls
 

@@ -4,6 +4,7 @@ import arrowbeat.compat.SparkInternals;
 import arrowbeat.compat.SparkInternals.Internal;
 import java.util.HashMap;
 import java.util.Map;
+import java.util.Optional;
 import java.util.regex.Pattern;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkContext;
@@ -117,7 +118,8 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
       this.sc = sc;
       conf = ctx.conf();
       // Looked up first: the one warning about a missing internal comes before anything it affects.
-      unavailable = SparkInternals.unavailableSettings(Internal.KILL_AND_REPLACE_EXECUTOR);
+      unavailable =
+          SparkInternals.unavailableSettings(Internal.KILL_AND_REPLACE_EXECUTOR, Internal.EXECUTOR_LOST);
       LOG.info("arrowbeat driver plugin on Spark {}: {}", SparkInternals.sparkVersion(),
           unavailable.isEmpty()
               ? "every Spark internal it uses was found"
@@ -505,28 +507,57 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
   }
 
   /**
-   * The actions the driver-side process may ask of Spark: {@code kill-executor <id>} (with
-   * {@code spark.arrowbeat.onHeartbeatTimeout=kill}, or for an executor whose map outputs are lost)
+   * The actions the driver-side process may ask of Spark: {@code kill-executor <id>} (for an
+   * executor whose map outputs are lost), {@code lost-executor <id>} (a heartbeat timeout with
+   * {@code spark.arrowbeat.onHeartbeatTimeout=kill}: the same kill, then {@link #declareLost})
    * and {@code kill-task <task attempt id>} ({@code spark.arrowbeat.onStuckTask=kill}). Only
    * commands from the driver-side process's protocol channel get here, already validated ({@link
    * Protocol#parseCommand}). What became of a replacement goes back to it ({@link
    * Protocol#executorReplacement}): it charged its budget for lost outputs and refunds a refused one.
    */
   private void handle(SparkContext sc, Protocol.Command command) {
-    if (Protocol.KILL_EXECUTOR.equals(command.verb())) {
+    if (Protocol.KILL_EXECUTOR.equals(command.verb()) || Protocol.LOST_EXECUTOR.equals(command.verb())) {
       String executorId = command.argument();
+      boolean lost = Protocol.LOST_EXECUTOR.equals(command.verb());
       // Off the protocol pump: a kill waits on the cluster manager (Spark's HeartbeatReceiver
       // kills from its own thread for the same reason).
       replacer.execute(
           () -> {
             Protocol.Replacement outcome = replace(sc, executorId);
             LOG.warn("arrowbeat asked Spark to kill and replace executor {}: {}", executorId, text(outcome));
+            if (lost && outcome == Protocol.Replacement.ACCEPTED) {
+              declareLost(sc, executorId);
+            }
             forward(Protocol.executorReplacement(executorId, outcome));
           });
     } else if (Protocol.KILL_TASK.equals(command.verb())) {
       long taskId = Long.parseLong(command.argument());
       // Off the protocol pump: killTaskAttempt takes the task scheduler's lock.
       replacer.execute(() -> killTask(sc, taskId));
+    }
+  }
+
+  /**
+   * {@code lost-executor} (a heartbeat timeout with {@code onHeartbeatTimeout=kill}), once the kill
+   * was accepted: Spark's task scheduler is told the executor is lost, so the attempts running
+   * there are resubmitted now rather than when the process is gone (a frozen JVM cannot act on
+   * the cluster manager's SIGTERM; the Worker waits out its grace before SIGKILL). After the kill,
+   * as Spark's own HeartbeatReceiver does (kill, then the backend's removal with the same
+   * reason): an accepted kill has marked the executor pending removal, so its cores are no longer
+   * offered, and the task scheduler, which adds back any executor it is offered, cannot send a
+   * task to the frozen JVM meanwhile. Its map outputs are forgotten as for any lost process
+   * ({@link SparkInternals#executorLost}).
+   */
+  private static void declareLost(SparkContext sc, String executorId) {
+    try {
+      Optional<Boolean> told = SparkInternals.executorLost(
+          sc, executorId, "arrowbeat: executor heartbeats timed out (spark.arrowbeat.onHeartbeatTimeout=kill)");
+      LOG.warn("arrowbeat told Spark's scheduler that executor {} is lost: {}", executorId,
+          told.map(done -> done ? "its tasks are resubmitted now" : "no task scheduler")
+              .orElse("not possible on this Spark (" + Internal.EXECUTOR_LOST.key()
+                  + " is unavailable: see the warning at start-up)"));
+    } catch (RuntimeException e) {
+      LOG.warn("arrowbeat: telling Spark executor {} is lost failed: {}", executorId, e.toString());
     }
   }
 

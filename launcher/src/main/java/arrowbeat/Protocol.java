@@ -244,6 +244,8 @@ final class Protocol {
 
   static final String COMMAND = "ARROWBEAT-CMD";
   static final String KILL_EXECUTOR = "kill-executor";
+  /** A kill for an executor whose heartbeats timed out: Spark is also told it is lost. */
+  static final String LOST_EXECUTOR = "lost-executor";
   static final String OUTPUTS_LOST = "outputs-lost";
   static final String JSTACK = "jstack";
   static final String KILL_TASK = "kill-task";
@@ -259,8 +261,9 @@ final class Protocol {
   }
 
   /**
-   * {@code ARROWBEAT-CMD kill-executor <executor id>} (from the driver-side process only), the id an
-   * {@link #EXECUTOR_ID}, never Spark's {@code driver}; {@code ARROWBEAT-CMD outputs-lost <reason>}
+   * {@code ARROWBEAT-CMD kill-executor <executor id>} and {@code ARROWBEAT-CMD lost-executor
+   * <executor id>} (from the driver-side process only), the id an {@link #EXECUTOR_ID}, never
+   * Spark's {@code driver}; {@code ARROWBEAT-CMD outputs-lost <reason>}
    * (from an agent only, about its own executor), a {@link #REASON}; {@code ARROWBEAT-CMD jstack
    * <task>} (from an agent) and {@code ARROWBEAT-CMD kill-task <task>} (from the driver-side
    * process), a {@link #TASK_ID}; {@code ARROWBEAT-CMD rm-unreachable <host:port>} (from an agent),
@@ -274,8 +277,8 @@ final class Protocol {
     if (words.length != 3 || !words[0].equals(COMMAND)) {
       return null;
     }
-    if (words[1].equals(KILL_EXECUTOR) && isExecutor(words[2])) {
-      return new Command(KILL_EXECUTOR, words[2]);
+    if ((words[1].equals(KILL_EXECUTOR) || words[1].equals(LOST_EXECUTOR)) && isExecutor(words[2])) {
+      return new Command(words[1], words[2]);
     }
     if (words[1].equals(OUTPUTS_LOST) && REASON.matcher(words[2]).matches()) {
       return new Command(OUTPUTS_LOST, words[2]);

@@ -83,6 +83,39 @@ public final class CheckedMethod {
     }
   }
 
+  /**
+   * The public constructor {@code owner(params)}, looked up in {@code loader}; {@link #invoke} calls
+   * it with a null target and returns the new object. Types as for {@link #find}.
+   */
+  public static CheckedMethod constructor(ClassLoader loader, String owner, String... params) {
+    String signature = "new " + simple(owner) + "(" + simpleList(params) + ")";
+    try {
+      Class<?> type = load(loader, owner);
+      if (type == null) {
+        return unavailable(signature, "class " + owner + " is not there");
+      }
+      if (!Modifier.isPublic(type.getModifiers())) {
+        return unavailable(signature, "class " + owner + " is not public");
+      }
+      Class<?>[] parameterTypes = new Class<?>[params.length];
+      for (int i = 0; i < params.length; i++) {
+        parameterTypes[i] = load(loader, params[i]);
+        if (parameterTypes[i] == null) {
+          return unavailable(signature, "parameter type " + params[i] + " is not there");
+        }
+      }
+      try {
+        MethodHandle found = MethodHandles.publicLookup()
+            .findConstructor(type, MethodType.methodType(void.class, parameterTypes));
+        return new CheckedMethod(signature, found, true, null);
+      } catch (NoSuchMethodException | IllegalAccessException e) {
+        return unavailable(signature, "no public constructor (" + simpleList(params) + ") on " + owner);
+      }
+    } catch (LinkageError | RuntimeException e) {
+      return unavailable(signature, "looking it up failed: " + e);
+    }
+  }
+
   /** The public method as a call would link it, or null. */
   private static MethodHandle resolve(Class<?> type, String name, MethodType methodType, boolean isStatic) {
     try {

@@ -31,6 +31,9 @@ public final class SparkInternals {
   private static final String BLOCK_MANAGER = "org.apache.spark.storage.BlockManager";
   private static final String DISK_BLOCK_MANAGER = "org.apache.spark.storage.DiskBlockManager";
   private static final String BLOCK_MANAGER_ID = "org.apache.spark.storage.BlockManagerId";
+  private static final String TASK_SCHEDULER = "org.apache.spark.scheduler.TaskScheduler";
+  private static final String LOSS_REASON = "org.apache.spark.scheduler.ExecutorLossReason";
+  private static final String PROCESS_LOST = "org.apache.spark.scheduler.ExecutorProcessLost";
   /** Settings key prefix that tells a Python process what is unavailable ({@code spark_plugin.jvm.sidecar}). */
   public static final String SETTING_PREFIX = "arrowbeat.jvm.unavailable.";
   /**
@@ -58,7 +61,19 @@ public final class SparkInternals {
         "kill-and-replace-executor",
         "SparkContext.killAndReplaceExecutor(String)",
         "arrowbeat cannot have Spark replace an executor: spark.arrowbeat.onHeartbeatTimeout=kill "
-            + "does nothing and lost map outputs are not recomputed");
+            + "does nothing and lost map outputs are not recomputed"),
+    /**
+     * {@code SparkContext.taskScheduler().executorLost(id, new ExecutorProcessLost(message, None,
+     * true))}: what Spark's scheduler backend does once an executor is gone, done at once for one
+     * whose heartbeats timed out (checked in Spark 4.0.1's sources and 4.2.1's classes).
+     */
+    EXECUTOR_LOST(
+        "executor-lost",
+        "SparkContext.taskScheduler().executorLost(String, new ExecutorProcessLost(String, Option, "
+            + "boolean))",
+        "on a heartbeat timeout arrowbeat only asks for the kill: the executor's running tasks are "
+            + "resubmitted once its process is gone (a frozen JVM: after the cluster manager's "
+            + "SIGTERM grace)");
 
     private final String key;
     private final String calls;
@@ -109,6 +124,14 @@ public final class SparkInternals {
       case KILL_AND_REPLACE_EXECUTOR -> chain.add(CheckedMethod.find(
           loader, SparkContext.class.getName(), "killAndReplaceExecutor", false, "boolean",
           "java.lang.String"));
+      case EXECUTOR_LOST -> {
+        chain.add(CheckedMethod.find(
+            loader, SparkContext.class.getName(), "taskScheduler", false, TASK_SCHEDULER));
+        chain.add(CheckedMethod.find(
+            loader, TASK_SCHEDULER, "executorLost", false, "void", "java.lang.String", LOSS_REASON));
+        chain.add(CheckedMethod.constructor(
+            loader, PROCESS_LOST, "java.lang.String", "scala.Option", "boolean"));
+      }
       default -> { } // every internal is listed above
     }
     return Collections.unmodifiableList(chain);
@@ -233,5 +256,34 @@ public final class SparkInternals {
       return Optional.empty();
     }
     return Optional.of(Boolean.TRUE.equals(chain.get(0).invoke(sc, executorId)));
+  }
+
+  /**
+   * Tells Spark's task scheduler that {@code executorId} is lost, as its scheduler backend does once
+   * an executor process is gone: the attempts running there fail with {@code ExecutorLostFailure}
+   * and are resubmitted at once, and the DAG scheduler forgets the executor's map outputs when
+   * they went with it. The reason is {@code ExecutorProcessLost(message, workerHost = None,
+   * causedByApp = true)}, as Spark's own {@code HeartbeatReceiver} gives: {@code None} says the
+   * host is not lost, only this process, so Spark unregisters this executor's map outputs (its
+   * {@code fileLost}: true unless an external shuffle service serves them) and never those of the
+   * other executors on the host. Whether it was called: empty when unavailable (warned once),
+   * false when Spark has no task scheduler (yet). What Spark's own method throws comes out as it is.
+   *
+   * <p>Call it only after the scheduler backend stopped offering the executor's cores (after an
+   * accepted {@link #killAndReplaceExecutor}): the task scheduler adds back an executor it is
+   * offered, and a task sent to a frozen JVM would wait as long as the JVM does.
+   */
+  public static Optional<Boolean> executorLost(SparkContext sc, String executorId, String message) {
+    List<CheckedMethod> chain = chain(Internal.EXECUTOR_LOST);
+    if (broken(chain) != null) {
+      return Optional.empty();
+    }
+    Object scheduler = chain.get(0).invoke(sc);
+    if (scheduler == null) {
+      return Optional.of(false);
+    }
+    Object reason = chain.get(2).invoke(null, message, scala.Option.empty(), true);
+    chain.get(1).invoke(scheduler, executorId, reason);
+    return Optional.of(true);
   }
 }
