@@ -35,7 +35,7 @@ BENCHMARKS: dict[str, str] = {
     "shuffle_vs_spark": "Arrow pipelines on Spark's shuffle vs arrowbeat's, 20 M rows",
     "shuffle_matrix": "arrowbeat vs Spark on everyday settings: rows x partitions (default 200 + AQE, "
     "8) x keys (uniform, 60% hot) x {groupBy.applyInArrow, repartition.mapInArrow}, every cell; "
-    "Dask P2P as a peer (ratios: other / arrowbeat)",
+    "Dask P2P as a peer (ratios: other / arrowbeat); the checksums' cost on the largest cells (on / off - 1)",
     "e2e_pandas": "a pandas user's job end to end (Parquet in, a pandas function computing several "
     "statistics per key over 20,000 keys, Parquet out, 4 M rows): Spark `applyInPandas`, arrowbeat "
     "`group_by(...).applyInPandas`, Dask P2P `groupby().apply` (ratios: other / arrowbeat)",
