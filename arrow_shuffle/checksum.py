@@ -105,6 +105,15 @@ class ChecksumSink:
 
     def write(self, data: Any) -> int:
         if self.enabled and self._crcs is not None:
+            # Arrow's writer hands bytes or a pyarrow Buffer, many per batch (a message's metadata,
+            # padding, each body buffer): most fit in the chunk in hand and are hashed as they
+            # are, without the views and the loop a chunk boundary needs.
+            size = data.nbytes if isinstance(data, memoryview) else len(data)
+            if self._filled + size < CHUNK_BYTES:
+                self._chunk.update(data)
+                self._filled += size
+                written: int = self._raw.write(data)
+                return written
             view = memoryview(data).cast("B")
             while view:
                 take = min(len(view), CHUNK_BYTES - self._filled)
@@ -114,7 +123,7 @@ class ChecksumSink:
                 if self._filled == CHUNK_BYTES:
                     self._crcs.append(self._chunk.value())
                     self._chunk, self._filled = Digest(), 0
-        written: int = self._raw.write(data)
+        written = self._raw.write(data)
         return written
 
     def tell(self) -> int:
@@ -145,10 +154,11 @@ class VerifiedSegment:
     """One segment of a file, read a verified chunk at a time: a read-only binary file whose
     position 0 is the segment's first byte and whose end is the segment's end.
 
-    Arrow's reader reads through it (``pa.PythonFile(VerifiedSegment(...), mode="r")``). A chunk
-    is read whole with one ``pread`` and checked before any of its bytes is returned; one that
-    does not match, or a file that ends before the segment does, is a ``CorruptDataError`` naming
-    the file, the segment and the chunk."""
+    Arrow's reader reads it through ``reader()``. A chunk is read whole with one ``pread`` and
+    checked before any of its bytes is returned; one that does not match, or a file that ends
+    before the segment does, is a ``CorruptDataError`` naming the file, the segment and the chunk.
+    What ``read`` returns are views of the verified chunk (no copy: Arrow's buffers keep the
+    chunk alive while a batch uses it), joined only where a read spans two chunks."""
 
     def __init__(self, fd: int, offset: int, length: int, crcs: Sequence[int], where: str) -> None:
         if len(crcs) != chunk_count(length):
@@ -188,7 +198,23 @@ class VerifiedSegment:
             )
         self._index, self._chunk = index, memoryview(data)
 
-    def read(self, size: int = -1) -> bytes:
+    def reader(self) -> Any:
+        """The segment as a file for Arrow's IPC reader (a ``pyarrow.NativeFile``).
+
+        A segment of one chunk (most are: a map task writes one segment per reducer and run) is
+        read and verified at once and handed over as its own bytes (``pa.BufferReader``): Arrow
+        then reads its messages natively, where reading through this object costs a Python call
+        per message part (about nine per segment), which was most of what checksums cost a
+        reader. A longer segment is read through this object, a chunk at a time."""
+        import pyarrow as pa
+
+        if self.length <= CHUNK_BYTES:
+            if self.length:
+                self._load(0)
+            return pa.BufferReader(self._chunk)
+        return pa.PythonFile(self, mode="r")
+
+    def read(self, size: int = -1) -> bytes | memoryview:
         left = self.length - self._pos
         size = left if size is None or size < 0 else min(size, left)
         parts = []
@@ -202,7 +228,7 @@ class VerifiedSegment:
             self._pos += len(part)
             size -= len(part)
         if len(parts) == 1:
-            return bytes(parts[0])
+            return parts[0]
         return b"".join(parts)
 
     def tell(self) -> int:

@@ -243,7 +243,9 @@ def read_segments(
     the whole file is read (a hot reducer's share of one map output: 24 of 34 MiB). A segment
     with checksums is read through ``VerifiedSegment``: a chunk (``CHUNK_BYTES``) at a time,
     verified before Arrow decodes any of it, so the reader (a reduce task, or the agent serving a
-    stream blocked on credit) holds a chunk and the batch in hand, whatever a segment's size.
+    stream blocked on credit) holds a chunk and the batch in hand, whatever a segment's size (the
+    batch's buffers are views of its chunk; a one-chunk segment, the usual kind, Arrow decodes
+    from the verified bytes natively: ``VerifiedSegment.reader``).
     A segment that fails its checksum, ends early, does not end where its status says, or holds
     garbage (a corrupt or foreign file) is a ``CorruptDataError`` before any batch past the damage
     is handed out; a file that is gone is a ``ShuffleError``. Either way the reader reports the
@@ -270,9 +272,9 @@ def read_segments(
 def _verified(
     fd: int, path: str, offset: int, length: int, crcs: Sequence[int], memory_pool: pa.MemoryPool | None
 ) -> Iterator[pa.RecordBatch]:
-    source = VerifiedSegment(fd, offset, length, crcs, f"map output {path}")
+    source = VerifiedSegment(fd, offset, length, crcs, f"map output {path}").reader()
     try:
-        yield from pa.ipc.open_stream(pa.PythonFile(source, mode="r"), memory_pool=memory_pool)
+        yield from pa.ipc.open_stream(source, memory_pool=memory_pool)
     except pa.ArrowException as exc:  # verified bytes that do not decode: written wrong, or foreign
         raise CorruptDataError(f"map output {path}: the segment at {offset} does not decode: {exc}") from exc
     if source.tell() != length:

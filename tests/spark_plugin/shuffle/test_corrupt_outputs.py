@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 from arrow_shuffle import CorruptDataError, MapOutputLostError, ShuffleError
-from arrow_shuffle.checksum import CHUNK_BYTES
+from arrow_shuffle.checksum import CHUNK_BYTES, VerifiedSegment
 from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient
 from spark_plugin.shuffle.agent_service import MapOutputService
 from spark_plugin.shuffle.corrupt_outputs import Outcome, name_parts
@@ -130,6 +130,37 @@ def test_every_single_bit_flip_is_caught_and_other_segments_read_on(tmp_path: Pa
                 assert pa.Table.from_batches(list(read_segments(path, o.segments)), schema=SCHEMA).equals(
                     want[r]
                 )
+
+
+def test_a_one_chunk_segment_is_verified_once_and_decoded_without_a_python_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most segments fit in one chunk (one per reducer and run): Arrow reads those from the
+    verified bytes natively. Reading them through ``VerifiedSegment.read`` cost a Python call per
+    message part, most of what checksums cost a reader; longer segments still go through it."""
+    path = str(tmp_path / "m.arrows")
+    outputs = write(path, rows=200_000, memory=4 << 20)
+    want = read_all(path, outputs)
+    calls: list[int] = []
+    python_read = VerifiedSegment.read
+
+    def counted(self: VerifiedSegment, size: int = -1) -> Any:
+        calls.append(size)
+        return python_read(self, size)
+
+    monkeypatch.setattr(VerifiedSegment, "read", counted)
+    for o, expected in zip(outputs, want, strict=True):
+        for segment in o.segments:
+            before = len(calls)
+            got = pa.Table.from_batches(list(read_segments(path, [segment])), schema=SCHEMA)
+            assert got.num_rows > 0
+            assert (len(calls) > before) == (segment[1] > CHUNK_BYTES)
+        assert pa.Table.from_batches(list(read_segments(path, o.segments)), schema=SCHEMA).equals(expected)
+    assert any(s[1] > CHUNK_BYTES for o in outputs for s in o.segments)
+    small = next(s for o in outputs for s in o.segments if s[1] <= CHUNK_BYTES)
+    flip(path, small[0] + small[1] // 2)
+    with pytest.raises(CorruptDataError, match="checksum mismatch"):
+        next(iter(read_segments(path, [small])))
 
 
 def test_truncated_empty_and_foreign_files_and_lying_indexes_are_corrupt(tmp_path: Path) -> None:
