@@ -51,6 +51,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import re
 import threading
 import warnings
 import weakref
@@ -373,17 +374,17 @@ def _tables_location(spark: SparkSession) -> Any:
 def _rewritten(reports: list[dict[str, Any]]) -> set[str]:
     """The map attempts that wrote a partition some earlier stage had written already: reruns,
     which no reader names when every map partition it read was rerun (then none looks later
-    than the others, ``tasks.read_partitions``)."""
-    first: dict[int, int] = {}
+    than the others, ``tasks.read_partitions``). Only materialized map attempts
+    (``stage.taskAttemptId.attemptNumber``) count; a pipelined one names no stage."""
+    stages: list[tuple[int, int, str]] = []
     for r in reports:
-        if r["side"] == "write":
-            stage = int(str(r["attempt"]).split(".")[0])
-            first[int(r["partition"])] = min(stage, first.get(int(r["partition"]), stage))
-    return {
-        str(r["attempt"])
-        for r in reports
-        if r["side"] == "write" and int(str(r["attempt"]).split(".")[0]) > first[int(r["partition"])]
-    }
+        attempt = str(r["attempt"])
+        if r["side"] == "write" and re.fullmatch(r"\d+\.\d+\.\d+", attempt):
+            stages.append((int(r["partition"]), int(attempt.split(".")[0]), attempt))
+    first: dict[int, int] = {}
+    for partition, stage, _ in stages:
+        first[partition] = min(stage, first.get(partition, stage))
+    return {attempt for partition, stage, attempt in stages if stage > first[partition]}
 
 
 def _metric_key(report: dict[str, Any]) -> tuple[str, int, str, bool]:

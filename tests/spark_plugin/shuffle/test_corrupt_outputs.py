@@ -21,6 +21,7 @@ from arrow_shuffle.checksum import CHUNK_BYTES, VerifiedSegment
 from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient
 from spark_plugin.shuffle.agent_service import MapOutputService
 from spark_plugin.shuffle.corrupt_outputs import Outcome, name_parts
+from spark_plugin.shuffle.dataframe import _rewritten
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
 from spark_plugin.shuffle.tasks import ReadStats, ShufflePlan, read_partitions
 
@@ -340,3 +341,18 @@ def test_a_reduce_task_that_meets_damage_fails_to_be_retried_and_its_owner_acts(
     assert not os.path.exists(path) and [t for _, t in blocks.removed] == [41]
     assert told["jvm"] == [] and len(told["events"]) == 1
     assert service.metrics()["shuffle_streams_open"] == 0
+
+
+def test_reruns_are_told_from_write_reports_even_when_every_map_reran() -> None:
+    """A reader names a map output as recomputed only when it is later than others it read; when
+    every map partition reran (every output damaged), the driver tells reruns from the write
+    reports themselves. Pipelined attempts name no stage and are never reruns."""
+    reports = [
+        {"side": "write", "partition": 0, "attempt": "3.7.0"},
+        {"side": "write", "partition": 0, "attempt": "9.20.0"},
+        {"side": "write", "partition": 1, "attempt": "3.8.0"},
+        {"side": "write", "partition": 1, "attempt": "3.11.1"},  # a retry in the same stage
+        {"side": "write", "partition": 2, "attempt": "pipelined"},
+        {"side": "read", "partition": 0, "attempt": "4.1.0"},
+    ]
+    assert _rewritten(reports) == {"9.20.0"}
