@@ -367,7 +367,9 @@ OPTIONS: tuple[Option, ...] = (
         "shuffle_ttl_s",
         "1h",
         "a duration like 1h",
-        "An agent deletes a shuffle's map outputs that nobody released after this long untouched.",
+        "An agent deletes a shuffle's map outputs that nobody released after this long untouched (on "
+        "its monotonic clock); the driver forgets a pipelined shuffle's rendezvous entries as long "
+        "after their last use (tasks killed before they could unregister).",
         parse_duration,
     ),
     Option(

@@ -16,12 +16,19 @@ Modules, one role each:
   size, from the optimizer's statistics; ``choose`` for the groupedMap hook), and its record.
 - ``tasks``: the map and reduce task bodies of the materialized mode, run in Spark's Python
   workers (host-local file reads, and streams from other agents through an engine ``InputGate``).
-- ``map_output``: materialized map-output files (Arrow IPC, one segment run per reduce partition).
+- ``map_output``: materialized map-output files (Arrow IPC, one segment run per reduce partition),
+  each segment checksummed a chunk at a time and verified before Arrow reads it
+  (``arrow_shuffle.checksum``).
+- ``corrupt_outputs``: what an agent does with a damaged map output of its own: removes it and has
+  Spark rerun it (its status rows' Spark blocks removed, ``compat.shuffle_blocks``), or replaces
+  the executor where it cannot.
 - ``agent_layout``: where map outputs and the agents' discovery files live (the shuffle roots on
   the executor's local disks, private directories), shared by the agent, its clients and the tasks.
 - ``agent_protocol``: the agent's control schema (``AGENT_CONTROL``), shared by service and client.
 - ``agent_service``: the executor agent's ``MapOutputService`` (streams map outputs to reducers
-  over the engine's ``PartitionServer``; staging, release, TTL) and its discovery file.
+  over the engine's ``PartitionServer``; staging, release, TTL) and its discovery file;
+  ``agent_ttl`` holds its bounded bookkeeping (deleted ids, the TTL on the monotonic clock) and
+  ``agent_disk_usage`` walks its folders off the heartbeat loop.
 - ``agent_client``: how a Python worker finds its executor's agent (``find_agent``) and talks to
   its control channel (``MapOutputClient``).
 - ``pipelined`` and ``rendezvous``: the pipelined mode (map and reduce tasks in one stage; the
