@@ -267,7 +267,10 @@ class AgentCore:
         if epoch != current.epoch:
             session.target.link.end(f"the RM restarted (epoch {excerpt(epoch)} replaces {current.epoch})")
             return
-        if instance_id != current.instance_id or not self.healthy():
+        if instance_id != current.instance_id:
+            return
+        if not self.healthy():  # silent to the RM, which is alive: its own last word may follow
+            session.manager.receive_heartbeat(RM_TARGET_ID, None)
             return
         session.target.seq = seq
         session.manager.request_heartbeat(RM_TARGET_ID, None)

@@ -3,7 +3,10 @@ registration being served and only while the host is unhealthy (issue 37)."""
 
 from __future__ import annotations
 
-from heartbeat import AgentCore, HeartbeatServices, ManualScheduler
+import threading
+
+from heartbeat import AgentCore, AgentThread, HeartbeatServices, ManualScheduler
+from heartbeat.rm_server import ResourceManagerServer
 
 from .fakes import FakeRmLink
 
@@ -44,3 +47,61 @@ def test_a_kill_for_another_registration_a_healthy_host_or_no_session_is_ignored
     healthy[0] = False
     assert not core.on_kill_host(EPOCH, INSTANCE, "after the session")
     assert asked == []
+
+
+def test_an_unhealthy_agent_stays_silent_but_keeps_its_session_while_the_rm_asks() -> None:
+    """The RM's last word (``kill_host``) comes on the session: an agent whose host froze must
+    not end it first for want of requests it chose not to answer (both timeouts are 2 s)."""
+    scheduler = ManualScheduler()
+    link = FakeRmLink()
+    core = AgentCore(
+        "exec-1",
+        services=HeartbeatServices(interval_s=0.5, timeout_s=2.0),
+        clock=scheduler.clock,
+        is_healthy=lambda: False,
+    )
+    core.registered(EPOCH, INSTANCE, 500, 2000)
+    core.start_session(link, scheduler)
+    for seq in range(1, 11):  # 5 s of requests, every 0.5 s
+        scheduler.advance(0.5)
+        core.on_heartbeat_request(EPOCH, INSTANCE, seq)
+    assert link.answers == [] and link.ended == [] and core.registration is not None
+
+
+def test_over_grpc_the_rms_last_word_reaches_a_frozen_agents_judge() -> None:
+    svc = HeartbeatServices(interval_s=0.2, timeout_s=1.0)
+    rm = ResourceManagerServer(svc, secret="s" * 32, kill_frozen_hosts=True)
+    address = rm.start()
+    healthy, asked = [True], Collected()
+    agent = AgentThread(
+        address,
+        "s" * 32,
+        executor_id="1",
+        services=svc,
+        is_healthy=lambda: healthy[0],
+        on_kill_host=asked.add,
+    )
+    try:
+        agent.start()
+        assert agent.wait_registered(10), agent.error
+        healthy[0] = False
+        assert asked.wait(10) == ["no heartbeat for 1 s"]
+    finally:
+        agent.stop(timeout_s=1.0)
+        rm.stop()
+
+
+class Collected:
+    """What the judge was handed, waited for with a deadline."""
+
+    def __init__(self) -> None:
+        self._items: list[str] = []
+        self._done = threading.Event()
+
+    def add(self, item: str) -> None:
+        self._items.append(item)
+        self._done.set()
+
+    def wait(self, timeout_s: float) -> list[str]:
+        self._done.wait(timeout_s)
+        return self._items
