@@ -12,7 +12,8 @@ What the core decides, per message from the RM:
 
 * a heartbeat request of our registration is answered with the payload (through the receiver
   ``HeartbeatManager``, which also resets the RM's monitor) unless the host is unhealthy: a
-  frozen host must look dead to the RM, so it neither answers nor registers again;
+  frozen host must look dead to the RM, so it neither answers nor registers again (the RM,
+  which still asks, still counts as alive: its last word, ``kill_host``, may follow);
 * a request with another epoch ends the session: the RM restarted, register again;
 * a request for another instance id (an older registration of ours) is ignored;
 * no request for the RM's announced timeout, or ``rpc_failure_threshold`` failed answers, end
