@@ -70,6 +70,13 @@ def name_parts(path: str) -> tuple[int, int] | None:
     return (int(found.group(1)), int(found.group(3))) if found else None
 
 
+def written_by(path: str) -> str | None:
+    """The map attempt (``stage.taskAttemptId.attemptNumber``) that wrote a map output, from its
+    file name, or None."""
+    found = _OUTPUT_NAME.match(os.path.basename(path))
+    return f"{found.group(2)}.{found.group(3)}.{found.group(4)}" if found else None
+
+
 RemoveBlocks = Callable[[Sequence[str], int], list[str]]
 """``(spark local dirs, task attempt id) -> files removed``: ``compat.shuffle_blocks``'s shim."""
 
@@ -120,14 +127,21 @@ class CorruptOutputs:
         self._remove_blocks = remove_blocks or status_blocks_remover()
         self._max = max_records
         self._lock = threading.Lock()
+        self._handling = threading.Lock()
+        """One finding is handled at a time: a second reader of the same file waits for the first's
+        answer (removing the blocks twice would find none the second time, and replace the
+        executor)."""
+        self._pending: set[str] = set()
+        """Files being handled now: removed, or about to be, on purpose."""
         self._found: OrderedDict[str, Corruption] = OrderedDict()
         self.count = 0
         """Damaged outputs found over the agent's life (``shuffle_outputs_corrupt``)."""
 
     def known(self, path: str) -> bool:
-        """Whether ``path`` was found damaged (and so removed on purpose, its recompute arranged)."""
+        """Whether ``path`` was found damaged (and so removed on purpose, its recompute arranged or
+        being arranged: a reader that finds it gone meanwhile must not report it lost)."""
         with self._lock:
-            return path in self._found
+            return path in self._found or path in self._pending
 
     def of_shuffle(self, shuffle_id: int) -> list[Corruption]:
         with self._lock:
@@ -137,6 +151,16 @@ class CorruptOutputs:
         """Removes the damaged file at ``path`` (a real path inside the agent's folders, checked by
         the caller) and arranges its recompute; the first finding of a file decides, later ones of
         the same file get the same answer. ``released``: the shuffle was deleted here on purpose."""
+        with self._lock:
+            self._pending.add(path)
+        try:
+            with self._handling:
+                return self._handle(shuffle_id, path, detail, released)
+        finally:
+            with self._lock:
+                self._pending.discard(path)
+
+    def _handle(self, shuffle_id: int, path: str, detail: str, released: bool) -> Outcome:
         with self._lock:
             seen = self._found.get(path)
             if seen is not None:
@@ -152,8 +176,6 @@ class CorruptOutputs:
             outcome = Outcome.RECOMPUTE if removed else Outcome.REPLACE
         finding = Corruption(shuffle_id, map_partition, path, detail[:1000], outcome)
         with self._lock:
-            if path in self._found:  # a concurrent finding of the same file decided first
-                return self._found[path].outcome
             self._found[path] = finding
             while len(self._found) > self._max:
                 self._found.popitem(last=False)

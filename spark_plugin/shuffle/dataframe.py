@@ -82,6 +82,7 @@ from spark_plugin.shuffle.adaptive import (
     settings_from_sql_conf,
 )
 from spark_plugin.shuffle.agent_client import MapOutputClient
+from spark_plugin.shuffle.corrupt_outputs import written_by
 from spark_plugin.shuffle.direct_scan import BATCH_ROWS, DirectScan, plan_direct_scan, scan_function
 from spark_plugin.shuffle.map_output import check_keys
 from spark_plugin.shuffle.route import (
@@ -224,14 +225,15 @@ class ShuffleHandle:
         with self._lock:
             everything = self.reports()
             recomputed = {str(a) for r in everything if r["side"] == "read" for _, a in r["recomputed_maps"]}
-            recomputed |= _rewritten(everything)
             damaged = self._damaged_outputs(everything, recomputed)
             fresh = []
             for report in everything:
                 if report["side"] == "write" and report["attempt"] in recomputed:
                     report["recomputed"] = True  # readers name the map outputs of a recomputation
-                    if int(report["partition"]) in damaged:
-                        report["corrupt"] = damaged[int(report["partition"])]
+                found = damaged.get(int(report["partition"])) if report["side"] == "write" else None
+                if found is not None and _stage(report["attempt"]) > found[0]:
+                    report["recomputed"] = True  # written again: its first output was damaged
+                    report["corrupt"] = found[1]
                 key = _metric_key(report)
                 if key in self._written_keys:
                     continue
@@ -255,18 +257,23 @@ class ShuffleHandle:
 
     def _damaged_outputs(
         self, reports: list[dict[str, Any]], recomputed: set[str]
-    ) -> dict[int, dict[str, str]]:
-        """Map partition -> where and how its first output was found damaged, asked of the agents
-        only when some map partition was recomputed (the agents removed the damaged files and
-        keep what they found, ``corrupt_outputs``). Empty on Spark Connect (no secret here) and
-        for agents that are gone."""
-        fresh = [r for r in reports if r["side"] == "write" and r["attempt"] in recomputed]
-        if not fresh or self.connect:
+    ) -> dict[int, tuple[int, dict[str, str]]]:
+        """Map partition -> the stage of its output that was found damaged, and where and how
+        (the agents removed the damaged files and keep what they found, ``corrupt_outputs``).
+        Asked only when some map partition was written in more than one stage, or a reader named a
+        recomputation: when every map partition reran, no reader can tell. Empty on Spark Connect
+        (no secret here) and for agents that are gone."""
+        stages: dict[int, set[int]] = {}
+        for r in reports:
+            if r["side"] == "write" and _stage(r["attempt"]) >= 0:
+                stages.setdefault(int(r["partition"]), set()).add(_stage(r["attempt"]))
+        rewritten = any(len(s) > 1 for s in stages.values())
+        if not (rewritten or recomputed) or self.connect:
             return {}
         executors = {
             (str(r["control"][0]), int(r["control"][1])): str(r["executor"]) for r in reports if r["control"]
         }
-        found: dict[int, dict[str, str]] = {}
+        found: dict[int, tuple[int, dict[str, str]]] = {}
         for address in sorted(self.agents()):
             try:
                 with MapOutputClient(
@@ -276,11 +283,8 @@ class ShuffleHandle:
                     transport=client_transport(self.plan),
                 ) as client:
                     for partition, path, detail in client.corrupt_outputs(self.shuffle_id):
-                        found[int(partition)] = {
-                            "executor": executors.get(address, ""),
-                            "file": path,
-                            "found": detail,
-                        }
+                        where = {"executor": executors.get(address, ""), "file": path, "found": detail}
+                        found[int(partition)] = (_stage(written_by(path) or ""), where)
             except ShuffleError as exc:
                 log.info("damaged outputs of shuffle %s not asked of %s: %s", self.shuffle_id, address, exc)
         return found
@@ -371,20 +375,11 @@ def _tables_location(spark: SparkSession) -> Any:
     return root if isinstance(root, Path) else locate(root, dict(entries))
 
 
-def _rewritten(reports: list[dict[str, Any]]) -> set[str]:
-    """The map attempts that wrote a partition some earlier stage had written already: reruns,
-    which no reader names when every map partition it read was rerun (then none looks later
-    than the others, ``tasks.read_partitions``). Only materialized map attempts
-    (``stage.taskAttemptId.attemptNumber``) count; a pipelined one names no stage."""
-    stages: list[tuple[int, int, str]] = []
-    for r in reports:
-        attempt = str(r["attempt"])
-        if r["side"] == "write" and re.fullmatch(r"\d+\.\d+\.\d+", attempt):
-            stages.append((int(r["partition"]), int(attempt.split(".")[0]), attempt))
-    first: dict[int, int] = {}
-    for partition, stage, _ in stages:
-        first[partition] = min(stage, first.get(partition, stage))
-    return {attempt for partition, stage, attempt in stages if stage > first[partition]}
+def _stage(attempt: object) -> int:
+    """The stage of a materialized map attempt (``stage.taskAttemptId.attemptNumber``); -1 for
+    any other (a pipelined one names no stage)."""
+    text = str(attempt)
+    return int(text.split(".")[0]) if re.fullmatch(r"\d+\.\d+\.\d+", text) else -1
 
 
 def _metric_key(report: dict[str, Any]) -> tuple[str, int, str, bool]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,8 @@ from arrow_shuffle import CorruptDataError, MapOutputLostError, ShuffleError
 from arrow_shuffle.checksum import CHUNK_BYTES, VerifiedSegment
 from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient
 from spark_plugin.shuffle.agent_service import MapOutputService
-from spark_plugin.shuffle.corrupt_outputs import Outcome, name_parts
-from spark_plugin.shuffle.dataframe import _rewritten
+from spark_plugin.shuffle.corrupt_outputs import Outcome, name_parts, written_by
+from spark_plugin.shuffle.dataframe import _stage
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
 from spark_plugin.shuffle.tasks import ReadStats, ShufflePlan, read_partitions
 
@@ -343,16 +344,43 @@ def test_a_reduce_task_that_meets_damage_fails_to_be_retried_and_its_owner_acts(
     assert service.metrics()["shuffle_streams_open"] == 0
 
 
-def test_reruns_are_told_from_write_reports_even_when_every_map_reran() -> None:
-    """A reader names a map output as recomputed only when it is later than others it read; when
-    every map partition reran (every output damaged), the driver tells reruns from the write
-    reports themselves. Pipelined attempts name no stage and are never reruns."""
-    reports = [
-        {"side": "write", "partition": 0, "attempt": "3.7.0"},
-        {"side": "write", "partition": 0, "attempt": "9.20.0"},
-        {"side": "write", "partition": 1, "attempt": "3.8.0"},
-        {"side": "write", "partition": 1, "attempt": "3.11.1"},  # a retry in the same stage
-        {"side": "write", "partition": 2, "attempt": "pipelined"},
-        {"side": "read", "partition": 0, "attempt": "4.1.0"},
-    ]
-    assert _rewritten(reports) == {"9.20.0"}
+def test_the_driver_tells_a_rewritten_damaged_partition_by_its_stage() -> None:
+    """``shuffle_metrics`` marks a write report ``corrupt`` when a later stage wrote the partition
+    whose file an agent found damaged: the stage comes from the file's name. Pipelined attempts
+    name no stage."""
+    assert written_by(f"/x/s1/{NAME}") == "2.41.0" and written_by("/x/s1/other.arrows") is None
+    assert _stage("9.20.0") == 9 and _stage("pipelined.0") == -1 and _stage("pipelined") == -1
+
+
+def test_readers_racing_on_one_damaged_file_get_one_answer_and_no_replacement(
+    service: MapOutputService, told: dict[str, list[str]]
+) -> None:
+    """While one reader's finding is handled (the file removed, the blocks being removed), another
+    reader that finds the file gone must not report it lost, and a second finding of the same
+    file must get the first's answer, not find the blocks gone and replace the executor."""
+    entered, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def slow_blocks(local_dirs: Sequence[str], task_attempt_id: int) -> list[str]:
+        calls.append(task_attempt_id)
+        if len(calls) == 1:
+            entered.set()
+            release.wait(10)
+            return ["shuffle_0_41_0.index"]
+        return []  # already removed
+
+    service.corrupt._remove_blocks = slow_blocks
+    path, _ = output_of(service, 6)
+    answers: list[Outcome] = []
+    first = threading.Thread(target=lambda: answers.append(service.report_corrupt(6, path, "checksum")))
+    first.start()
+    assert entered.wait(10)
+    assert not os.path.exists(path)
+    assert service.report_lost(6, [path]) is False  # gone on purpose, being handled
+    second = threading.Thread(target=lambda: answers.append(service.report_corrupt(6, path, "again")))
+    second.start()
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert answers == [Outcome.RECOMPUTE, Outcome.RECOMPUTE] and calls == [41]
+    assert told["jvm"] == []
