@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +55,20 @@ def stop_session(spark: SparkSession) -> None:
             proc.wait(timeout=30)
     SparkContext._gateway = None
     SparkContext._jvm = None
+
+
+@contextlib.contextmanager
+def sql_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """The session's runtime conf with ``settings`` for the queries planned inside; each key's
+    previous value (or its absence) is put back after."""
+    before = {k: spark.conf.get(k, None) for k in settings}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, old in before.items():
+            if old is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, old)

@@ -30,6 +30,7 @@ from spark_plugin.shuffle import group_apply, partition_apply, repartition, shuf
 from spark_plugin.shuffle.agent_client import MapOutputClient
 from tests.harness.apps import SharedSession, ShuffleCluster
 from tests.harness.procs import executor_jvms, wait_until
+from tests.harness.session import sql_conf
 
 pytestmark = pytest.mark.spark
 ROWS = 30_000
@@ -317,7 +318,7 @@ def test_executor_killed_after_map_stage_result_still_exact(
         # carry no location (README, "Lost map outputs are recomputed"), recomputation after a
         # finished reduce task needs the retry off; on 4.0/4.1 the key does nothing.
         try:
-            with _sql_conf(spark, **{FULL_RETRY_ON_MISMATCH.replace(".", "__"): "false"}):
+            with sql_conf(spark, {FULL_RETRY_ON_MISMATCH: "false"}):
                 result["rows"] = multiset(out)
         except Exception as exc:  # reported by the assertion below
             result["error"] = exc
@@ -455,22 +456,6 @@ def test_python_workers_come_from_arrowbeats_daemon(cluster: tuple[SparkSession,
     assert all(r.frozen >= 0.95 * first[r.pid] for r in later if r.pid in first), facts
 
 
-@contextlib.contextmanager
-def _sql_conf(spark: SparkSession, **settings: str) -> Iterator[None]:
-    keys = {k.replace("__", "."): v for k, v in settings.items()}
-    before: dict[str, str | None] = {k: spark.conf.get(k, None) for k in keys}
-    for k, v in keys.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, old in before.items():
-            if old is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, old)
-
-
 def test_default_partitions_are_coalesced_by_size_and_keys_stay_whole(
     cluster: tuple[SparkSession, Path],
 ) -> None:
@@ -478,7 +463,7 @@ def test_default_partitions_are_coalesced_by_size_and_keys_stay_whole(
     contiguous reduce partitions, each key in one task, the result equal to Spark's."""
     spark, _ = cluster
     df = source(spark)
-    with _sql_conf(spark, spark__sql__shuffle__partitions="200"):
+    with sql_conf(spark, {"spark.sql.shuffle.partitions": "200"}):
         out = group_apply(df, ["k"], _summary, SUMMARY)
         handle = shuffle_of(out)
         with handle:
@@ -495,7 +480,7 @@ def test_default_partitions_are_coalesced_by_size_and_keys_stay_whole(
                 placed, where = rows_and_placement(repartitioned, ["k"])
                 assert placed == multiset(df)
                 assert all(len(parts) == 1 for parts in where.values())
-        with _sql_conf(spark, spark__arrowbeat__shuffle__adaptive="false"):
+        with sql_conf(spark, {"spark.arrowbeat.shuffle.adaptive": "false"}):
             fixed = group_apply(df, ["k"], _summary, SUMMARY)
             with shuffle_of(fixed) as plain:
                 assert plain.groups is None and fixed.rdd.getNumPartitions() == 200

@@ -12,9 +12,7 @@ reduce task's retry meets a fetch failure and Spark reruns the map partitions
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,6 +25,7 @@ from spark_plugin.shuffle import group_apply, shuffle_of
 from tests.harness.apps import ShuffleCluster
 from tests.harness.history_read import rows as history_rows
 from tests.harness.procs import executor_jvms, wait_until
+from tests.harness.session import sql_conf
 
 pytestmark = pytest.mark.spark
 ROWS = 20_000
@@ -58,21 +57,6 @@ def source(spark: SparkSession) -> DataFrame:
 
 def answer(df: DataFrame) -> dict[int, tuple[int, float]]:
     return {r.k: (r.n, round(r.sx, 6)) for r in df.collect()}
-
-
-@contextlib.contextmanager
-def sql_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    before = {k: spark.conf.get(k, None) for k in settings}
-    for k, v in settings.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, old in before.items():
-            if old is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, old)
 
 
 def damage(path: Path, spots: list[tuple[float, int, int]]) -> None:

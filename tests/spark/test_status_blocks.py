@@ -12,7 +12,6 @@ decides what is recomputed: exactly the map partitions that executor ran, none o
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -25,6 +24,7 @@ from spark_plugin.compat.shuffle_blocks import remove_map_status_blocks, task_at
 from spark_plugin.shuffle import group_apply, shuffle_of
 from tests.harness.apps import ShuffleCluster
 from tests.harness.procs import executor_jvms
+from tests.harness.session import sql_conf
 
 pytestmark = pytest.mark.spark
 ROWS = 20_000
@@ -50,21 +50,6 @@ def source(spark: SparkSession) -> DataFrame:
 
 def answer(df: DataFrame) -> dict[int, tuple[int, float]]:
     return {r.k: (r.n, round(r.sx, 6)) for r in df.collect()}
-
-
-@contextlib.contextmanager
-def sql_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    before = {k: spark.conf.get(k, None) for k in settings}
-    for k, v in settings.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, old in before.items():
-            if old is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, old)
 
 
 def block_manager_dirs(jvm: psutil.Process) -> list[str]:
