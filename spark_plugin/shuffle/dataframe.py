@@ -81,7 +81,6 @@ from spark_plugin.shuffle.adaptive import (
     route_keys,
     settings_from_sql_conf,
 )
-from spark_plugin.shuffle.agent_client import MapOutputClient
 from spark_plugin.shuffle.corrupt_outputs import written_by
 from spark_plugin.shuffle.direct_scan import BATCH_ROWS, DirectScan, plan_direct_scan, scan_function
 from spark_plugin.shuffle.map_output import check_keys
@@ -109,8 +108,8 @@ from spark_plugin.shuffle.tasks import (
     REPORT_COLUMNS,
     STATUS_DDL,
     ShufflePlan,
+    agent_client,
     carry_function,
-    client_transport,
     group_consumer,
     map_function,
     partition_consumer,
@@ -276,12 +275,7 @@ class ShuffleHandle:
         found: dict[int, tuple[int, dict[str, str]]] = {}
         for address in sorted(self.agents()):
             try:
-                with MapOutputClient(
-                    address,
-                    self.plan.secret,
-                    f"agent {address[0]}:{address[1]}",
-                    transport=client_transport(self.plan),
-                ) as client:
+                with agent_client(self.plan, address) as client:
                     for partition, path, detail in client.corrupt_outputs(self.shuffle_id):
                         where = {"executor": executors.get(address, ""), "file": path, "found": detail}
                         found[int(partition)] = (_stage(written_by(path) or ""), where)
@@ -330,12 +324,7 @@ class ShuffleHandle:
         freed = 0
         for address in sorted(self.agents()):
             try:
-                with MapOutputClient(
-                    address,
-                    self.plan.secret,
-                    f"agent {address[0]}:{address[1]}",
-                    transport=client_transport(self.plan),
-                ) as client:
+                with agent_client(self.plan, address) as client:
                     freed += client.release(self.shuffle_id)
             except ShuffleError as exc:  # an agent that is gone took its data with it
                 log.info("release of shuffle %s: %s", self.shuffle_id, exc)

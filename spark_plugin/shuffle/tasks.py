@@ -500,6 +500,13 @@ def read_partitions(
             client.close()
 
 
+def agent_client(plan: ShufflePlan, address: tuple[str, int]) -> MapOutputClient:
+    """A control connection to the agent at ``address`` with ``plan``'s secret and transport."""
+    return MapOutputClient(
+        address, plan.secret, f"agent {address[0]}:{address[1]}", transport=client_transport(plan)
+    )
+
+
 def keyed(plan: ShufflePlan, me: AgentInfo) -> ShufflePlan:
     """``plan`` with the application secret: its own, or, for a plan made without one (from a
     Spark Connect session, which never sees it), the one this worker's agent hands it."""
@@ -521,13 +528,10 @@ def release_function(
         for _ in batches:  # the one range row that made this task
             pass
         keyed_plan = keyed(plan, find_agent(shuffle_roots(plan.root), plan.app_id, clock=clock))
-        transport = client_transport(keyed_plan)
         freed = 0
         for host, port in agents:
             try:
-                with MapOutputClient(
-                    (host, port), keyed_plan.secret, f"agent {host}:{port}", transport=transport
-                ) as client:
+                with agent_client(keyed_plan, (host, port)) as client:
                     freed += client.release(keyed_plan.shuffle_id)
             except ShuffleError:
                 continue
@@ -576,9 +580,7 @@ def lost_outputs(
     lost = set()
     for (host, port), paths in owners.items():
         try:
-            with MapOutputClient(
-                (host, port), plan.secret, f"agent {host}:{port}", transport=client_transport(plan)
-            ) as client:
+            with agent_client(plan, (host, port)) as client:
                 chunks = [paths[i : i + 1000] for i in range(0, len(paths), 1000)]
                 if any([client.report_lost(plan.shuffle_id, chunk) for chunk in chunks]):
                     answering.append((host, port))
@@ -588,9 +590,7 @@ def lost_outputs(
             continue  # the agent is gone: its JVM reported the loss when it died
     for (host, port), gone in stale_carriers(statuses, lost).items():
         try:
-            with MapOutputClient(
-                (host, port), plan.secret, f"agent {host}:{port}", transport=client_transport(plan)
-            ) as client:
+            with agent_client(plan, (host, port)) as client:
                 if client.carried_lost(plan.shuffle_id, gone):
                     answering.append((host, port))
         except ShuffleError:
@@ -627,9 +627,7 @@ def damaged_output(
         f"({status['path']}) is damaged ({exc})"
     )
     try:
-        with MapOutputClient(
-            owner, plan.secret, f"agent {owner[0]}:{owner[1]}", transport=client_transport(plan)
-        ) as client:
+        with agent_client(plan, owner) as client:
             outcome = client.report_corrupt(plan.shuffle_id, str(status["path"]), str(exc))
     except ShuffleError as err:
         return MapOutputLostError(
