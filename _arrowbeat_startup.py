@@ -31,7 +31,7 @@ SWITCH = "ARROWBEAT_GROUPED_MAP_HOOK"
 
 def _takeover() -> Any:
     """The function the hook offers calls to, imported at the first call with the key on."""
-    from spark_plugin.shuffle.takeover import take_over
+    from spark_plugin.shuffle.driver.takeover import take_over
 
     return take_over
 

@@ -9,7 +9,7 @@ to readers in other processes; a consumer reads through an ``InputGate`` whose c
 every setting.
 
 Time: every object that measures it (``PartitionServer``, ``InputGate``, ``ResultPartition``,
-``LocalBufferPool``) takes ``clock: heartbeat.clock.Clock = SYSTEM_CLOCK`` as a keyword argument
+``LocalBufferPool``) takes ``clock: arrowbeat_base.clock.Clock = SYSTEM_CLOCK`` as a keyword argument
 and hands it to what it creates: the server to its connections and stream senders (keepalives,
 peer timeout, time blocked on credit), the gate to its remote channels and their connections
 (peer timeout) and its floating pool, the partition to its buffer pool (buffer-request timeout)
@@ -22,7 +22,7 @@ the plugin, one layer up: ``spark_plugin.shuffle``. Nothing here imports it back
 
 from typing import TYPE_CHECKING
 
-from heartbeat.lazy_exports import lazy_exports
+from arrowbeat_base.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
     from arrow_shuffle.buffer_pool import NetworkBufferPool
@@ -114,42 +114,42 @@ _MOVED_TO_PLUGIN = frozenset(
 
 
 _EXPORTS = {
-    "NetworkBufferPool": ".buffer_pool",
-    "ShuffleConfig": ".config",
-    "BufferAccountingError": ".errors",
-    "ChannelClosedError": ".errors",
-    "ControlMessageError": ".errors",
-    "ControlRequestError": ".errors",
-    "CorruptDataError": ".errors",
-    "CorruptFrameError": ".errors",
-    "CreditViolationError": ".errors",
-    "DeadlineExceededError": ".errors",
-    "FrameChecksumError": ".errors",
-    "InsufficientBuffersError": ".errors",
-    "MapOutputLostError": ".errors",
-    "OversizedFrameError": ".errors",
-    "PartitionNotFoundError": ".errors",
-    "PeerLostError": ".errors",
-    "ProducerFailedError": ".errors",
-    "RecordTooLargeError": ".errors",
-    "RemoteFailureError": ".errors",
-    "SchemaMismatchError": ".errors",
-    "SequenceGapError": ".errors",
-    "ShuffleAuthenticationError": ".errors",
-    "ShuffleConfigError": ".errors",
-    "ShuffleError": ".errors",
-    "ShuffleProtocolError": ".errors",
-    "InputGate": ".gate",
-    "RemoteChannelSpec": ".gate",
-    "PartitionId": ".ids",
-    "ResultPartition": ".partition",
-    "PartitionServer": ".partition_server",
-    "Partitioner": ".partitioner",
-    "column_partitioner": ".partitioner",
-    "hash_partitioner": ".partitioner",
-    "GateStats": ".stats",
-    "PartitionStats": ".stats",
-    "RecordWriter": ".writer",
+    "NetworkBufferPool": "arrow_shuffle.buffer_pool",
+    "ShuffleConfig": "arrow_shuffle.config",
+    "BufferAccountingError": "arrow_shuffle.errors",
+    "ChannelClosedError": "arrow_shuffle.errors",
+    "ControlMessageError": "arrow_shuffle.errors",
+    "ControlRequestError": "arrow_shuffle.errors",
+    "CorruptDataError": "arrow_shuffle.errors",
+    "CorruptFrameError": "arrow_shuffle.errors",
+    "CreditViolationError": "arrow_shuffle.errors",
+    "DeadlineExceededError": "arrow_shuffle.errors",
+    "FrameChecksumError": "arrow_shuffle.errors",
+    "InsufficientBuffersError": "arrow_shuffle.errors",
+    "MapOutputLostError": "arrow_shuffle.errors",
+    "OversizedFrameError": "arrow_shuffle.errors",
+    "PartitionNotFoundError": "arrow_shuffle.errors",
+    "PeerLostError": "arrow_shuffle.errors",
+    "ProducerFailedError": "arrow_shuffle.errors",
+    "RecordTooLargeError": "arrow_shuffle.errors",
+    "RemoteFailureError": "arrow_shuffle.errors",
+    "SchemaMismatchError": "arrow_shuffle.errors",
+    "SequenceGapError": "arrow_shuffle.errors",
+    "ShuffleAuthenticationError": "arrow_shuffle.errors",
+    "ShuffleConfigError": "arrow_shuffle.errors",
+    "ShuffleError": "arrow_shuffle.errors",
+    "ShuffleProtocolError": "arrow_shuffle.errors",
+    "InputGate": "arrow_shuffle.gate",
+    "RemoteChannelSpec": "arrow_shuffle.gate",
+    "PartitionId": "arrow_shuffle.ids",
+    "ResultPartition": "arrow_shuffle.partition",
+    "PartitionServer": "arrow_shuffle.partition_server",
+    "Partitioner": "arrow_shuffle.partitioner",
+    "column_partitioner": "arrow_shuffle.partitioner",
+    "hash_partitioner": "arrow_shuffle.partitioner",
+    "GateStats": "arrow_shuffle.stats",
+    "PartitionStats": "arrow_shuffle.stats",
+    "RecordWriter": "arrow_shuffle.writer",
 }
 """Each public name and the module defining it: imported when the name is first used."""
 

@@ -14,7 +14,7 @@ Why one component: each of the old loops had its own way to be stalled. Here
   off and retries, a thread that cannot be started (``RuntimeError: can't start new thread``)
   costs that one connection;
 - every refusal is counted per cause and logged once per cause per ``log_interval_s``
-  (``RefusalLog``, a ``heartbeat.rate_log.RateLog``), so a flood of bad peers is one log line a
+  (``RefusalLog``, a ``arrowbeat_base.rate_log.RateLog``), so a flood of bad peers is one log line a
   minute, not a disk full of them.
 """
 
@@ -38,8 +38,8 @@ from arrow_shuffle.errors import (
 )
 from arrow_shuffle.frames import ErrorCode, Kind
 from arrow_shuffle.transport import Connection, Listener
-from heartbeat.clock import SYSTEM_CLOCK, Clock
-from heartbeat.rate_log import RateLog
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.rate_log import RateLog
 
 T = TypeVar("T")
 
@@ -76,7 +76,7 @@ class AcceptLimits:
 class RefusalLog(RateLog):
     """The refusals of one server: counted per cause (``counts()``), each cause logged as
     ``<server> refused (<cause>): ...`` at most once per ``interval_s`` (on ``clock``), with the
-    number of refusals left unlogged since its last line. The rate is ``heartbeat.rate_log``'s."""
+    number of refusals left unlogged since its last line. The rate is ``arrowbeat_base.rate_log``'s."""
 
     def __init__(self, logger: logging.Logger, name: str, clock: Clock, interval_s: float) -> None:
         super().__init__(logger, interval_s, clock, more=" (and {} more of this cause since the last report)")

@@ -29,7 +29,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from arrow_shuffle.errors import BufferAccountingError, ChannelClosedError, InsufficientBuffersError
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 
 @dataclass(eq=False)

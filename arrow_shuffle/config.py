@@ -2,7 +2,7 @@
 
 Validation happens in ``__post_init__`` so a bad value fails at start-up, not mid-shuffle,
 with an error naming the field and its allowed range. Durations are measured on the ``Clock``
-the engine's objects are given (``heartbeat.clock``), except ``connect_timeout_s``, a socket's.
+the engine's objects are given (``arrowbeat_base.clock``), except ``connect_timeout_s``, a socket's.
 """
 
 from __future__ import annotations

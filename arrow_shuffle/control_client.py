@@ -6,7 +6,7 @@ response, checked here. Connect + handshake must finish within ``connect_timeout
 call within its deadline; while an operation runs the server sends a keepalive every
 ``keepalive_interval_s``, so a stopped or vanished server is a ``PeerLostError`` after
 ``peer_timeout_s`` of silence, and a call never outlives its deadline (``DeadlineExceededError``).
-Both are measured on the caller's ``heartbeat.clock.Clock``.
+Both are measured on the caller's ``arrowbeat_base.clock.Clock``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from arrow_shuffle.errors import (
 )
 from arrow_shuffle.frames import MAX_CONTROL_PAYLOAD, ErrorCode, Kind
 from arrow_shuffle.transport import Connection, TcpTransport, Transport
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 
 class ControlClient:

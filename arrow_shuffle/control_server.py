@@ -7,7 +7,7 @@ reordered frames is refused (``ShuffleAuthenticationError``). The shared ``accep
 gives the handshake its overall deadline (``connect_timeout_s``) and caps connections waiting to
 authenticate and connections served. While an operation runs the server sends its client a
 keepalive every ``keepalive_interval_s``; a request's payload must arrive within
-``peer_timeout_s`` of its header. Both are measured on the server's ``heartbeat.clock.Clock``.
+``peer_timeout_s`` of its header. Both are measured on the server's ``arrowbeat_base.clock.Clock``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from arrow_shuffle.errors import (
 )
 from arrow_shuffle.frames import FrameHeader, Kind
 from arrow_shuffle.transport import Connection, TcpTransport, Transport
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 REQUEST_DEADLINE = "request-deadline"

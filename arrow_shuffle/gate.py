@@ -26,7 +26,7 @@ from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.remote_channel import RemoteInputChannel
 from arrow_shuffle.stats import GateStats, StatsCell
 from arrow_shuffle.transport import TcpTransport, Transport
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from arrow_shuffle.errors import ChannelClosedError, ShuffleConfigError
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.stats import PartitionStats, StatsCell
 from arrow_shuffle.subpartition import Subpartition
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 
 class ResultPartition:

@@ -50,7 +50,7 @@ from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.stream_sender import StreamSender
 from arrow_shuffle.transport import Connection, TcpTransport, Transport
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 

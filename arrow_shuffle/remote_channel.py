@@ -62,7 +62,7 @@ from arrow_shuffle.frames import MAX_CONTROL_PAYLOAD, ErrorCode, FrameHeader, Ki
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.stats import ChannelStats
 from arrow_shuffle.transport import Connection, Transport
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 _WAKE_AFTER = 3
 """Buffers a channel queues before it wakes the consumer, while more are on their way (the sender

@@ -24,7 +24,7 @@ from arrow_shuffle.errors import ChannelClosedError, ProducerFailedError, Shuffl
 from arrow_shuffle.frames import ErrorCode, Kind
 from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.transport import Connection
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 
 class StreamSender:

@@ -58,7 +58,7 @@ from arrow_shuffle.frames import (
     unpack_header,
     with_checksum,
 )
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -6,7 +6,7 @@ what a peer or the disk did to it logs through one of these, keyed by cause (or 
 engine's accept loops and the agent's path checks, the RM's refusals, the live page's HTTP log.
 Each keeps its own line format; the rate, the counts and the bound on keys are this one's.
 
-Time is ``monotonic()`` of an injected ``heartbeat.clock.Clock``, so a test moves a
+Time is ``monotonic()`` of an injected ``arrowbeat_base.clock.Clock``, so a test moves a
 ``ManualClock`` across the interval instead of waiting a minute. It sits beside the clock in the
 base layer (``tests/test_architecture.py``): the engine, the heartbeat library and the plugin may
 all import it, and it imports nothing but the clock (no gRPC, no pyspark).
@@ -18,7 +18,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 MORE_LIKE_IT = " ({} more like it not logged)"
 """The default mark of a line after left-out ones (``{}``: how many)."""

@@ -44,10 +44,10 @@ from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ControlRequestError
 from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.partition_server import RECENT_STREAMS
-from heartbeat.clock import ManualClock
-from spark_plugin.shuffle.agent_service import MapOutputService
+from arrowbeat_base.clock import ManualClock
+from spark_plugin.shuffle.agent.service import MapOutputService
+from spark_plugin.shuffle.driver.rendezvous import Rendezvous
 from spark_plugin.shuffle.map_output import MapOutputWriter
-from spark_plugin.shuffle.rendezvous import Rendezvous
 
 SECRET = "bookkeeping-soak-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64())])

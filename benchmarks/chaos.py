@@ -337,7 +337,7 @@ def rm_restart_budget(spark: Any) -> tuple[int, float] | None:
 
 
 def rm_states(address: str) -> dict[str, str] | None:
-    from heartbeat.admin import list_executors
+    from heartbeat.rm.admin import list_executors
 
     try:
         return {e.executor_id: e.state for e in list_executors(address, SECRET, timeout_s=2.0)}

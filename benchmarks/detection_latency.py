@@ -7,6 +7,19 @@ In each, one executor JVM is frozen with SIGSTOP; arrowbeat's time is its HEARTB
 Spark's is when the executor leaves ``SparkContext.getExecutorIds`` (seen by the driver every 0.1 s).
 
     .venv/bin/python -m benchmarks.detection_latency
+
+``--part fast`` measures the sub-second mode (issue 37, item 2): ``heartbeat.detector=phi`` at
+100 ms heartbeats on local-cluster[2,1,1536], one executor JVM SIGSTOPped ``--trials`` times (a
+random phase each time, thawed once the RM's view shows the loss, re-registered before the
+next), then a garbage-collection storm on both executors (``--storm`` seconds of back-to-back full
+collections of a large live heap, ``GcPause``, serial collector) with ``--hogs`` CPU-bound
+processes on the machine's cores. Each freeze's detection is its HEARTBEAT_TIMEOUT's time (the
+RM's clock, in the history table) minus the time just before the SIGSTOP; a false timeout is any
+HEARTBEAT_TIMEOUT or UNREACHABLE of an executor that was not frozen then. The same run with the
+``timeout`` detector at its defaults (1 s / 5 s) is the baseline, and one at 100 ms / 500 ms shows
+what a plain sub-second timeout does under the storm. Prints ``RESULT detect_p99_s=`` and
+``RESULT false_timeouts=`` for the phi mode, the others' figures beside them, the CPU the RM and
+the agents used while idle, and the machine's load.
 """
 
 from __future__ import annotations
@@ -140,9 +153,25 @@ def main() -> int:
     parser.add_argument(
         "--spark-wait", type=float, default=400.0, help="longest wait for Spark's own detection"
     )
-    parser.add_argument("--part", choices=["heartbeat", "spark", "all"], default="all")
+    parser.add_argument("--part", choices=["heartbeat", "spark", "all", "fast"], default="all")
+    parser.add_argument("--modes", default="phi,standard,short-timeout", help="fast: the modes to run")
+    parser.add_argument("--trials", type=int, default=40, help="fast: freezes per mode")
+    parser.add_argument("--standard-trials", type=int, default=10, help="fast: freezes in the standard mode")
+    parser.add_argument("--storm", type=float, default=60.0, help="fast: seconds of GC storm")
+    parser.add_argument("--hogs", type=int, default=4, help="fast: CPU-bound processes during the storm")
+    parser.add_argument("--gc-objects", type=int, default=8_000_000, help="fast: live objects per full GC")
     args = parser.parse_args()
     prepare()  # loopback, the venv's Python everywhere, the run marker
+    if args.part == "fast":
+        from benchmarks.detection_fast import report, run_mode
+
+        runs = []
+        for number, mode in enumerate(args.modes.split(",")):
+            trials = args.standard_trials if mode == "standard" else args.trials
+            scratch = Path(tempfile.mkdtemp(prefix=f"arrowbeat-detect-{mode}-"))
+            runs.append(run_mode(mode, scratch, trials, args.storm, args.hogs, args.gc_objects, seed=number))
+        report(runs, args.hogs)
+        return 0
     if args.part in ("heartbeat", "all"):
         kill_s, freeze_s, reregister_s = measure_heartbeat()
         print(f"RESULT heartbeat_kill_detect_s={kill_s:.2f}")

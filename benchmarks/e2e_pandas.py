@@ -360,7 +360,7 @@ def _dask_engine() -> _DaskEngine | None:
 
 
 if __name__ == "__main__":
-    from heartbeat.hard_exit import exit_now
+    from arrowbeat_base.hard_exit import exit_now
 
     code = main()
     exit_now(code)  # no interpreter finalisation: delta-rs's readers can abort it (exit 134)

@@ -42,7 +42,7 @@ timed the same way, close together. Each cell prints its ``checksum on/off`` tim
 ``RESULT checksum_cost_median``. A cost within the spread of best-of-N here (a few percent) reads as
 "no cost seen", a negative one as noise. ``--no-checksum-cost`` skips the pass.
 
-An ``auto`` column runs the same arrowbeat call with ``path="auto"`` (``spark_plugin.shuffle.route``:
+An ``auto`` column runs the same arrowbeat call with ``path="auto"`` (``spark_plugin.shuffle.driver.route``:
 Spark's exchange below a measured input size, arrowbeat's above): its ratio is Spark / auto, and
 each input's size as the optimizer reports it (the cached relation's real size, the number the
 routing decides on) is printed beside it, so the crossover can be read off in bytes. Spark's and
@@ -520,7 +520,7 @@ def _steps(
     """The Spark and the arrowbeat side of one cell; each arrowbeat run releases its shuffle (a
     call routed to Spark's path has none: ``release`` returns 0). ``path``: the routing argument
     (None: the key's, arrowbeat's path by default); ``paths`` collects the path each run took."""
-    from spark_plugin.shuffle.route import route_of
+    from spark_plugin.shuffle.driver.route import route_of
 
     routing = {} if path is None else {"path": path}
 
@@ -594,13 +594,13 @@ def _hooked() -> None:
     import pyspark.sql.pandas.group_ops  # noqa: F401  (the modules it wraps, loaded)
 
     from spark_plugin.compat.grouped_map_hook import patch_loaded
-    from spark_plugin.shuffle.takeover import take_over
+    from spark_plugin.shuffle.driver.takeover import take_over
 
     patch_loaded(lambda: take_over)
 
 
 def _spark_hash(ids: Any) -> Any:
-    """``spark_plugin.shuffle.adaptive.spark_hash_long`` over a numpy array of int64, vectorised."""
+    """``spark_plugin.shuffle.driver.adaptive.spark_hash_long`` over a numpy array of int64, vectorised."""
     import numpy as np
 
     m = np.uint64(0xFFFFFFFF)

@@ -20,6 +20,11 @@ JVMs' lines against the Python processes'.
 ``rss_mib_per_1k_shuffles_max_python`` (the worst process that is not a JVM) and one
 ``rss_mib_per_1k_shuffles.<kind>`` per kind (the worst of that kind), ``fds_growth_max``
 (``fds_worst_kind``), ``load_1m`` before and after. It exits 1 when a batch was wrong or failed.
+Every ``--interim-min`` minutes an ``INTERIM`` line gives the same figures so far (growth over the
+second half of the shuffles until then), so a long run stopped early is still read.
+``--tracemalloc-from N`` (a debugging aid) traces the Python driver's allocations from shuffle N to
+the end and lists where the live ones were made, with ``RESULT traced_kib_per_1k_shuffles``; its
+RSS figures then include the tracing's own memory.
 
     .venv/bin/python -m benchmarks.streaming_soak --minutes 10    (or: make bench BENCH=streaming_soak)
     .venv/bin/python -m benchmarks.streaming_soak --shuffles 10000 (the long form: 5,000 pipelined)
@@ -89,14 +94,6 @@ def _accumulators() -> int | str:
     return "unknown" if registry is None else len(registry)
 
 
-PYTHON_KINDS = ("python driver", "driver-side arrowbeat", "agent", "Python daemon", "Python worker")
-"""The processes whose memory is all Python's (no JVM heap filling up to its working size)."""
-
-
-def _key(kind: str) -> str:
-    return kind.lower().replace(" ", "_").replace("-", "_")
-
-
 def report(result: streaming_soak.SoakResult, load: tuple[float, float]) -> None:
     """The run's figures: per process, per mode, then the ``RESULT`` lines."""
     print()
@@ -111,6 +108,15 @@ def report(result: streaming_soak.SoakResult, load: tuple[float, float]) -> None
         between = sorted(result.between_s)
         print(f"between batches (the query's own work), median {between[len(between) // 2]:.3f} s")
     print(f"accumulators the Python driver still holds: {_accumulators()} (one per arrowbeat shuffle made)")
+    if result.traced_from is not None:
+        traced = max(result.traced_to - result.traced_from, 1)
+        print(
+            f"\nPython allocations of this process made after shuffle {result.traced_from} and alive at "
+            f"shuffle {result.traced_to} (tracemalloc): {result.traced_bytes / 1024:.0f} KiB, "
+            f"{result.traced_bytes / 1024 / traced * 1000:.1f} KiB per 1,000 shuffles; the largest by site:"
+        )
+        for line in result.traced:
+            print(f"  {line}")
     rows = sorted(streaming_soak.growth(result), key=lambda g: (g.kind, g.label))
     print(f"\nper process, after the warm-up (shuffles {result.shuffles // 2}-{result.shuffles}):")
     for g in rows:
@@ -120,11 +126,6 @@ def report(result: streaming_soak.SoakResult, load: tuple[float, float]) -> None
             f"  {g.label:48s} RSS {g.rss_start_mib:7.1f} -> {g.rss_end_mib:7.1f} MiB, {per} MiB/1k shuffles; "
             f"fds {g.fds_start} -> {g.fds_end} ({fds})"
         )
-    measured = [g for g in rows if g.rss_mib_per_1k is not None]
-    worst = max(measured, key=lambda g: g.rss_mib_per_1k or 0.0, default=None)
-    fds_worst = max(
-        (g for g in rows if g.fds_growth is not None), key=lambda g: g.fds_growth or 0, default=None
-    )
     first_failed = ", ".join(f"{m} {n}" for m, n in result.first_failed_shuffle.items()) or "none"
     print()
     print(f"RESULT shuffles={result.shuffles}")
@@ -133,18 +134,10 @@ def report(result: streaming_soak.SoakResult, load: tuple[float, float]) -> None
     print(f"RESULT failed_batches={result.failed_batches}")
     print(f"RESULT first_failed_shuffle={first_failed}")
     print(f"RESULT shuffles_per_minute={result.shuffles / max(result.seconds, 1e-9) * 60:.1f}")
-    if worst is not None:
-        print(f"RESULT rss_mib_per_1k_shuffles_max={worst.rss_mib_per_1k:.2f}")
-        print(f"RESULT rss_worst_kind={worst.kind}")
-    python = [g.rss_mib_per_1k or 0.0 for g in measured if g.kind in PYTHON_KINDS]
-    if python:
-        print(f"RESULT rss_mib_per_1k_shuffles_max_python={max(python):.2f}")
-    for kind in sorted({g.kind for g in measured}):
-        top = max(g.rss_mib_per_1k or 0.0 for g in measured if g.kind == kind)
-        print(f"RESULT rss_mib_per_1k_shuffles.{_key(kind)}={top:.2f}")
-    if fds_worst is not None:
-        print(f"RESULT fds_growth_max={fds_worst.fds_growth}")
-        print(f"RESULT fds_worst_kind={fds_worst.kind if fds_worst.fds_growth else 'none'}")
+    for name, value in streaming_soak.figures(result).items():
+        print(f"RESULT {name}={value}")
+    if result.traced_from is not None:
+        print(f"RESULT traced_kib_per_1k_shuffles={result.traced_bytes / 1024 / traced * 1000:.1f}")
     print(f"RESULT load_1m={load[0]:.2f}->{load[1]:.2f}")
 
 
@@ -158,6 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=1.0, help="least time between two samples")
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     parser.add_argument("--executor-memory", default="512m", help="spark.executor.memory")
+    parser.add_argument(
+        "--interim-min",
+        type=float,
+        default=10.0,
+        help="an INTERIM line of the figures so far this often (0: none)",
+    )
+    parser.add_argument(
+        "--tracemalloc-from",
+        type=int,
+        default=None,
+        metavar="N",
+        help="debugging: trace the Python driver's allocations from shuffle N on; list the live ones",
+    )
     args = parser.parse_args(argv)
     config = streaming_soak.SoakConfig(
         rows_per_batch=args.rows_per_batch,
@@ -166,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         max_shuffles=args.shuffles,
         max_seconds=args.minutes * 60 if args.minutes > 0 else None,
         sample_every_s=args.sample_s,
+        interim_every_s=args.interim_min * 60 if args.interim_min > 0 else None,
+        trace_from=args.tracemalloc_from,
     )
     scratch = Path(tempfile.mkdtemp(prefix="arrowbeat-streaming-soak-"))
     load_before = os.getloadavg()[0]

@@ -126,7 +126,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from heartbeat.hard_exit import exit_now
+    from arrowbeat_base.hard_exit import exit_now
 
     start = time.monotonic()
     code = main()

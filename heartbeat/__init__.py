@@ -20,22 +20,20 @@ validated ``HeartbeatServices``. One module per role:
   secret itself, on the wire), ``_transport`` (where channels and the server port are made: the
   one place for TLS), ``_text`` (wire text checked or escaped before it is logged or recorded).
 
-Every public name is imported on first use (``__getattr__``), so ``import heartbeat.clock`` (the
+Every public name is imported on first use (``__getattr__``), so ``import arrowbeat_base.clock`` (the
 shuffle engine's clock, in every Python worker) loads neither grpc nor asyncio nor the agent.
 """
 
 from typing import TYPE_CHECKING
 
-from heartbeat.lazy_exports import lazy_exports
+from arrowbeat_base.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
-    from ._io_loop import io_loop
-    from ._text import one_line
-    from .agent import AsyncAgent
-    from .agent_core import AgentCore, Registration
-    from .agent_thread import AgentThread
-    from .clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
-    from .errors import (
+    from arrowbeat_base.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
+    from heartbeat.agent.async_agent import AsyncAgent
+    from heartbeat.agent.core import AgentCore, Registration
+    from heartbeat.agent.thread import AgentThread
+    from heartbeat.errors import (
         AgentFailedError,
         ClosedError,
         HeartbeatAuthenticationError,
@@ -52,12 +50,12 @@ if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads onl
         StaleInstanceError,
         UnknownExecutorError,
     )
-    from .events import EventKind, ExecutorEvent, HeartbeatRecord
-    from .listener import HeartbeatListener
-    from .manager import HeartbeatManager
-    from .monitor import HeartbeatMonitor, MonitorState
-    from .notices import NoticeBoard
-    from .payload import (
+    from heartbeat.events import EventKind, ExecutorEvent, HeartbeatRecord
+    from heartbeat.listener import HeartbeatListener
+    from heartbeat.manager import HeartbeatManager
+    from heartbeat.monitor import HeartbeatMonitor, MonitorState
+    from heartbeat.notices import NoticeBoard
+    from heartbeat.payload import (
         Notice,
         Payload,
         PayloadProvider,
@@ -67,13 +65,15 @@ if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads onl
         slots_provider,
         static_provider,
     )
-    from .resource_manager import ExecutorInfo, ResourceManagerCore
-    from .retry import RetryPolicy
-    from .rm_server import ResourceManagerServer
-    from .scheduler import Cancellable, LoopScheduler, ManualScheduler, Scheduler, ThreadScheduler
-    from .sender import HeartbeatManagerSender
-    from .services import HeartbeatServices
-    from .target import HeartbeatTarget
+    from heartbeat.retry import RetryPolicy
+    from heartbeat.rm.resource_manager import ExecutorInfo, ResourceManagerCore
+    from heartbeat.rm.server import ResourceManagerServer
+    from heartbeat.scheduler import Cancellable, LoopScheduler, ManualScheduler, Scheduler, ThreadScheduler
+    from heartbeat.sender import HeartbeatManagerSender
+    from heartbeat.services import HeartbeatServices
+    from heartbeat.target import HeartbeatTarget
+    from heartbeat.wire.io_loop import io_loop
+    from heartbeat.wire.text import one_line
 
 __all__ = [
     "SYSTEM_CLOCK",
@@ -133,59 +133,59 @@ __all__ = [
 
 
 _EXPORTS = {
-    "one_line": "._text",
-    "AgentCore": ".agent_core",
-    "Registration": ".agent_core",
-    "SYSTEM_CLOCK": ".clock",
-    "Clock": ".clock",
-    "ManualClock": ".clock",
-    "SystemClock": ".clock",
-    "AgentFailedError": ".errors",
-    "ClosedError": ".errors",
-    "HeartbeatAuthenticationError": ".errors",
-    "HeartbeatConfigError": ".errors",
-    "HeartbeatError": ".errors",
-    "HeartbeatProtocolError": ".errors",
-    "HeartbeatRpcError": ".errors",
-    "MalformedMessageError": ".errors",
-    "ProtocolVersionError": ".errors",
-    "RegistrationError": ".errors",
-    "RegistrationReplacedError": ".errors",
-    "RegistrationTimeoutError": ".errors",
-    "StaleEpochError": ".errors",
-    "StaleInstanceError": ".errors",
-    "UnknownExecutorError": ".errors",
-    "EventKind": ".events",
-    "ExecutorEvent": ".events",
-    "HeartbeatRecord": ".events",
-    "HeartbeatListener": ".listener",
-    "HeartbeatManager": ".manager",
-    "HeartbeatMonitor": ".monitor",
-    "MonitorState": ".monitor",
-    "NoticeBoard": ".notices",
-    "Notice": ".payload",
-    "Payload": ".payload",
-    "PayloadProvider": ".payload",
-    "WorkProgress": ".payload",
-    "pulse_file_provider": ".payload",
-    "rss_provider": ".payload",
-    "slots_provider": ".payload",
-    "static_provider": ".payload",
-    "ExecutorInfo": ".resource_manager",
-    "ResourceManagerCore": ".resource_manager",
-    "RetryPolicy": ".retry",
-    "Cancellable": ".scheduler",
-    "LoopScheduler": ".scheduler",
-    "ManualScheduler": ".scheduler",
-    "Scheduler": ".scheduler",
-    "ThreadScheduler": ".scheduler",
-    "HeartbeatManagerSender": ".sender",
-    "HeartbeatServices": ".services",
-    "HeartbeatTarget": ".target",
-    "io_loop": "._io_loop",
-    "AsyncAgent": ".agent",
-    "AgentThread": ".agent_thread",
-    "ResourceManagerServer": ".rm_server",
+    "one_line": "heartbeat.wire.text",
+    "AgentCore": "heartbeat.agent.core",
+    "Registration": "heartbeat.agent.core",
+    "SYSTEM_CLOCK": "arrowbeat_base.clock",
+    "Clock": "arrowbeat_base.clock",
+    "ManualClock": "arrowbeat_base.clock",
+    "SystemClock": "arrowbeat_base.clock",
+    "AgentFailedError": "heartbeat.errors",
+    "ClosedError": "heartbeat.errors",
+    "HeartbeatAuthenticationError": "heartbeat.errors",
+    "HeartbeatConfigError": "heartbeat.errors",
+    "HeartbeatError": "heartbeat.errors",
+    "HeartbeatProtocolError": "heartbeat.errors",
+    "HeartbeatRpcError": "heartbeat.errors",
+    "MalformedMessageError": "heartbeat.errors",
+    "ProtocolVersionError": "heartbeat.errors",
+    "RegistrationError": "heartbeat.errors",
+    "RegistrationReplacedError": "heartbeat.errors",
+    "RegistrationTimeoutError": "heartbeat.errors",
+    "StaleEpochError": "heartbeat.errors",
+    "StaleInstanceError": "heartbeat.errors",
+    "UnknownExecutorError": "heartbeat.errors",
+    "EventKind": "heartbeat.events",
+    "ExecutorEvent": "heartbeat.events",
+    "HeartbeatRecord": "heartbeat.events",
+    "HeartbeatListener": "heartbeat.listener",
+    "HeartbeatManager": "heartbeat.manager",
+    "HeartbeatMonitor": "heartbeat.monitor",
+    "MonitorState": "heartbeat.monitor",
+    "NoticeBoard": "heartbeat.notices",
+    "Notice": "heartbeat.payload",
+    "Payload": "heartbeat.payload",
+    "PayloadProvider": "heartbeat.payload",
+    "WorkProgress": "heartbeat.payload",
+    "pulse_file_provider": "heartbeat.payload",
+    "rss_provider": "heartbeat.payload",
+    "slots_provider": "heartbeat.payload",
+    "static_provider": "heartbeat.payload",
+    "ExecutorInfo": "heartbeat.rm.resource_manager",
+    "ResourceManagerCore": "heartbeat.rm.resource_manager",
+    "RetryPolicy": "heartbeat.retry",
+    "Cancellable": "heartbeat.scheduler",
+    "LoopScheduler": "heartbeat.scheduler",
+    "ManualScheduler": "heartbeat.scheduler",
+    "Scheduler": "heartbeat.scheduler",
+    "ThreadScheduler": "heartbeat.scheduler",
+    "HeartbeatManagerSender": "heartbeat.sender",
+    "HeartbeatServices": "heartbeat.services",
+    "HeartbeatTarget": "heartbeat.target",
+    "io_loop": "heartbeat.wire.io_loop",
+    "AsyncAgent": "heartbeat.agent.async_agent",
+    "AgentThread": "heartbeat.agent.thread",
+    "ResourceManagerServer": "heartbeat.rm.server",
 }
 """Each public name and the module defining it: imported when the name is first used."""
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .payload import Payload
+from heartbeat.payload import Payload
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ import logging
 import threading
 from typing import Generic, TypeVar
 
-from .clock import Clock
-from .errors import ClosedError, HeartbeatRpcError
-from .listener import HeartbeatListener
-from .monitor import HeartbeatMonitor
-from .scheduler import Scheduler
-from .target import HeartbeatTarget
+from arrowbeat_base.clock import Clock
+from heartbeat.errors import ClosedError, HeartbeatRpcError
+from heartbeat.listener import HeartbeatListener
+from heartbeat.monitor import HeartbeatMonitor
+from heartbeat.scheduler import Scheduler
+from heartbeat.target import HeartbeatTarget
 
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741

@@ -16,10 +16,10 @@ import enum
 import threading
 from typing import Any, Generic, TypeVar
 
-from .clock import Clock
-from .listener import HeartbeatListener
-from .scheduler import Cancellable, Scheduler
-from .target import HeartbeatTarget
+from arrowbeat_base.clock import Clock
+from heartbeat.listener import HeartbeatListener
+from heartbeat.scheduler import Cancellable, Scheduler
+from heartbeat.target import HeartbeatTarget
 
 O = TypeVar("O")  # noqa: E741
 

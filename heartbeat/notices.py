@@ -21,9 +21,9 @@ import secrets
 import threading
 from dataclasses import dataclass
 
-from ._text import one_line
-from .clock import SYSTEM_CLOCK, Clock
-from .payload import MAX_NOTICE_DETAIL_CHARS, MAX_NOTICES, NOTICE_KINDS, Notice
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from heartbeat.payload import MAX_NOTICE_DETAIL_CHARS, MAX_NOTICES, NOTICE_KINDS, Notice
+from heartbeat.wire.text import one_line
 
 log = logging.getLogger(__name__)
 

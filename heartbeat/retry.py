@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from .clock import Clock
-from .errors import (
+from arrowbeat_base.clock import Clock
+from heartbeat.errors import (
     HeartbeatAuthenticationError,
     HeartbeatConfigError,
     HeartbeatRpcError,

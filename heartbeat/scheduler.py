@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from .clock import SYSTEM_CLOCK, Clock, ManualClock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock, ManualClock
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 from typing import TypeVar
 
-from .clock import Clock
-from .errors import HeartbeatRpcError
-from .listener import HeartbeatListener
-from .manager import HeartbeatManager
-from .monitor import HeartbeatMonitor
-from .scheduler import Cancellable, Scheduler
+from arrowbeat_base.clock import Clock
+from heartbeat.errors import HeartbeatRpcError
+from heartbeat.listener import HeartbeatListener
+from heartbeat.manager import HeartbeatManager
+from heartbeat.monitor import HeartbeatMonitor
+from heartbeat.scheduler import Cancellable, Scheduler
 
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741

@@ -13,13 +13,13 @@ import math
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .clock import SYSTEM_CLOCK, Clock
-from .errors import HeartbeatConfigError
-from .listener import HeartbeatListener
-from .manager import HeartbeatManager
-from .monitor import RPC_FAILURE_DETECTION_DISABLED
-from .scheduler import Scheduler
-from .sender import HeartbeatManagerSender
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from heartbeat.errors import HeartbeatConfigError
+from heartbeat.listener import HeartbeatListener
+from heartbeat.manager import HeartbeatManager
+from heartbeat.monitor import RPC_FAILURE_DETECTION_DISABLED
+from heartbeat.scheduler import Scheduler
+from heartbeat.sender import HeartbeatManagerSender
 
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741

@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 from pyspark.sql import SparkSession
 
-from heartbeat.admin import list_executors
+from heartbeat.rm.admin import list_executors
 from spark_plugin.history.storage import tables_root
 from spark_plugin.jobs import executor_health
 from spark_plugin.settings.config import ConfigError, from_spark_conf

@@ -23,6 +23,11 @@ real cluster only the driver side is seen. A batch whose shuffle raises is a fai
 its first errors kept) and the query goes on: a shuffle that stops working after N per
 application shows as every later batch of that mode failing, not as the soak ending.
 
+For runs of hours, ``SoakConfig.interim_every_s`` logs an ``INTERIM`` line of the figures so far
+(a run stopped early still tells its growth); ``SoakConfig.trace_from`` (off by default) traces
+the Python driver's allocations from a given shuffle on and lists where those still alive at the
+end were made: the way to tell what the driver keeps per shuffle.
+
 The soak's own bookkeeping stays small in the process it measures (the Python driver): samples
 and timings are kept in flat arrays, and past ``MAX_SAMPLES`` per process every other sample is
 dropped and the sampling interval doubled, so it holds at most a few hundred KiB however long it
@@ -41,6 +46,7 @@ import os
 import statistics
 import threading
 import time
+import tracemalloc
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +62,10 @@ KEEP_ERRORS = 5
 """Failed or wrong batches whose details are kept (all are counted)."""
 MAX_SAMPLES = 2048
 """Samples kept per process; past it every other one is dropped and the interval doubled."""
+PYTHON_KINDS = ("python driver", "driver-side arrowbeat", "agent", "Python daemon", "Python worker")
+"""The processes whose memory is all Python's (no JVM heap filling up to its working size)."""
+TRACE_TOP = 12
+"""Allocation sites listed when the Python driver's allocations are traced (``trace_from``)."""
 TIMINGS = ("build_s", "run_s", "release_s", "spark_s")
 """Per batch: building the shuffled DataFrame (a materialized shuffle's map side may run here),
 collecting it (the shuffle), ``release()`` (map outputs deleted, ``shuffle_metrics`` rows
@@ -100,6 +110,16 @@ class SoakConfig:
     hang_s: float = 300.0
     """A batch running (or no batch starting) this long stops the soak: the query is stopped and
     that batch counted as failed."""
+    interim_every_s: float | None = None
+    """Every this long, one ``INTERIM`` line (:func:`interim_line`) with the figures so far, so a
+    run of hours stopped early still tells its growth; None: none."""
+    trace_from: int | None = None
+    """A debugging aid, off by default: trace the Python driver's allocations (``tracemalloc``)
+    from this many shuffles to the end, and list where those still alive at the end were made
+    (``SoakResult.traced``). Tracing slows the driver and its own memory is in the driver's RSS:
+    such a run's RSS figures are not the soak's."""
+    trace_frames: int = 16
+    """Frames kept per traced allocation."""
 
 
 @dataclass
@@ -146,6 +166,13 @@ class SoakResult:
     """Pid -> its samples."""
     seconds: float = 0.0
     query_error: str | None = None
+    traced_from: int | None = None
+    """The shuffle after which the driver's allocations were traced (``SoakConfig.trace_from``)."""
+    traced_to: int = 0
+    traced_bytes: int = 0
+    """Bytes allocated in the Python driver after ``traced_from`` and still alive at ``traced_to``."""
+    traced: list[str] = field(default_factory=list)
+    """The largest of them by allocation site (size, count, the most recent frames)."""
 
 
 class ProcessSampler:
@@ -248,6 +275,7 @@ class _Soak:
         """When a batch last started or ended: the hang watch counts from here."""
         self._last_sample = -1e18
         self._last_log = self.started
+        self._last_interim = self.started
 
     def enough(self) -> bool:
         c, r = self.config, self.result
@@ -277,14 +305,24 @@ class _Soak:
             self._one(batch, self.config.modes[self.result.shuffles % len(self.config.modes)])
         finally:
             self.in_batch, self.last_event = False, time.monotonic()
+        if self.config.trace_from is not None and self.result.shuffles == self.config.trace_from:
+            start_tracing(self.result, self.config.trace_frames)
         if self.enough():
             self.sample(force=True)
+            finish_tracing(self.result)
             self.done.set()
             return
         self.sample()
-        if time.monotonic() - self._last_log >= 30:
-            self._last_log = time.monotonic()
-            self.log(progress(self.result, time.monotonic() - self.started))
+        now = time.monotonic()
+        if now - self._last_log >= 30:
+            self._last_log = now
+            self.log(progress(self.result, now - self.started))
+        if (
+            self.config.interim_every_s is not None
+            and now - self._last_interim >= self.config.interim_every_s
+        ):
+            self._last_interim = now
+            self.log(interim_line(self.result, now - self.started))
 
     def _one(self, batch: Any, mode: str) -> None:
         from pyspark.sql import functions as F
@@ -394,7 +432,38 @@ def run(spark: Any, config: SoakConfig, checkpoint: str, log: Callable[[str], No
         soak.done.set()
         query.stop()
         soak.result.seconds = time.monotonic() - soak.started
+        finish_tracing(soak.result)  # the query ended otherwise: what was traced until then
     return soak.result
+
+
+_tracing_lock = threading.Lock()
+"""The query's batch thread and the caller of :func:`run` may both end the tracing."""
+
+
+def start_tracing(result: SoakResult, frames: int) -> None:
+    """Starts tracing this process's Python allocations (unless something else already does)."""
+    if tracemalloc.is_tracing():
+        return
+    tracemalloc.start(frames)
+    result.traced_from = result.shuffles
+
+
+def finish_tracing(result: SoakResult, top: int = TRACE_TOP) -> None:
+    """What was allocated since :func:`start_tracing` and is still alive, by allocation site;
+    then tracing stops (once: a second call finds nothing to do)."""
+    with _tracing_lock:
+        if result.traced_from is None or not tracemalloc.is_tracing():
+            return
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(False, tracemalloc.__file__)]
+        )
+        tracemalloc.stop()
+    stats = snapshot.statistics("traceback")
+    result.traced_to = result.shuffles
+    result.traced_bytes = sum(s.size for s in stats)
+    for stat in stats[:top]:
+        frames = "\n      ".join(stat.traceback.format(limit=6, most_recent_first=True))
+        result.traced.append(f"{stat.size / 1024:9.1f} KiB in {stat.count} blocks, made at\n      {frames}")
 
 
 @dataclass(frozen=True)
@@ -428,6 +497,51 @@ def slope(points: list[tuple[float, float]]) -> float | None:
     if sxx == 0:
         return None
     return sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+def _key(kind: str) -> str:
+    return kind.lower().replace(" ", "_").replace("-", "_")
+
+
+def figures(result: SoakResult, warm_up: float = 0.5) -> dict[str, str]:
+    """The memory and descriptor figures of the soak's ``RESULT`` lines, by name, from
+    :func:`growth`: the worst process (and its kind), the worst that is not a JVM, the worst of
+    each kind, and the worst descriptor growth (and its kind, ``none`` when nothing grew)."""
+    rows = sorted(growth(result, warm_up), key=lambda g: (g.kind, g.label))
+    measured = [g for g in rows if g.rss_mib_per_1k is not None]
+    out: dict[str, str] = {}
+    worst = max(measured, key=lambda g: g.rss_mib_per_1k or 0.0, default=None)
+    if worst is not None:
+        out["rss_mib_per_1k_shuffles_max"] = f"{worst.rss_mib_per_1k:.2f}"
+        out["rss_worst_kind"] = worst.kind
+    python = [g.rss_mib_per_1k or 0.0 for g in measured if g.kind in PYTHON_KINDS]
+    if python:
+        out["rss_mib_per_1k_shuffles_max_python"] = f"{max(python):.2f}"
+    for kind in sorted({g.kind for g in measured}):
+        top = max(g.rss_mib_per_1k or 0.0 for g in measured if g.kind == kind)
+        out[f"rss_mib_per_1k_shuffles.{_key(kind)}"] = f"{top:.2f}"
+    fds_worst = max(
+        (g for g in rows if g.fds_growth is not None), key=lambda g: g.fds_growth or 0, default=None
+    )
+    if fds_worst is not None:
+        out["fds_growth_max"] = str(fds_worst.fds_growth)
+        out["fds_worst_kind"] = fds_worst.kind if fds_worst.fds_growth else "none"
+    return out
+
+
+def interim_line(result: SoakResult, seconds: float) -> str:
+    """One ``INTERIM`` line: the run's figures so far (growth over the second half of the shuffles
+    until now), as ``name=value`` pairs named as the ``RESULT`` lines are."""
+    pairs = {
+        "minutes": f"{seconds / 60:.1f}",
+        "shuffles": str(result.shuffles),
+        "pipelined_shuffles": str(result.by_mode.get("pipelined", 0)),
+        "wrong_batches": str(result.wrong_batches),
+        "failed_batches": str(result.failed_batches),
+        **figures(result),
+        "load_1m": f"{os.getloadavg()[0]:.2f}",
+    }
+    return "INTERIM " + " ".join(f"{name}={value}" for name, value in pairs.items())
 
 
 def growth(result: SoakResult, warm_up: float = 0.5) -> list[Growth]:

@@ -5,7 +5,7 @@
 
 from typing import TYPE_CHECKING
 
-from heartbeat.lazy_exports import lazy_exports
+from arrowbeat_base.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
     from spark_plugin.errors import ConfigError, PluginError
@@ -15,12 +15,12 @@ if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads onl
 __all__ = ["ArrowBeatConfig", "ConfigError", "PluginError", "configure", "spark_settings", "submit_flags"]
 
 _EXPORTS = {
-    "ConfigError": ".errors",
-    "PluginError": ".errors",
-    "configure": ".jvm.launch",
-    "spark_settings": ".jvm.launch",
-    "submit_flags": ".jvm.launch",
-    "ArrowBeatConfig": ".settings.config",
+    "ConfigError": "spark_plugin.errors",
+    "PluginError": "spark_plugin.errors",
+    "configure": "spark_plugin.jvm.launch",
+    "spark_settings": "spark_plugin.jvm.launch",
+    "submit_flags": "spark_plugin.jvm.launch",
+    "ArrowBeatConfig": "spark_plugin.settings.config",
 }
 """Each public name and the module defining it: imported when the name is first used."""
 

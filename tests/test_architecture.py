@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("heartbeat", "arrow_shuffle", "spark_plugin", "jobs")
+PACKAGES = ("arrowbeat_base", "heartbeat", "arrow_shuffle", "spark_plugin", "jobs")
 # setuptools installs jobs/ as ``spark_plugin.jobs`` ([tool.setuptools.package-dir]): an import by
 # that name is an import of the jobs layer, and is checked as one.
 PACKAGE_DIR_ALIASES = {"spark_plugin.jobs": "jobs"}
@@ -124,52 +124,78 @@ def _run_python(code: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-BASE = ("heartbeat.clock", "heartbeat.rate_log", "heartbeat.hard_exit", "heartbeat.lazy_exports")
-"""The base room ("clock"), which every room may import: the one clock, the one rate-limited
-logger driven by it, the one way to end a process without finalisation and the packages' names
-imported on first use. They import nothing of arrowbeat but each other (so no gRPC, no pyspark)."""
-
-
 def _layer(module: str) -> str:
-    """The room a module belongs to (see README, Contributing: the tree, bottom first)."""
+    """The room a module belongs to (see README, Contributing: the tree, bottom first). Below
+    ``spark_plugin``, the folder says the process: ``shuffle.driver`` (the user's driver; the
+    package's public names are its API), ``shuffle.worker`` and ``python_worker`` (PySpark's Python
+    workers), ``shuffle.agent`` (the executor's agent); ``shuffle`` holds what more than one of them
+    reads (file formats, layouts, the control schema)."""
     parts = module.split(".")
-    if module in BASE:
-        return "clock"
-    if parts[0] in ("heartbeat", "jobs"):
-        return parts[0]
+    if parts[0] == "arrowbeat_base":
+        return "base"
+    if parts[0] == "heartbeat":
+        if len(parts) == 1:
+            return "heartbeat.api"  # the package's names, imported on first use from every room
+        return f"heartbeat.{parts[1]}" if parts[1] in ("rm", "agent", "wire") else "heartbeat"
+    if parts[0] == "jobs":
+        return "jobs"
     if parts[0] == "arrow_shuffle":
         return "engine"
     if module == "spark_plugin.errors" or parts[1:2] in (["settings"], ["compat"]):
         return "foundation"
     if len(parts) == 1 or parts[1] == "__main__":
         return "entry"
-    return parts[1]  # history, jvm, monitoring, shuffle, tools, processes
+    if parts[1] == "shuffle":
+        if len(parts) == 2:
+            return "shuffle.driver"
+        return f"shuffle.{parts[2]}" if parts[2] in ("driver", "worker", "agent") else "shuffle"
+    return parts[1]  # history, jvm, monitoring, python_worker, tools, processes
 
+
+HEARTBEAT_ROOMS = {"heartbeat", "heartbeat.wire", "heartbeat.rm", "heartbeat.agent", "heartbeat.api"}
 
 # What each room may import (besides itself): anything else is a dependency running the wrong way.
 ALLOWED: dict[str, set[str]] = {
-    "clock": set(),
-    "heartbeat": {"clock"},
-    "engine": {"clock"},
-    "foundation": {"clock", "heartbeat"},
-    "history": {"clock", "heartbeat", "foundation"},
-    "jvm": {"clock", "heartbeat", "engine", "foundation"},
-    "monitoring": {"clock", "heartbeat", "foundation", "history", "jvm"},
-    "shuffle": {"clock", "engine", "foundation", "history"},
-    "tools": {"clock", "heartbeat", "foundation", "history", "jvm"},
+    "base": set(),
+    "heartbeat": {"base", "heartbeat.wire"},
+    "heartbeat.wire": {"base", "heartbeat", "heartbeat.rm"},
+    "heartbeat.rm": {"base", "heartbeat", "heartbeat.wire"},
+    "heartbeat.agent": {"base", "heartbeat", "heartbeat.wire"},
+    "heartbeat.api": {"base", "heartbeat", "heartbeat.wire", "heartbeat.rm", "heartbeat.agent"},
+    "engine": {"base"},
+    "foundation": {"base", *HEARTBEAT_ROOMS},
+    "history": {"base", *HEARTBEAT_ROOMS, "foundation"},
+    "jvm": {"base", *HEARTBEAT_ROOMS, "engine", "foundation"},
+    "python_worker": {"base", "engine", "foundation"},
+    "monitoring": {"base", *HEARTBEAT_ROOMS, "foundation", "history", "jvm", "python_worker"},
+    "shuffle": {"base", "engine", "foundation"},
+    "shuffle.worker": {"base", "engine", "foundation", "shuffle", "shuffle.driver"},
+    "shuffle.agent": {"base", "engine", "foundation", "shuffle"},
+    "shuffle.driver": {
+        "base",
+        "engine",
+        "foundation",
+        "history",
+        "shuffle",
+        "shuffle.worker",
+        "shuffle.agent",
+    },
+    "tools": {"base", *HEARTBEAT_ROOMS, "foundation", "history", "jvm"},
     "processes": {
-        "clock",
-        "heartbeat",
+        "base",
+        *HEARTBEAT_ROOMS,
         "engine",
         "foundation",
         "history",
         "jvm",
         "monitoring",
+        "python_worker",
         "shuffle",
+        "shuffle.agent",
         "tools",
     },
-    "entry": {"clock", "foundation", "jvm", "tools"},
-    "jobs": {"clock", "heartbeat", "foundation", "history", "shuffle", "tools", "entry"},
+    "entry": {"base", "foundation", "jvm", "tools"},
+    "jobs": {"base", *HEARTBEAT_ROOMS, "foundation", "history", "shuffle.driver", "tools", "entry"},
 }
 
 
@@ -216,11 +242,11 @@ def test_tls_material_needs_only_the_config_and_the_clock() -> None:
     assert set(_graph()["spark_plugin.settings.tls"]) <= {
         "spark_plugin.settings.config",
         "spark_plugin.errors",
-        "heartbeat.clock",
+        "arrowbeat_base.clock",
     }
 
 
-SPARK_FREE = sorted(m for m in _modules() if _layer(m) in ("clock", "heartbeat", "engine"))
+SPARK_FREE = sorted(m for m in _modules() if _layer(m) in ("base", "engine") or m.startswith("heartbeat"))
 
 
 @pytest.mark.parametrize("module", SPARK_FREE)
@@ -246,7 +272,7 @@ def test_dataframe_api_stays_importable_as_documented() -> None:
     the API went instead of a bare AttributeError."""
     code = (
         "from spark_plugin.shuffle import group_apply, map_in_arrow, partition_apply, release, repartition\n"
-        "from spark_plugin.shuffle import dataframe\n"
+        "from spark_plugin.shuffle.driver import dataframe\n"
         "assert group_apply is dataframe.group_apply\n"
         "import arrow_shuffle\n"
         "try:\n"
@@ -298,14 +324,15 @@ def test_every_public_name_of_a_package_resolves_on_first_use(package: str) -> N
 
 
 def test_a_shuffle_task_loads_only_what_it_runs() -> None:
-    """A Python worker running a map or reduce task imports ``spark_plugin.shuffle.tasks``; it must
+    """A Python worker running a map or reduce task imports ``spark_plugin.shuffle.worker.tasks``; it must
     not pay (about 6 MiB a worker, measured) for the driver's API, the tables, the agent's asyncio
     or pyarrow's Parquet and filesystems, which the task never uses."""
     code = (
         "import sys\n"
-        "import spark_plugin.shuffle.tasks, spark_plugin.shuffle.grouped_map\n"
-        "unwanted = ('asyncio', 'grpc', 'pyarrow.parquet', 'pyarrow.fs', 'spark_plugin.shuffle.dataframe',\n"
-        "            'spark_plugin.history', 'spark_plugin.jvm.launch', 'heartbeat.agent_core',\n"
+        "import spark_plugin.shuffle.worker.tasks, spark_plugin.shuffle.worker.grouped_map\n"
+        "unwanted = ('asyncio', 'grpc', 'pyarrow.parquet', 'pyarrow.fs',\n"
+        "            'spark_plugin.shuffle.driver.dataframe',\n"
+        "            'spark_plugin.history', 'spark_plugin.jvm.launch', 'heartbeat.agent.core',\n"
         "            'importlib.metadata')\n"
         "loaded = sorted(m for m in sys.modules if m.startswith(unwanted))\n"
         "assert not loaded, loaded\n"
@@ -319,7 +346,7 @@ def test_the_worker_daemon_loads_no_package_metadata() -> None:
     ``email`` package under it: about 3 MiB a worker)."""
     code = (
         "import sys\n"
-        "import spark_plugin.jvm.python_daemon\n"
+        "import spark_plugin.python_worker.daemon\n"
         "unwanted = ('importlib.metadata', 'email', 'asyncio')\n"
         "loaded = sorted(m for m in sys.modules if m.startswith(unwanted))\n"
         "assert not loaded, loaded\n"

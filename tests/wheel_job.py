@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import spark_plugin
-from heartbeat.admin import list_executors
+from heartbeat.rm.admin import list_executors
 from spark_plugin.settings.config import from_spark_conf
 from spark_plugin.shuffle import repartition
 

@@ -31,17 +31,11 @@ from typing import Any, cast
 import grpc
 import grpc.aio
 
-from . import _auth
-from ._grpc_compat import EOF
-from ._proto import heartbeat_pb2 as pb
-from ._text import MAX_ID_CHARS, check_text, clean_reason, one_line
-from ._transport import ChannelOptions, aio_channel
-from ._wire import CONNECT_METHOD
-from .agent_core import AgentCore, RegisterRequest, Registration, error_for_status
-from .agent_outage import RmOutage
-from .agent_session import AgentSession, status_name
-from .clock import SYSTEM_CLOCK, Clock
-from .errors import (
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from heartbeat.agent.core import AgentCore, RegisterRequest, Registration, error_for_status
+from heartbeat.agent.outage import RmOutage
+from heartbeat.agent.session import AgentSession, status_name
+from heartbeat.errors import (
     AgentFailedError,
     ClosedError,
     HeartbeatAuthenticationError,
@@ -52,10 +46,16 @@ from .errors import (
     RegistrationError,
     RegistrationReplacedError,
 )
-from .payload import PayloadProvider
-from .retry import RetryPolicy, retry_until_deadline
-from .scheduler import Scheduler
-from .services import HeartbeatServices
+from heartbeat.payload import PayloadProvider
+from heartbeat.retry import RetryPolicy, retry_until_deadline
+from heartbeat.scheduler import Scheduler
+from heartbeat.services import HeartbeatServices
+from heartbeat.wire import auth as _auth
+from heartbeat.wire.codec import CONNECT_METHOD
+from heartbeat.wire.grpc_compat import EOF
+from heartbeat.wire.proto import heartbeat_pb2 as pb
+from heartbeat.wire.text import MAX_ID_CHARS, check_text, clean_reason, one_line
+from heartbeat.wire.transport import ChannelOptions, aio_channel
 
 log = logging.getLogger(__name__)
 

@@ -35,10 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from ._auth import VERSION_MISMATCH
-from ._text import excerpt, one_line
-from .clock import SYSTEM_CLOCK, Clock
-from .errors import (
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from heartbeat.errors import (
     AgentFailedError,
     HeartbeatAuthenticationError,
     HeartbeatConfigError,
@@ -52,10 +50,12 @@ from .errors import (
     StaleInstanceError,
     UnknownExecutorError,
 )
-from .manager import HeartbeatManager
-from .payload import Payload, PayloadProvider, collect_payload
-from .scheduler import Scheduler
-from .services import HeartbeatServices
+from heartbeat.manager import HeartbeatManager
+from heartbeat.payload import Payload, PayloadProvider, collect_payload
+from heartbeat.scheduler import Scheduler
+from heartbeat.services import HeartbeatServices
+from heartbeat.wire.auth import VERSION_MISMATCH
+from heartbeat.wire.text import excerpt, one_line
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Run one agent as a process: ``python -m heartbeat.agent_main --rm HOST:PORT --executor-id ID``.
+"""Run one agent as a process: ``python -m heartbeat.agent.main --rm HOST:PORT --executor-id ID``.
 
 The secret comes from ``--secret-file PATH`` (a file only its owner may read, or ``-`` for one
 line on stdin) or else the ``ARROWBEAT_SECRET`` environment variable (removed from this
@@ -27,13 +27,13 @@ import signal
 import sys
 from collections.abc import MutableMapping
 
-from ._auth import SharedSecret
-from .agent import AsyncAgent
-from .agent_core import Registration
-from .errors import HeartbeatConfigError
-from .payload import rss_provider, slots_provider
-from .retry import RetryPolicy
-from .services import HeartbeatServices
+from heartbeat.agent.async_agent import AsyncAgent
+from heartbeat.agent.core import Registration
+from heartbeat.errors import HeartbeatConfigError
+from heartbeat.payload import rss_provider, slots_provider
+from heartbeat.retry import RetryPolicy
+from heartbeat.services import HeartbeatServices
+from heartbeat.wire.auth import SharedSecret
 
 SECRET_ENV = "ARROWBEAT_SECRET"
 

@@ -7,7 +7,7 @@ has been without it and how many attempts failed since the last line, and once m
 registered again. The per-attempt DEBUG line stays (``retry``).
 
 The minute is a ``RateLog`` keyed by the outage (one key at a time), so each outage starts its
-own schedule; time is ``monotonic()`` of an injected ``heartbeat.clock.Clock``, so a test moves
+own schedule; time is ``monotonic()`` of an injected ``arrowbeat_base.clock.Clock``, so a test moves
 a ``ManualClock`` instead of waiting. Called on the agent's loop only (no lock of its own).
 """
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ._text import one_line
-from .clock import SYSTEM_CLOCK, Clock
-from .rate_log import RateLog
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.rate_log import RateLog
+from heartbeat.wire.text import one_line
 
-log = logging.getLogger("heartbeat.agent")
+log = logging.getLogger("heartbeat.agent.async_agent")
 
 EVERY_S = 60.0
 """How often a continuing outage is logged again."""

@@ -16,13 +16,13 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from ._grpc_compat import EOF
-from ._proto import heartbeat_pb2 as pb
-from ._text import clean_reason
-from ._wire import payload_to_proto
-from .agent_core import AgentCore, Registration
-from .payload import Payload
-from .scheduler import LoopScheduler, Scheduler
+from heartbeat.agent.core import AgentCore, Registration
+from heartbeat.payload import Payload
+from heartbeat.scheduler import LoopScheduler, Scheduler
+from heartbeat.wire.codec import payload_to_proto
+from heartbeat.wire.grpc_compat import EOF
+from heartbeat.wire.proto import heartbeat_pb2 as pb
+from heartbeat.wire.text import clean_reason
 
 log = logging.getLogger(__name__)
 

@@ -16,20 +16,20 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._auth import SharedSecret
-from ._io_loop import submit
-from .agent import AsyncAgent
-from .agent_core import Registration
-from .clock import SYSTEM_CLOCK, Clock
-from .errors import ClosedError
-from .payload import PayloadProvider
-from .retry import RetryPolicy
-from .services import HeartbeatServices
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from heartbeat.agent.async_agent import AsyncAgent
+from heartbeat.agent.core import Registration
+from heartbeat.errors import ClosedError
+from heartbeat.payload import PayloadProvider
+from heartbeat.retry import RetryPolicy
+from heartbeat.services import HeartbeatServices
+from heartbeat.wire.auth import SharedSecret
+from heartbeat.wire.io_loop import submit
 
 if TYPE_CHECKING:
     import grpc
 
-    from ._transport import ChannelOptions
+    from heartbeat.wire.transport import ChannelOptions
 
 log = logging.getLogger(__name__)
 

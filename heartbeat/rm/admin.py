@@ -14,19 +14,25 @@ from typing import TypeVar
 
 import grpc
 
-from . import _auth
-from ._proto import heartbeat_pb2 as pb
-from ._text import one_line
-from ._transport import ChannelOptions, sync_channel
-from ._wire import CALL_PROOF_KEY, CALL_TOKEN_KEY, HELLO_METHOD, LIST_EXECUTORS_METHOD, status_from_proto
-from .clock import SYSTEM_CLOCK, Clock
-from .errors import (
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from heartbeat.errors import (
     HeartbeatAuthenticationError,
     HeartbeatRpcError,
     MalformedMessageError,
     ProtocolVersionError,
 )
-from .resource_manager import ExecutorInfo
+from heartbeat.rm.resource_manager import ExecutorInfo
+from heartbeat.wire import auth as _auth
+from heartbeat.wire.codec import (
+    CALL_PROOF_KEY,
+    CALL_TOKEN_KEY,
+    HELLO_METHOD,
+    LIST_EXECUTORS_METHOD,
+    status_from_proto,
+)
+from heartbeat.wire.proto import heartbeat_pb2 as pb
+from heartbeat.wire.text import one_line
+from heartbeat.wire.transport import ChannelOptions, sync_channel
 
 __all__ = ["LIST_EXECUTORS_METHOD", "list_executors"]
 

@@ -35,15 +35,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ._text import MAX_REASON_CHARS, check_text, clean_reason, excerpt
-from .clock import Clock
-from .errors import StaleEpochError, StaleInstanceError, UnknownExecutorError
-from .events import Event, EventKind, ExecutorEvent, HeartbeatRecord
-from .monitor import HeartbeatMonitor
-from .payload import Payload
-from .rm_trust import trusted_timeout
-from .scheduler import Cancellable, Scheduler
-from .services import HeartbeatServices
+from arrowbeat_base.clock import Clock
+from heartbeat.errors import StaleEpochError, StaleInstanceError, UnknownExecutorError
+from heartbeat.events import Event, EventKind, ExecutorEvent, HeartbeatRecord
+from heartbeat.monitor import HeartbeatMonitor
+from heartbeat.payload import Payload
+from heartbeat.rm.trust import trusted_timeout
+from heartbeat.scheduler import Cancellable, Scheduler
+from heartbeat.services import HeartbeatServices
+from heartbeat.wire.text import MAX_REASON_CHARS, check_text, clean_reason, excerpt
 
 log = logging.getLogger(__name__)
 

@@ -33,13 +33,22 @@ from typing import Any, NoReturn
 import grpc
 import grpc.aio
 
-from . import _auth
-from ._grpc_compat import EOF
-from ._io_loop import submit
-from ._proto import heartbeat_pb2 as pb
-from ._text import clean_reason, one_line
-from ._transport import bind_server, server_options
-from ._wire import (
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.rate_log import RateLog
+from heartbeat.errors import (
+    ClosedError,
+    HeartbeatError,
+    HeartbeatProtocolError,
+    HeartbeatRpcError,
+    MalformedMessageError,
+    ProtocolVersionError,
+)
+from heartbeat.events import EventBus, EventKind, Subscriber
+from heartbeat.rm.resource_manager import ExecutorInfo, ResourceManagerCore
+from heartbeat.scheduler import LoopScheduler
+from heartbeat.services import HeartbeatServices
+from heartbeat.wire import auth as _auth
+from heartbeat.wire.codec import (
     CALL_PROOF_KEY,
     CALL_TOKEN_KEY,
     LIST_EXECUTORS_METHOD,
@@ -49,20 +58,11 @@ from ._wire import (
     status_name_for,
     status_to_proto,
 )
-from .clock import SYSTEM_CLOCK, Clock
-from .errors import (
-    ClosedError,
-    HeartbeatError,
-    HeartbeatProtocolError,
-    HeartbeatRpcError,
-    MalformedMessageError,
-    ProtocolVersionError,
-)
-from .events import EventBus, EventKind, Subscriber
-from .rate_log import RateLog
-from .resource_manager import ExecutorInfo, ResourceManagerCore
-from .scheduler import LoopScheduler
-from .services import HeartbeatServices
+from heartbeat.wire.grpc_compat import EOF
+from heartbeat.wire.io_loop import submit
+from heartbeat.wire.proto import heartbeat_pb2 as pb
+from heartbeat.wire.text import clean_reason, one_line
+from heartbeat.wire.transport import bind_server, server_options
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import secrets
 import struct
 from typing import NoReturn
 
-from .clock import Clock
+from arrowbeat_base.clock import Clock
 
 PROTOCOL_VERSION = 2
 """arrowbeat's heartbeat wire version: 1 sent the secret as metadata; 2 proves it (this module)."""

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ._proto import heartbeat_pb2 as pb
-from ._text import MAX_METRIC_NAME_CHARS, MAX_REASON_CHARS, check_text, one_line
-from .errors import (
+from heartbeat.errors import (
     HeartbeatProtocolError,
     MalformedMessageError,
     ProtocolVersionError,
@@ -14,8 +12,17 @@ from .errors import (
     StaleInstanceError,
     UnknownExecutorError,
 )
-from .payload import MAX_NOTICE_DETAIL_CHARS, MAX_NOTICES, NOTICE_KINDS, Notice, Payload, WorkProgress
-from .resource_manager import ExecutorInfo
+from heartbeat.payload import (
+    MAX_NOTICE_DETAIL_CHARS,
+    MAX_NOTICES,
+    NOTICE_KINDS,
+    Notice,
+    Payload,
+    WorkProgress,
+)
+from heartbeat.rm.resource_manager import ExecutorInfo
+from heartbeat.wire.proto import heartbeat_pb2 as pb
+from heartbeat.wire.text import MAX_METRIC_NAME_CHARS, MAX_REASON_CHARS, check_text, one_line
 
 SERVICE_NAME = "arrowbeat.heartbeat.ResourceManager"
 CONNECT_METHOD = f"/{SERVICE_NAME}/Connect"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import MalformedMessageError
+from heartbeat.errors import MalformedMessageError
 
 MAX_ID_CHARS = 256
 MAX_REASON_CHARS = 512

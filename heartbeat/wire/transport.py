@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
-from ._wire import message_size_options
+from heartbeat.wire.codec import message_size_options
 
 ChannelOptions = Sequence[tuple[str, str | int]]
 

@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from heartbeat.clock import Clock
+from arrowbeat_base.clock import Clock
 
 KIND = "MONITORING_GAP"
 """The ``event`` of a gap's row (``heartbeat.EventKind.MONITORING_GAP``)."""

@@ -6,7 +6,7 @@ application's rows in time order, :func:`resolve_app` turns an ``--app`` value (
 into an application the tables hold, and :func:`load_history` gathers everything one application
 recorded (heartbeats, lifecycle events, shuffle metrics) per executor for the report, with the
 intervals the RM kept no history (``MONITORING_GAP``, ``history.gaps``) apart. A process
-that read them ends through :func:`run_reader` or ``heartbeat.hard_exit.exit_now`` (the CLI, the
+that read them ends through :func:`run_reader` or ``arrowbeat_base.hard_exit.exit_now`` (the CLI, the
 benchmarks, the demo job): delta-rs's readers can abort a normal interpreter exit. Every text
 that came from the wire (ids, hosts) passes ``wire_text``; a storage error is one line, scrubbed
 of the location's credentials.
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from arrowbeat_base.hard_exit import exit_now
 from heartbeat import one_line
-from heartbeat.hard_exit import exit_now
 from spark_plugin.errors import TablePathError, UnknownApplicationError
 from spark_plugin.history.gaps import KIND as GAP_KIND
 from spark_plugin.history.gaps import MonitoringGap, parse_gap
@@ -249,7 +249,7 @@ def load_history(location: TablesLocation | Path | str, app_id: str) -> AppHisto
 
 def run_reader(main: Callable[[], int | None]) -> NoReturn:
     """Runs ``main`` (a command or benchmark that reads the tables) and ends the process with
-    its status through ``heartbeat.hard_exit.exit_now`` (delta-rs's readers can abort a normal
+    its status through ``arrowbeat_base.hard_exit.exit_now`` (delta-rs's readers can abort a normal
     interpreter exit: see there): ``main``'s return value (None is 0), a
     ``SystemExit``'s code (argparse's usage errors and ``--help``), 130 on Ctrl-C, or 1 with the
     traceback printed for any other exception, as Python itself would."""

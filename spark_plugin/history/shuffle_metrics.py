@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.errors import TablePathError
 from spark_plugin.history.storage import TablesLocation, locate, tables_root
 from spark_plugin.history.tables import SHUFFLE_METRICS, open_table
@@ -47,7 +47,7 @@ def rows_of(
             detail["reducers"] = [int(reducers[0]), int(reducers[1])]
         if r.get("corrupt"):  # written again because a reader found its output damaged
             detail["corrupt"] = dict(r["corrupt"])
-        if r.get("route"):  # a routing decision (spark_plugin.shuffle.route): path, reason, threshold
+        if r.get("route"):  # a routing decision (spark_plugin.shuffle.driver.route): path, reason, threshold
             detail["route"] = dict(r["route"])
         values = {
             "app_id": app_id,

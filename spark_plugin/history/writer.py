@@ -4,7 +4,7 @@ Subscribers hand rows to :meth:`HistoryWriter.append` from RM threads; it only b
 thread commits each table at most once per flush interval, so readers see rows within about one
 interval and the log grows by one commit per interval, not per heartbeat. Whether a flush (and a
 maintenance round) is due is decided by :meth:`HistoryWriter.run_due` on the injected
-``heartbeat.clock.Clock``'s ``monotonic()``, so tests drive it with a ``ManualClock``.
+``arrowbeat_base.clock.Clock``'s ``monotonic()``, so tests drive it with a ``ManualClock``.
 
 A failed commit is retried and its rows stay buffered (bounded: past ``max_buffered_rows`` the
 oldest are dropped and counted), so a table that is briefly unavailable loses nothing. Each
@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.history.storage import TablesLocation, locate
 from spark_plugin.history.tables import (
     DEFAULT_RETENTION_S,

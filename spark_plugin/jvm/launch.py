@@ -77,7 +77,7 @@ def notices(delta: bool = True, spark_version: str | None = None) -> list[str]:
     return [n for n in found if n] + versions.library_problems()
 
 
-PYTHON_DAEMON_MODULE = "spark_plugin.jvm.python_daemon"
+PYTHON_DAEMON_MODULE = "spark_plugin.python_worker.daemon"
 
 
 def workers_run_arrowbeat_python(python: str) -> bool:

@@ -45,7 +45,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import BinaryIO
 
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.errors import MalformedSettingsError, SettingsTruncatedError
 from spark_plugin.jvm import protocol
 from spark_plugin.jvm.protocol import EXECUTOR_LINES, EXITING, STOP, TASK_LINES, AppAssigned, Pulse, RmMoved

@@ -16,7 +16,7 @@ The rules (the numbers are the launcher's of before, unchanged):
   new executor cannot make Spark replace executors forever; only replacements Spark accepted use
   up the budget (a refused or impossible one is given back when its outcome arrives).
 
-Time is ``clock.monotonic()`` of an injected ``heartbeat.clock.Clock``, so tests move a
+Time is ``clock.monotonic()`` of an injected ``arrowbeat_base.clock.Clock``, so tests move a
 ``ManualClock``. Called on the JVM link's thread only (``SparkView``).
 """
 
@@ -26,7 +26,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.jvm.protocol import OutputsLost, ReplacementOutcome
 

@@ -1,7 +1,7 @@
 """The driver side of the agents' notices: each becomes one executor event, however often it came.
 
 An agent posts a finding on its ``heartbeat.NoticeBoard`` (today a damaged map output of its own,
-``spark_plugin.shuffle.corrupt_outputs``), and the board carries it in several payloads so that a
+``spark_plugin.shuffle.agent.corrupt_outputs``), and the board carries it in several payloads so that a
 lost heartbeat does not lose it. Here the first payload that carries a notice makes it an
 ``ExecutorEvent`` of the notice's kind (``SHUFFLE_CORRUPT``), with the agent's one-line detail
 (which names the shuffle, the map partition and the file); the later ones are recognised by

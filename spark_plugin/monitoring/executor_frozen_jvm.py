@@ -3,7 +3,7 @@
 A JVM stopped by a signal (``SIGSTOP``: state ``T``) cannot act on the cluster manager's
 SIGTERM; Spark's Worker then waits its own grace before SIGKILL, and the job waits with it. The
 agent, a child process that outlives its JVM's freeze, can end it at once. It does so only when
-the RM said so (``onHeartbeatTimeout=kill``, a timeout the RM trusts: ``heartbeat.rm_trust``,
+the RM said so (``onHeartbeatTimeout=kill``, a timeout the RM trusts: ``heartbeat.rm.trust``,
 sent on the registration's own authenticated stream) and only if it sees the same here:
 
 * the JVM's pulse is stale on the agent's own clock (at least ``stale_s``: the age at which the

@@ -14,7 +14,7 @@ and the heartbeat payload carries it (``WorkProgress``); the driver side records
 A gap between lines (the JVM paused: GC, ``SIGSTOP``, a frozen VM) is explained from the JVM's own
 figures across it, and resets every task's idle time: a paused executor is not a stuck task.
 
-Time is ``clock.monotonic()`` of an injected ``heartbeat.clock.Clock`` (only the waits for a stack,
+Time is ``clock.monotonic()`` of an injected ``arrowbeat_base.clock.Clock`` (only the waits for a stack,
 real I/O, are on real time); processes are looked up through an injectable ``workers`` function,
 so the decisions are tested without Spark.
 """
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import psutil
 
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from heartbeat import WorkProgress, one_line
-from heartbeat.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.jvm.protocol import parse_stack, parse_tasks
-from spark_plugin.jvm.worker_label import LABEL_PREFIX, STACK_SIGNAL, stack_path
 from spark_plugin.monitoring.gaps import Gap
+from spark_plugin.python_worker.worker_label import LABEL_PREFIX, STACK_SIGNAL, stack_path
 
 log = logging.getLogger("arrowbeat.agent.tasks")
 

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from heartbeat.clock import SYSTEM_CLOCK, Clock
-from heartbeat.hard_exit import exit_now
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.hard_exit import exit_now
 from spark_plugin.compat import versions
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.history.gaps import GapBook, carried_gap, describe, gap_detail

@@ -24,10 +24,10 @@ import psutil
 from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.transport import TcpTransport
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.hard_exit import exit_now
+from arrowbeat_base.rate_log import RateLog
 from heartbeat import AgentThread, NoticeBoard, PayloadProvider, one_line, rss_provider, slots_provider
-from heartbeat.clock import SYSTEM_CLOCK, Clock
-from heartbeat.hard_exit import exit_now
-from heartbeat.rate_log import RateLog
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.jvm.plugin_metrics import MetricsReporter, executor_figures
 from spark_plugin.jvm.sidecar import (
@@ -41,9 +41,9 @@ from spark_plugin.jvm.sidecar import (
 from spark_plugin.monitoring.executor_tasks import TaskWatch, labelled_workers
 from spark_plugin.settings import tls
 from spark_plugin.settings.config import ArrowBeatConfig, ConfigError, early_value, load
-from spark_plugin.shuffle.agent_disk_usage import DiskUsage
+from spark_plugin.shuffle.agent.disk_usage import DiskUsage
+from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.agent_layout import shuffle_roots
-from spark_plugin.shuffle.agent_service import MapOutputService
 
 log = logging.getLogger("arrowbeat.agent")
 
@@ -249,7 +249,8 @@ def task_watch(
 
 def _reporter(channel: JvmChannel) -> Callable[[str], None]:
     """``outputs-lost`` to the JVM: its ExecutorPlugin asks Spark to replace this executor, so the
-    map partitions whose files vanished are recomputed (``spark_plugin.shuffle.tasks.lost_outputs``)."""
+    map partitions whose files vanished are recomputed
+    (``spark_plugin.shuffle.worker.tasks.lost_outputs``)."""
 
     def report(reason: str) -> None:
         try:

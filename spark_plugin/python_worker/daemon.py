@@ -1,4 +1,4 @@
-"""``spark.python.daemon.module=spark_plugin.jvm.python_daemon``: PySpark's own worker daemon, made
+"""``spark.python.daemon.module=spark_plugin.python_worker.daemon``: PySpark's own worker daemon, made
 cheaper per task. PySpark forks its Python workers from this daemon and reuses each one for task
 after task; two fixed costs per task dominated short Arrow tasks here (~250 ms and ~60 ms):
 
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable
 
 from spark_plugin.compat import daemon as daemon_compat
 from spark_plugin.compat.worker_hooks import on_task_start
-from spark_plugin.jvm.worker_label import label_task
-from spark_plugin.jvm.zip_imports import skip_unchanged_archives
+from spark_plugin.python_worker.worker_label import label_task
+from spark_plugin.python_worker.zip_imports import skip_unchanged_archives
 
 log = logging.getLogger(__name__)
 

@@ -420,7 +420,7 @@ OPTIONS: tuple[Option, ...] = (
         "true or false",
         "A shuffle whose input is nothing but Parquet files (`spark.read.parquet(...)`, a `select` of "
         "its columns) on the local file system has its map tasks read the files with pyarrow instead "
-        "of taking Spark's scan's rows through the JVM (`spark_plugin.shuffle.direct_scan`): same "
+        "of taking Spark's scan's rows through the JVM (`spark_plugin.shuffle.driver.direct_scan`): same "
         "rows, one conversion fewer. Only where every column reads as the Arrow type Spark would "
         "hand a Python worker; anything else keeps Spark's scan. Settable per query with "
         "`spark.conf.set`.",
@@ -476,7 +476,7 @@ OPTIONS: tuple[Option, ...] = (
         "(`groupBy(...).applyInArrow`, `repartition(...).mapInArrow`), `auto` decides per call from "
         "the optimizer's size statistics of the input (a cached relation's real size once "
         "materialized): Spark's path below a size measured on a 2-core machine "
-        "(`spark_plugin.shuffle.route`), arrowbeat's above it or without statistics (Spark Connect). "
+        "(`spark_plugin.shuffle.driver.route`), arrowbeat's above it or without statistics (Spark Connect). "
         "Unset: the explicit calls use arrowbeat's, `shuffle.groupedMap=auto` decides as `auto`. A "
         "call's `path=` argument wins. Each choice and its reason is a `shuffle_metrics` row (side "
         "`route`). Settable per query with `spark.conf.set`.",

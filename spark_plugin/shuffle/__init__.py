@@ -40,7 +40,7 @@ Modules, one role each:
 - ``local_secret``: the agent hands the application secret to its own executor's workers, for
   plans made from a Spark Connect session (which never sees it).
 
-Depends on the engine (``arrow_shuffle``), pyspark, ``heartbeat.clock`` and the plugin's
+Depends on the engine (``arrow_shuffle``), pyspark, ``arrowbeat_base.clock`` and the plugin's
 settings, errors, tables and Connect shim (``spark_plugin.settings.config``, ``spark_plugin.errors``,
 ``spark_plugin.history``, ``spark_plugin.compat.connect``); the engine never imports this
 package back. Errors are the engine's (``arrow_shuffle.errors``), except a bad
@@ -49,10 +49,10 @@ package back. Errors are the engine's (``arrow_shuffle.errors``), except a bad
 
 from typing import TYPE_CHECKING
 
-from heartbeat.lazy_exports import lazy_exports
+from arrowbeat_base.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
-    from spark_plugin.shuffle.dataframe import (
+    from spark_plugin.shuffle.driver.dataframe import (
         ShuffleHandle,
         group_apply,
         map_in_arrow,
@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads onl
         repartition,
         shuffle_of,
     )
-    from spark_plugin.shuffle.grouped import CoGroupedData, GroupedData, group_by
+    from spark_plugin.shuffle.driver.grouped import CoGroupedData, GroupedData, group_by
 
 __all__ = [
     "CoGroupedData",
@@ -79,17 +79,17 @@ __all__ = [
 ]
 
 _EXPORTS = {
-    "ShuffleHandle": ".dataframe",
-    "group_apply": ".dataframe",
-    "map_in_arrow": ".dataframe",
-    "map_in_pandas": ".dataframe",
-    "partition_apply": ".dataframe",
-    "release": ".dataframe",
-    "repartition": ".dataframe",
-    "shuffle_of": ".dataframe",
-    "CoGroupedData": ".grouped",
-    "GroupedData": ".grouped",
-    "group_by": ".grouped",
+    "ShuffleHandle": "spark_plugin.shuffle.driver.dataframe",
+    "group_apply": "spark_plugin.shuffle.driver.dataframe",
+    "map_in_arrow": "spark_plugin.shuffle.driver.dataframe",
+    "map_in_pandas": "spark_plugin.shuffle.driver.dataframe",
+    "partition_apply": "spark_plugin.shuffle.driver.dataframe",
+    "release": "spark_plugin.shuffle.driver.dataframe",
+    "repartition": "spark_plugin.shuffle.driver.dataframe",
+    "shuffle_of": "spark_plugin.shuffle.driver.dataframe",
+    "CoGroupedData": "spark_plugin.shuffle.driver.grouped",
+    "GroupedData": "spark_plugin.shuffle.driver.grouped",
+    "group_by": "spark_plugin.shuffle.driver.grouped",
 }
 """Each public name and the module defining it: imported when the name is first used."""
 

@@ -23,7 +23,7 @@ Files are private (``arrow_shuffle.private_files``): a root is ours and writable
 every directory below it 0700, every file 0600 created without following links; ids become path
 components only through ``check_id``; a host-local reader reads another executor's file only
 through ``owned_output``. ``note_read`` tells the owning agent's TTL about such a read, at the
-time of an injected ``heartbeat.clock.Clock``.
+time of an injected ``arrowbeat_base.clock.Clock``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import psutil
 
 from arrow_shuffle.errors import ShuffleConfigError, UnsafeIdError, UnsafePathError
 from arrow_shuffle.private_files import check_id, check_private_dir, make_private_dir, private_root
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 AGENTS = "agents"

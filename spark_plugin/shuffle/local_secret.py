@@ -34,7 +34,7 @@ from arrow_shuffle.errors import (
     ShuffleConfigError,
     ShuffleProtocolError,
 )
-from heartbeat.rate_log import RateLog
+from arrowbeat_base.rate_log import RateLog
 
 log = logging.getLogger(__name__)
 _refused = RateLog(log)

@@ -10,7 +10,7 @@
 
 The secret (``executors``) comes from the ``ARROWBEAT_SECRET`` environment variable or
 ``--secret-file`` (owner-only; ``-`` reads a line from stdin), the rules of
-``heartbeat.agent_main``: never from argv, where every user of the host could read it. An RM
+``heartbeat.agent.main``: never from argv, where every user of the host could read it. An RM
 with ``spark.arrowbeat.ssl.enabled=true`` answers only over TLS: ``--ca-file`` gives the
 certificate to trust (a PEM file, or the one-line ``spark.arrowbeat.ssl.generatedCert`` value of
 the application's SparkConf).
@@ -50,7 +50,7 @@ from spark_plugin.tools.views import executor_rows, size_text
 if TYPE_CHECKING:
     import grpc
 
-    from heartbeat.resource_manager import ExecutorInfo
+    from heartbeat.rm.resource_manager import ExecutorInfo
 
 USAGE, FAILED = 2, 1
 _ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
@@ -203,7 +203,7 @@ def _add_tables_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def _executors(args: argparse.Namespace) -> int:
-    from heartbeat.agent_main import SecretError, read_secret
+    from heartbeat.agent.main import SecretError, read_secret
     from heartbeat.errors import HeartbeatRpcError
 
     if not _ADDRESS.match(args.rm):
@@ -215,7 +215,7 @@ def _executors(args: argparse.Namespace) -> int:
     credentials, options = _tls(args.ca_file, args.server_name)
 
     def fetch() -> list[ExecutorInfo]:
-        from heartbeat.admin import list_executors
+        from heartbeat.rm.admin import list_executors
 
         try:
             return list_executors(

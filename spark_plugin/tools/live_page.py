@@ -41,14 +41,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.rate_log import RateLog
 from heartbeat import ExecutorEvent, HeartbeatRecord, one_line
-from heartbeat.clock import SYSTEM_CLOCK, Clock
-from heartbeat.rate_log import RateLog
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from heartbeat.resource_manager import ExecutorInfo
+    from heartbeat.rm.resource_manager import ExecutorInfo
 
 log = logging.getLogger("arrowbeat.live_page")
 

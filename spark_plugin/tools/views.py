@@ -14,7 +14,7 @@ from heartbeat import one_line
 from spark_plugin.history.reader import id_order
 
 if TYPE_CHECKING:
-    from heartbeat.resource_manager import ExecutorInfo
+    from heartbeat.rm.resource_manager import ExecutorInfo
 
 
 def executor_rows(executors: Sequence[ExecutorInfo], now: float) -> list[dict[str, Any]]:

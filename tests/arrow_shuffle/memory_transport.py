@@ -12,7 +12,7 @@ import socket
 
 from arrow_shuffle.errors import ChannelClosedError, PeerLostError
 from arrow_shuffle.transport import Connection, Listener, TcpConnection
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 _ports = itertools.count(1)
 

@@ -19,7 +19,7 @@ from arrow_shuffle import (
 from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, Reservation, Segment
 from arrow_shuffle.credit import SenderCredit, UnannouncedCredit
 from arrow_shuffle.errors import ChannelClosedError
-from heartbeat.clock import ManualClock
+from arrowbeat_base.clock import ManualClock
 from tests.harness.procs import wait_until
 
 from .local_read import read_subpartition

@@ -28,7 +28,7 @@ from arrow_shuffle import (
 from arrow_shuffle.frames import FrameHeader, Kind
 from arrow_shuffle.remote_channel import RemoteInputChannel
 from arrow_shuffle.transport import Connection, Listener, TcpConnection, TcpTransport
-from heartbeat.clock import SYSTEM_CLOCK, Clock, ManualClock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock, ManualClock
 from tests.harness.procs import wait_until
 
 from .conftest import APP, SCHEMA, SECRET, make_batch

@@ -83,6 +83,6 @@ def test_every_exception_of_the_package_lives_in_errors() -> None:
     ]
     assert not defined, defined
     pytest.importorskip("pyspark")
-    from spark_plugin.shuffle import tasks  # the Spark side raises the tree's class
+    from spark_plugin.shuffle.worker import tasks
 
     assert vars(tasks)["MapOutputLostError"] is errors.MapOutputLostError

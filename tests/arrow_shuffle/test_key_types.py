@@ -36,8 +36,8 @@ from hypothesis import strategies as st
 
 from arrow_shuffle.errors import ShuffleConfigError
 from arrow_shuffle.partitioner import hash_column, hash_rows, key_type_problem
-from spark_plugin.shuffle.grouping import _components, _dense_codes, iter_groups
 from spark_plugin.shuffle.map_output import check_keys, route
+from spark_plugin.shuffle.worker.grouping import _components, _dense_codes, iter_groups
 
 D = decimal.Decimal
 NULL = ("<null>",)

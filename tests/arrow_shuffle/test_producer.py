@@ -23,7 +23,7 @@ from arrow_shuffle import (
     column_partitioner,
 )
 from arrow_shuffle.partitioner import hash_rows
-from heartbeat.clock import ManualClock
+from arrowbeat_base.clock import ManualClock
 
 from .conftest import APP, SCHEMA, make_batch
 from .local_read import read_subpartition

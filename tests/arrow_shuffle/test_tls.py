@@ -127,7 +127,7 @@ def test_a_control_call_inside_tls(control: ControlServer, client_transport: Tcp
 def test_a_control_call_inside_tls_on_simulated_day(days: int) -> None:
     """Issue 24: the certificate an application generated ``days`` ago (the clock moved back for
     its generation), handed over as to a new executor, still serves new shuffle connections."""
-    from heartbeat.clock import ManualClock
+    from arrowbeat_base.clock import ManualClock
     from spark_plugin.settings.config import load
 
     made = tls.generate_self_signed(ManualClock(wall_start=time.time() - days * 86400.0))
@@ -207,7 +207,7 @@ def _client_hello() -> bytes:
 def test_the_pipelined_rendezvous_inside_tls(
     server_transport: TcpTransport, client_transport: TcpTransport
 ) -> None:
-    from spark_plugin.shuffle.rendezvous import Rendezvous, locate, register
+    from spark_plugin.shuffle.driver.rendezvous import Rendezvous, locate, register
 
     rendezvous = Rendezvous(SECRET, config=FAST, transport=server_transport)
     try:

@@ -14,8 +14,8 @@ from typing import Any
 from heartbeat.errors import HeartbeatRpcError
 from heartbeat.events import Event, EventKind, ExecutorEvent, HeartbeatRecord
 from heartbeat.payload import Payload
-from heartbeat.resource_manager import ResourceManagerCore
-from heartbeat.rm_server import ResourceManagerServer
+from heartbeat.rm.resource_manager import ResourceManagerCore
+from heartbeat.rm.server import ResourceManagerServer
 from heartbeat.scheduler import ManualScheduler
 from heartbeat.services import HeartbeatServices
 

@@ -1,4 +1,4 @@
-"""Heartbeat roles as child processes: an agent (``heartbeat.agent_main``) and an RM
+"""Heartbeat roles as child processes: an agent (``heartbeat.agent.main``) and an RM
 (``tests.heartbeat.rm_process``), for the process tests and ``benchmarks/detection_latency.py``.
 
 What a child prints arrives on a reader thread: the agent's lines on a queue, the RM's events
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord, HeartbeatServices, Payload
-from heartbeat.agent_main import SECRET_ENV
+from heartbeat.agent.main import SECRET_ENV
 
 from .fakes import Collector
 
@@ -44,7 +44,7 @@ def _timing_args(services: HeartbeatServices) -> list[str]:
 
 
 class AgentProcess:
-    """One ``python -m heartbeat.agent_main`` child; its stdout lines arrive on a queue."""
+    """One ``python -m heartbeat.agent.main`` child; its stdout lines arrive on a queue."""
 
     def __init__(
         self,
@@ -64,7 +64,7 @@ class AgentProcess:
             [
                 sys.executable,
                 "-m",
-                "heartbeat.agent_main",
+                "heartbeat.agent.main",
                 *("--rm", rm_address, "--executor-id", executor_id),
                 *_timing_args(services),
                 *("--retry-min", "0.05", "--retry-max", "0.2", "--retry-deadline", "30"),

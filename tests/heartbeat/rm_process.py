@@ -17,9 +17,9 @@ import signal
 import sys
 import threading
 
+from arrowbeat_base.clock import SYSTEM_CLOCK
 from heartbeat import ExecutorEvent, HeartbeatRecord, HeartbeatServices, ResourceManagerServer
-from heartbeat.agent_main import SECRET_ENV
-from heartbeat.clock import SYSTEM_CLOCK
+from heartbeat.agent.main import SECRET_ENV
 
 
 def main(argv: list[str] | None = None) -> int:

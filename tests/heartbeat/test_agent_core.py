@@ -29,7 +29,7 @@ from heartbeat import (
     UnknownExecutorError,
     static_provider,
 )
-from heartbeat.agent_core import RegisterRequest, error_for_status
+from heartbeat.agent.core import RegisterRequest, error_for_status
 
 from .fakes import FakeRmLink
 

@@ -6,7 +6,7 @@ to have an agent again. Time moves only through a ManualScheduler."""
 from __future__ import annotations
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatServices
-from heartbeat.admin import list_executors
+from heartbeat.rm.admin import list_executors
 
 from .conftest import DEADLINE_S, SECRET
 from .fakes import Collector, FakeLink, ManualRm

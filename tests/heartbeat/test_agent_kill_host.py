@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from heartbeat import AgentCore, AgentThread, HeartbeatServices, ManualScheduler
-from heartbeat.rm_server import ResourceManagerServer
+from heartbeat.rm.server import ResourceManagerServer
 
 from .fakes import FakeRmLink
 

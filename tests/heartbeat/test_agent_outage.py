@@ -13,7 +13,7 @@ import time
 import pytest
 
 from heartbeat import AgentThread, HeartbeatRpcError, ManualClock, RetryPolicy
-from heartbeat.agent_outage import RmOutage
+from heartbeat.agent.outage import RmOutage
 
 from .conftest import DEADLINE_S, FAST, SECRET
 from .fakes import ServedRm
@@ -28,7 +28,7 @@ def test_a_lost_rm_is_a_warning_at_once_then_one_a_minute_with_how_long(
 ) -> None:
     clock = ManualClock()
     outage = RmOutage("7", lambda: "rm:1", clock)
-    caplog.set_level(logging.DEBUG, "heartbeat.agent")
+    caplog.set_level(logging.DEBUG, "heartbeat.agent.async_agent")
     outage.lost("the RM ended the stream")
     assert warnings(caplog) == [
         "agent 7 lost the RM at rm:1 (the RM ended the stream); registering again, and saying so every "
@@ -54,7 +54,7 @@ def test_a_first_failure_is_a_warning_and_each_outage_has_its_own_minute(
 ) -> None:
     clock = ManualClock()
     outage = RmOutage("7", lambda: "rm:1", clock)
-    caplog.set_level(logging.WARNING, "heartbeat.agent")
+    caplog.set_level(logging.WARNING, "heartbeat.agent.async_agent")
     outage.failed(1, OSError("refused"))  # never registered: the first attempt says it
     assert warnings(caplog) == [
         "agent 7 has had no RM for 0 s: 1 registration attempts with rm:1 failed, the last: "
@@ -87,7 +87,7 @@ def test_an_agent_dials_the_address_it_is_told_and_hears_each_failure(
         asked.append(where)
         told.set()
 
-    caplog.set_level(logging.WARNING, "heartbeat.agent")
+    caplog.set_level(logging.WARNING, "heartbeat.agent.async_agent")
     agent = AgentThread(
         dead,
         SECRET,

@@ -24,9 +24,9 @@ from heartbeat import (
     UnknownExecutorError,
     static_provider,
 )
-from heartbeat._grpc_compat import EOF
-from heartbeat._proto import heartbeat_pb2 as pb
-from heartbeat.agent_session import AgentSession
+from heartbeat.agent.session import AgentSession
+from heartbeat.wire.grpc_compat import EOF
+from heartbeat.wire.proto import heartbeat_pb2 as pb
 
 SERVICES = HeartbeatServices(interval_s=1.0, timeout_s=3.0, rpc_failure_threshold=2)
 REG = Registration("epoch-1", "instance-1")

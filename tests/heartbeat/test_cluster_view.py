@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatServices, ResourceManagerServer
-from heartbeat.admin import list_executors
+from heartbeat.rm.admin import list_executors
 
 from .conftest import DEADLINE_S, SECRET
 from .fakes import Collector, FakeLink, ManualRm

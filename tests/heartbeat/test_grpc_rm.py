@@ -16,8 +16,8 @@ from heartbeat import (
     ResourceManagerServer,
     RetryPolicy,
 )
-from heartbeat._proto import heartbeat_pb2 as pb
-from heartbeat.admin import list_executors
+from heartbeat.rm.admin import list_executors
+from heartbeat.wire.proto import heartbeat_pb2 as pb
 from tests.harness.procs import wait_until
 
 from .conftest import DEADLINE_S, FAST, SECRET
@@ -92,10 +92,12 @@ def test_agent_with_wrong_secret_keeps_trying_then_gives_up_at_its_deadline(
             assert isinstance(a.error.last_error, HeartbeatAuthenticationError)
         finally:
             a.stop()
-    warned = [r for r in caplog.records if r.name == "heartbeat.agent" and r.module == "agent"]
+    warned = [
+        r for r in caplog.records if r.name == "heartbeat.agent.async_agent" and r.module == "async_agent"
+    ]
     assert len(warned) == 1 and "prove" in warned[0].getMessage(), "one warning for all attempts"
     # Besides it, the outage's own line (agent_outage): once, as the second minute never came.
-    outage = [r.getMessage() for r in caplog.records if r.module == "agent_outage"]
+    outage = [r.getMessage() for r in caplog.records if r.module == "outage"]
     assert len(outage) == 1 and outage[0].startswith("agent 1 has had no RM for 0 s"), outage
 
 
@@ -253,7 +255,7 @@ def test_a_newer_registration_of_the_same_id_stops_the_older_agent_for_good(
         assert isinstance(older.error, RegistrationReplacedError)
         [line] = caplog.records  # every WARNING+ record of any logger
         message = line.getMessage()
-        assert line.levelno == logging.ERROR and line.name == "heartbeat.agent_core"
+        assert line.levelno == logging.ERROR and line.name == "heartbeat.agent.core"
         assert "agent dup stops" in message and "replaced by a newer one" in message and instance in message
         assert "same executor id" in message and "\n" not in message and line.exc_info is None
     finally:

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from heartbeat import AgentThread, HeartbeatError, ResourceManagerServer, RetryPolicy
-from heartbeat.admin import list_executors
+from heartbeat.rm.admin import list_executors
 from spark_plugin.settings import tls
 
 from .conftest import FAST, SECRET

@@ -16,9 +16,9 @@ from heartbeat import (
     Payload,
     WorkProgress,
 )
-from heartbeat._proto import heartbeat_pb2 as pb
-from heartbeat._wire import payload_from_proto, payload_to_proto
 from heartbeat.payload import MAX_NOTICE_DETAIL_CHARS, MAX_NOTICES, NOTICE_KINDS, collect_payload
+from heartbeat.wire.codec import payload_from_proto, payload_to_proto
+from heartbeat.wire.proto import heartbeat_pb2 as pb
 
 KIND = "SHUFFLE_CORRUPT"
 

@@ -15,9 +15,9 @@ from heartbeat import (
     slots_provider,
     static_provider,
 )
-from heartbeat._wire import payload_from_proto, payload_to_proto
 from heartbeat.events import EventBus
 from heartbeat.payload import collect_payload
+from heartbeat.wire.codec import payload_from_proto, payload_to_proto
 
 
 def test_providers_merge_into_typed_fields_and_metrics() -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatServices
-from heartbeat.admin import list_executors
+from heartbeat.rm.admin import list_executors
 
 from .conftest import DEADLINE_S, SECRET
 from .fakes import Collector
@@ -125,7 +125,7 @@ def test_kill_freeze_thaw_and_rm_restart(
 def test_agent_main_refuses_to_start_without_the_secret_env() -> None:
     env = {k: v for k, v in os.environ.items() if k != "ARROWBEAT_SECRET"}
     result = subprocess.run(
-        [sys.executable, "-m", "heartbeat.agent_main", "--rm", "127.0.0.1:1", "--executor-id", "x"],
+        [sys.executable, "-m", "heartbeat.agent.main", "--rm", "127.0.0.1:1", "--executor-id", "x"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -136,7 +136,7 @@ def test_agent_main_refuses_to_start_without_the_secret_env() -> None:
 
 
 def test_agent_main_refuses_invalid_timing_flags_naming_the_setting() -> None:
-    command = [sys.executable, "-m", "heartbeat.agent_main", "--rm", "127.0.0.1:1", "--executor-id", "x"]
+    command = [sys.executable, "-m", "heartbeat.agent.main", "--rm", "127.0.0.1:1", "--executor-id", "x"]
     result = subprocess.run(
         [*command, "--interval", "6"],  # not below the default 5 s timeout
         cwd=REPO,

@@ -1,4 +1,4 @@
-"""The one rate-limited logger (``heartbeat.rate_log``), on a ``ManualClock``: its rate, its
+"""The one rate-limited logger (``arrowbeat_base.rate_log``), on a ``ManualClock``: its rate, its
 counts and its bound on keys (its users' line formats are tested with them)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from heartbeat.clock import ManualClock
-from heartbeat.rate_log import RateLog
+from arrowbeat_base.clock import ManualClock
+from arrowbeat_base.rate_log import RateLog
 
 
 def test_the_rate_log_logs_once_per_key_and_interval_and_counts_the_rest(

@@ -15,7 +15,7 @@ from heartbeat import (
     StaleInstanceError,
     UnknownExecutorError,
 )
-from heartbeat.resource_manager import ResourceManagerCore
+from heartbeat.rm.resource_manager import ResourceManagerCore
 
 from .fakes import EventList, FakeLink
 

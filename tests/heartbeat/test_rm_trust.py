@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatServices, ManualScheduler, Payload
-from heartbeat.resource_manager import ResourceManagerCore
-from heartbeat.rm_trust import own_stall_s, trusted_timeout
+from heartbeat.rm.resource_manager import ResourceManagerCore
+from heartbeat.rm.trust import own_stall_s, trusted_timeout
 
 from .fakes import EventList, FakeLink
 

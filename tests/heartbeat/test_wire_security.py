@@ -35,19 +35,19 @@ from heartbeat import (
     RegistrationTimeoutError,
     ResourceManagerServer,
     RetryPolicy,
-    _auth,
 )
-from heartbeat._io_loop import submit
-from heartbeat._proto import heartbeat_pb2 as pb
-from heartbeat._wire import (
+from heartbeat.agent.main import SECRET_ENV, SecretError, parse_args, read_secret
+from heartbeat.rm.admin import list_executors
+from heartbeat.wire import auth as _auth
+from heartbeat.wire.codec import (
     CALL_PROOF_KEY,
     CALL_TOKEN_KEY,
     CONNECT_METHOD,
     HELLO_METHOD,
     LIST_EXECUTORS_METHOD,
 )
-from heartbeat.admin import list_executors
-from heartbeat.agent_main import SECRET_ENV, SecretError, parse_args, read_secret
+from heartbeat.wire.io_loop import submit
+from heartbeat.wire.proto import heartbeat_pb2 as pb
 from tests.harness.procs import wait_until
 
 from .conftest import DEADLINE_S, FAST, SECRET
@@ -147,7 +147,9 @@ def test_a_port_squatter_learns_nothing_reusable_and_the_agent_registers_when_th
     warned = [
         r
         for r in caplog.records
-        if r.name == "heartbeat.agent" and r.module == "agent" and r.levelno == logging.WARNING
+        if r.name == "heartbeat.agent.async_agent"
+        and r.module == "async_agent"
+        and r.levelno == logging.WARNING
     ]  # the outage's own lines (agent_outage) aside
     if mode in ("fake-rm", "refuse:UNAUTHENTICATED", "version:3"):
         assert len(warned) == 1, "one warning for the whole stretch of refusals"

@@ -4,7 +4,7 @@
 nonce, so a test can send a valid or a forged register); ``raw_unary`` makes one unary call with
 any token. ``Squatter`` is a gRPC server on the RM's port that records every method, metadata
 value and message it receives, and answers as a fake RM would (``mode``). Everything runs on the
-process's one grpc.aio loop (``heartbeat._io_loop``) with deadlines on every wait.
+process's one grpc.aio loop (``heartbeat.wire.io_loop``) with deadlines on every wait.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from heartbeat import _auth
-from heartbeat._io_loop import submit
-from heartbeat._proto import heartbeat_pb2 as pb
-from heartbeat._wire import CALL_PROOF_KEY, CALL_TOKEN_KEY, CONNECT_METHOD, HELLO_METHOD, SERVICE_NAME
+from heartbeat.wire import auth as _auth
+from heartbeat.wire.codec import CALL_PROOF_KEY, CALL_TOKEN_KEY, CONNECT_METHOD, HELLO_METHOD, SERVICE_NAME
+from heartbeat.wire.io_loop import submit
+from heartbeat.wire.proto import heartbeat_pb2 as pb
 
 from .conftest import SECRET
 

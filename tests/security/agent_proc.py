@@ -18,9 +18,9 @@ import sys
 import pyarrow as pa
 
 from arrow_shuffle.config import ShuffleConfig
-from spark_plugin.shuffle.agent_service import MapOutputService
+from spark_plugin.shuffle.agent.service import MapOutputService
+from spark_plugin.shuffle.driver.rendezvous import Rendezvous
 from spark_plugin.shuffle.map_output import MapOutputWriter
-from spark_plugin.shuffle.rendezvous import Rendezvous
 from tests.security.attack import APP
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])

@@ -28,10 +28,10 @@ from arrow_shuffle.errors import ControlMessageError, ShuffleAuthenticationError
 from arrow_shuffle.frames import ErrorCode, FrameHeader, Kind
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.transport import TcpConnection
-from spark_plugin.shuffle import rendezvous
-from spark_plugin.shuffle.agent_client import MapOutputClient
 from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
-from spark_plugin.shuffle.rendezvous import RENDEZVOUS
+from spark_plugin.shuffle.driver import rendezvous
+from spark_plugin.shuffle.driver.rendezvous import RENDEZVOUS
+from spark_plugin.shuffle.worker.agent_client import MapOutputClient
 from tests.security.agent_proc import ROWS, SCHEMA
 from tests.security.attack import (
     APP,

@@ -28,8 +28,8 @@ from arrow_shuffle.private_files import (
     resolve_inside,
     write_private_atomic,
 )
-from spark_plugin.shuffle import agent_client, agent_service
-from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, announced_agents, find_agent
+from spark_plugin.shuffle.agent import service as agent_service
+from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.agent_layout import (
     agent_file,
     agent_identity,
@@ -37,9 +37,10 @@ from spark_plugin.shuffle.agent_layout import (
     shuffle_root,
     shuffle_roots,
 )
-from spark_plugin.shuffle.agent_service import MapOutputService
 from spark_plugin.shuffle.map_output import MapOutputWriter
-from spark_plugin.shuffle.tasks import ReadStats, ShufflePlan, map_function, read_partitions
+from spark_plugin.shuffle.worker import agent_client
+from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient, announced_agents, find_agent
+from spark_plugin.shuffle.worker.tasks import ReadStats, ShufflePlan, map_function, read_partitions
 
 SECRET = "private-files-test-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])

@@ -21,7 +21,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_plugin.shuffle import group_apply, repartition, shuffle_of
-from spark_plugin.shuffle.agent_client import AgentInfo, announced_agents
+from spark_plugin.shuffle.worker.agent_client import AgentInfo, announced_agents
 from tests.harness.procs import wait_until
 from tests.harness.session import build_session, stop_session
 from tests.security.attack import Siege

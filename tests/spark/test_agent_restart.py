@@ -41,7 +41,7 @@ BACK_WITHIN_S = 60.0
 
 def listed(address: str) -> dict[str, tuple[str, str]] | None:
     """Executor id -> (state, detail) as the RM lists them, or None while it does not answer."""
-    from heartbeat.admin import list_executors
+    from heartbeat.rm.admin import list_executors
 
     try:
         return {e.executor_id: (e.state, e.detail) for e in list_executors(address, SECRET, timeout_s=2.0)}

@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from arrow_shuffle import ShuffleConfigError
 from spark_plugin.errors import ConfigError
 from spark_plugin.shuffle import group_apply, partition_apply, repartition, shuffle_of
-from spark_plugin.shuffle.agent_client import MapOutputClient
+from spark_plugin.shuffle.worker.agent_client import MapOutputClient
 from tests.harness.apps import SharedSession, ShuffleCluster
 from tests.harness.procs import executor_jvms, wait_until
 from tests.harness.session import sql_conf
@@ -426,7 +426,9 @@ def test_python_workers_come_from_arrowbeats_daemon(cluster: tuple[SparkSession,
     from spark_plugin.compat.zipimport_cache import find_invalidate_caches
 
     spark, _ = cluster
-    assert spark.sparkContext.getConf().get("spark.python.daemon.module") == "spark_plugin.jvm.python_daemon"
+    assert (
+        spark.sparkContext.getConf().get("spark.python.daemon.module") == "spark_plugin.python_worker.daemon"
+    )
     zip_patch = find_invalidate_caches()
     plan = fork_plan(pyspark_daemon)
     assert not plan.reason, plan.reason  # every supported minor has its plan recorded
@@ -437,7 +439,7 @@ def test_python_workers_come_from_arrowbeats_daemon(cluster: tuple[SparkSession,
         .collect()
     )
     assert len(facts) == 8
-    assert {r.main for r in facts} == {"spark_plugin.jvm.python_daemon"}
+    assert {r.main for r in facts} == {"spark_plugin.python_worker.daemon"}
     assert {r.patched for r in facts} == {zip_patch.original is not None}, zip_patch.reason
     full = 50_000  # pyspark, pyarrow and pandas frozen: far more objects than this
     if not plan.freeze_in_worker:  # everything preloaded and frozen before the first fork

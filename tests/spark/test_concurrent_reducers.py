@@ -29,8 +29,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from arrow_shuffle import InputGate, NetworkBufferPool, RemoteChannelSpec, ShuffleConfig
 from spark_plugin.shuffle import repartition, shuffle_of
-from spark_plugin.shuffle.agent_client import MapOutputClient
 from spark_plugin.shuffle.map_output import MapOutputWriter
+from spark_plugin.shuffle.worker.agent_client import MapOutputClient
 from tests.harness.procs import wait_until
 from tests.harness.session import build_session, stop_session
 

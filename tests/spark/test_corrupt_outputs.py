@@ -7,7 +7,7 @@ reads host-local and streamed through the agents. Before checksums this gave wro
 silently, or crashed every reduce task until the job failed. Now every reader verifies before
 Arrow decodes; the owner's agent removes the file and the Spark blocks of its status rows, the
 reduce task's retry meets a fetch failure and Spark reruns the map partitions
-(``spark_plugin.shuffle.corrupt_outputs``, ``spark_plugin.compat.shuffle_blocks``).
+(``spark_plugin.shuffle.agent.corrupt_outputs``, ``spark_plugin.compat.shuffle_blocks``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from spark_plugin.shuffle import group_apply, partition_apply, shuffle_of
-from spark_plugin.shuffle.reduce_spill import SORT_UNIT_BYTES
+from spark_plugin.shuffle.worker.reduce_spill import SORT_UNIT_BYTES
 from tests.harness.apps import ShuffleCluster
 from tests.harness.procs import executor_jvms, ours, wait_until
 

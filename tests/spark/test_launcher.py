@@ -133,7 +133,7 @@ LOADED_SLACK_S = 1.5
 
 def _states(address: str) -> dict[str, str] | None:
     """Executor id -> state as the RM lists them, or None while it does not answer."""
-    from heartbeat.admin import list_executors
+    from heartbeat.rm.admin import list_executors
 
     try:
         return {e.executor_id: e.state for e in list_executors(address, SECRET, timeout_s=2.0)}

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from pyspark.sql import SparkSession
 
-from heartbeat.admin import list_executors
+from heartbeat.rm.admin import list_executors
 from spark_plugin.shuffle import repartition, shuffle_of
 from tests.harness.procs import wait_until
 

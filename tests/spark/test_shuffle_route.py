@@ -1,4 +1,4 @@
-"""``path="auto"`` on real Spark (``spark_plugin.shuffle.route``): a tiny input takes Spark's
+"""``path="auto"`` on real Spark (``spark_plugin.shuffle.driver.route``): a tiny input takes Spark's
 exchange, a large one (by the optimizer's statistics) arrowbeat's; both equal Spark's own result,
 and each choice with its reason is a ``shuffle_metrics`` row.
 
@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame
 from arrow_shuffle import ShuffleConfigError
 from spark_plugin.compat.plan_stats import plan_size
 from spark_plugin.shuffle import group_apply, partition_apply, release, shuffle_of
-from spark_plugin.shuffle.route import SPARK_BELOW, flush_routes, route_of
+from spark_plugin.shuffle.driver.route import SPARK_BELOW, flush_routes, route_of
 from tests.harness.apps import ShuffleCluster
 
 pytestmark = pytest.mark.spark

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from heartbeat.admin import list_executors
+from heartbeat.rm.admin import list_executors
 from tests.harness.history_read import rows
 from tests.harness.procs import ours, wait_until
 from tests.harness.submit import SubmittedApp

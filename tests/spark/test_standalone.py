@@ -39,7 +39,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from heartbeat.admin import list_executors
+from heartbeat.rm.admin import list_executors
 from spark_plugin.jvm.launch import jar_paths
 from spark_plugin.shuffle import group_apply, partition_apply, repartition, shuffle_of
 from tests.harness.history_read import rows

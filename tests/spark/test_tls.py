@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from heartbeat.admin import list_executors
 from heartbeat.errors import HeartbeatError
+from heartbeat.rm.admin import list_executors
 from spark_plugin.settings import tls
 from spark_plugin.settings.config import from_spark_conf
 from spark_plugin.shuffle import repartition, shuffle_of

@@ -35,11 +35,11 @@ DEADLINE_S = 30.0
 REPO = Path(__file__).resolve().parents[2]
 FAIL_ON_REGISTER = (
     "import sys\n"
-    "from heartbeat.agent import AsyncAgent\n"
+    "from heartbeat.agent.async_agent import AsyncAgent\n"
     "async def boom(self, timeout_s):\n"
     "    raise RuntimeError('a bug in the agent, planted by the test')\n"
     "AsyncAgent._open_session = boom\n"
-    "from heartbeat.hard_exit import exit_now\n"
+    "from arrowbeat_base.hard_exit import exit_now\n"
     "from spark_plugin.processes.executor import main\n"
     "exit_now(main())\n"
 )
@@ -56,7 +56,7 @@ WEDGE_ON_FILE = (
     "        time.sleep(3600)  # a blocking call on the loop: it never turns again\n"
     "    asyncio.run_coroutine_threadsafe(wedge(), io_loop())\n"
     "threading.Thread(target=wedge_when_asked, args=(os.environ['WEDGE_FILE'],), daemon=True).start()\n"
-    "from heartbeat.hard_exit import exit_now\n"
+    "from arrowbeat_base.hard_exit import exit_now\n"
     "from spark_plugin.processes.executor import main\n"
     "exit_now(main())\n"
 )

@@ -264,7 +264,7 @@ def test_this_cells_pyspark_daemon_is_one_the_shim_verifies() -> None:
 def start_daemon(prelude: str) -> tuple[int, str, bytes]:
     """arrowbeat's daemon on this interpreter: the port it wrote, then (stdin closed: PySpark's
     signal to end) what it wrote to stderr, and anything more on stdout."""
-    code = f"{prelude}\nfrom spark_plugin.jvm import python_daemon\npython_daemon.main()\n"
+    code = f"{prelude}\nfrom spark_plugin.python_worker import daemon as python_daemon\npython_daemon.main()\n"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
@@ -308,7 +308,7 @@ def test_on_an_unknown_pyspark_the_daemon_still_serves_and_says_why_once_per_con
 PRELOAD = textwrap.dedent(
     """
     import sys
-    from spark_plugin.jvm.python_daemon import preload_and_freeze
+    from spark_plugin.python_worker.daemon import preload_and_freeze
     sys.path.insert(0, sys.argv[1])
     loaded = preload_and_freeze(["json", "starts_thread", "after_it"], threads_allowed=sys.argv[2] == "yes")
     print(",".join(loaded), "after_it" in sys.modules)
@@ -343,7 +343,7 @@ def test_the_daemon_freezes_what_a_worker_imported_itself_at_its_second_task() -
     code = textwrap.dedent(
         """
         import gc
-        from spark_plugin.jvm.python_daemon import freeze_at_second_task
+        from spark_plugin.python_worker.daemon import freeze_at_second_task
         on_task = freeze_at_second_task()
         gc.collect()
         before = gc.get_freeze_count()
@@ -380,7 +380,7 @@ BESIDE_SPARK = textwrap.dedent(
     if sys.argv[4] == "with-handler":  # someone else's SIGUSR2 handler, installed first
         signal.signal(signal.SIGUSR2, lambda signum, frame: theirs.append(signum))
     os.environ["SPARK_LOCAL_DIRS"] = local
-    from spark_plugin.jvm.worker_label import label_task, stack_path
+    from spark_plugin.python_worker.worker_label import label_task, stack_path
 
     def blocked_udf():
         label_task(5)

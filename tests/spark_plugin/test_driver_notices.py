@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord, ManualClock, Notice, NoticeBoard, Payload
-from heartbeat._proto import heartbeat_pb2 as pb
-from heartbeat._wire import payload_from_proto, payload_to_proto
 from heartbeat.payload import collect_payload
+from heartbeat.wire.codec import payload_from_proto, payload_to_proto
+from heartbeat.wire.proto import heartbeat_pb2 as pb
 from spark_plugin.history import EXECUTOR_EVENTS, event_row
 from spark_plugin.jvm.plugin_metrics import LivenessTally
 from spark_plugin.monitoring.driver_notices import NoticeEvents

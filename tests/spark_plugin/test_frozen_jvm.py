@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import psutil
 import pytest
 
-from heartbeat.clock import ManualClock
+from arrowbeat_base.clock import ManualClock
 from spark_plugin.monitoring.executor_frozen_jvm import FrozenJvm
 
 PID, STALE_S = 4321, 0.5

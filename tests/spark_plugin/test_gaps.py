@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from arrowbeat_base.clock import ManualClock
 from heartbeat import EventKind, ExecutorEvent
-from heartbeat.clock import ManualClock
 from spark_plugin.history import EXECUTOR_EVENTS, HEARTBEATS, HistoryWriter, event_row
 from spark_plugin.history.event_lines import format_event
 from spark_plugin.history.gaps import (

@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
+from arrowbeat_base.clock import ManualClock
 from heartbeat import EventKind
-from heartbeat.clock import ManualClock
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.jvm import protocol
 from spark_plugin.jvm.protocol import OutputsLost, ReplacementOutcome

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from arrowbeat_base.clock import ManualClock
 from heartbeat import AgentThread, EventKind, ExecutorEvent, HeartbeatRecord, ResourceManagerServer
-from heartbeat.clock import ManualClock
 from heartbeat.payload import Payload, slots_provider, static_provider
-from heartbeat.resource_manager import ExecutorInfo
+from heartbeat.rm.resource_manager import ExecutorInfo
 from spark_plugin.settings import tls
 from spark_plugin.tools.live_page import LivePage, LiveView, health, page_token, start_live_page
 from tests.harness.procs import wait_until

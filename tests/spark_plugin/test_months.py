@@ -36,7 +36,7 @@ import pytest
 
 from heartbeat import EventKind, HeartbeatServices, ManualScheduler, Payload, WorkProgress
 from heartbeat.events import Event
-from heartbeat.resource_manager import ResourceManagerCore
+from heartbeat.rm.resource_manager import ResourceManagerCore
 from spark_plugin.history import EXECUTOR_EVENTS, HEARTBEATS, HistoryWriter
 from spark_plugin.jvm.plugin_metrics import LivenessTally
 from spark_plugin.monitoring.driver_lost_outputs import LostOutputs

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from heartbeat.clock import ManualClock
+from arrowbeat_base.clock import ManualClock
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.jvm.sidecar import JvmChannel, JvmLink
 from spark_plugin.processes.executor import ASK_RM_EVERY_S, rm_unreachable_reporter

@@ -31,7 +31,7 @@ from spark_plugin.history.wire_text import MAX_ERROR_CHARS
 from spark_plugin.jvm.sidecar import JvmChannel
 from spark_plugin.processes.driver import EventRouter
 from spark_plugin.settings.config import ConfigError, load
-from spark_plugin.shuffle.tasks import ShufflePlan
+from spark_plugin.shuffle.worker.tasks import ShufflePlan
 from tests.harness.procs import end, wait_until
 
 SECRET = "s3cret-" + "0123456789abcdef" * 2

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from heartbeat.clock import ManualClock
+from arrowbeat_base.clock import ManualClock
 from spark_plugin.history.shuffle_metrics import append_rows, rows_of, tables_root_of
 from spark_plugin.settings.config import ConfigError
 

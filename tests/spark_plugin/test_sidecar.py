@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 import pytest
 
-from heartbeat.clock import ManualClock
+from arrowbeat_base.clock import ManualClock
 from spark_plugin.errors import (
     JvmCommandError,
     JvmLinkError,

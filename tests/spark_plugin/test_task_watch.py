@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from heartbeat.clock import ManualClock
-from spark_plugin.jvm.worker_label import STACKS_FOLDER
+from arrowbeat_base.clock import ManualClock
 from spark_plugin.monitoring.executor_tasks import (
     MAX_REPORTED,
     ProcessCpu,
@@ -26,6 +25,7 @@ from spark_plugin.monitoring.executor_tasks import (
     parse_tasks_line,
 )
 from spark_plugin.monitoring.gaps import explain_gap
+from spark_plugin.python_worker.worker_label import STACKS_FOLDER
 from tests.harness.procs import wait_until
 
 INTERVAL = 0.25
@@ -261,7 +261,7 @@ def test_a_real_labelled_worker_blocked_in_a_udf_is_found_with_its_stack(
     code = textwrap.dedent(
         """\
         import sys, threading
-        from spark_plugin.jvm.worker_label import label_task
+        from spark_plugin.python_worker.worker_label import label_task
 
         def blocked_udf():
             label_task(77)

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from heartbeat.clock import ManualClock
+from arrowbeat_base.clock import ManualClock
 from spark_plugin.jvm.sidecar import secret_values
 from spark_plugin.settings import tls
 from spark_plugin.settings.config import ArrowBeatConfig, ConfigError, load

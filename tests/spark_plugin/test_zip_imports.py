@@ -20,7 +20,7 @@ from spark_plugin.compat.zipimport_cache import ZipPatchPoint, find_invalidate_c
 CHILD = textwrap.dedent(
     """
     import importlib, sys, zipfile, zipimport
-    from spark_plugin.jvm.zip_imports import skip_unchanged_archives
+    from spark_plugin.python_worker.zip_imports import skip_unchanged_archives
 
     archive = sys.argv[1]
     with zipfile.ZipFile(archive, "w") as z:
@@ -69,7 +69,7 @@ def test_unchanged_archives_are_not_reread_and_changed_ones_are(tmp_path: Path) 
 
 @pytest.mark.skipif(NEEDS_PATCH, reason="Python < 3.12 is patched: see the test above")
 def test_nothing_is_patched_where_cpython_reads_lazily() -> None:
-    from spark_plugin.jvm.zip_imports import skip_unchanged_archives
+    from spark_plugin.python_worker.zip_imports import skip_unchanged_archives
 
     assert skip_unchanged_archives(pyspark_version="4.0.5") is False
 
@@ -113,7 +113,7 @@ def test_an_unexpected_cpython_method_is_not_patched(importer: object, why: str)
 def test_an_unverified_patch_is_skipped_with_one_warning(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import spark_plugin.jvm.zip_imports as zip_imports
+    import spark_plugin.python_worker.zip_imports as zip_imports
 
     monkeypatch.setattr(
         zip_imports,

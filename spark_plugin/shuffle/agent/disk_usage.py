@@ -14,8 +14,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from heartbeat.clock import SYSTEM_CLOCK, Clock
-from heartbeat.rate_log import RateLog
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.rate_log import RateLog
 
 log = logging.getLogger("arrowbeat.agent")
 

@@ -37,7 +37,7 @@ Where its directories are (``shuffle_roots``: Spark's local directories of this 
 ``spark.arrowbeat.shuffle.dir``) and how they are laid out and kept private: ``agent_layout``.
 ``stage`` serves only files whose real path is inside one of this agent's directories.
 
-Time comes from an injected ``heartbeat.clock.Clock``: ``monotonic()`` ages staged streams and
+Time comes from an injected ``arrowbeat_base.clock.Clock``: ``monotonic()`` ages staged streams and
 times a shuffle's last use; a test moves a ``ManualClock`` past the TTL instead of waiting an
 hour. The TTL counts reads: a shuffle is forgotten after ``ttl_s`` with no stage, no stream end,
 no host-local read (``note_read`` touches its folder) and no write, and never while one of its
@@ -83,12 +83,12 @@ from arrow_shuffle.partition_server import PartitionServer
 from arrow_shuffle.private_files import resolve_inside, write_private_atomic
 from arrow_shuffle.transport import Transport
 from arrow_shuffle.writer import RecordWriter
-from heartbeat.clock import SYSTEM_CLOCK, Clock
-from heartbeat.rate_log import RateLog
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.rate_log import RateLog
+from spark_plugin.shuffle.agent.corrupt_outputs import CorruptOutputs, Outcome, status_blocks_remover
+from spark_plugin.shuffle.agent.ttl import DeletedShuffles, FolderActivity
 from spark_plugin.shuffle.agent_layout import agent_file, agent_identity, shuffle_folder, usable_executor_dirs
 from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
-from spark_plugin.shuffle.agent_ttl import DeletedShuffles, FolderActivity
-from spark_plugin.shuffle.corrupt_outputs import CorruptOutputs, Outcome, status_blocks_remover
 from spark_plugin.shuffle.local_secret import SecretDesk
 from spark_plugin.shuffle.map_output import read_segments
 

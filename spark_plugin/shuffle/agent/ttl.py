@@ -32,7 +32,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from heartbeat.clock import Clock
+from arrowbeat_base.clock import Clock
 
 RECENT_DELETED = 1024
 """Deleted shuffle ids the agent remembers exactly (about 100 KB); older ones: a watermark."""

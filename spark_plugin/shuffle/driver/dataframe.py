@@ -74,17 +74,16 @@ from spark_plugin.history.storage import tables_root
 from spark_plugin.settings.config import OPTIONS, ArrowBeatConfig, from_spark_conf
 from spark_plugin.settings.tls import from_config as tls_from_config
 from spark_plugin.settings.units import parse_duration
-from spark_plugin.shuffle.adaptive import (
+from spark_plugin.shuffle.agent.corrupt_outputs import written_by
+from spark_plugin.shuffle.driver.adaptive import (
     CoalesceSettings,
     coalesce,
     planned_groups,
     route_keys,
     settings_from_sql_conf,
 )
-from spark_plugin.shuffle.corrupt_outputs import written_by
-from spark_plugin.shuffle.direct_scan import BATCH_ROWS, DirectScan, plan_direct_scan, scan_function
-from spark_plugin.shuffle.map_output import check_keys
-from spark_plugin.shuffle.route import (
+from spark_plugin.shuffle.driver.direct_scan import BATCH_ROWS, DirectScan, plan_direct_scan, scan_function
+from spark_plugin.shuffle.driver.route import (
     Route,
     record_spark_path,
     report,
@@ -94,8 +93,8 @@ from spark_plugin.shuffle.route import (
     spark_partition_apply,
     spark_repartition,
 )
-from spark_plugin.shuffle.route import mark as mark_route
-from spark_plugin.shuffle.session import (
+from spark_plugin.shuffle.driver.route import mark as mark_route
+from spark_plugin.shuffle.driver.session import (
     app_id,
     arrow_batch_rows,
     conf_entries,
@@ -103,7 +102,8 @@ from spark_plugin.shuffle.session import (
     default_parallelism,
     new_shuffle_id,
 )
-from spark_plugin.shuffle.tasks import (
+from spark_plugin.shuffle.map_output import check_keys
+from spark_plugin.shuffle.worker.tasks import (
     CARRIED_DDL,
     REPORT_COLUMNS,
     STATUS_DDL,
@@ -578,7 +578,7 @@ def _rendezvous(spark: SparkSession, plan: ShufflePlan) -> Any:
 
     It holds running shuffles only: map tasks unregister as they end, ``ShuffleHandle.release``
     forgets the rest, and what nobody touched for ``spark.arrowbeat.shuffle.ttl`` is swept."""
-    from spark_plugin.shuffle.rendezvous import Rendezvous
+    from spark_plugin.shuffle.driver.rendezvous import Rendezvous
 
     app = spark.sparkContext.applicationId
     with _rendezvous_lock:
@@ -658,7 +658,7 @@ def _build(
     report = handle.reporter()
     chained = _attached(df, "_arrowbeat_chain")
     if mode == "pipelined":
-        from spark_plugin.shuffle.pipelined import pipelined_function
+        from spark_plugin.shuffle.worker.pipelined import pipelined_function
 
         source, pre = chained if chained is not None else (df, None)
         maps = _check_pipelined(spark, source, plan.num_partitions)
@@ -875,8 +875,8 @@ def map_in_pandas(
     """``df.mapInPandas(func, schema)`` that an arrowbeat shuffle after it *chains*, as
     ``map_in_arrow``: inside the map task, its frames are converted as Spark converts them
     (``compat.pandas_udf``) and go to the shuffle without becoming JVM rows."""
-    from spark_plugin.shuffle.grouped_map import pandas_batches
-    from spark_plugin.shuffle.session import pandas_conversion
+    from spark_plugin.shuffle.driver.session import pandas_conversion
+    from spark_plugin.shuffle.worker.grouped_map import pandas_batches
 
     out = df.mapInPandas(func, schema)
     declared = out.schema

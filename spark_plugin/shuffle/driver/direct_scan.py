@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from arrow_shuffle.errors import ShuffleError
 from spark_plugin.compat.parquet_relation import parquet_relation
 from spark_plugin.settings.units import parse_bytes
-from spark_plugin.shuffle.session import conf_value, default_parallelism, sql_conf, sql_flag
+from spark_plugin.shuffle.driver.session import conf_value, default_parallelism, sql_conf, sql_flag
 
 log = logging.getLogger("arrowbeat.shuffle")
 

@@ -36,7 +36,7 @@ from pyspark.sql.types import StructType
 from arrow_shuffle.errors import ShuffleConfigError
 from spark_plugin.compat.arrow_schema import to_arrow_schema
 from spark_plugin.compat.plan_stats import PlanSize
-from spark_plugin.shuffle.dataframe import (
+from spark_plugin.shuffle.driver.dataframe import (
     ShuffleHandle,
     _build,
     _partitions,
@@ -45,10 +45,10 @@ from spark_plugin.shuffle.dataframe import (
     map_side,
     reduce_side,
 )
-from spark_plugin.shuffle.grouped_map import GroupedCall, cogrouped_consumer, form_of, grouped_consumer
+from spark_plugin.shuffle.driver.session import arrow_batch_rows, pandas_conversion
 from spark_plugin.shuffle.map_output import check_keys
-from spark_plugin.shuffle.session import arrow_batch_rows, pandas_conversion
-from spark_plugin.shuffle.tasks import RIGHT_MAPS, cogroup_reduce_function
+from spark_plugin.shuffle.worker.grouped_map import GroupedCall, cogrouped_consumer, form_of, grouped_consumer
+from spark_plugin.shuffle.worker.tasks import RIGHT_MAPS, cogroup_reduce_function
 
 
 def group_by(

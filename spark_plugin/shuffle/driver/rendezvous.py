@@ -3,7 +3,7 @@
 A pipelined map task serves its output from its own Python worker, at an address known only once
 it runs; its reducers run at the same time on other executors. Each map task registers
 ``map index -> address`` here and reducers look the addresses up (waiting, with a deadline on an
-injected ``heartbeat.clock.Clock``, until all maps registered). The channel is the engine's typed
+injected ``arrowbeat_base.clock.Clock``, until all maps registered). The channel is the engine's typed
 control protocol (``arrow_shuffle.control_schema``): ``RENDEZVOUS`` operations register / locate / forget,
 schema-checked JSON sealed with the connection's session key after the mutual HMAC handshake;
 nothing is unpickled. Every call has a deadline; a driver that stops answering is a
@@ -31,7 +31,7 @@ from arrow_shuffle.control_schema import I32, I64, Float, Int, List, Null, Opera
 from arrow_shuffle.control_server import ControlServer
 from arrow_shuffle.errors import ControlRequestError, ShuffleError
 from arrow_shuffle.transport import Transport
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 
 MAX_MAPS = 100_000
 """Most map tasks one pipelined shuffle may have (and a ``locate`` answer list)."""

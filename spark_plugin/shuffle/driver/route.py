@@ -52,7 +52,7 @@ from arrow_shuffle.errors import ShuffleConfigError
 from spark_plugin.compat.connect import is_connect
 from spark_plugin.compat.plan_stats import PlanSize, plan_size
 from spark_plugin.settings.config import from_spark_conf, key_of
-from spark_plugin.shuffle.session import app_id, conf_entries, new_shuffle_id
+from spark_plugin.shuffle.driver.session import app_id, conf_entries, new_shuffle_id
 
 log = logging.getLogger("arrowbeat.shuffle")
 

@@ -82,17 +82,17 @@ def route_for(df: Any, other: Any | None) -> Any:
     """``groupedMap=auto``'s choice for grouping ``df`` (and a cogroup's ``other``): a
     ``route.Route`` (``path`` ``spark`` or ``arrowbeat``, ``reason``), decided by input size as
     ``route.choose`` decides, unless ``spark.arrowbeat.shuffle.path`` forces a path."""
-    from spark_plugin.shuffle.route import choose
+    from spark_plugin.shuffle.driver.route import choose
 
     return choose(df, "group", other=other, unset="auto")
 
 
 def take_over(offer: Offer, mode: str, route: Callable[[Any, Any | None], Any] = route_for) -> Decision:
     """arrowbeat's DataFrame for ``offer`` (``mode`` ``on`` or ``auto``), or why Spark's runs."""
-    from spark_plugin.shuffle.dataframe import shuffle_of, shuffle_settings
-    from spark_plugin.shuffle.grouped import group_by
-    from spark_plugin.shuffle.grouped_map import form_of
-    from spark_plugin.shuffle.route import mark, record_spark_path, report
+    from spark_plugin.shuffle.driver.dataframe import shuffle_of, shuffle_settings
+    from spark_plugin.shuffle.driver.grouped import group_by
+    from spark_plugin.shuffle.driver.route import mark, record_spark_path, report
+    from spark_plugin.shuffle.worker.grouped_map import form_of
 
     spark = offer.sides[0].df.sparkSession
     if is_connect(spark):

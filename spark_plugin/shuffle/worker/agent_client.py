@@ -46,8 +46,8 @@ from arrow_shuffle.errors import (
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.private_files import check_id, check_private_dir, check_root, read_private_file
 from arrow_shuffle.transport import Transport
-from heartbeat.clock import SYSTEM_CLOCK, Clock
-from heartbeat.rate_log import RateLog
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.rate_log import RateLog
 from spark_plugin.shuffle.agent_layout import AGENTS, agent_file, app_dir, names_live_agent
 from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
 from spark_plugin.shuffle.local_secret import NAME as DESK_NAME

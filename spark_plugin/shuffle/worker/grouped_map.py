@@ -40,8 +40,8 @@ import pyarrow as pa
 
 from arrow_shuffle.errors import SchemaMismatchError, ShuffleConfigError
 from spark_plugin.compat.pandas_udf import PandasConversion, to_arrow, to_pandas
-from spark_plugin.shuffle.grouping import Rows, iter_cogroups, iter_groups
-from spark_plugin.shuffle.reduce_spill import Side, bucket_rows, partition_rows
+from spark_plugin.shuffle.worker.grouping import Rows, iter_cogroups, iter_groups
+from spark_plugin.shuffle.worker.reduce_spill import Side, bucket_rows, partition_rows
 
 API = ("pandas", "arrow")
 
@@ -329,7 +329,7 @@ def grouped_consumer(
 
     def _bucket_outputs(rows: Rows, reducer: int) -> Iterator[pa.Table | pa.RecordBatch]:
         if call.form.api == "pandas" and not call.form.iterator:  # conversions per run of groups
-            from spark_plugin.shuffle.pandas_groups import pandas_group_results
+            from spark_plugin.shuffle.worker.pandas_groups import pandas_group_results
 
             def where(group: pa.Table) -> str:
                 return f"key group ({_key_text(group, key_columns)}) of partition {reducer}"

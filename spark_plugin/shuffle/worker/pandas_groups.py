@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_plugin.compat.pandas_udf import PandasConversion, to_pandas
-from spark_plugin.shuffle.grouping import Rows, group_bounds
+from spark_plugin.shuffle.worker.grouping import Rows, group_bounds
 
 CHUNK_ROWS = 65_536
 """Rows converted to pandas at once (a group larger than this is converted alone)."""

@@ -14,7 +14,7 @@ Data path: each map task hosts an engine ``PartitionServer`` with a PIPELINED ``
 Python worker; pipelined data never outlives its producer, so unlike materialized map outputs it
 needs no agent. The driver's ``rendezvous.Rendezvous`` maps each map task to its address. The map
 task exits once every subpartition was consumed (or fails after ``CONSUME_TIMEOUT_S`` on an
-injected ``heartbeat.clock.Clock``), and unregisters its entry as it ends, drained or failed:
+injected ``arrowbeat_base.clock.Clock``), and unregisters its entry as it ends, drained or failed:
 its readers located it before they could drain it, and a retried reader could not re-read it
 anyway. So the driver holds entries of running shuffles only, however many ran before.
 
@@ -41,9 +41,9 @@ from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partition_server import PartitionServer, StreamCounts
 from arrow_shuffle.writer import RecordWriter
-from heartbeat.clock import SYSTEM_CLOCK, Clock
-from spark_plugin.shuffle.rendezvous import locate, register, unregister
-from spark_plugin.shuffle.tasks import (
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.shuffle.driver.rendezvous import locate, register, unregister
+from spark_plugin.shuffle.worker.tasks import (
     ReadStats,
     Report,
     ShufflePlan,

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrow_shuffle.partitioner import hash_rows, remix
-from spark_plugin.shuffle.grouping import Rows
+from spark_plugin.shuffle.worker.grouping import Rows
 
 FANOUT = 16
 """Buckets per split: a partition of 16 x the budget fits in one level."""

@@ -26,7 +26,7 @@ so a reduce task that streams gets it from its own agent (``keyed``); there bein
 and no driver inside the cluster, ``write_reports`` rebuilds the map tasks' reports from their
 status rows and ``release_function`` releases a shuffle from a task.
 
-Task timings come from an injected ``heartbeat.clock.Clock`` (monotonic).
+Task timings come from an injected ``arrowbeat_base.clock.Clock`` (monotonic).
 
 Paths: the shuffle roots are resolved where the task runs (``agent_layout.shuffle_roots``: the
 executor's own local dirs, never a path computed on the driver); every id in a map output's name
@@ -58,13 +58,13 @@ from arrow_shuffle.gate import InputGate, RemoteChannelSpec
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.private_files import check_id, check_private_dir
 from arrow_shuffle.transport import TcpTransport, Transport
-from heartbeat.clock import SYSTEM_CLOCK, Clock
+from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.settings.tls import TlsMaterial, client_context, server_context
-from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, find_agent, secret_of
 from spark_plugin.shuffle.agent_layout import note_read, owned_output, shuffle_roots, spread_dir
-from spark_plugin.shuffle.grouping import Rows, iter_groups
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
-from spark_plugin.shuffle.reduce_spill import partition_rows, spilled_bytes
+from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient, find_agent, secret_of
+from spark_plugin.shuffle.worker.grouping import Rows, iter_groups
+from spark_plugin.shuffle.worker.reduce_spill import partition_rows, spilled_bytes
 
 STATUS_SCHEMA = pa.schema(
     [

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from arrow_shuffle.errors import ShuffleConfigError
-from spark_plugin.shuffle.adaptive import (
+from spark_plugin.shuffle.driver.adaptive import (
     CoalesceSettings,
     coalesce,
     planned_groups,

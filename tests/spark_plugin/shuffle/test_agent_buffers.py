@@ -20,9 +20,9 @@ import pytest
 
 from arrow_shuffle import InputGate, NetworkBufferPool, RemoteChannelSpec, ShuffleConfig, ShuffleError
 from arrow_shuffle.ids import PartitionId
-from heartbeat.clock import ManualClock
+from arrowbeat_base.clock import ManualClock
+from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.agent_layout import note_read
-from spark_plugin.shuffle.agent_service import MapOutputService
 from spark_plugin.shuffle.map_output import MapOutputWriter
 from tests.harness.procs import wait_until
 

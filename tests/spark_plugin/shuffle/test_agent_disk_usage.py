@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from heartbeat.clock import ManualClock
+from arrowbeat_base.clock import ManualClock
 from spark_plugin.processes import executor
 from spark_plugin.processes.executor import LazyShuffleService
 from spark_plugin.settings.config import load
-from spark_plugin.shuffle.agent_disk_usage import SLOW_WALK_S, DiskUsage
+from spark_plugin.shuffle.agent.disk_usage import SLOW_WALK_S, DiskUsage
 
 DEADLINE_S = 30.0
 AT_ONCE_S = 0.5

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 
 from arrow_shuffle import ControlRequestError, MapOutputLostError, ShuffleError
-from spark_plugin.shuffle.agent_client import MapOutputClient
-from spark_plugin.shuffle.agent_service import MapOutputService
+from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.map_output import MapOutputWriter
+from spark_plugin.shuffle.worker.agent_client import MapOutputClient
 
 SECRET = "lost-outputs-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64())])

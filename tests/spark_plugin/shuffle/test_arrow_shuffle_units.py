@@ -30,14 +30,14 @@ from arrow_shuffle import (
     ShuffleError,
 )
 from arrow_shuffle.checksum import CHUNK_BYTES
-from heartbeat.clock import ManualClock
+from arrowbeat_base.clock import ManualClock
 from spark_plugin.errors import ConfigError
-from spark_plugin.shuffle import dataframe
-from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient, find_agent
-from spark_plugin.shuffle.agent_service import MapOutputService
-from spark_plugin.shuffle.grouping import iter_groups
+from spark_plugin.shuffle.agent.service import MapOutputService
+from spark_plugin.shuffle.driver import dataframe
 from spark_plugin.shuffle.map_output import BATCH_ROWS, MapOutputWriter, check_keys, read_segments, route
-from spark_plugin.shuffle.tasks import (
+from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient, find_agent
+from spark_plugin.shuffle.worker.grouping import iter_groups
+from spark_plugin.shuffle.worker.tasks import (
     ReadStats,
     ShufflePlan,
     group_consumer,
@@ -473,7 +473,7 @@ def test_find_agent_gives_up_at_its_deadline_naming_where_it_looked(tmp_path: Pa
 
 
 def test_rendezvous_tells_reducers_where_maps_are_and_times_out_on_its_clock() -> None:
-    from spark_plugin.shuffle import rendezvous
+    from spark_plugin.shuffle.driver import rendezvous
 
     clock = WatchedClock()
     driver = rendezvous.Rendezvous(SECRET, clock=clock)
@@ -635,7 +635,7 @@ class _EffectiveConf:
 def test_the_pandas_conversion_follows_this_sparks_effective_defaults() -> None:
     """Unset keys convert as this Spark's workers do: its JVM's zone (a timestamp result needs one
     from pyspark 4.2) and its safe-cast default; a key it lacks takes arrowbeat's default."""
-    from spark_plugin.shuffle.session import pandas_conversion
+    from spark_plugin.shuffle.driver.session import pandas_conversion
 
     session = type("Session", (), {"conf": _EffectiveConf()})()
     conversion = pandas_conversion(session)

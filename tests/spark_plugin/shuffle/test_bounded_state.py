@@ -35,17 +35,18 @@ from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partition_server import RECENT_STREAMS, PartitionServer
 from arrow_shuffle.writer import RecordWriter
+from arrowbeat_base.clock import SYSTEM_CLOCK, ManualClock
 from benchmarks.bookkeeping_soak import fast_dir, run_soak
-from heartbeat.clock import SYSTEM_CLOCK, ManualClock
 from spark_plugin.compat.accumulators import DISCARDED
-from spark_plugin.jvm.worker_label import STACKS_FOLDER
-from spark_plugin.shuffle import dataframe, pipelined, rendezvous
+from spark_plugin.python_worker.worker_label import STACKS_FOLDER
+from spark_plugin.shuffle.agent.service import MapOutputService
+from spark_plugin.shuffle.agent.ttl import RECENT_DELETED, DeletedShuffles
 from spark_plugin.shuffle.agent_layout import note_read
-from spark_plugin.shuffle.agent_service import MapOutputService
-from spark_plugin.shuffle.agent_ttl import RECENT_DELETED, DeletedShuffles
+from spark_plugin.shuffle.driver import dataframe, rendezvous
+from spark_plugin.shuffle.driver.rendezvous import MAX_SHUFFLES, Rendezvous
 from spark_plugin.shuffle.map_output import MapOutputWriter
-from spark_plugin.shuffle.rendezvous import MAX_SHUFFLES, Rendezvous
-from spark_plugin.shuffle.tasks import ShufflePlan
+from spark_plugin.shuffle.worker import pipelined
+from spark_plugin.shuffle.worker.tasks import ShufflePlan
 from tests.harness.procs import wait_until
 
 SECRET = "bounded-state-secret-0123456789"
@@ -454,7 +455,7 @@ def test_the_watermark_counts_only_ids_whose_folder_is_gone() -> None:
 # -- stack files go with their workers --------------------------------------------------------------
 _LABEL = (
     "import os, sys\n"
-    "from spark_plugin.jvm.worker_label import label_task\n"
+    "from spark_plugin.python_worker.worker_label import label_task\n"
     "label_task(int(sys.argv[1]))\n"
     "print(os.getpid())\n"
 )

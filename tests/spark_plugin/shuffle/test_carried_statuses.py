@@ -21,10 +21,10 @@ import pyarrow as pa
 import pytest
 
 from arrow_shuffle import MapOutputLostError
-from spark_plugin.shuffle.agent_client import MapOutputClient
-from spark_plugin.shuffle.agent_service import MapOutputService
+from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.map_output import MapOutputWriter
-from spark_plugin.shuffle.tasks import (
+from spark_plugin.shuffle.worker.agent_client import MapOutputClient
+from spark_plugin.shuffle.worker.tasks import (
     CARRIER_SCHEMA,
     STATUS_SCHEMA,
     ShufflePlan,

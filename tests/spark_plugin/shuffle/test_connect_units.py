@@ -23,12 +23,12 @@ from arrow_shuffle.errors import (
 )
 from arrow_shuffle.private_files import write_private_atomic
 from spark_plugin.compat.connect import is_connect
-from spark_plugin.shuffle import session
-from spark_plugin.shuffle.agent_client import read_agent_file, secret_of
+from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.agent_layout import agent_file, app_dir
-from spark_plugin.shuffle.agent_service import MapOutputService
+from spark_plugin.shuffle.driver import session
 from spark_plugin.shuffle.local_secret import SecretDesk, secret_from_agent
-from spark_plugin.shuffle.tasks import REPORT_COLUMNS, STATUS_SCHEMA, write_reports
+from spark_plugin.shuffle.worker.agent_client import read_agent_file, secret_of
+from spark_plugin.shuffle.worker.tasks import REPORT_COLUMNS, STATUS_SCHEMA, write_reports
 
 SECRET = "a-secret-of-the-application-0123456789"
 CHILD = (

@@ -19,12 +19,12 @@ import pytest
 
 from arrow_shuffle import CorruptDataError, MapOutputLostError, ShuffleError
 from arrow_shuffle.checksum import CHUNK_BYTES, VerifiedSegment
-from spark_plugin.shuffle.agent_client import AgentInfo, MapOutputClient
-from spark_plugin.shuffle.agent_service import MapOutputService
-from spark_plugin.shuffle.corrupt_outputs import Outcome, name_parts, written_by
-from spark_plugin.shuffle.dataframe import _stage
+from spark_plugin.shuffle.agent.corrupt_outputs import Outcome, name_parts, written_by
+from spark_plugin.shuffle.agent.service import MapOutputService
+from spark_plugin.shuffle.driver.dataframe import _stage
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
-from spark_plugin.shuffle.tasks import ReadStats, ShufflePlan, read_partitions
+from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient
+from spark_plugin.shuffle.worker.tasks import ReadStats, ShufflePlan, read_partitions
 
 SECRET = "corrupt-outputs-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string()), ("x", pa.float64())])

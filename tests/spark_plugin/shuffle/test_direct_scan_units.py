@@ -1,6 +1,6 @@
 """The direct Parquet read's planning and reading, without a JVM: footers checked column by
 column, row groups packed into tasks as Spark packs file splits, splits read back as the schema
-Spark would hand a worker (``spark_plugin.shuffle.direct_scan``)."""
+Spark would hand a worker (``spark_plugin.shuffle.driver.direct_scan``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from arrow_shuffle.errors import ShuffleError
-from spark_plugin.shuffle import direct_scan
-from spark_plugin.shuffle.direct_scan import DirectScan, scan_function
+from spark_plugin.shuffle.driver import direct_scan
+from spark_plugin.shuffle.driver.direct_scan import DirectScan, scan_function
 
 WANT = pa.schema([("k", pa.int64()), ("s", pa.string())])
 

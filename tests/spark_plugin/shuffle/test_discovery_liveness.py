@@ -16,14 +16,14 @@ import pytest
 
 from arrow_shuffle.errors import ShuffleConfigError
 from arrow_shuffle.private_files import write_private_atomic
-from spark_plugin.shuffle.agent_client import (
+from spark_plugin.shuffle.agent.service import MapOutputService
+from spark_plugin.shuffle.agent_layout import agent_file, app_dir, names_live_agent
+from spark_plugin.shuffle.worker.agent_client import (
     StaleAgentFileError,
     announced_agents,
     find_agent,
     read_agent_file,
 )
-from spark_plugin.shuffle.agent_layout import agent_file, app_dir, names_live_agent
-from spark_plugin.shuffle.agent_service import MapOutputService
 
 SECRET = "a-secret-of-the-application-0123456789"
 APP = "app-liveness"

@@ -23,9 +23,9 @@ from spark_plugin.compat import grouped_map_hook as hook
 from spark_plugin.compat.grouped_map_hook import Decision, Offer, Side
 from spark_plugin.compat.plan_stats import PlanSize
 from spark_plugin.errors import ConfigError
-from spark_plugin.shuffle import dataframe, grouped, takeover
-from spark_plugin.shuffle.route import Route
-from spark_plugin.shuffle.takeover import grouping_names, take_over
+from spark_plugin.shuffle.driver import dataframe, grouped, takeover
+from spark_plugin.shuffle.driver.route import Route
+from spark_plugin.shuffle.driver.takeover import grouping_names, take_over
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -29,7 +29,7 @@ from pyspark.sql.types import (
 from arrow_shuffle.errors import SchemaMismatchError, ShuffleConfigError
 from spark_plugin.compat.arrow_schema import to_arrow_schema
 from spark_plugin.compat.pandas_udf import PandasConversion, to_arrow, to_pandas
-from spark_plugin.shuffle.grouped_map import (
+from spark_plugin.shuffle.worker.grouped_map import (
     FunctionForm,
     GroupedCall,
     cogrouped_consumer,
@@ -37,8 +37,8 @@ from spark_plugin.shuffle.grouped_map import (
     grouped_consumer,
     pandas_batches,
 )
-from spark_plugin.shuffle.grouping import iter_cogroups
-from spark_plugin.shuffle.reduce_spill import spilled_bytes
+from spark_plugin.shuffle.worker.grouping import iter_cogroups
+from spark_plugin.shuffle.worker.reduce_spill import spilled_bytes
 
 
 # -- which form ----------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from spark_plugin.shuffle.grouping import Rows, group_bounds, iter_groups
-from spark_plugin.shuffle.reduce_spill import partition_rows
+from spark_plugin.shuffle.worker.grouping import Rows, group_bounds, iter_groups
+from spark_plugin.shuffle.worker.reduce_spill import partition_rows
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -26,8 +26,8 @@ PEAK_SCRIPT = textwrap.dedent(
     import json
     import numpy as np
     import pyarrow as pa
-    from spark_plugin.shuffle.grouping import group_bounds
-    from spark_plugin.shuffle.reduce_spill import partition_rows
+    from spark_plugin.shuffle.worker.grouping import group_bounds
+    from spark_plugin.shuffle.worker.reduce_spill import partition_rows
 
     pool = pa.default_memory_pool()
     rows, columns, per_batch = 400_000, 10, 10_000

@@ -15,15 +15,15 @@ from pyspark.sql.types import DoubleType, LongType, StringType, StructField, Str
 from arrow_shuffle.errors import SchemaMismatchError
 from spark_plugin.compat.arrow_schema import to_arrow_schema
 from spark_plugin.compat.pandas_udf import PandasConversion
-from spark_plugin.shuffle.grouped_map import (
+from spark_plugin.shuffle.worker.grouped_map import (
     FunctionForm,
     GroupedCall,
     conform_pandas,
     grouped_consumer,
     run_group,
 )
-from spark_plugin.shuffle.grouping import group_bounds, iter_groups
-from spark_plugin.shuffle.pandas_groups import chunks, pandas_group_results
+from spark_plugin.shuffle.worker.grouping import group_bounds, iter_groups
+from spark_plugin.shuffle.worker.pandas_groups import chunks, pandas_group_results
 
 # PySpark's own pandas converters run here, which differ between its minors and pandas 2 and 3:
 # every cell of the version matrix runs these (no JVM, a few seconds).

@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from spark_plugin.shuffle import reduce_spill
-from spark_plugin.shuffle.grouping import Rows, iter_cogroups, iter_groups
-from spark_plugin.shuffle.reduce_spill import Side, bucket_rows, partition_rows, spilled_bytes
+from spark_plugin.shuffle.worker import reduce_spill
+from spark_plugin.shuffle.worker.grouping import Rows, iter_cogroups, iter_groups
+from spark_plugin.shuffle.worker.reduce_spill import Side, bucket_rows, partition_rows, spilled_bytes
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
 

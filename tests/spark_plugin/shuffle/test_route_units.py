@@ -1,4 +1,4 @@
-"""The exchange decision (``spark_plugin.shuffle.route``) given statistics, and the forcing keys,
+"""The exchange decision (``spark_plugin.shuffle.driver.route``) given statistics, and the forcing keys,
 without Spark: fake sessions answer the conf, a fake DataFrame answers the statistics."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from spark_plugin.compat.plan_stats import PlanSize, growing_operator, plan_size
 from spark_plugin.errors import ConfigError
 from spark_plugin.history.shuffle_metrics import rows_of
 from spark_plugin.history.tables import SHUFFLE_METRICS
-from spark_plugin.shuffle import route as route_module
-from spark_plugin.shuffle.route import (
+from spark_plugin.shuffle.driver import route as route_module
+from spark_plugin.shuffle.driver.route import (
     SPARK_BELOW,
     Crossover,
     Route,
