@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads onl
         UnknownExecutorError,
     )
     from heartbeat.events import EventKind, ExecutorEvent, HeartbeatRecord
+    from heartbeat.executor_info import ExecutorInfo
     from heartbeat.listener import HeartbeatListener
     from heartbeat.manager import HeartbeatManager
     from heartbeat.monitor import HeartbeatMonitor, MonitorState
@@ -66,7 +67,7 @@ if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads onl
         static_provider,
     )
     from heartbeat.retry import RetryPolicy
-    from heartbeat.rm.resource_manager import ExecutorInfo, ResourceManagerCore
+    from heartbeat.rm.resource_manager import ResourceManagerCore
     from heartbeat.rm.server import ResourceManagerServer
     from heartbeat.scheduler import Cancellable, LoopScheduler, ManualScheduler, Scheduler, ThreadScheduler
     from heartbeat.sender import HeartbeatManagerSender
@@ -171,7 +172,7 @@ _EXPORTS = {
     "rss_provider": "heartbeat.payload",
     "slots_provider": "heartbeat.payload",
     "static_provider": "heartbeat.payload",
-    "ExecutorInfo": "heartbeat.rm.resource_manager",
+    "ExecutorInfo": "heartbeat.executor_info",
     "ResourceManagerCore": "heartbeat.rm.resource_manager",
     "RetryPolicy": "heartbeat.retry",
     "Cancellable": "heartbeat.scheduler",

@@ -15,6 +15,8 @@ from arrowbeat_base.clock import Clock
 from heartbeat.errors import ClosedError, HeartbeatRpcError
 from heartbeat.listener import HeartbeatListener
 from heartbeat.monitor import HeartbeatMonitor
+from heartbeat.phi_accrual import PhiSettings
+from heartbeat.phi_monitor import PhiMonitor
 from heartbeat.scheduler import Scheduler
 from heartbeat.target import HeartbeatTarget
 
@@ -35,8 +37,12 @@ class HeartbeatManager(Generic[I, O]):
         scheduler: Scheduler,
         timeout_s: float,
         rpc_failure_threshold: int,
+        *,
+        phi: PhiSettings | None = None,
     ) -> None:
+        """``phi``: every monitor also suspects its target early, by phi accrual (``phi_monitor``)."""
         self.own_id = own_id
+        self._phi = phi
         self._listener = listener
         self._clock = clock
         self._scheduler = scheduler
@@ -52,9 +58,12 @@ class HeartbeatManager(Generic[I, O]):
 
     def monitor_target(self, target_id: str, target: HeartbeatTarget[O]) -> HeartbeatMonitor[O]:
         """Start watching ``target_id``; an existing monitor for it is replaced (and cancelled)."""
-        monitor = HeartbeatMonitor(
-            target_id, target, self._listener, self._clock, self._scheduler, self._timeout_s, self._threshold
-        )
+        monitor: HeartbeatMonitor[O]
+        args = (target_id, target, self._listener, self._clock, self._scheduler)
+        if self._phi is None:
+            monitor = HeartbeatMonitor(*args, self._timeout_s, self._threshold)
+        else:
+            monitor = PhiMonitor(*args, self._timeout_s, self._threshold, phi=self._phi)
         with self._lock:
             if self._stopped:
                 monitor.cancel()

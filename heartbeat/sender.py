@@ -17,6 +17,7 @@ from heartbeat.errors import HeartbeatRpcError
 from heartbeat.listener import HeartbeatListener
 from heartbeat.manager import HeartbeatManager
 from heartbeat.monitor import HeartbeatMonitor
+from heartbeat.phi_accrual import PhiSettings
 from heartbeat.scheduler import Cancellable, Scheduler
 
 I = TypeVar("I")  # noqa: E741
@@ -38,8 +39,10 @@ class HeartbeatManagerSender(HeartbeatManager[I, O]):
         timeout_s: float,
         rpc_failure_threshold: int,
         spread: int = 10,
+        *,
+        phi: PhiSettings | None = None,
     ) -> None:
-        super().__init__(own_id, listener, clock, scheduler, timeout_s, rpc_failure_threshold)
+        super().__init__(own_id, listener, clock, scheduler, timeout_s, rpc_failure_threshold, phi=phi)
         if spread < 1:
             raise ValueError("spread must be >= 1")
         self._interval_s = interval_s

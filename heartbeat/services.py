@@ -5,6 +5,9 @@ The library takes settings only in this form, validated on construction as Flink
 and keeps no table of configuration keys of its own: whoever embeds it declares and parses
 its keys once and builds a ``HeartbeatServices`` from them (the Spark plugin from its
 ``spark.arrowbeat.heartbeat.*`` declarations, the stand-alone agent from its command line).
+
+``phi`` (``PhiSettings``, optional) turns on the early, per-target suspicion of the phi accrual
+detector (``phi_monitor``) in every monitor the managers make; the timeout stays the longest silence.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from heartbeat.errors import HeartbeatConfigError
 from heartbeat.listener import HeartbeatListener
 from heartbeat.manager import HeartbeatManager
 from heartbeat.monitor import RPC_FAILURE_DETECTION_DISABLED
+from heartbeat.phi_accrual import PhiSettings
 from heartbeat.scheduler import Scheduler
 from heartbeat.sender import HeartbeatManagerSender
 
@@ -31,11 +35,13 @@ def _is_number(value: object) -> bool:
 
 @dataclass(frozen=True)
 class HeartbeatServices:
-    """Heartbeat interval, timeout (seconds) and RPC-failure threshold; validated on construction."""
+    """Heartbeat interval, timeout (seconds) and RPC-failure threshold, and the phi detector's
+    settings if it is on; validated on construction."""
 
     interval_s: float = 1.0
     timeout_s: float = 5.0
     rpc_failure_threshold: int = 2
+    phi: PhiSettings | None = None
 
     def __post_init__(self) -> None:
         if not (_is_number(self.interval_s) and math.isfinite(self.interval_s) and self.interval_s > 0):
@@ -55,6 +61,8 @@ class HeartbeatServices:
             raise HeartbeatConfigError(
                 "rpc_failure_threshold", threshold, "an integer >= 1, or -1 to disable"
             )
+        if self.phi is not None and not isinstance(self.phi, PhiSettings):
+            raise HeartbeatConfigError("phi", self.phi, "a PhiSettings or None")
 
     def create_heartbeat_manager(
         self,
@@ -65,7 +73,7 @@ class HeartbeatServices:
     ) -> HeartbeatManager[I, O]:
         """A receiver: answers requests and notices when its senders fall silent."""
         return HeartbeatManager(
-            own_id, listener, clock, scheduler, self.timeout_s, self.rpc_failure_threshold
+            own_id, listener, clock, scheduler, self.timeout_s, self.rpc_failure_threshold, phi=self.phi
         )
 
     def create_heartbeat_manager_sender(
@@ -86,4 +94,5 @@ class HeartbeatServices:
             self.timeout_s,
             self.rpc_failure_threshold,
             spread,
+            phi=self.phi,
         )

@@ -158,7 +158,7 @@ HEARTBEAT_ROOMS = {"heartbeat", "heartbeat.wire", "heartbeat.rm", "heartbeat.age
 ALLOWED: dict[str, set[str]] = {
     "base": set(),
     "heartbeat": {"base", "heartbeat.wire"},
-    "heartbeat.wire": {"base", "heartbeat", "heartbeat.rm"},
+    "heartbeat.wire": {"base", "heartbeat"},
     "heartbeat.rm": {"base", "heartbeat", "heartbeat.wire"},
     "heartbeat.agent": {"base", "heartbeat", "heartbeat.wire"},
     "heartbeat.api": {"base", "heartbeat", "heartbeat.wire", "heartbeat.rm", "heartbeat.agent"},
@@ -169,7 +169,7 @@ ALLOWED: dict[str, set[str]] = {
     "python_worker": {"base", "engine", "foundation"},
     "monitoring": {"base", *HEARTBEAT_ROOMS, "foundation", "history", "jvm", "python_worker"},
     "shuffle": {"base", "engine", "foundation"},
-    "shuffle.worker": {"base", "engine", "foundation", "shuffle", "shuffle.driver"},
+    "shuffle.worker": {"base", "engine", "foundation", "shuffle"},  # never the driver side
     "shuffle.agent": {"base", "engine", "foundation", "shuffle"},
     "shuffle.driver": {
         "base",

@@ -21,7 +21,7 @@ from heartbeat.errors import (
     MalformedMessageError,
     ProtocolVersionError,
 )
-from heartbeat.rm.resource_manager import ExecutorInfo
+from heartbeat.executor_info import ExecutorInfo
 from heartbeat.wire import auth as _auth
 from heartbeat.wire.codec import (
     CALL_PROOF_KEY,

@@ -21,6 +21,11 @@ executor whose registration ended by any other way gets the same grace as a new 
 ``within_s``: the driver gives the startup timeout plus the heartbeat timeout) to have an agent
 registered again, else it is reported UNMONITORED ("no agent registered again within ...").
 
+With the phi detector (``HeartbeatServices.phi``) each registration's monitor also suspects a
+silent agent early (``phi_monitor``); a suspicion passes the same check as a timeout before it
+counts (``rm.trust``: the RM asked steadily over the silence, else it judges nothing) and is
+recorded as ``HEARTBEAT_TIMEOUT`` with its phi and the agent's interval statistics.
+
 All methods are meant to run on one thread (the server's loop); a lock still guards the table
 so ``executors()`` can be read from any thread.
 """
@@ -31,15 +36,17 @@ import collections
 import logging
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from arrowbeat_base.clock import Clock
 from heartbeat.errors import StaleEpochError, StaleInstanceError, UnknownExecutorError
 from heartbeat.events import Event, EventKind, ExecutorEvent, HeartbeatRecord
+from heartbeat.executor_info import ExecutorInfo
 from heartbeat.monitor import HeartbeatMonitor
 from heartbeat.payload import Payload
+from heartbeat.phi_monitor import PhiMonitor
 from heartbeat.rm.trust import trusted_timeout
 from heartbeat.scheduler import Cancellable, Scheduler
 from heartbeat.services import HeartbeatServices
@@ -72,22 +79,6 @@ class AgentLink(Protocol):
         """Make the next ``close`` first tell the agent that it may end its frozen host (its
         executor JVM): sent last on the stream, the agent checks locally before it acts."""
         ...
-
-
-@dataclass(frozen=True)
-class ExecutorInfo:
-    """A snapshot of one executor as the RM sees it; times are wall-clock epoch seconds."""
-
-    executor_id: str
-    host: str
-    instance_id: str
-    state: str
-    registered_at: float
-    last_heartbeat: float | None
-    last_rtt_ms: float | None
-    payload: Payload | None
-    pid: int = 0  # the agent process's pid as it registered; 0 if it did not say
-    detail: str = ""  # UNMONITORED: why the executor has no agent
 
 
 class _AgentTarget:
@@ -237,6 +228,8 @@ class ResourceManagerCore:
             instance_id = uuid.uuid4().hex
             target = _AgentTarget(link, self.epoch, instance_id, self._clock)
             monitor = self._sender.monitor_target(executor_id, target)
+            if isinstance(monitor, PhiMonitor):  # a suspicion passes the timeout's trust check first
+                monitor.set_vetting(self._trust_check(target))
             self._registrations[executor_id] = _Registration(
                 executor_id, host, instance_id, target, monitor, registered_at=now_wall, pid=pid
             )
@@ -397,10 +390,24 @@ class ResourceManagerCore:
 
     # ---- HeartbeatListener ----------------------------------------------------------------
 
+    def _trust_check(self, target: _AgentTarget) -> Callable[[float, float], bool]:
+        """The phi monitor's vetting: a silence from ``since`` to ``now`` counts only if the RM
+        asked the agent steadily over it (``rm.trust``, as for a timeout)."""
+        interval = self.services.interval_s
+
+        def trusted(since: float, now: float) -> bool:
+            return trusted_timeout(target.sent.values(), since, now, interval, max(now - since, 1e-9))[0]
+
+        return trusted
+
     def notify_heartbeat_timeout(self, target_id: str) -> None:
         registration = self._registrations.get(target_id)
         if registration is not None and registration.state == "RUNNING":
             timeout = self.services.timeout_s
+            silence = f"no heartbeat for {timeout:g} s"
+            suspicion = getattr(registration.monitor, "suspicion", None)  # PhiMonitor's, if it fired
+            if suspicion is not None:  # judged over the silence the suspicion saw
+                timeout, silence = suspicion.silent_s, suspicion.describe()
             trusted, stall = trusted_timeout(
                 registration.target.sent.values(),
                 registration.monitor.last_heartbeat,
@@ -408,13 +415,11 @@ class ResourceManagerCore:
                 self.services.interval_s,
                 timeout,
             )
-            detail = f"no heartbeat for {timeout:g} s"
+            detail = silence
             if not trusted:
                 detail += f"; not acted on: the RM itself sent no request for {stall:.2f} s (its own stall)"
             elif self._kill_frozen_hosts:
-                registration.target.link.ask_kill_host(
-                    self.epoch, registration.instance_id, f"no heartbeat for {timeout:g} s"
-                )
+                registration.target.link.ask_kill_host(self.epoch, registration.instance_id, silence)
             self._end(
                 registration,
                 "TIMEOUT",

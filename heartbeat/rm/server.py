@@ -44,7 +44,8 @@ from heartbeat.errors import (
     ProtocolVersionError,
 )
 from heartbeat.events import EventBus, EventKind, Subscriber
-from heartbeat.rm.resource_manager import ExecutorInfo, ResourceManagerCore
+from heartbeat.executor_info import ExecutorInfo
+from heartbeat.rm.resource_manager import ResourceManagerCore
 from heartbeat.scheduler import LoopScheduler
 from heartbeat.services import HeartbeatServices
 from heartbeat.wire import auth as _auth

@@ -12,6 +12,7 @@ from heartbeat.errors import (
     StaleInstanceError,
     UnknownExecutorError,
 )
+from heartbeat.executor_info import ExecutorInfo
 from heartbeat.payload import (
     MAX_NOTICE_DETAIL_CHARS,
     MAX_NOTICES,
@@ -20,7 +21,6 @@ from heartbeat.payload import (
     Payload,
     WorkProgress,
 )
-from heartbeat.rm.resource_manager import ExecutorInfo
 from heartbeat.wire.proto import heartbeat_pb2 as pb
 from heartbeat.wire.text import MAX_METRIC_NAME_CHARS, MAX_REASON_CHARS, check_text, one_line
 

@@ -94,9 +94,7 @@ def main() -> int:
         host=host,
         services=config.heartbeat_services(),
         payload_providers=payload,
-        # Pulses come every interval/2: one interval without one means the JVM is frozen, and the
-        # agent stops answering so the RM's timeout reports it (after interval + timeout at most).
-        is_healthy=lambda: link.pulse_age_s() < config.heartbeat_interval_s,
+        is_healthy=jvm_alive(config, settings, link),
         retry_policy=config.registration_policy(),  # no deadline: it tries while the executor lives
         channel_credentials=None if material is None else tls.grpc_channel_credentials(material),
         channel_options=() if material is None else tls.grpc_channel_options(material),
@@ -157,6 +155,37 @@ def main() -> int:
     agent.stop(reason=reason)
     shuffle.close()
     return 0
+
+
+def jvm_alive(config: ArrowBeatConfig, settings: dict[str, str], link: JvmLink) -> Callable[[], bool]:
+    """``AgentThread``'s ``is_healthy``: whether the agent answers the RM. Pulses come every half
+    interval: one interval without one means the JVM is frozen, and the agent stops answering so
+    that the RM reports it. With ``heartbeat.detector=phi`` (which reports a silence within a
+    second) a stale pulse silences the agent only if the JVM is stopped, or after
+    ``heartbeat.timeout`` (``monitoring.executor_jvm_health``): a GC pause is not a freeze."""
+    interval = config.heartbeat_interval_s
+
+    def pulsed() -> bool:
+        return link.pulse_age_s() < interval
+
+    jvm_pid = int(settings.get("arrowbeat.executor.jvm.pid", "0") or 0)
+    if config.heartbeat_detector != "phi":
+        return pulsed
+    if jvm_pid <= 0:
+        log.warning("no executor JVM pid: a GC pause longer than %g s will read as a freeze", interval)
+        return pulsed
+    from spark_plugin.monitoring.executor_jvm_health import JvmHealth
+
+    try:
+        return JvmHealth(jvm_pid, link.pulse_age_s, interval, config.heartbeat_timeout_s).healthy
+    except (psutil.Error, ValueError) as exc:
+        log.warning(
+            "cannot watch executor JVM pid %s (%s): a GC pause longer than %g s will read as a freeze",
+            jvm_pid,
+            exc,
+            interval,
+        )
+        return pulsed
 
 
 def answer_pulses(link: JvmLink, agent: AgentThread, channel: JvmChannel) -> None:

@@ -16,6 +16,7 @@ of ``tables.path`` in ``settings.tables_uri``; ``settings.tls`` names the ``ssl.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import stat
@@ -40,6 +41,13 @@ def _parse_int(text: str) -> int:
 
 def _parse_str(text: str) -> str:
     return text
+
+
+def _parse_float(text: str) -> float:
+    value = float(text.strip())
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
 
 
 def _parse_host(text: str) -> str:
@@ -239,6 +247,40 @@ OPTIONS: tuple[Option, ...] = (
         "an integer >= 1, or -1 to disable",
         "Consecutive failed heartbeat RPCs after which an executor is reported UNREACHABLE.",
         _parse_int,
+    ),
+    Option(
+        "spark.arrowbeat.heartbeat.detector",
+        "heartbeat_detector",
+        "timeout",
+        "timeout or phi",
+        "How the ResourceManager tells that an executor went silent. `timeout`: no answer for "
+        "`heartbeat.timeout`. `phi`: also phi accrual over each executor's own answer intervals (as "
+        "Akka's): it is reported HEARTBEAT_TIMEOUT once phi passes `heartbeat.phi.threshold`; a "
+        "suspicion the RM's own stall could explain, or from a check that ran late, judges nothing, "
+        "and `heartbeat.timeout` stays the longest silence. Its agent then goes silent at once when "
+        "its JVM is stopped (SIGSTOP) but answers while the JVM runs without pulsing (a GC pause), "
+        "up to `heartbeat.timeout`. With `heartbeat.interval=100ms` a stopped executor is reported "
+        "in under a second (`benchmarks/detection_latency.py --part fast`).",
+        _choice("timeout", "phi"),
+    ),
+    Option(
+        "spark.arrowbeat.heartbeat.phi.threshold",
+        "phi_threshold",
+        "8",
+        "a number > 0, at most 100, like 8",
+        "With `heartbeat.detector=phi`: the phi at which an executor is suspected (8: a chance of "
+        "about 1e-8 that an executor as steady as its history so far is alive). Lower reports "
+        "sooner and risks false alarms.",
+        _parse_float,
+    ),
+    Option(
+        "spark.arrowbeat.heartbeat.phi.acceptablePause",
+        "phi_acceptable_pause_s",
+        "200ms",
+        "a duration like 200ms, below `heartbeat.timeout`",
+        "With `heartbeat.detector=phi`: a silence this much longer than an executor's usual interval "
+        "is not counted against it (the margin for a late answer from a loaded host).",
+        parse_duration,
     ),
     Option(
         "spark.arrowbeat.heartbeat.registrationBackoff.min",
@@ -628,6 +670,9 @@ class ArrowBeatConfig:
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     rpc_failure_threshold: int
+    heartbeat_detector: str
+    phi_threshold: float
+    phi_acceptable_pause_s: float
     registration_backoff_min_s: float
     registration_backoff_max_s: float
     tables_path: str
@@ -676,16 +721,24 @@ class ArrowBeatConfig:
         return max(2 * self.heartbeat_timeout_s, 5.0)
 
     def heartbeat_services(self) -> HeartbeatServices:
-        """The heartbeat library's settings object, built from the three ``heartbeat.*`` keys.
+        """The heartbeat library's settings object, built from the ``heartbeat.*`` keys (with the
+        phi detector's settings when ``heartbeat.detector=phi``).
 
         The library validates again on construction; :func:`load` has already checked the same
         rules (``0 < interval < timeout``, threshold >= 1 or -1) and named the Spark keys."""
+        from heartbeat.phi_accrual import PhiSettings
         from heartbeat.services import HeartbeatServices
 
+        phi = None
+        if self.heartbeat_detector == "phi":
+            phi = PhiSettings.for_interval(
+                self.heartbeat_interval_s, self.phi_threshold, self.phi_acceptable_pause_s
+            )
         return HeartbeatServices(
             interval_s=self.heartbeat_interval_s,
             timeout_s=self.heartbeat_timeout_s,
             rpc_failure_threshold=self.rpc_failure_threshold,
+            phi=phi,
         )
 
     def registration_policy(self) -> RetryPolicy:
@@ -718,6 +771,13 @@ def _check_ranges(c: ArrowBeatConfig) -> list[str]:
         problems.append(
             f"spark.arrowbeat.heartbeat.interval ({c.heartbeat_interval_s:g}s) must be smaller than "
             f"spark.arrowbeat.heartbeat.timeout ({c.heartbeat_timeout_s:g}s)"
+        )
+    if not 0 < c.phi_threshold <= 100:
+        problems.append(f"{key_of('phi_threshold')}={c.phi_threshold:g}: expected a number > 0, at most 100")
+    if not 0 <= c.phi_acceptable_pause_s < c.heartbeat_timeout_s:
+        problems.append(
+            f"{key_of('phi_acceptable_pause_s')} ({c.phi_acceptable_pause_s:g}s) must be below "
+            f"{key_of('heartbeat_timeout_s')} ({c.heartbeat_timeout_s:g}s)"
         )
     backoff_min, backoff_max = key_of("registration_backoff_min_s"), key_of("registration_backoff_max_s")
     if c.registration_backoff_min_s < 0.001:

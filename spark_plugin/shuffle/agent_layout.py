@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import stat
 import tempfile
 import zlib
@@ -201,3 +202,21 @@ def note_read(path: str, clock: Clock = SYSTEM_CLOCK) -> None:
 def shuffle_folder(shuffle_id: int) -> str:
     """A shuffle's folder in an executor's directory (the map tasks write into it)."""
     return f"s{check_id(shuffle_id, 'shuffle id')}"
+
+
+_OUTPUT_NAME = re.compile(r"^m(\d+)-(\d+)\.(\d+)\.(\d+)-[0-9a-f]{8}\.arrows$")
+"""A map output's file name, as ``worker.tasks.map_function`` writes it:
+``m<map>-<stage>.<task attempt id>.<attempt number>-<uuid8>.arrows``."""
+
+
+def name_parts(path: str) -> tuple[int, int] | None:
+    """``(map partition, Spark task attempt id)`` from a map output's file name, or None."""
+    found = _OUTPUT_NAME.match(os.path.basename(path))
+    return (int(found.group(1)), int(found.group(3))) if found else None
+
+
+def written_by(path: str) -> str | None:
+    """The map attempt (``stage.taskAttemptId.attemptNumber``) that wrote a map output, from its
+    file name, or None."""
+    found = _OUTPUT_NAME.match(os.path.basename(path))
+    return f"{found.group(2)}.{found.group(3)}.{found.group(4)}" if found else None

@@ -50,7 +50,7 @@ from spark_plugin.tools.views import executor_rows, size_text
 if TYPE_CHECKING:
     import grpc
 
-    from heartbeat.rm.resource_manager import ExecutorInfo
+    from heartbeat.executor_info import ExecutorInfo
 
 USAGE, FAILED = 2, 1
 _ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")

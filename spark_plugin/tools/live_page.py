@@ -48,7 +48,7 @@ from heartbeat import ExecutorEvent, HeartbeatRecord, one_line
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from heartbeat.rm.resource_manager import ExecutorInfo
+    from heartbeat.executor_info import ExecutorInfo
 
 log = logging.getLogger("arrowbeat.live_page")
 

@@ -14,7 +14,7 @@ from heartbeat import one_line
 from spark_plugin.history.reader import id_order
 
 if TYPE_CHECKING:
-    from heartbeat.rm.resource_manager import ExecutorInfo
+    from heartbeat.executor_info import ExecutorInfo
 
 
 def executor_rows(executors: Sequence[ExecutorInfo], now: float) -> list[dict[str, Any]]:

@@ -207,7 +207,8 @@ def _client_hello() -> bytes:
 def test_the_pipelined_rendezvous_inside_tls(
     server_transport: TcpTransport, client_transport: TcpTransport
 ) -> None:
-    from spark_plugin.shuffle.driver.rendezvous import Rendezvous, locate, register
+    from spark_plugin.shuffle.driver.rendezvous import Rendezvous
+    from spark_plugin.shuffle.rendezvous_client import locate, register
 
     rendezvous = Rendezvous(SECRET, config=FAST, transport=server_transport)
     try:

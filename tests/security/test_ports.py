@@ -28,9 +28,9 @@ from arrow_shuffle.errors import ControlMessageError, ShuffleAuthenticationError
 from arrow_shuffle.frames import ErrorCode, FrameHeader, Kind
 from arrow_shuffle.ids import PartitionId
 from arrow_shuffle.transport import TcpConnection
+from spark_plugin.shuffle import rendezvous_client
 from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
-from spark_plugin.shuffle.driver import rendezvous
-from spark_plugin.shuffle.driver.rendezvous import RENDEZVOUS
+from spark_plugin.shuffle.rendezvous_client import RENDEZVOUS
 from spark_plugin.shuffle.worker.agent_client import MapOutputClient
 from tests.security.agent_proc import ROWS, SCHEMA
 from tests.security.attack import (
@@ -83,10 +83,10 @@ def real_client_served(agent: AgentProcess, port: str) -> None:
             client.unstage(pid)
     else:
         shuffle = 100 + threading.get_ident() % 1000
-        rendezvous.register(agent.address["rendezvous"], SECRET, shuffle, 0, "h", 7, 9)
-        found = rendezvous.locate(agent.address["rendezvous"], SECRET, shuffle, 1, 5.0)
+        rendezvous_client.register(agent.address["rendezvous"], SECRET, shuffle, 0, "h", 7, 9)
+        found = rendezvous_client.locate(agent.address["rendezvous"], SECRET, shuffle, 1, 5.0)
         assert found == [{"map": 0, "host": "h", "port": 7, "token": 9}]
-        rendezvous.forget(agent.address["rendezvous"], SECRET, shuffle)
+        rendezvous_client.forget(agent.address["rendezvous"], SECRET, shuffle)
 
 
 def refusal_text(peer: RawPeer, header: FrameHeader, payload: bytes) -> tuple[str, str]:
@@ -305,7 +305,7 @@ def test_a_relayed_handshake_then_an_injected_request_executes_nothing(
         assert (code, "not sealed" in message) == (ErrorCode.AUTHENTICATION, True), message
         assert Path(agent.info["path"]).exists()  # no release ran
         assert read_stream(agent, pid) == ROWS  # no stream was taken
-        found = rendezvous.locate(agent.address["rendezvous"], SECRET, 5, 0, 0.0)
+        found = rendezvous_client.locate(agent.address["rendezvous"], SECRET, 5, 0, 0.0)
         assert all(m["host"] != "evil" for m in found)  # no map was registered
     finally:
         client.close()

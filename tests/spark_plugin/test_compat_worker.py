@@ -264,7 +264,9 @@ def test_this_cells_pyspark_daemon_is_one_the_shim_verifies() -> None:
 def start_daemon(prelude: str) -> tuple[int, str, bytes]:
     """arrowbeat's daemon on this interpreter: the port it wrote, then (stdin closed: PySpark's
     signal to end) what it wrote to stderr, and anything more on stdout."""
-    code = f"{prelude}\nfrom spark_plugin.python_worker import daemon as python_daemon\npython_daemon.main()\n"
+    code = (
+        f"{prelude}\nfrom spark_plugin.python_worker import daemon as python_daemon\npython_daemon.main()\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-c", code],

@@ -15,8 +15,8 @@ import pytest
 
 from arrowbeat_base.clock import ManualClock
 from heartbeat import AgentThread, EventKind, ExecutorEvent, HeartbeatRecord, ResourceManagerServer
+from heartbeat.executor_info import ExecutorInfo
 from heartbeat.payload import Payload, slots_provider, static_provider
-from heartbeat.rm.resource_manager import ExecutorInfo
 from spark_plugin.settings import tls
 from spark_plugin.tools.live_page import LivePage, LiveView, health, page_token, start_live_page
 from tests.harness.procs import wait_until

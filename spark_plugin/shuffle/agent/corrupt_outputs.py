@@ -28,20 +28,18 @@ import contextlib
 import enum
 import logging
 import os
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+from spark_plugin.shuffle.agent_layout import name_parts
 
 log = logging.getLogger(__name__)
 
 MAX_RECORDS = 1024
 """Findings kept (the oldest go first): each file is handled once, and a long-running application
 keeps no more than this however many outputs were damaged."""
-
-_OUTPUT_NAME = re.compile(r"^m(\d+)-(\d+)\.(\d+)\.(\d+)-[0-9a-f]{8}\.arrows$")
-"""``tasks.map_function``'s file name: ``m<map>-<stage>.<task attempt id>.<attempt number>-<uuid8>``."""
 
 
 class Outcome(enum.IntEnum):
@@ -62,19 +60,6 @@ class Corruption:
     path: str
     detail: str
     outcome: Outcome
-
-
-def name_parts(path: str) -> tuple[int, int] | None:
-    """``(map partition, Spark task attempt id)`` from a map output's file name, or None."""
-    found = _OUTPUT_NAME.match(os.path.basename(path))
-    return (int(found.group(1)), int(found.group(3))) if found else None
-
-
-def written_by(path: str) -> str | None:
-    """The map attempt (``stage.taskAttemptId.attemptNumber``) that wrote a map output, from its
-    file name, or None."""
-    found = _OUTPUT_NAME.match(os.path.basename(path))
-    return f"{found.group(2)}.{found.group(3)}.{found.group(4)}" if found else None
 
 
 RemoveBlocks = Callable[[Sequence[str], int], list[str]]

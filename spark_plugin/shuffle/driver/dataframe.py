@@ -74,7 +74,7 @@ from spark_plugin.history.storage import tables_root
 from spark_plugin.settings.config import OPTIONS, ArrowBeatConfig, from_spark_conf
 from spark_plugin.settings.tls import from_config as tls_from_config
 from spark_plugin.settings.units import parse_duration
-from spark_plugin.shuffle.agent.corrupt_outputs import written_by
+from spark_plugin.shuffle.agent_layout import written_by
 from spark_plugin.shuffle.driver.adaptive import (
     CoalesceSettings,
     coalesce,

@@ -7,8 +7,9 @@ injected ``arrowbeat_base.clock.Clock``, until all maps registered). The channel
 control protocol (``arrow_shuffle.control_schema``): ``RENDEZVOUS`` operations register / locate / forget,
 schema-checked JSON sealed with the connection's session key after the mutual HMAC handshake;
 nothing is unpickled. Every call has a deadline; a driver that stops answering is a
-``PeerLostError``. Used by ``pipelined`` only; materialized shuffles need no rendezvous, their map
-outputs are tracked by Spark (``tasks``).
+``PeerLostError``. The schema and the calls map and reduce tasks make are in
+``spark_plugin.shuffle.rendezvous_client``. Used by ``pipelined`` only; materialized shuffles need
+no rendezvous, their map outputs are tracked by Spark (``tasks``).
 
 Nothing stays after a shuffle (a streaming query runs one per micro-batch, for months): a map task
 ``unregister``s its own entry (by its token, so never a retry's) once its readers drained it or
@@ -26,53 +27,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arrow_shuffle.config import ShuffleConfig
-from arrow_shuffle.control_client import ControlClient
-from arrow_shuffle.control_schema import I32, I64, Float, Int, List, Null, Operation, Record, Service, Str
 from arrow_shuffle.control_server import ControlServer
-from arrow_shuffle.errors import ControlRequestError, ShuffleError
+from arrow_shuffle.errors import ControlRequestError
 from arrow_shuffle.transport import Transport
 from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.shuffle.rendezvous_client import RENDEZVOUS
 
-MAX_MAPS = 100_000
-"""Most map tasks one pipelined shuffle may have (and a ``locate`` answer list)."""
 MAX_SHUFFLES = 4096
 """Most shuffles the table holds at once (a safety bound: entries go when their shuffle ends)."""
-MAX_WAIT_S = 600.0
 DEFAULT_TTL_S = 3600.0
 """``spark.arrowbeat.shuffle.ttl``'s default: a shuffle untouched this long is swept."""
-_MAP = Record({"map": Int(0, I32), "host": Str(255, 1), "port": Int(1, 65535), "token": Int(0, I64)})
-RENDEZVOUS = Service(
-    "arrowbeat-rendezvous",
-    (
-        Operation(
-            "register",
-            Record(
-                {
-                    "shuffle": Int(0, I32),
-                    "map": Int(0, MAX_MAPS - 1),
-                    "host": Str(255, 1),
-                    "port": Int(1, 65535),
-                    "token": Int(0, I64),
-                }
-            ),
-            Null(),
-        ),
-        Operation(
-            "locate",
-            Record({"shuffle": Int(0, I32), "count": Int(0, MAX_MAPS), "wait_s": Float(0.0, MAX_WAIT_S)}),
-            List(_MAP, MAX_MAPS),
-            max_response_bytes=16 << 20,
-        ),
-        Operation("forget", Record({"shuffle": Int(0, I32)}), Null()),
-        Operation(
-            "unregister",
-            Record({"shuffle": Int(0, I32), "map": Int(0, MAX_MAPS - 1), "token": Int(0, I64)}),
-            Null(),
-        ),
-    ),
-)
-"""The rendezvous' operations, served by ``Rendezvous`` and called by ``register``/``locate``/
-``forget``/``unregister``."""
 
 
 @dataclass
@@ -222,98 +186,3 @@ class Rendezvous:
             self._closed = True
             self._lock.notify_all()
         self._server.close()
-
-
-def _client(
-    address: tuple[str, int],
-    secret: str,
-    config: ShuffleConfig | None,
-    clock: Clock,
-    transport: Transport | None = None,
-) -> ControlClient:
-    config = config or ShuffleConfig()
-    return ControlClient(
-        address,
-        secret,
-        RENDEZVOUS,
-        who="the pipelined-shuffle rendezvous on the driver",
-        connect_timeout_s=config.connect_timeout_s,
-        peer_timeout_s=config.peer_timeout_s,
-        clock=clock,
-        transport=transport,
-    )
-
-
-def register(
-    address: tuple[str, int],
-    secret: str,
-    shuffle: int,
-    map_index: int,
-    host: str,
-    port: int,
-    token: int,
-    *,
-    config: ShuffleConfig | None = None,
-    clock: Clock = SYSTEM_CLOCK,
-    transport: Transport | None = None,
-) -> None:
-    """A map task tells the driver where it serves its output."""
-    with _client(address, secret, config, clock, transport) as client:
-        client.call("register", shuffle=shuffle, map=map_index, host=host, port=port, token=token)
-
-
-def locate(
-    address: tuple[str, int],
-    secret: str,
-    shuffle: int,
-    count: int,
-    wait_s: float = 60.0,
-    *,
-    config: ShuffleConfig | None = None,
-    clock: Clock = SYSTEM_CLOCK,
-    transport: Transport | None = None,
-) -> list[dict[str, Any]]:
-    """A reducer's look-up: every map task's address, or ``ShuffleError`` if some never registered.
-
-    The driver waits up to ``wait_s`` for them, sending keepalives; the call's own deadline is a
-    little longer, so a driver that stops answering is a ``PeerLostError``, never a hang."""
-    config = config or ShuffleConfig()
-    with _client(address, secret, config, clock, transport) as client:
-        found: list[dict[str, Any]] = client.call(
-            "locate", timeout_s=wait_s + config.peer_timeout_s, shuffle=shuffle, count=count, wait_s=wait_s
-        )
-    if len(found) < count:
-        raise ShuffleError(
-            f"pipelined shuffle {shuffle}: only {len(found)} of {count} map tasks registered in time"
-        )
-    return found
-
-
-def forget(
-    address: tuple[str, int],
-    secret: str,
-    shuffle: int,
-    *,
-    config: ShuffleConfig | None = None,
-    clock: Clock = SYSTEM_CLOCK,
-    transport: Transport | None = None,
-) -> None:
-    """Drop a finished shuffle's entries."""
-    with _client(address, secret, config, clock, transport) as client:
-        client.call("forget", shuffle=shuffle)
-
-
-def unregister(
-    address: tuple[str, int],
-    secret: str,
-    shuffle: int,
-    map_index: int,
-    token: int,
-    *,
-    config: ShuffleConfig | None = None,
-    clock: Clock = SYSTEM_CLOCK,
-    transport: Transport | None = None,
-) -> None:
-    """A map task's entry is not needed any more (its readers drained it, or it failed)."""
-    with _client(address, secret, config, clock, transport) as client:
-        client.call("unregister", shuffle=shuffle, map=map_index, token=token)

@@ -42,7 +42,7 @@ from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partition_server import PartitionServer, StreamCounts
 from arrow_shuffle.writer import RecordWriter
 from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
-from spark_plugin.shuffle.driver.rendezvous import locate, register, unregister
+from spark_plugin.shuffle.rendezvous_client import locate, register, unregister
 from spark_plugin.shuffle.worker.tasks import (
     ReadStats,
     Report,

@@ -473,19 +473,20 @@ def test_find_agent_gives_up_at_its_deadline_naming_where_it_looked(tmp_path: Pa
 
 
 def test_rendezvous_tells_reducers_where_maps_are_and_times_out_on_its_clock() -> None:
+    from spark_plugin.shuffle import rendezvous_client
     from spark_plugin.shuffle.driver import rendezvous
 
     clock = WatchedClock()
     driver = rendezvous.Rendezvous(SECRET, clock=clock)
     try:
-        rendezvous.register(driver.address, SECRET, 11, 0, "h", 1, 5)
-        [found] = rendezvous.locate(driver.address, SECRET, 11, 1)
+        rendezvous_client.register(driver.address, SECRET, 11, 0, "h", 1, 5)
+        [found] = rendezvous_client.locate(driver.address, SECRET, 11, 1)
         assert found == {"map": 0, "host": "h", "port": 1, "token": 5}
         outcome: dict[str, BaseException] = {}
 
         def wait_for_two() -> None:
             try:
-                rendezvous.locate(driver.address, SECRET, 11, 2)
+                rendezvous_client.locate(driver.address, SECRET, 11, 2)
             except BaseException as exc:
                 outcome["error"] = exc
 
@@ -501,8 +502,8 @@ def test_rendezvous_tells_reducers_where_maps_are_and_times_out_on_its_clock() -
         assert isinstance(outcome["error"], ShuffleError)
         assert "only 1 of 2 map tasks registered in time" in str(outcome["error"])
         with pytest.raises(ShuffleAuthenticationError):
-            rendezvous.locate(driver.address, "not-the-secret-at-all", 11, 1)
-        rendezvous.forget(driver.address, SECRET, 11)
+            rendezvous_client.locate(driver.address, "not-the-secret-at-all", 11, 1)
+        rendezvous_client.forget(driver.address, SECRET, 11)
         assert driver.locate(11, 0, 0.0) == []
     finally:
         driver.close()

@@ -39,10 +39,11 @@ from arrowbeat_base.clock import SYSTEM_CLOCK, ManualClock
 from benchmarks.bookkeeping_soak import fast_dir, run_soak
 from spark_plugin.compat.accumulators import DISCARDED
 from spark_plugin.python_worker.worker_label import STACKS_FOLDER
+from spark_plugin.shuffle import rendezvous_client
 from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.agent.ttl import RECENT_DELETED, DeletedShuffles
 from spark_plugin.shuffle.agent_layout import note_read
-from spark_plugin.shuffle.driver import dataframe, rendezvous
+from spark_plugin.shuffle.driver import dataframe
 from spark_plugin.shuffle.driver.rendezvous import MAX_SHUFFLES, Rendezvous
 from spark_plugin.shuffle.map_output import MapOutputWriter
 from spark_plugin.shuffle.worker import pipelined
@@ -531,7 +532,7 @@ def test_the_driver_keeps_one_rendezvous_with_the_shuffle_ttl() -> None:
         second = dataframe._rendezvous(_application("app-2"), _plan(3))
         assert second is not first and list(dataframe._rendezvous_of) == ["app-2"]
         with pytest.raises(ShuffleError):  # closed: its port no longer answers
-            rendezvous.locate(first.address, SECRET, 1, 0, 0.0)
+            rendezvous_client.locate(first.address, SECRET, 1, 0, 0.0)
     finally:
         for found in dataframe._rendezvous_of.values():
             found.close()

@@ -19,8 +19,9 @@ import pytest
 
 from arrow_shuffle import CorruptDataError, MapOutputLostError, ShuffleError
 from arrow_shuffle.checksum import CHUNK_BYTES, VerifiedSegment
-from spark_plugin.shuffle.agent.corrupt_outputs import Outcome, name_parts, written_by
+from spark_plugin.shuffle.agent.corrupt_outputs import Outcome
 from spark_plugin.shuffle.agent.service import MapOutputService
+from spark_plugin.shuffle.agent_layout import name_parts, written_by
 from spark_plugin.shuffle.driver.dataframe import _stage
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
 from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient
