@@ -43,6 +43,14 @@ def _timing_args(services: HeartbeatServices) -> list[str]:
     return ["--interval", str(services.interval_s), "--timeout", str(services.timeout_s)]
 
 
+def _phi_args(services: HeartbeatServices) -> list[str]:
+    """The RM's phi detector, if on (its other settings follow from the interval there)."""
+    phi = services.phi
+    if phi is None:
+        return []
+    return ["--phi-threshold", str(phi.threshold), "--phi-pause", str(phi.acceptable_pause_s)]
+
+
 class AgentProcess:
     """One ``python -m heartbeat.agent.main`` child; its stdout lines arrive on a queue."""
 
@@ -129,6 +137,7 @@ class RmProcess:
                 "tests.heartbeat.rm_process",
                 *("--port", str(port), "--rpc-failure-threshold", str(services.rpc_failure_threshold)),
                 *_timing_args(services),
+                *_phi_args(services),
                 *(("--log-level", log_level) if log_level else ()),
             ],
             cwd=REPO,

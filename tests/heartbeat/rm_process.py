@@ -20,6 +20,7 @@ import threading
 from arrowbeat_base.clock import SYSTEM_CLOCK
 from heartbeat import ExecutorEvent, HeartbeatRecord, HeartbeatServices, ResourceManagerServer
 from heartbeat.agent.main import SECRET_ENV
+from heartbeat.phi_accrual import PhiSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,10 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, required=True, help="heartbeat interval, s")
     parser.add_argument("--timeout", type=float, required=True, help="heartbeat timeout, s")
     parser.add_argument("--rpc-failure-threshold", type=int, default=2)
+    parser.add_argument("--phi-threshold", type=float, default=None, help="the phi detector's; none: off")
+    parser.add_argument("--phi-pause", type=float, default=0.2, help="its acceptable pause, s")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
-    services = HeartbeatServices(args.interval, args.timeout, args.rpc_failure_threshold)
+    phi = None
+    if args.phi_threshold is not None:
+        phi = PhiSettings.for_interval(args.interval, args.phi_threshold, args.phi_pause)
+    services = HeartbeatServices(args.interval, args.timeout, args.rpc_failure_threshold, phi)
     rm = ResourceManagerServer(services, secret=os.environ[SECRET_ENV], port=args.port)
     lock = threading.Lock()
 
