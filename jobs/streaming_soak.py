@@ -531,7 +531,7 @@ def figures(result: SoakResult, warm_up: float = 0.5) -> dict[str, str]:
 
 def interim_line(result: SoakResult, seconds: float) -> str:
     """One ``INTERIM`` line: the run's figures so far (growth over the second half of the shuffles
-    until now), as ``name=value`` pairs named as the ``RESULT`` lines are."""
+    until now), as ``name=value`` pairs named as the ``RESULT`` lines are (a kind's spaces as ``_``)."""
     pairs = {
         "minutes": f"{seconds / 60:.1f}",
         "shuffles": str(result.shuffles),
@@ -541,7 +541,7 @@ def interim_line(result: SoakResult, seconds: float) -> str:
         **figures(result),
         "load_1m": f"{os.getloadavg()[0]:.2f}",
     }
-    return "INTERIM " + " ".join(f"{name}={value}" for name, value in pairs.items())
+    return "INTERIM " + " ".join(f"{name}={value.replace(' ', '_')}" for name, value in pairs.items())
 
 
 def growth(result: SoakResult, warm_up: float = 0.5) -> list[Growth]:
