@@ -132,6 +132,57 @@ output damaged (the detail names the executor, the file and what was found)."""
 
 TABLES: tuple[TableSpec, ...] = (HEARTBEATS, EXECUTOR_EVENTS)
 
+_WHO_AND_WHEN_DOCS = {
+    "app_id": "Spark's application id",
+    "executor_id": "Spark's executor id (empty for an event about the RM itself, `MONITORING_GAP`)",
+    "host": "the executor's host, as its agent registered it",
+    "instance_id": "the agent's registration (new per registration: a re-registered executor gets a new one)",
+}
+COLUMN_DOCS: dict[str, dict[str, str]] = {
+    HEARTBEATS.name: {
+        **_WHO_AND_WHEN_DOCS,
+        "ts": "when the RM received the heartbeat (UTC)",
+        "rtt_ms": "the heartbeat's round trip, on the RM's clock",
+        "gap_ms": "time since the executor's previous heartbeat (null for its first); the RM sees each "
+        "executor's heartbeats in order, a streaming query cannot",
+        "jvm_pulse_age_ms": "how long ago the executor JVM last pulsed its agent",
+        "slots_total": "the executor's task slots",
+        "slots_busy": "slots running a task",
+        "running_tasks": "tasks running on the executor",
+        "rss_bytes": "resident memory of the executor JVM",
+        "gc_ms": "the JVM's garbage-collection time since the previous heartbeat (null when unknown)",
+    },
+    EXECUTOR_EVENTS.name: {
+        **_WHO_AND_WHEN_DOCS,
+        "ts": "when the event happened (UTC)",
+        "event": "the event's kind (the list below)",
+        "detail": "what the event's kind says more: a cause, a stack, the evidence of a gap",
+    },
+    SHUFFLE_METRICS.name: {
+        "app_id": "Spark's application id",
+        "shuffle_id": "arrowbeat's shuffle id",
+        "ts": "when the driver appended the row (UTC)",
+        "side": "`write` (a map task: partition = map partition), `read` (a reduce partition read) or "
+        "`route` (an exchange decision: bytes = the optimizer's estimate, -1 for none)",
+        "partition": "the map or reduce partition",
+        "attempt": "the task attempt that reported it (successful attempts only)",
+        "executor_id": "the executor that ran the task",
+        "bytes": "Arrow IPC bytes written or read",
+        "batches": "record batches written or read",
+        "rows": "rows written or read",
+        "spill_bytes": "bytes the task spilled to its local dirs",
+        "blocked_on_credit_s": "time the reader waited for credit (backpressure)",
+        "seconds": "the task's time in the shuffle",
+        "recomputed": "a map partition written again by a retried stage (executor loss, a damaged "
+        "output), or a read that used such outputs",
+        "detail": "JSON: recomputed maps, a coalesced task's reducers, a damaged output's finding, a "
+        "route's path, reason and threshold (null when none)",
+        "corrupt": "a map partition written again because a reader found its first output damaged",
+    },
+}
+"""What each column holds, per table (the documentation site's schema pages are generated from the
+specs above and these; a test keeps them covering every column)."""
+
 
 def _fields(schema: pa.Schema) -> dict[str, pa.DataType]:
     return {f.name: f.type for f in schema}

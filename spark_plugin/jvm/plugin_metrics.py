@@ -92,6 +92,42 @@ _WATCHED_STATES = ("RUNNING", "TIMEOUT", "UNREACHABLE")
 """Executors that get per-executor gauges: live ones, and silent ones Spark has not removed."""
 
 
+JVM_OWN_METRICS = ("metricsLineAgeMs",)
+"""Gauges the JVM keeps itself on both sides (never sent here): how long ago the last line came."""
+
+METRIC_DOCS: dict[str, str] = {
+    "executors.running": "executors the RM lists RUNNING",
+    "executors.timedOut": "executors the RM lists timed out (HEARTBEAT_TIMEOUT)",
+    "executors.unreachable": "executors the RM lists UNREACHABLE",
+    "executors.unmonitored": "executors Spark runs without a registered agent (UNMONITORED)",
+    "events.heartbeatTimeout": "HEARTBEAT_TIMEOUT events since the driver-side process started (a gauge "
+    "holding a running total, replayed from the history by a restarted RM)",
+    "events.unreachable": "UNREACHABLE events since the driver-side process started (a running total)",
+    "events.reregistered": "REREGISTERED events since the driver-side process started (a running total)",
+    "events.shuffleCorrupt": "damaged map outputs the executors' agents found (SHUFFLE_CORRUPT events; "
+    "each executor's own count is its `shuffle.corruptOutputs`)",
+    "history.rowsBuffered": "history rows waiting for a commit",
+    "history.rowsDropped": "history rows dropped past the buffer bound after failed commits",
+    "history.commitFailures": "history commits that failed (each retried; rows wait in the buffer)",
+    "executor.<id>.heartbeatAgeMs": "ms since the RM last heard from the executor; keeps growing while it "
+    "is silent (and while the driver-side process itself is stalled); for running executors and silent "
+    "ones Spark has not removed; removed when the executor goes",
+    "executor.<id>.rttMs": "the executor's last heartbeat round trip, ms",
+    "shuffle.poolUsedBytes": "the agent's shuffle buffer pool in use",
+    "shuffle.bytesServed": "bytes the agent streamed to reducers",
+    "shuffle.poolWaitMs": "total time streams waited for pool buffers",
+    "shuffle.creditWaitMs": "total time the agent's streams waited for a reducer's credit",
+    "shuffle.spillBytes": "bytes spilled to the executor's local dirs",
+    "shuffle.diskBytes": "map outputs on the executor's disks",
+    "shuffle.streamsOpen": "streams the agent serves now",
+    "shuffle.corruptOutputs": "damaged map outputs of this executor found since its agent started (each "
+    "also a SHUFFLE_CORRUPT row in `executor_events`)",
+    "metricsLineAgeMs": "ms since the Python process last sent figures (large: it is stalled or gone)",
+}
+"""What each gauge shows (the documentation site's metrics list is generated from the name sets above
+and these; a test keeps them covering every name)."""
+
+
 def allowed(role: str, name: str) -> bool:
     """Whether the JVM of ``role`` (``driver`` or ``executor``) takes ``name``."""
     if role == "driver":
