@@ -18,6 +18,7 @@ import psutil
 import pyarrow as pa
 import pytest
 
+from harness.procs import end, wait_until
 from heartbeat import (
     AgentThread,
     EventKind,
@@ -31,8 +32,7 @@ from spark_plugin.history.wire_text import MAX_ERROR_CHARS
 from spark_plugin.jvm.sidecar import JvmChannel
 from spark_plugin.processes.driver import EventRouter
 from spark_plugin.settings.config import ConfigError, load
-from spark_plugin.shuffle.worker.tasks import ShufflePlan
-from tests.harness.procs import end, wait_until
+from spark_plugin.shuffle.plan import ShufflePlan
 
 SECRET = "s3cret-" + "0123456789abcdef" * 2
 SECRET_KEY = "spark.arrowbeat.authenticate.secret"

@@ -31,20 +31,20 @@ from arrow_shuffle import (
 )
 from arrow_shuffle.checksum import CHUNK_BYTES
 from arrowbeat_base.clock import ManualClock
+from harness.procs import wait_until
 from spark_plugin.errors import ConfigError
 from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.driver import dataframe
 from spark_plugin.shuffle.map_output import BATCH_ROWS, MapOutputWriter, check_keys, read_segments, route
+from spark_plugin.shuffle.plan import ShufflePlan
 from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient, find_agent
 from spark_plugin.shuffle.worker.grouping import iter_groups
-from spark_plugin.shuffle.worker.tasks import (
+from spark_plugin.shuffle.worker.reduce_task import (
     ReadStats,
-    ShufflePlan,
     group_consumer,
     read_partitions,
     reads_from_disk,
 )
-from tests.harness.procs import wait_until
 
 SECRET = "unit-test-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string()), ("x", pa.float64())])

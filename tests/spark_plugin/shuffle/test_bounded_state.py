@@ -5,7 +5,7 @@ end, ``ShuffleHandle.release`` forgets, a TTL sweeps what killed tasks left); a 
 a stream's sender when the stream ends; the agent's record of deleted shuffles is bounded and its
 TTL runs on the monotonic clock; a worker's stack file goes with the worker. The soak at the end
 runs thousands of shuffles through the real service objects and finds memory and descriptors
-flat (``benchmarks.bookkeeping_soak`` runs 100,000).
+flat (``harness.bookkeeping_soak`` runs 100,000).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partition_server import RECENT_STREAMS, PartitionServer
 from arrow_shuffle.writer import RecordWriter
 from arrowbeat_base.clock import SYSTEM_CLOCK, ManualClock
-from benchmarks.bookkeeping_soak import fast_dir, run_soak
+from harness.bookkeeping_soak import fast_dir, run_soak
+from harness.procs import wait_until
 from spark_plugin.compat.accumulators import DISCARDED
 from spark_plugin.python_worker.worker_label import STACKS_FOLDER
 from spark_plugin.shuffle import rendezvous_client
@@ -46,9 +47,8 @@ from spark_plugin.shuffle.agent_layout import note_read
 from spark_plugin.shuffle.driver import dataframe
 from spark_plugin.shuffle.driver.rendezvous import MAX_SHUFFLES, Rendezvous
 from spark_plugin.shuffle.map_output import MapOutputWriter
+from spark_plugin.shuffle.plan import ShufflePlan
 from spark_plugin.shuffle.worker import pipelined
-from spark_plugin.shuffle.worker.tasks import ShufflePlan
-from tests.harness.procs import wait_until
 
 SECRET = "bounded-state-secret-0123456789"
 APP = "app-bounded"
