@@ -1,7 +1,7 @@
 """A whole host lost on a real Spark standalone cluster: how fast arrowbeat reports a frozen host,
 and how long an Arrow shuffle takes to an exact result when a host is killed mid-shuffle.
 
-The client-mode application of ``tests/harness/standalone.py`` (``standalone_app``): a Master and
+The client-mode application of ``harness/standalone.py`` (``standalone_app``): a Master and
 two Workers, each its own host (127.0.0.2, 127.0.0.3, one core, its own temp dir); the
 application's driver here, arrowbeat at its defaults (interval 1 s, timeout 5 s), Spark's too
 (``spark.shuffle.io.retryWait`` 5 s). Each round:
@@ -29,11 +29,10 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_plugin.shuffle import group_apply, shuffle_of
-from tests.harness.env import prepare
-from tests.harness.history_read import rows
-from tests.harness.procs import wait_until
-from tests.harness.standalone import (
+from harness.env import prepare
+from harness.history_read import rows
+from harness.procs import wait_until
+from harness.standalone import (
     SUMMARY,
     StandaloneCluster,
     Worker,
@@ -43,6 +42,7 @@ from tests.harness.standalone import (
     standalone_app,
     summary,
 )
+from spark_plugin.shuffle import group_apply, shuffle_of
 
 ROWS = 400_000
 EVENTS = "executor_events"

@@ -31,15 +31,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.apps import HOLD_APP
+from harness.env import prepare
+from harness.heartbeat_processes import AgentProcess, Collector, RmProcess, first_loss
+from harness.history_read import rows
+from harness.procs import executor_jvms, wait_until
+from harness.submit import SubmittedApp
 from heartbeat import EventKind, ExecutorEvent, HeartbeatServices
-from tests.harness.env import prepare
-from tests.harness.history_read import rows
-from tests.harness.procs import executor_jvms, wait_until
-from tests.harness.submit import SubmittedApp
-from tests.heartbeat.fakes import Collector
-from tests.heartbeat.processes import AgentProcess, RmProcess, first_loss
 
-HOLD_APP = Path(__file__).resolve().parent.parent / "tests/spark/apps/hold_app.py"
 SPARK_LOWERED = {
     "spark.network.timeout": "10s",
     "spark.network.timeoutInterval": "1s",

@@ -148,8 +148,8 @@ def main() -> int:
     if args.small:
         args.rows, args.files, args.keys, args.repeat = 200_000, 4, 2_000, 1
 
-    from tests.harness.env import clean_up, prepare
-    from tests.harness.session import build_session, stop_session
+    from harness.env import clean_up, prepare
+    from harness.session import build_session, stop_session
 
     scratch = prepare()  # loopback, the venv's Python everywhere, the run marker
     load_before = os.getloadavg()

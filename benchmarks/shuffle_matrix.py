@@ -77,9 +77,9 @@ import pyarrow.compute as pc
 
 from benchmarks.e2e_pandas import count_rows
 from benchmarks.shuffle_vs_spark import PeakMemory
-from tests.harness.env import prepare
-from tests.harness.procs import ours, wait_until
-from tests.harness.session import build_session, stop_session
+from harness.env import prepare
+from harness.procs import ours, wait_until
+from harness.session import build_session, stop_session
 
 KEYS = 5003
 SUMMARY = "k int, n bigint, sx double"

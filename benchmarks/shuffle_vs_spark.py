@@ -25,9 +25,9 @@ from collections.abc import Callable
 
 import psutil
 
-from tests.harness.env import prepare
-from tests.harness.procs import ours
-from tests.harness.session import build_session, stop_session
+from harness.env import prepare
+from harness.procs import ours
+from harness.session import build_session, stop_session
 
 
 class PeakMemory:

@@ -18,10 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.harness.env import prepare
-from tests.harness.history_read import rows
-from tests.harness.procs import end, ours
-from tests.harness.submit import SubmittedApp
+from harness.apps import HOLD_APP
+from harness.env import prepare
+from harness.history_read import rows
+from harness.procs import end, ours
+from harness.submit import SubmittedApp
 
 ALARMS = {"HEARTBEAT_TIMEOUT", "UNREACHABLE", "REREGISTERED", "UNREGISTERED"}
 
@@ -42,7 +43,7 @@ def main() -> int:
     tables = scratch / "tables"
     go = scratch / "go"
     app = SubmittedApp(
-        Path(__file__).resolve().parent.parent / "tests/spark/apps/hold_app.py",
+        HOLD_APP,
         "local-cluster[2,1,1024]",
         scratch,
         conf={

@@ -25,11 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.harness.env import prepare
-from tests.harness.history_read import rows
-from tests.harness.procs import ours, wait_until
-from tests.harness.submit import SubmittedApp
-from tests.spark.test_stuck_tasks import gc_pause_jar
+from harness.apps import gc_pause_jar
+from harness.env import prepare
+from harness.history_read import rows
+from harness.procs import ours, wait_until
+from harness.submit import SubmittedApp
 
 STUCK_S, INTERVAL_S, TIMEOUT_S = 3.0, 0.1, 0.35
 

@@ -23,6 +23,9 @@ the run; descriptors are ``/proc/self/fd``. ``RESULT`` lines: ``shuffles``,
 nothing grows), ``fds_growth`` (second half), ``threads_growth`` and ``seconds``.
 
     .venv/bin/python -m benchmarks.bookkeeping_soak --shuffles 100000
+
+It lives in ``harness/`` because ``tests/spark_plugin/shuffle/test_bounded_state.py`` runs a short
+form; ``benchmarks/bookkeeping_soak.py`` is its command.
 """
 
 from __future__ import annotations

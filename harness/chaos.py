@@ -2,7 +2,7 @@
 fault injector kills and freezes its parts, and the invariants that make monitoring worth having
 are checked throughout.
 
-The cluster is ``tests/harness/standalone.py``'s: a Master and two Workers, each its own host
+The cluster is ``harness/standalone.py``'s: a Master and two Workers, each its own host
 (127.0.0.2, 127.0.0.3, one core, its own temp and work dirs), the driver here (client mode),
 arrowbeat with interval 0.5 s and timeout 2 s. The query: a ``rate-micro-batch`` source (the rate
 source whose batches are a pure function of their offsets, so the expected output of a committed
@@ -58,6 +58,9 @@ Invariants (``RESULT`` lines; the run fails unless every one holds):
 
     flock /tmp/arrowbeat-spark.lock .venv/bin/python -m benchmarks.chaos --duration 1800 --seed 7
     flock /tmp/arrowbeat-spark.lock .venv/bin/python -m benchmarks.chaos --short   (under 2 minutes)
+
+It lives in ``harness/`` because the suite runs its short form (``tests/spark/test_chaos.py``) and
+checks its arithmetic (``tests/test_chaos_checks.py``); ``benchmarks/chaos.py`` is its command.
 """
 
 from __future__ import annotations
@@ -83,11 +86,11 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tests.harness.env import clean_up, prepare
-from tests.harness.history_read import rows
-from tests.harness.procs import end, ours, wait_until
-from tests.harness.session import build_session, stop_session
-from tests.harness.standalone import StandaloneCluster, Worker, free_port
+from harness.env import clean_up, prepare
+from harness.history_read import rows
+from harness.procs import end, ours, wait_until
+from harness.session import build_session, stop_session
+from harness.standalone import StandaloneCluster, Worker, free_port
 
 INTERVAL_S, TIMEOUT_S = 0.5, 2.0
 SLACK_S = 5.0

@@ -1,6 +1,6 @@
 """The environment of every test run and benchmark: loopback only, the venv's Python everywhere,
 the checkout on every Python process's path, Spark dirs in a scratch folder, and the run marker
-that ``tests.harness.procs`` finds its processes by.
+that ``harness.procs`` finds its processes by.
 
 Every benchmark calls :func:`prepare` before it starts anything, and ``tests/conftest.py`` calls
 :func:`for_tests` (``prepare`` and the tests' JVM options), so a benchmark gets the same
@@ -18,9 +18,9 @@ import uuid
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from tests.harness.procs import MARKER
+from harness.procs import MARKER
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SPARK_HOME_DIR = "spark-home"
 """The run's own Spark home, in its scratch folder (``_spark_home``)."""
 _scratch: Path | None = None
@@ -34,8 +34,8 @@ def prepare() -> Path:
         return _scratch
     _scratch = Path(tempfile.mkdtemp(prefix="arrowbeat-tests-"))
     atexit.register(clean_up)  # also when no test ran (collection only, an error) and for benchmarks
-    # ``tests`` (and ``benchmarks``) are not installed: they run from the checkout. Spark's Python
-    # workers unpickle functions of test modules by reference and import them from here, so every
+    # ``tests``, ``benchmarks`` and ``harness`` are not installed: they run from the checkout. Spark's
+    # Python workers unpickle functions of test modules by reference and import them from here, so every
     # process the run starts gets the checkout on its path (Spark merges PYTHONPATH into theirs).
     if str(ROOT) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -77,7 +77,7 @@ local-cluster application started, run through a shuffle and a pandas UDF and st
 40 CPU s (25 s wall) with the JVM's default tiers, 22 (18 s) with C1 alone, and the Spark tests
 are CPU-bound on 2 cores. Behaviour is the same (the compiler tier changes no semantics; the
 collector stays G1, the one users run). Benchmarks keep the JVM's defaults: they measure what
-users run. (The chaos test runs ``benchmarks.chaos`` as its child, with the test's options: it
+users run. (The chaos test runs ``harness.chaos`` as its child, with the test's options: it
 asserts invariants, not speed.)"""
 
 

@@ -1,5 +1,5 @@
 """Heartbeat roles as child processes: an agent (``heartbeat.agent.main``) and an RM
-(``tests.heartbeat.rm_process``), for the process tests and ``benchmarks/detection_latency.py``.
+(``harness.rm_process``), for the process tests and ``benchmarks/detection_latency.py``.
 
 What a child prints arrives on a reader thread: the agent's lines on a queue, the RM's events
 and heartbeat records in a ``Collector``. The caller ends every child it started with ``reap``.
@@ -14,15 +14,49 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord, HeartbeatServices, Payload
 from heartbeat.agent.main import SECRET_ENV
 
-from .fakes import Collector
-
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 LOST = (EventKind.HEARTBEAT_TIMEOUT, EventKind.UNREACHABLE)
+
+
+class Collector:
+    """Subscriber that keeps events and lets tests wait on a condition with a deadline."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.events: list[ExecutorEvent] = []
+        self.records: list[HeartbeatRecord] = []
+
+    def __call__(self, event: ExecutorEvent | HeartbeatRecord) -> None:
+        with self._cond:
+            if isinstance(event, HeartbeatRecord):
+                self.records.append(event)
+            else:
+                self.events.append(event)
+            self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout_s)
+
+    def find(self, kind: EventKind, executor_id: str) -> list[ExecutorEvent]:
+        with self._cond:
+            return [e for e in self.events if e.kind is kind and e.executor_id == executor_id]
+
+    def wait_event(
+        self, kind: EventKind, executor_id: str, timeout_s: float, count: int = 1
+    ) -> ExecutorEvent:
+        deadline = time.monotonic() + timeout_s
+        ok = self.wait_for(
+            lambda: len(self.find(kind, executor_id)) >= count, max(0.0, deadline - time.monotonic())
+        )
+        assert ok, f"no {kind.value} #{count} for {executor_id} within {timeout_s} s; saw {self.events}"
+        return self.find(kind, executor_id)[count - 1]
 
 
 def first_loss(events: Collector, executor_id: str, timeout_s: float) -> ExecutorEvent | None:
@@ -120,7 +154,7 @@ class AgentProcess:
 
 
 class RmProcess:
-    """One ``python -m tests.heartbeat.rm_process`` child; what it prints lands in ``events``.
+    """One ``python -m harness.rm_process`` child; what it prints lands in ``events``.
 
     Heartbeat records carry the executor, instance, time and RTT the RM printed, not the payload.
     Times are the RM's wall clock, comparable with this process's ``time.time()`` on one machine.
@@ -134,7 +168,7 @@ class RmProcess:
             [
                 sys.executable,
                 "-m",
-                "tests.heartbeat.rm_process",
+                "harness.rm_process",
                 *("--port", str(port), "--rpc-failure-threshold", str(services.rpc_failure_threshold)),
                 *_timing_args(services),
                 *_phi_args(services),

@@ -1,6 +1,6 @@
 """Finding and ending the processes a test run started, and only those.
 
-Every process of the run inherits ``ARROWBEAT_TEST_RUN`` (set by ``tests.harness.env.prepare``):
+Every process of the run inherits ``ARROWBEAT_TEST_RUN`` (set by ``harness.env.prepare``):
 Spark JVMs, executors launched by the local-cluster Worker, and arrowbeat's Python processes under
 them. That marker finds them even after they are re-parented to init, without touching anyone
 else's; ``ARROWBEAT_TEST_APP`` narrows it to one spark-submit application.

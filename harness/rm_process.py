@@ -1,6 +1,6 @@
 """A ``ResourceManagerServer`` alone in a process, for tests that SIGKILL the RM and restart it.
 
-``ARROWBEAT_SECRET=... python -m tests.heartbeat.rm_process --port P --interval S --timeout S``
+``ARROWBEAT_SECRET=... python -m harness.rm_process --port P --interval S --timeout S``
 prints ``READY <host:port> <epoch> <started_at>`` once it serves, then one line per event:
 ``EVENT <kind> <executor_id> <instance_id> <ts> <host> <detail...>`` and
 ``HEARTBEAT <executor_id> <instance_id> <ts> <rtt_ms>``. Times are wall-clock epoch seconds, so

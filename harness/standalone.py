@@ -12,7 +12,7 @@ variants:
   namespaces; ``private_tmp_unavailable()`` says why not, for a skip.
 
 ``SPARK_LOCAL_DIRS`` is unset for the Workers, so each falls back to its own temp dir, as an
-unconfigured host does. Everything inherits the test-run marker (``tests.harness.procs.MARKER``); the
+unconfigured host does. Everything inherits the test-run marker (``harness.procs.MARKER``); the
 cluster ends every process it started (Master, Workers and everything under them) by pid.
 
 The one set-up of a client-mode application on it (``standalone_app``: the cluster, a session
@@ -47,9 +47,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
-from tests.harness.env import with_java_option
-from tests.harness.procs import end, wait_until
-from tests.harness.session import build_session, stop_session
+from harness.env import with_java_option
+from harness.procs import end, wait_until
+from harness.session import build_session, stop_session
 
 SPARK_CLASS = str(Path(sys.executable).parent / "spark-class")
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -82,7 +82,7 @@ exec "$@"
 def shared_folders(scratch: Path) -> list[str]:
     """The three folders kept visible under a private /tmp: the top folders under /tmp of the
     scratch folder, the checkout (tests are imported from it) and the venv."""
-    checkout = Path(__file__).resolve().parents[2]
+    checkout = Path(__file__).resolve().parents[1]
     return [str(shared_top(scratch)), str(shared_top(checkout)), str(shared_top(Path(sys.prefix)))]
 
 

@@ -13,18 +13,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.harness.env import local_cluster_work
-from tests.harness.procs import APP_MARKER, end, ours
-from tests.harness.session import DELTA_SNAPSHOT_PARTITIONS
+from harness.env import local_cluster_work
+from harness.procs import APP_MARKER, end, ours
+from harness.session import DELTA_SNAPSHOT_PARTITIONS
 
 SPARK_SUBMIT = str(Path(sys.executable).parent / "spark-submit")
 HOLD_APP_SUM = sum(range(1000))
-"""What ``tests/spark/apps/hold_app.py`` reports as its last job's ``sum``."""
+"""What ``harness/apps/hold_app.py`` reports as its last job's ``sum``."""
 
 
 def executor_dirs(app_id: str) -> Path:
     """Where the application's executors wrote their stdout and stderr: local-cluster's Workers
-    use ``$SPARK_HOME/work`` (the run's own, ``tests.harness.env``), a stand-alone Worker
+    use ``$SPARK_HOME/work`` (the run's own, ``harness.env``), a stand-alone Worker
     ``SPARK_WORKER_DIR``."""
     for base in (os.environ.get("SPARK_WORKER_DIR", ""), str(local_cluster_work())):
         if base and (Path(base) / app_id).is_dir():

@@ -9,9 +9,9 @@ by module into two shards (``tests/harness/shards.py``). The chaos soak's short 
 ``chaos``) runs last and alone: it asserts that no executor is ever falsely timed out while faults
 are injected, which it should prove on a machine busy with nothing else.
 
-Each run is its own pytest session, with its own run marker (``tests.harness.procs.MARKER``),
+Each run is its own pytest session, with its own run marker (``harness.procs.MARKER``),
 leftover-process check and scratch folder, which holds its ``local-cluster`` work dirs too
-(``tests.harness.env``: its own ``SPARK_HOME``). The first shard and the chaos
+(``harness.env``: its own ``SPARK_HOME``). The first shard and the chaos
 soak print as they go; the other runs' output is kept in ``.cache/test-logs/`` and printed when
 they have finished. The exit status is non-zero when any run fails.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / ".cache" / "test-logs"
-MARKER = "ARROWBEAT_TEST_RUN"  # tests.harness.procs.MARKER: each run draws its own
+MARKER = "ARROWBEAT_TEST_RUN"  # harness.procs.MARKER: each run draws its own
 NOTHING_SELECTED = 5
 """pytest's exit status when arguments (``-k``, a path) leave a run no test: not a failure,
 unless it is every run's."""

@@ -1,4 +1,4 @@
-"""Environment for every test (``tests.harness.env.prepare``, which the benchmarks call too:
+"""Environment for every test (``harness.env.prepare``, which the benchmarks call too:
 loopback only, the venv's Python everywhere, the checkout on every Python process's path, Spark
 dirs in a temp folder), and a final check that the run left no process behind."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.env import clean_up, for_tests
+from harness.procs import end, ours, wait_until
 from tests.harness import shards
-from tests.harness.env import clean_up, for_tests
 from tests.harness.markers import pytest_collection_modifyitems  # noqa: F401  (the ``spark`` marker by folder)
-from tests.harness.procs import end, ours, wait_until
 from tests.installed import installed_wheel  # noqa: F401  (one wheel per run, for every module that installs it)
 
 _SCRATCH = for_tests()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from benchmarks.chaos import KEYS, Fault, check_sink, expected_batch
+from harness.chaos import KEYS, Fault, check_sink, expected_batch
 
 
 def brute(start: int, stop: int) -> dict[int, tuple[int, int]]:

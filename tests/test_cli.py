@@ -21,13 +21,13 @@ from typing import IO, Any
 
 import pytest
 
+from harness.procs import wait_until
 from heartbeat import AgentThread, HeartbeatServices, ResourceManagerServer, RetryPolicy
 from spark_plugin.history import HistoryWriter
 from spark_plugin.history.shuffle_metrics import append_rows
 from spark_plugin.settings import tls
 from spark_plugin.tools import cli
 from spark_plugin.tools.conf_command import main as module_main
-from tests.harness.procs import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

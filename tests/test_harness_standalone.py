@@ -1,4 +1,4 @@
-"""The standalone cluster's thaw time, without Spark (``tests.harness.standalone``): what a frozen
+"""The standalone cluster's thaw time, without Spark (``harness.standalone``): what a frozen
 host does after SIGCONT comes after the time ``thaw`` returns, however fast it does it. The freeze
 test and the ``host_freeze`` benchmark look for the re-registration after that time; taken after
 the thaw, it missed one that came within milliseconds."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from tests.harness.procs import wait_until
-from tests.harness.standalone import StandaloneCluster, Worker
+from harness.procs import wait_until
+from harness.standalone import StandaloneCluster, Worker
 
 TICKER = """
 import sys, time

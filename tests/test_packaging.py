@@ -1,6 +1,6 @@
 """The wheel holds the product packages, all of them, and nothing else: pyproject.toml lists its
 packages by hand (one of them, ``spark_plugin.jobs``, lives in ``jobs/``), so this keeps the list
-complete as packages are added, and keeps ``tests``, ``benchmarks`` and ``scripts`` out. Where
+complete as packages are added, and keeps ``tests``, ``benchmarks``, ``harness`` and ``scripts`` out. Where
 ``jar_paths`` finds the launcher (wheel, checkout, override), and what ``pack`` puts in an archive."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from spark_plugin.jvm import launch
 from spark_plugin.tools import pack
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("heartbeat", "arrow_shuffle", "spark_plugin")
+PRODUCT = ("arrowbeat_base", "heartbeat", "arrow_shuffle", "spark_plugin")
 
 
 def setuptools_table() -> dict[str, object]:
@@ -39,7 +39,7 @@ def test_every_product_package_is_in_the_wheel_and_nothing_else() -> None:
     listed = set(table["packages"])  # type: ignore[call-overload]
     assert listed == packages_on_disk() | {"spark_plugin.jobs"}
     assert table["package-dir"] == {"spark_plugin.jobs": "jobs"}
-    assert not {p for p in listed if p.split(".")[0] in ("tests", "benchmarks", "scripts", "jobs")}
+    assert not {p for p in listed if p.split(".")[0] in ("tests", "benchmarks", "harness", "scripts", "jobs")}
 
 
 def test_the_jobs_import_each_other_by_their_installed_name() -> None:

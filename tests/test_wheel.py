@@ -21,7 +21,7 @@ from tests.installed import ROOT, Installed
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]  # builds a wheel (javac) and runs spark-submit
 
-PRODUCT = {"heartbeat", "arrow_shuffle", "spark_plugin"}
+PRODUCT = {"arrowbeat_base", "heartbeat", "arrow_shuffle", "spark_plugin"}
 STARTUP = {"_arrowbeat_startup.py", "arrowbeat.pth"}
 """The start-up line that installs the grouped-map hook (``spark.arrowbeat.shuffle.groupedMap``)."""
 JAR = "spark_plugin/jars/arrowbeat-launcher.jar"

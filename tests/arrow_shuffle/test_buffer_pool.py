@@ -20,7 +20,7 @@ from arrow_shuffle.buffer_pool import Buffer, LocalBufferPool, Reservation, Segm
 from arrow_shuffle.credit import SenderCredit, UnannouncedCredit
 from arrow_shuffle.errors import ChannelClosedError
 from arrowbeat_base.clock import ManualClock
-from tests.harness.procs import wait_until
+from harness.procs import wait_until
 
 from .local_read import read_subpartition
 

@@ -39,7 +39,7 @@ from arrow_shuffle.frames import (
     with_checksum,
 )
 from arrow_shuffle.transport import TcpConnection
-from tests.harness.procs import wait_until
+from harness.procs import wait_until
 
 from .conftest import APP, SCHEMA, SECRET, make_batch
 from .fake_peer import FakeServer

@@ -33,7 +33,7 @@ from arrow_shuffle import (
 )
 from arrow_shuffle.partitioner import hash_rows
 from arrow_shuffle.remote_channel import RemoteInputChannel
-from tests.harness.procs import wait_until
+from harness.procs import wait_until
 
 from .conftest import APP, SCHEMA, SECRET, make_batch
 

@@ -37,7 +37,7 @@ from arrow_shuffle.frames import FrameHeader, Kind
 from arrow_shuffle.remote_channel import RemoteInputChannel
 from arrow_shuffle.transport import Connection, Listener, TcpConnection, TcpTransport
 from arrowbeat_base.clock import Clock
-from tests.harness.procs import wait_until
+from harness.procs import wait_until
 
 from .conftest import APP, SCHEMA, SECRET, make_batch
 from .fake_peer import FakeServer

@@ -28,8 +28,8 @@ from arrow_shuffle.control_client import ControlClient
 from arrow_shuffle.control_server import ControlServer
 from arrow_shuffle.errors import PeerLostError, ShuffleAuthenticationError, ShuffleError
 from arrow_shuffle.transport import TcpTransport
+from harness.procs import wait_until
 from spark_plugin.settings import tls
-from tests.harness.procs import wait_until
 from tests.security.attack import ECHO, handlers
 
 from .conftest import APP, SCHEMA, SECRET, make_batch

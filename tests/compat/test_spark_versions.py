@@ -44,13 +44,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.functions import col, udf
 from pyspark.sql.pandas.functions import pandas_udf
 
+from harness.history_read import rows
+from harness.procs import ours, wait_until
+from harness.session import build_session, stop_session
+from harness.submit import executor_dirs
 from spark_plugin.compat import versions
 from spark_plugin.jvm.launch import PYTHON_DAEMON_MODULE
 from spark_plugin.shuffle import group_apply, group_by, release, repartition
-from tests.harness.history_read import rows
-from tests.harness.procs import ours, wait_until
-from tests.harness.session import build_session, stop_session
-from tests.harness.submit import executor_dirs
 from tests.spark.test_launcher_compat import UNAVAILABLE_WARNING
 
 pytestmark = [pytest.mark.spark, pytest.mark.compat]

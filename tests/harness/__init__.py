@@ -1,1 +1,3 @@
-"""Shared test scenarios for tests and benchmarks: a standalone cluster, a frozen executor, sessions."""
+"""pytest's side of the harness: the ``spark`` marker and shards (``markers``, ``shards``), the shared
+sessions and their fixtures (``apps``), the frozen-executor runs (``frozen``). What benchmarks use
+too lives in the top-level ``harness`` package, which imports nothing from here."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.harness.session import build_session, stop_session
+from harness.session import build_session, stop_session
 
 SHARED = ("spark_local", "shuffle_cluster")
 """Fixtures that hand out the shared session; a module uses it when any of its tests does."""

@@ -42,11 +42,11 @@ from typing import Any, ClassVar
 
 import psutil
 
-from tests.harness.history_read import events, rows
-from tests.harness.procs import executor_jvms, wait_until
-from tests.harness.submit import SubmittedApp
+from harness.apps import HOLD_APP
+from harness.history_read import events, rows
+from harness.procs import executor_jvms, wait_until
+from harness.submit import SubmittedApp
 
-HOLD_APP = Path(__file__).resolve().parents[1] / "spark" / "apps" / "hold_app.py"
 INTERVAL_S, TIMEOUT_S = 0.5, 2.0
 GENEROUS_S = 20.0
 """A bound on a detection no loaded machine should reach, still a sixth of Spark's own 120 s."""

@@ -17,7 +17,9 @@ TESTS = Path(__file__).resolve().parent.parent
 SPARK_FOLDERS = (TESTS / "spark", TESTS / "compat")
 """Every test here starts Spark (a session, spark-submit, a standalone cluster, a Connect server)
 or a JVM of its own; tests that need neither live beside the code they test."""
-JVM_FIXTURES = frozenset({"installed_wheel", "java_check", "jvm", "spark_local", "spark_cluster"})
+JVM_FIXTURES = frozenset(
+    {"installed_wheel", "jvm", "spark_local", "shuffle_cluster", "frozen_run", "frozen_kill_run"}
+)
 """Fixtures that build a wheel (javac inside) or start a JVM, wherever the test using them lives
 (``jvm``: the Java end of ``tests/spark_plugin/test_protocol_contract.py``)."""
 

@@ -1,16 +1,16 @@
 """Fakes over mocks: a recording listener, targets and links that keep what they were sent, a
 subscriber that collects the RM's events and lets a test wait for one, and a real RM serving on
-loopback with such a subscriber (the fixtures' common body)."""
+loopback with such a subscriber (the fixtures' common body). The subscriber, ``Collector``, is
+the harness's (``harness.heartbeat_processes``): the RM child processes' events land in one too."""
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.heartbeat_processes import Collector as Collector  # re-exported: the tests' subscriber
 from heartbeat.errors import HeartbeatRpcError
 from heartbeat.events import Event, EventKind, ExecutorEvent, HeartbeatRecord
 from heartbeat.payload import Payload
@@ -113,41 +113,6 @@ class FakeRmLink:
 
     def end(self, reason: str) -> None:
         self.ended.append(reason)
-
-
-class Collector:
-    """Subscriber that keeps events and lets tests wait on a condition with a deadline."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self.events: list[ExecutorEvent] = []
-        self.records: list[HeartbeatRecord] = []
-
-    def __call__(self, event: ExecutorEvent | HeartbeatRecord) -> None:
-        with self._cond:
-            if isinstance(event, HeartbeatRecord):
-                self.records.append(event)
-            else:
-                self.events.append(event)
-            self._cond.notify_all()
-
-    def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(predicate, timeout_s)
-
-    def find(self, kind: EventKind, executor_id: str) -> list[ExecutorEvent]:
-        with self._cond:
-            return [e for e in self.events if e.kind is kind and e.executor_id == executor_id]
-
-    def wait_event(
-        self, kind: EventKind, executor_id: str, timeout_s: float, count: int = 1
-    ) -> ExecutorEvent:
-        deadline = time.monotonic() + timeout_s
-        ok = self.wait_for(
-            lambda: len(self.find(kind, executor_id)) >= count, max(0.0, deadline - time.monotonic())
-        )
-        assert ok, f"no {kind.value} #{count} for {executor_id} within {timeout_s} s; saw {self.events}"
-        return self.find(kind, executor_id)[count - 1]
 
 
 ServedRm = tuple[ResourceManagerServer, str, Collector]

@@ -7,6 +7,7 @@ import logging
 import grpc
 import pytest
 
+from harness.procs import wait_until
 from heartbeat import (
     AgentThread,
     EventKind,
@@ -18,7 +19,6 @@ from heartbeat import (
 )
 from heartbeat.rm.admin import list_executors
 from heartbeat.wire.proto import heartbeat_pb2 as pb
-from tests.harness.procs import wait_until
 
 from .conftest import DEADLINE_S, FAST, SECRET
 from .fakes import Collector

@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from harness.heartbeat_processes import RmProcess
 from heartbeat import AgentThread, HeartbeatRpcError, ManualClock, RetryPolicy
 from heartbeat.retry import retry_until_deadline
 
 from .conftest import DEADLINE_S, FAST, SECRET
-from .processes import RmProcess
 
 OLD_DEADLINE_S = 60.0
 """What ``RetryPolicy.deadline_s`` was: past it the agent gave up for good."""

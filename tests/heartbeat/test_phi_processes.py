@@ -15,11 +15,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.heartbeat_processes import LOST, AgentProcess, RmProcess, first_loss
 from heartbeat import EventKind, HeartbeatServices
 from heartbeat.phi_accrual import PhiSettings
 
 from .conftest import DEADLINE_S, SECRET
-from .processes import LOST, AgentProcess, RmProcess, first_loss
 
 pytestmark = pytest.mark.timeout(300)
 

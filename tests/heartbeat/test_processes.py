@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from harness.heartbeat_processes import LOST, REPO, AgentProcess, RmProcess, first_loss
 from heartbeat import EventKind, ExecutorEvent, HeartbeatServices
 from heartbeat.rm.admin import list_executors
 
 from .conftest import DEADLINE_S, SECRET
 from .fakes import Collector
-from .processes import LOST, REPO, AgentProcess, RmProcess, first_loss
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -25,6 +25,8 @@ import grpc
 import grpc.aio
 import pytest
 
+from harness.heartbeat_processes import AgentProcess, RmProcess
+from harness.procs import wait_until
 from heartbeat import (
     AgentThread,
     EventKind,
@@ -48,11 +50,9 @@ from heartbeat.wire.codec import (
 )
 from heartbeat.wire.io_loop import submit
 from heartbeat.wire.proto import heartbeat_pb2 as pb
-from tests.harness.procs import wait_until
 
 from .conftest import DEADLINE_S, FAST, SECRET
 from .fakes import Collector, ServedRm, served_rm
-from .processes import AgentProcess, RmProcess
 from .wire import (
     EOF,
     Squatter,

@@ -27,7 +27,7 @@ from arrow_shuffle.control_server import Handler
 from arrow_shuffle.errors import ShuffleError
 from arrow_shuffle.frames import HEADER, MAGIC, FrameHeader, Kind
 from arrow_shuffle.transport import TcpConnection
-from tests.harness.procs import wait_until
+from harness.procs import wait_until
 
 SECRET = "security-test-secret-0123456789abcdef"
 APP = "app-sec"

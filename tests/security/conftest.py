@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.procs import wait_until
+from harness.procs import wait_until
 from tests.security.attack import SECRET
 
 

@@ -39,8 +39,8 @@ from arrow_shuffle.errors import (
 from arrow_shuffle.frames import HEADER, MAGIC, ErrorCode, Kind
 from arrow_shuffle.transport import TcpConnection
 from arrowbeat_base.clock import ManualClock
+from harness.procs import freeze, wait_until
 from spark_plugin.shuffle.worker.agent_client import MapOutputClient
-from tests.harness.procs import freeze, wait_until
 from tests.security.agent_proc import SCHEMA
 from tests.security.attack import ECHO, SECRET, RawPeer, handlers
 from tests.security.conftest import AgentProcess

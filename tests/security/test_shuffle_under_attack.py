@@ -20,10 +20,10 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from harness.procs import wait_until
+from harness.session import build_session, stop_session
 from spark_plugin.shuffle import group_apply, repartition, shuffle_of
 from spark_plugin.shuffle.worker.agent_client import AgentInfo, announced_agents
-from tests.harness.procs import wait_until
-from tests.harness.session import build_session, stop_session
 from tests.security.attack import Siege
 
 pytestmark = pytest.mark.spark

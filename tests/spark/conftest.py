@@ -4,12 +4,12 @@ tests use it (the modules' ``FROZEN_PROBES`` ride along)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
+from harness.session import build_session
 from tests.harness.apps import (  # noqa: F401  (hooks and the run's shared session, by name)
     SharedSession,
     pytest_collection_modifyitems,
@@ -18,7 +18,6 @@ from tests.harness.apps import (  # noqa: F401  (hooks and the run's shared sess
     shuffle_cluster,
 )
 from tests.harness.frozen import FrozenRun, kill_run, probes_of, thaw_run
-from tests.harness.session import build_session, stop_session
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +26,6 @@ def spark_local(scratch: Path, request: pytest.FixtureRequest) -> SparkSession:
     one after another (``tests/harness/apps.py``)."""
     sessions: SharedSession = request.getfixturevalue("shared_sessions")
     return sessions.get("spark_local", lambda: build_session("local[2]", scratch, "test-spark-local"))
-
-
-@pytest.fixture(scope="module")
-def spark_cluster(scratch: Path, request: pytest.FixtureRequest) -> Iterator[SparkSession]:
-    """``local-cluster[2,1,1024]``: two real executor JVMs, each with its own arrowbeat agent."""
-    spark = build_session("local-cluster[2,1,1024]", scratch, f"test-{request.module.__name__}")
-    yield spark
-    stop_session(spark)
 
 
 def _modules_using(request: pytest.FixtureRequest, fixture: str) -> list[object]:

@@ -25,12 +25,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from harness.apps import HOLD_APP
+from harness.history_read import events, rows
+from harness.procs import ours, wait_until
+from harness.submit import SubmittedApp, executor_dirs
 from tests.harness.frozen import fast_heartbeats
-from tests.harness.history_read import events, rows
-from tests.harness.procs import ours, wait_until
-from tests.harness.submit import SubmittedApp, executor_dirs
 
-APPS = Path(__file__).parent / "apps"
 pytestmark = pytest.mark.spark
 SECRET = "agent-restart-test-secret-0123456789"
 REPORTED_WITHIN_S = 20.0
@@ -96,9 +96,7 @@ def held_executor(scratch: Path, name: str) -> Iterator[HeldExecutor]:
     result and the application's exit status."""
     tables, go = scratch / f"{name}-tables", scratch / f"{name}-go"
     conf = {**fast_heartbeats(tables), "spark.arrowbeat.authenticate.secret": SECRET}
-    app = SubmittedApp(
-        APPS / "hold_app.py", "local-cluster[1,1,1024]", scratch, conf=conf, args=[str(go), "--idle", "1"]
-    )
+    app = SubmittedApp(HOLD_APP, "local-cluster[1,1,1024]", scratch, conf=conf, args=[str(go), "--idle", "1"])
     try:
         address = app.wait_for("APP-READY ", timeout_s=180)["rm_address"]
         assert wait_until(lambda: listed(address) == {"0": ("RUNNING", "")}, 30), listed(address)

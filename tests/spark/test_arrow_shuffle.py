@@ -25,12 +25,12 @@ from pyspark.errors import PythonException
 from pyspark.sql import DataFrame, SparkSession
 
 from arrow_shuffle import ShuffleConfigError
+from harness.procs import executor_jvms, wait_until
+from harness.session import sql_conf
 from spark_plugin.errors import ConfigError
 from spark_plugin.shuffle import group_apply, partition_apply, repartition, shuffle_of
 from spark_plugin.shuffle.worker.agent_client import MapOutputClient
 from tests.harness.apps import SharedSession, ShuffleCluster
-from tests.harness.procs import executor_jvms, wait_until
-from tests.harness.session import sql_conf
 
 pytestmark = pytest.mark.spark
 ROWS = 30_000

@@ -5,7 +5,7 @@ no executor silently unmonitored, the streaming output exact, nothing leaked.
 It runs the benchmark as its own process (its own session, cluster and fault injector; the run
 marker inherited, so the suite's final check finds anything it left). About 2 minutes: marked
 ``chaos``, which runs last in the suite (``-m 'not chaos'`` leaves it out); the 30-minute form is
-``python -m benchmarks.chaos --duration 1800``."""
+``python -m harness.chaos --duration 1800``."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from benchmarks.chaos import KINDS
-from tests.harness.env import ROOT
+from harness.chaos import KINDS
+from harness.env import ROOT
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.standalone, pytest.mark.chaos]
 WALL_S = 600.0
@@ -28,7 +28,7 @@ SEED = 24
 def test_the_short_chaos_soak_holds_every_invariant() -> None:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.chaos", "--short", "--seed", str(SEED)],
+        [sys.executable, "-m", "harness.chaos", "--short", "--seed", str(SEED)],
         cwd=ROOT,
         capture_output=True,
         text=True,

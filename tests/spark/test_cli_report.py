@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.procs import wait_until
 from spark_plugin.history import locate
 from spark_plugin.history.reader import applications
 from tests.harness.frozen import INTERVAL_S, TIMEOUT_S, FrozenRun, Phase, Probe
-from tests.harness.procs import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 ARROWBEAT = str(Path(sys.executable).parent / "arrowbeat")

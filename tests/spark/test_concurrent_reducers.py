@@ -28,11 +28,11 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from arrow_shuffle import InputGate, NetworkBufferPool, RemoteChannelSpec, ShuffleConfig
+from harness.procs import wait_until
+from harness.session import build_session, stop_session
 from spark_plugin.shuffle import repartition, shuffle_of
 from spark_plugin.shuffle.map_output import MapOutputWriter
 from spark_plugin.shuffle.worker.agent_client import MapOutputClient
-from tests.harness.procs import wait_until
-from tests.harness.session import build_session, stop_session
 
 pytestmark = pytest.mark.spark
 EXECUTORS, CORES = 3, 4

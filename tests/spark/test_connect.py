@@ -23,14 +23,14 @@ import pyarrow.compute as pc
 import pytest
 
 from arrow_shuffle.errors import ShuffleConfigError
+from harness.history_read import events, rows
+from harness.procs import APP_MARKER, end, ours, wait_until
 from heartbeat.rm.admin import list_executors
 from spark_plugin.compat.connect import is_connect
 from spark_plugin.jvm.launch import spark_settings
 from spark_plugin.shuffle import group_apply, map_in_arrow, partition_apply, repartition, shuffle_of
 from spark_plugin.shuffle.driver.session import STAGE_IDS_FROM
 from spark_plugin.shuffle.worker.agent_client import MapOutputClient
-from tests.harness.history_read import events, rows
-from tests.harness.procs import APP_MARKER, end, ours, wait_until
 
 pytestmark = (
     pytest.mark.spark

@@ -21,11 +21,11 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from harness.history_read import rows as history_rows
+from harness.procs import executor_jvms, wait_until
+from harness.session import sql_conf
 from spark_plugin.shuffle import group_apply, shuffle_of
 from tests.harness.apps import ShuffleCluster
-from tests.harness.history_read import rows as history_rows
-from tests.harness.procs import executor_jvms, wait_until
-from tests.harness.session import sql_conf
 
 pytestmark = pytest.mark.spark
 ROWS = 20_000

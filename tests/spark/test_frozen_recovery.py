@@ -21,9 +21,9 @@ from typing import Any
 import psutil
 import pytest
 
+from harness.procs import executor_jvms, wait_until
+from harness.submit import SubmittedApp
 from tests.harness.frozen import INTERVAL_S, TIMEOUT_S, fast_heartbeats
-from tests.harness.procs import executor_jvms, wait_until
-from tests.harness.submit import SubmittedApp
 
 pytestmark = pytest.mark.spark
 APP = Path(__file__).parent / "apps" / "recovery_app.py"

@@ -18,10 +18,10 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import SparkSession
 
+from harness.procs import executor_jvms, ours, wait_until
 from spark_plugin.shuffle import group_apply, partition_apply, shuffle_of
 from spark_plugin.shuffle.worker.reduce_spill import SORT_UNIT_BYTES
 from tests.harness.apps import ShuffleCluster
-from tests.harness.procs import executor_jvms, ours, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 ROWS = 10_000_000

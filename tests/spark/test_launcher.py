@@ -22,10 +22,11 @@ import grpc
 import psutil
 import pytest
 
+from harness.apps import HOLD_APP
+from harness.history_read import events, rows
+from harness.procs import ours, wait_until
+from harness.submit import HOLD_APP_SUM, SubmittedApp, executor_dirs
 from tests.harness.frozen import FrozenRun, Phase, Probe, fast_heartbeats
-from tests.harness.history_read import events, rows
-from tests.harness.procs import ours, wait_until
-from tests.harness.submit import HOLD_APP_SUM, SubmittedApp, executor_dirs
 
 APPS = Path(__file__).parent / "apps"
 pytestmark = pytest.mark.spark
@@ -110,7 +111,7 @@ def test_start_failure_is_logged_and_the_job_runs_on(
 ) -> None:
     go = scratch / f"go-{len(logged)}"
     go.touch()
-    app = SubmittedApp(APPS / "hold_app.py", "local[1]", scratch, conf=conf, args=[str(go)])
+    app = SubmittedApp(HOLD_APP, "local[1]", scratch, conf=conf, args=[str(go)])
     try:
         ready = app.wait_for("APP-READY ", timeout_s=120)
         assert ready["rm_address"] is None
@@ -169,7 +170,7 @@ def test_a_dead_or_hung_driver_side_process_is_restarted_and_every_executor_runs
     config = load(conf)
     hang_s, interval_s = config.rm_hang_bound_s(), config.heartbeat_interval_s
     back_within_s = interval_s + BACKOFF_CAP_S + LOADED_SLACK_S
-    app = SubmittedApp(APPS / "hold_app.py", "local-cluster[2,1,1024]", scratch, conf=conf, args=[str(go)])
+    app = SubmittedApp(HOLD_APP, "local-cluster[2,1,1024]", scratch, conf=conf, args=[str(go)])
     try:
         address = app.wait_for("APP-READY ", timeout_s=180)["rm_address"]
         both = {"0": "RUNNING", "1": "RUNNING"}
@@ -335,7 +336,7 @@ def test_a_failed_first_start_is_retried_and_every_executor_runs_once_it_does(sc
         "spark.arrowbeat.heartbeat.registrationBackoff.max": f"{int(BACKOFF_CAP_S * 1000)}ms",
         "spark.arrowbeat.rm.port": str(port),
     }
-    app = SubmittedApp(APPS / "hold_app.py", "local-cluster[2,1,1024]", scratch, conf=conf, args=[str(go)])
+    app = SubmittedApp(HOLD_APP, "local-cluster[2,1,1024]", scratch, conf=conf, args=[str(go)])
     try:
         with taken_port("localhost", port):
             ready = app.wait_for("APP-READY ", timeout_s=180)
@@ -371,7 +372,7 @@ def test_the_driver_side_process_follows_a_killed_driver_jvm(scratch: Path) -> N
     closes the driver-side process's stdin and it exits on its own (before ``app.close`` would
     end it), leaving no orphan."""
     go = scratch / "driver-kill-go"
-    app = SubmittedApp(APPS / "hold_app.py", "local[1]", scratch, args=[str(go)])
+    app = SubmittedApp(HOLD_APP, "local[1]", scratch, args=[str(go)])
     try:
         assert app.wait_for("APP-READY ", timeout_s=120)["rm_address"]
         (driver_side,) = ours("spark_plugin.processes.driver", app.marker)
@@ -392,7 +393,7 @@ def test_an_unwritable_tables_path_is_named_and_monitoring_runs_on(scratch: Path
     blocker.write_text("not a directory")
     go = scratch / "unwritable-go"
     app = SubmittedApp(
-        APPS / "hold_app.py",
+        HOLD_APP,
         "local[1]",
         scratch,
         conf={"spark.arrowbeat.tables.path": str(blocker / "tables")},

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.apps import HOLD_APP
+from harness.history_read import events, rows
+from harness.procs import wait_until
+from harness.submit import SubmittedApp, executor_dirs
 from spark_plugin.jvm.launch import jar_paths
 from spark_plugin.jvm.sidecar import JVM_UNAVAILABLE, unavailable_internals
-from tests.harness.history_read import events, rows
-from tests.harness.procs import wait_until
-from tests.harness.submit import SubmittedApp, executor_dirs
 
 APPS = Path(__file__).parent / "apps"
 INTERNALS = ("executor-local-dirs", "executor-host", "kill-and-replace-executor")
@@ -195,7 +196,7 @@ def run_one_executor_app(scratch: Path, name: str, java_options: str = "") -> tu
     if java_options:
         conf["spark.driver.extraJavaOptions"] = f"-Dderby.system.home={scratch / 'derby'} {java_options}"
         conf["spark.executor.extraJavaOptions"] = java_options
-    app = SubmittedApp(APPS / "hold_app.py", "local-cluster[1,1,1024]", scratch, conf=conf, args=[str(go)])
+    app = SubmittedApp(HOLD_APP, "local-cluster[1,1,1024]", scratch, conf=conf, args=[str(go)])
     try:
         ready = app.wait_for("APP-READY ", timeout_s=180)
         assert ready["rm_address"], app.log_tail()  # the driver plugin started its process

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.procs import wait_until
 from tests.harness.frozen import INTERVAL_S, TIMEOUT_S, FrozenRun, Phase, Probe
-from tests.harness.procs import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 DETECT_DEADLINE_S = INTERVAL_S + TIMEOUT_S + 15.0

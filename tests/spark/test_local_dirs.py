@@ -21,12 +21,12 @@ import pytest
 
 from arrow_shuffle.errors import ShuffleConfigError, UnsafePathError
 from arrowbeat_base.clock import ManualClock
+from harness.submit import SubmittedApp
 from spark_plugin.settings.config import ConfigError, load
 from spark_plugin.shuffle.agent.service import PORT_TRIES, MapOutputService, bind_from
 from spark_plugin.shuffle.agent_layout import owned_output, spread_dir
 from spark_plugin.shuffle.map_output import MapOutputWriter
 from spark_plugin.shuffle.worker.agent_client import announced_agents, find_agent
-from tests.harness.submit import SubmittedApp
 
 APP = "app-dirs"
 SECRET = "s" * 32

@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 from pyspark.sql import SparkSession
 
+from harness.procs import wait_until
 from heartbeat.rm.admin import list_executors
 from spark_plugin.shuffle import repartition, shuffle_of
-from tests.harness.procs import wait_until
 
 pytestmark = pytest.mark.spark
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.procs import wait_until
 from tests.harness.frozen import INTERVAL_S, TIMEOUT_S, FrozenRun, Phase, Probe
-from tests.harness.procs import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 MARGIN_S = 10.0

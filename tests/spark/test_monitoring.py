@@ -19,6 +19,10 @@ import pytest
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from harness.history_read import events, rows
+from harness.procs import wait_until
+from harness.session import build_session, stop_session
+from harness.submit import SubmittedApp
 from spark_plugin.jobs import executor_health, lifecycle_feed
 from tests.harness.frozen import (
     GENEROUS_S,
@@ -31,10 +35,6 @@ from tests.harness.frozen import (
     first_loss,
     registered,
 )
-from tests.harness.history_read import events, rows
-from tests.harness.procs import wait_until
-from tests.harness.session import build_session, stop_session
-from tests.harness.submit import SubmittedApp
 
 pytestmark = pytest.mark.spark
 JOBS = Path(__file__).parents[2] / "jobs"

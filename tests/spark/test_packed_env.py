@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.procs import APP_MARKER, end, ours
-from tests.harness.session import DELTA_SNAPSHOT_PARTITIONS
-from tests.harness.standalone import StandaloneCluster
+from harness.procs import APP_MARKER, end, ours
+from harness.session import DELTA_SNAPSHOT_PARTITIONS
+from harness.standalone import StandaloneCluster
 from tests.installed import Installed, clean_env, spark_lock
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.standalone]
@@ -62,7 +62,7 @@ def submit(installed: Installed, flags: list[str], job: Path, cluster: Standalon
         "spark.ui.enabled": "false",
         "spark.log.level": "WARN",
         # The job's Delta write and read: Delta rebuilds the table's state in 50 tasks by default,
-        # the job's slowest step on two 1-core executors (22 s; 12 s with 2, as tests.harness.session).
+        # the job's slowest step on two 1-core executors (22 s; 12 s with 2, as harness.session).
         DELTA_SNAPSHOT_PARTITIONS[0]: DELTA_SNAPSHOT_PARTITIONS[1],
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={job.parent}",
     }.items():

@@ -24,12 +24,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.harness.history_read import events, rows
-from tests.harness.procs import ours, wait_until
-from tests.harness.submit import SubmittedApp, executor_dirs
+from harness.apps import HOLD_APP
+from harness.history_read import events, rows
+from harness.procs import ours, wait_until
+from harness.submit import SubmittedApp, executor_dirs
 
 pytestmark = pytest.mark.spark
-APPS = Path(__file__).parent / "apps"
 GENEROUS_S = 60.0
 ROLES = (
     "spark_plugin.processes.driver",
@@ -125,7 +125,7 @@ def run(scratch: Path) -> Iterator[Run]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPARK_CONF_DIR", str(conf_dir))
         app = SubmittedApp(
-            APPS / "hold_app.py",
+            HOLD_APP,
             "local-cluster[2,1,1024]",
             scratch,
             conf={

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from harness.history_read import rows
+from harness.procs import ours, wait_until
+from harness.submit import SubmittedApp
 from heartbeat.rm.admin import list_executors
-from tests.harness.history_read import rows
-from tests.harness.procs import ours, wait_until
-from tests.harness.submit import SubmittedApp
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 APP = Path(__file__).parent / "apps" / "view_app.py"

@@ -1,7 +1,7 @@
 """Issue 15, item 2: arrowbeat on a real Spark standalone cluster whose Workers are separate hosts;
 and issue 14, item 3: map outputs lost while their executor lives are recomputed, exactly.
 
-A Master and two Workers (``tests/harness/standalone.py``): 127.0.0.2 and 127.0.0.3, one core and
+A Master and two Workers (``harness/standalone.py``): 127.0.0.2 and 127.0.0.3, one core and
 1 GiB each, each with its own ``TMPDIR`` and work dir. The application's driver runs here
 (client mode, on 127.0.0.1); the history tables live under the test's scratch folder, which every
 host sees, while each host's temp dir is its own. One cluster and one application serve the
@@ -39,12 +39,10 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from heartbeat.rm.admin import list_executors
-from spark_plugin.jvm.launch import jar_paths
-from spark_plugin.shuffle import group_apply, partition_apply, repartition, shuffle_of
-from tests.harness.history_read import rows
-from tests.harness.procs import executor_jvms, wait_until
-from tests.harness.standalone import (
+from harness.apps import HOLD_APP
+from harness.history_read import rows
+from harness.procs import executor_jvms, wait_until
+from harness.standalone import (
     SUMMARY,
     StandaloneApp,
     StandaloneCluster,
@@ -55,7 +53,10 @@ from tests.harness.standalone import (
     standalone_app,
     summary,
 )
-from tests.harness.submit import SubmittedApp
+from harness.submit import SubmittedApp
+from heartbeat.rm.admin import list_executors
+from spark_plugin.jvm.launch import jar_paths
+from spark_plugin.shuffle import group_apply, partition_apply, repartition, shuffle_of
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.standalone]
 INTERVAL_S, TIMEOUT_S = 0.5, 2.0
@@ -64,7 +65,6 @@ GRACE_S = 5.0
 WAIT_S = 90.0
 ROWS = 40_000
 LOSS_EVENTS = {"HEARTBEAT_TIMEOUT", "UNREACHABLE", "UNREGISTERED"}
-APPS = Path(__file__).parent / "apps"
 
 
 def app_conf(tables: Path) -> dict[str, str]:
@@ -187,7 +187,7 @@ class TestClusterModePrivateTmp:
                 "spark.executor.cores": "1",
                 "spark.cores.max": "2",
             },
-            args=[str(APPS / "hold_app.py"), "", str(go), "--shuffle"],
+            args=[str(HOLD_APP), "", str(go), "--shuffle"],
             main_class="org.apache.spark.deploy.PythonRunner",
         )
         try:

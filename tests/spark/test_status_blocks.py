@@ -20,11 +20,11 @@ import pyarrow.compute as pc
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from harness.procs import executor_jvms
+from harness.session import sql_conf
 from spark_plugin.compat.shuffle_blocks import remove_map_status_blocks, task_attempt_of
 from spark_plugin.shuffle import group_apply, shuffle_of
 from tests.harness.apps import ShuffleCluster
-from tests.harness.procs import executor_jvms
-from tests.harness.session import sql_conf
 
 pytestmark = pytest.mark.spark
 ROWS = 20_000

@@ -12,7 +12,6 @@ spin, or whose executor JVM pauses.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,10 +21,11 @@ from typing import Any
 import psutil
 import pytest
 
+from harness.apps import gc_pause_jar
+from harness.history_read import rows
+from harness.procs import ours, wait_until
+from harness.submit import SubmittedApp
 from spark_plugin.monitoring.executor_tasks import STACK_WAIT_S
-from tests.harness.history_read import rows
-from tests.harness.procs import ours, wait_until
-from tests.harness.submit import SubmittedApp
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -33,18 +33,6 @@ APPS = Path(__file__).parent / "apps"
 STUCK_TIMEOUT_S = 3.0
 INTERVAL_S = 0.1
 TIMEOUT_S = 0.3
-
-
-def gc_pause_jar(scratch: Path) -> Path:
-    """``GcPause`` (tests/spark/apps/GcPause.java) compiled and packed for ``--jars``."""
-    classes, jar = scratch / "gcpause-classes", scratch / "gcpause.jar"
-    if not jar.exists():
-        classes.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["javac", "--release", "17", "-d", str(classes), str(APPS / "GcPause.java")], check=True
-        )
-        subprocess.run(["jar", "--create", "--file", str(jar), "-C", str(classes), "."], check=True)
-    return jar
 
 
 @dataclass

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from harness.procs import wait_until
+from harness.session import build_session, stop_session
 from heartbeat.errors import HeartbeatError
 from heartbeat.rm.admin import list_executors
 from spark_plugin.settings import tls
 from spark_plugin.settings.config import from_spark_conf
 from spark_plugin.shuffle import repartition, shuffle_of
-from tests.harness.procs import wait_until
-from tests.harness.session import build_session, stop_session
 
 pytestmark = pytest.mark.spark
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.procs import wait_until
 from heartbeat import AgentThread, EventKind, HeartbeatServices, ResourceManagerServer, io_loop
 from spark_plugin.jvm.protocol import ALIVE, READY
 from spark_plugin.jvm.sidecar import JvmChannel, JvmLink
 from spark_plugin.processes.executor import AGENT_ENDED, answer_pulses
-from tests.harness.procs import wait_until
 from tests.heartbeat.fakes import Collector, ServedRm, served_rm
 
 SECRET = "a-test-secret-of-enough-length"

@@ -11,6 +11,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from arrowbeat_base.clock import ManualClock
+from harness.procs import wait_until
 from spark_plugin.history import (
     EXECUTOR_EVENTS,
     HEARTBEATS,
@@ -20,7 +21,6 @@ from spark_plugin.history import (
     known_executors,
     recover,
 )
-from tests.harness.procs import wait_until
 
 
 def event(

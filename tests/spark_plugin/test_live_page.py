@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from arrowbeat_base.clock import ManualClock
+from harness.procs import wait_until
 from heartbeat import AgentThread, EventKind, ExecutorEvent, HeartbeatRecord, ResourceManagerServer
 from heartbeat.executor_info import ExecutorInfo
 from heartbeat.payload import Payload, slots_provider, static_provider
 from spark_plugin.settings import tls
 from spark_plugin.tools.live_page import LivePage, LiveView, health, page_token, start_live_page
-from tests.harness.procs import wait_until
 from tests.heartbeat.conftest import DEADLINE_S, FAST, SECRET
 
 pytestmark = pytest.mark.timeout(60)

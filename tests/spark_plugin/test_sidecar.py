@@ -17,6 +17,7 @@ from typing import BinaryIO
 import pytest
 
 from arrowbeat_base.clock import ManualClock
+from harness.procs import wait_until
 from spark_plugin.errors import (
     JvmCommandError,
     JvmLinkError,
@@ -24,7 +25,6 @@ from spark_plugin.errors import (
     SettingsTruncatedError,
 )
 from spark_plugin.jvm.sidecar import JvmChannel, JvmLink, secret_values, wait_for_exit
-from tests.harness.procs import wait_until
 
 
 def test_settings_block_is_read_and_unescaped() -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from harness.procs import wait_until
 from heartbeat import EventKind
 from spark_plugin.jvm.sidecar import JvmLink
 from spark_plugin.monitoring.driver_spark_view import (
@@ -19,7 +20,6 @@ from spark_plugin.monitoring.driver_spark_view import (
     parse_line,
 )
 from spark_plugin.processes.driver import dynamic_allocation
-from tests.harness.procs import wait_until
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from arrowbeat_base.clock import ManualClock
+from harness.procs import wait_until
 from spark_plugin.monitoring.executor_tasks import (
     MAX_REPORTED,
     ProcessCpu,
@@ -26,7 +27,6 @@ from spark_plugin.monitoring.executor_tasks import (
 )
 from spark_plugin.monitoring.gaps import explain_gap
 from spark_plugin.python_worker.worker_label import STACKS_FOLDER
-from tests.harness.procs import wait_until
 
 INTERVAL = 0.25
 

@@ -32,7 +32,7 @@ column, ``num_partitions=0``, unknown mode) raises the engine's ``ShuffleConfigE
 Spark Connect sessions (no SparkContext, no py4j, no accumulators; what the session is comes from
 ``spark_plugin.compat.connect``): the application's settings are the session's conf, less the
 entries Spark withholds from clients (the secret: tasks get it from their own agent,
-``lost_outputs.keyed``); a shuffle id is a probe job's stage id, offset above Spark's own shuffle ids
+``tasks.keyed``); a shuffle id is a probe job's stage id, offset above Spark's own shuffle ids
 (``session``); the map side runs when the function is called (as an adaptive shuffle's does) and
 its status rows are the map tasks' reports; ``release`` runs as one task inside the cluster.
 Reduce tasks report nowhere there, so ``shuffle_metrics`` gets the map side's rows only (written
@@ -103,14 +103,22 @@ from spark_plugin.shuffle.driver.session import (
     new_shuffle_id,
 )
 from spark_plugin.shuffle.map_output import check_keys
-from spark_plugin.shuffle.plan import CARRIED_DDL, STATUS_DDL, ShufflePlan, server_transport, unreported
-from spark_plugin.shuffle.worker.map_task import REPORT_COLUMNS, carry_function, map_function, write_reports
-from spark_plugin.shuffle.worker.output_recovery import agent_client, release_function
-from spark_plugin.shuffle.worker.reduce_task import (
+from spark_plugin.shuffle.worker.tasks import (
+    CARRIED_DDL,
+    REPORT_COLUMNS,
+    STATUS_DDL,
+    ShufflePlan,
+    agent_client,
+    carry_function,
     group_consumer,
+    map_function,
     partition_consumer,
     passthrough,
     reduce_function,
+    release_function,
+    server_transport,
+    unreported,
+    write_reports,
 )
 
 log = logging.getLogger("arrowbeat.shuffle")
@@ -324,7 +332,7 @@ class ShuffleHandle:
 
     def _release_from_cluster(self) -> int:
         """A Spark Connect client may be outside the cluster and never sees the secret: one task
-        calls the agents instead (``lost_outputs.release_function``), keyed by its own agent."""
+        calls the agents instead (``tasks.release_function``), keyed by its own agent."""
         agents = sorted(self.agents())
         if not agents:
             return 0
@@ -762,7 +770,7 @@ def _eager_map_side(
     side. The map stage runs here, once: its status rows are persisted, so the reduce side and
     any later evaluation read them instead of rerunning the maps (lost ones are recomputed from
     lineage, with their map outputs), each stamped with the executor that shuffles it
-    (``map_task.carry_function``). On Spark Connect the map side always runs here: the rows
+    (``tasks.carry_function``). On Spark Connect the map side always runs here: the rows
     it collects are also the map tasks' reports (which agents hold outputs to release), since
     there are no accumulators to carry them."""
     from pyspark import StorageLevel

@@ -19,7 +19,7 @@ Arrow) instead of Spark's exchange and sort. Grouping columns are names of ``df`
 (Spark also takes expressions: add them as columns first).
 
 A cogroup is one shuffle of both inputs: both map sides write under one shuffle id (the right
-side's map partitions numbered from ``reduce_task.RIGHT_MAPS``), and each reduce task reads both
+side's map partitions numbered from ``tasks.RIGHT_MAPS``), and each reduce task reads both
 sides of its partitions. The n-th grouping column must have the same type on both sides (equal
 keys of different types would hash apart); only ``mode="materialized"``.
 """
@@ -48,7 +48,7 @@ from spark_plugin.shuffle.driver.dataframe import (
 from spark_plugin.shuffle.driver.session import arrow_batch_rows, pandas_conversion
 from spark_plugin.shuffle.map_output import check_keys
 from spark_plugin.shuffle.worker.grouped_map import GroupedCall, cogrouped_consumer, form_of, grouped_consumer
-from spark_plugin.shuffle.worker.reduce_task import RIGHT_MAPS, cogroup_reduce_function
+from spark_plugin.shuffle.worker.tasks import RIGHT_MAPS, cogroup_reduce_function
 
 
 def group_by(

@@ -28,7 +28,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
 
-from tests.harness.procs import wait_until
+from harness.procs import wait_until
 
 
 def main() -> int:

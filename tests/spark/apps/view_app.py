@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from tests.harness.procs import wait_until
+from harness.procs import wait_until
 
 
 def wait_for(go: str, x: int) -> int:

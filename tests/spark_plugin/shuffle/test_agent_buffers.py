@@ -21,10 +21,10 @@ import pytest
 from arrow_shuffle import InputGate, NetworkBufferPool, RemoteChannelSpec, ShuffleConfig, ShuffleError
 from arrow_shuffle.ids import PartitionId
 from arrowbeat_base.clock import ManualClock
+from harness.procs import wait_until
 from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.agent_layout import note_read
 from spark_plugin.shuffle.map_output import MapOutputWriter
-from tests.harness.procs import wait_until
 
 SECRET = "agent-buffers-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64()), ("x", pa.float64())])

@@ -36,11 +36,11 @@ from spark_plugin.errors import ConfigError
 from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.driver import dataframe
 from spark_plugin.shuffle.map_output import BATCH_ROWS, MapOutputWriter, check_keys, read_segments, route
-from spark_plugin.shuffle.plan import ShufflePlan
 from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient, find_agent
 from spark_plugin.shuffle.worker.grouping import iter_groups
-from spark_plugin.shuffle.worker.reduce_task import (
+from spark_plugin.shuffle.worker.tasks import (
     ReadStats,
+    ShufflePlan,
     group_consumer,
     read_partitions,
     reads_from_disk,

@@ -47,8 +47,8 @@ from spark_plugin.shuffle.agent_layout import note_read
 from spark_plugin.shuffle.driver import dataframe
 from spark_plugin.shuffle.driver.rendezvous import MAX_SHUFFLES, Rendezvous
 from spark_plugin.shuffle.map_output import MapOutputWriter
-from spark_plugin.shuffle.plan import ShufflePlan
 from spark_plugin.shuffle.worker import pipelined
+from spark_plugin.shuffle.worker.tasks import ShufflePlan
 
 SECRET = "bounded-state-secret-0123456789"
 APP = "app-bounded"
