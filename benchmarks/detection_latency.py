@@ -19,7 +19,9 @@ HEARTBEAT_TIMEOUT or UNREACHABLE of an executor that was not frozen then. The sa
 ``timeout`` detector at its defaults (1 s / 5 s) is the baseline, and one at 100 ms / 500 ms shows
 what a plain sub-second timeout does under the storm. Prints ``RESULT detect_p99_s=`` and
 ``RESULT false_timeouts=`` for the phi mode, the others' figures beside them, the CPU the RM and
-the agents used while idle, and the machine's load.
+the agents used while idle, and the machine's load. ``--part fast-heartbeat`` runs the phi
+detector without Spark: an RM and three agent processes over gRPC on loopback, each agent
+SIGSTOPped in turn (``--trials``), then ``--storm`` seconds under ``--hogs`` CPU hogs.
 """
 
 from __future__ import annotations
@@ -152,7 +154,9 @@ def main() -> int:
     parser.add_argument(
         "--spark-wait", type=float, default=400.0, help="longest wait for Spark's own detection"
     )
-    parser.add_argument("--part", choices=["heartbeat", "spark", "all", "fast"], default="all")
+    parser.add_argument(
+        "--part", choices=["heartbeat", "spark", "all", "fast", "fast-heartbeat"], default="all"
+    )
     parser.add_argument("--modes", default="phi,standard,short-timeout", help="fast: the modes to run")
     parser.add_argument("--trials", type=int, default=40, help="fast: freezes per mode")
     parser.add_argument("--standard-trials", type=int, default=10, help="fast: freezes in the standard mode")
@@ -161,6 +165,11 @@ def main() -> int:
     parser.add_argument("--gc-objects", type=int, default=8_000_000, help="fast: live objects per full GC")
     args = parser.parse_args()
     prepare()  # loopback, the venv's Python everywhere, the run marker
+    if args.part == "fast-heartbeat":
+        from benchmarks.detection_fast import heartbeat_only, report
+
+        report([heartbeat_only(args.trials, args.storm, args.hogs)], args.hogs)
+        return 0
     if args.part == "fast":
         from benchmarks.detection_fast import report, run_mode
 
