@@ -53,16 +53,14 @@ from arrowbeat_base.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # imported on first use (``__getattr__``): a worker loads only what it needs
     from spark_plugin.shuffle.driver.dataframe import (
-        ShuffleHandle,
         group_apply,
         map_in_arrow,
         map_in_pandas,
         partition_apply,
-        release,
         repartition,
-        shuffle_of,
     )
     from spark_plugin.shuffle.driver.grouped import CoGroupedData, GroupedData, group_by
+    from spark_plugin.shuffle.driver.handle import ShuffleHandle, release, shuffle_of
 
 __all__ = [
     "CoGroupedData",
@@ -79,14 +77,14 @@ __all__ = [
 ]
 
 _EXPORTS = {
-    "ShuffleHandle": "spark_plugin.shuffle.driver.dataframe",
+    "ShuffleHandle": "spark_plugin.shuffle.driver.handle",
     "group_apply": "spark_plugin.shuffle.driver.dataframe",
     "map_in_arrow": "spark_plugin.shuffle.driver.dataframe",
     "map_in_pandas": "spark_plugin.shuffle.driver.dataframe",
     "partition_apply": "spark_plugin.shuffle.driver.dataframe",
-    "release": "spark_plugin.shuffle.driver.dataframe",
+    "release": "spark_plugin.shuffle.driver.handle",
     "repartition": "spark_plugin.shuffle.driver.dataframe",
-    "shuffle_of": "spark_plugin.shuffle.driver.dataframe",
+    "shuffle_of": "spark_plugin.shuffle.driver.handle",
     "CoGroupedData": "spark_plugin.shuffle.driver.grouped",
     "GroupedData": "spark_plugin.shuffle.driver.grouped",
     "group_by": "spark_plugin.shuffle.driver.grouped",

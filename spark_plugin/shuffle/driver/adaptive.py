@@ -10,7 +10,7 @@ with ``parallelismFirst`` (Spark's default) the target shrinks so that the data 
 least the application's default parallelism, but never below ``minPartitionSize``.
 
 Measuring the real sizes costs a small input more than its shuffle: the map side runs as a job of
-its own, its status rows are cached and a further stage stamps them (``dataframe._eager_map_side``),
+its own, its status rows are cached and a further stage stamps them (``planning._eager_map_side``),
 seconds in all. When the optimizer's size of the input (``compat.plan_stats``) already says AQE's
 target would spread it over no more tasks than the parallelism it aims at, the tasks follow from
 that size (``planned_groups``): contiguous, equal ranges of reduce partitions, the map side left

@@ -19,7 +19,7 @@ Arrow) instead of Spark's exchange and sort. Grouping columns are names of ``df`
 (Spark also takes expressions: add them as columns first).
 
 A cogroup is one shuffle of both inputs: both map sides write under one shuffle id (the right
-side's map partitions numbered from ``tasks.RIGHT_MAPS``), and each reduce task reads both
+side's map partitions numbered from ``reduce_task.RIGHT_MAPS``), and each reduce task reads both
 sides of its partitions. The n-th grouping column must have the same type on both sides (equal
 keys of different types would hash apart); only ``mode="materialized"``.
 """
@@ -36,19 +36,13 @@ from pyspark.sql.types import StructType
 from arrow_shuffle.errors import ShuffleConfigError
 from spark_plugin.compat.arrow_schema import to_arrow_schema
 from spark_plugin.compat.plan_stats import PlanSize
-from spark_plugin.shuffle.driver.dataframe import (
-    ShuffleHandle,
-    _build,
-    _partitions,
-    _struct,
-    check_mode,
-    map_side,
-    reduce_side,
-)
+from spark_plugin.shuffle.driver.handle import ShuffleHandle
+from spark_plugin.shuffle.driver.planning import _build, _partitions, _struct, map_side, reduce_side
 from spark_plugin.shuffle.driver.session import arrow_batch_rows, pandas_conversion
+from spark_plugin.shuffle.driver.shuffle_settings import check_mode
 from spark_plugin.shuffle.map_output import check_keys
 from spark_plugin.shuffle.worker.grouped_map import GroupedCall, cogrouped_consumer, form_of, grouped_consumer
-from spark_plugin.shuffle.worker.tasks import RIGHT_MAPS, cogroup_reduce_function
+from spark_plugin.shuffle.worker.reduce_task import RIGHT_MAPS, cogroup_reduce_function
 
 
 def group_by(

@@ -265,7 +265,7 @@ def spark_partition_apply(
 
 
 def mark(out: DataFrame, route: Route) -> DataFrame:
-    """Attach the route to the DataFrame it produced (``dataframe.release`` knows a Spark-path
+    """Attach the route to the DataFrame it produced (``handle.release`` knows a Spark-path
     result has no arrowbeat shuffle to release)."""
     out._arrowbeat_route = route  # type: ignore[attr-defined]
     return out

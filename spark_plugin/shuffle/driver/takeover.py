@@ -89,9 +89,10 @@ def route_for(df: Any, other: Any | None) -> Any:
 
 def take_over(offer: Offer, mode: str, route: Callable[[Any, Any | None], Any] = route_for) -> Decision:
     """arrowbeat's DataFrame for ``offer`` (``mode`` ``on`` or ``auto``), or why Spark's runs."""
-    from spark_plugin.shuffle.driver.dataframe import shuffle_of, shuffle_settings
     from spark_plugin.shuffle.driver.grouped import group_by
+    from spark_plugin.shuffle.driver.handle import shuffle_of
     from spark_plugin.shuffle.driver.route import mark, record_spark_path, report
+    from spark_plugin.shuffle.driver.shuffle_settings import shuffle_settings
     from spark_plugin.shuffle.worker.grouped_map import form_of
 
     spark = offer.sides[0].df.sparkSession

@@ -34,13 +34,13 @@ from arrowbeat_base.clock import ManualClock
 from harness.procs import wait_until
 from spark_plugin.errors import ConfigError
 from spark_plugin.shuffle.agent.service import MapOutputService
-from spark_plugin.shuffle.driver import dataframe
+from spark_plugin.shuffle.driver import shuffle_settings
 from spark_plugin.shuffle.map_output import BATCH_ROWS, MapOutputWriter, check_keys, read_segments, route
+from spark_plugin.shuffle.plan import ShufflePlan
 from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient, find_agent
 from spark_plugin.shuffle.worker.grouping import iter_groups
-from spark_plugin.shuffle.worker.tasks import (
+from spark_plugin.shuffle.worker.reduce_task import (
     ReadStats,
-    ShufflePlan,
     group_consumer,
     read_partitions,
     reads_from_disk,
@@ -510,14 +510,14 @@ def test_rendezvous_tells_reducers_where_maps_are_and_times_out_on_its_clock() -
 
 
 def test_materialized_is_the_mode_and_blocking_a_deprecated_alias() -> None:
-    assert dataframe.MODES == ("materialized", "pipelined")
-    assert dataframe.check_mode("materialized") == "materialized"
-    assert dataframe.check_mode("pipelined") == "pipelined"
+    assert shuffle_settings.MODES == ("materialized", "pipelined")
+    assert shuffle_settings.check_mode("materialized") == "materialized"
+    assert shuffle_settings.check_mode("pipelined") == "pipelined"
     with pytest.warns(DeprecationWarning, match="mode='materialized'") as caught:
-        assert dataframe.check_mode("blocking", stacklevel=1) == "materialized"
+        assert shuffle_settings.check_mode("blocking", stacklevel=1) == "materialized"
     assert caught[0].filename == __file__  # points at the caller, not at arrowbeat
     with pytest.raises(ShuffleConfigError, match="mode='eager': expected one of materialized, pipelined"):
-        dataframe.check_mode("eager")
+        shuffle_settings.check_mode("eager")
 
 
 class FakeConf:
@@ -555,25 +555,25 @@ def test_the_application_conf_is_read_once_per_context() -> None:
     app = {"spark.arrowbeat.authenticate.secret": SECRET, "spark.arrowbeat.shuffle.readHostLocalDisk": "true"}
     session = FakeSession(app)
     for _ in range(3):
-        assert dataframe.shuffle_settings(session).shuffle_read_host_local  # type: ignore[arg-type]
+        assert shuffle_settings.shuffle_settings(session).shuffle_read_host_local  # type: ignore[arg-type]
     assert session.reads == 1
     session.conf.values["spark.arrowbeat.shuffle.readHostLocalDisk"] = "false"  # per query
-    assert not dataframe.shuffle_settings(session).shuffle_read_host_local  # type: ignore[arg-type]
+    assert not shuffle_settings.shuffle_settings(session).shuffle_read_host_local  # type: ignore[arg-type]
     assert session.reads == 1
     session.sparkContext.applicationId = "app-fake-2"  # a new application
-    dataframe.shuffle_settings(session)  # type: ignore[arg-type]
+    shuffle_settings.shuffle_settings(session)  # type: ignore[arg-type]
     assert session.reads == 2
     other = FakeSession({**app, "spark.arrowbeat.shuffle.mapMemory": "64m"})
-    assert dataframe.shuffle_settings(other).shuffle_map_memory_bytes == 64 << 20  # type: ignore[arg-type]
+    assert shuffle_settings.shuffle_settings(other).shuffle_map_memory_bytes == 64 << 20  # type: ignore[arg-type]
     assert other.reads == 1
 
 
 def test_dataframe_configcome_through_the_plugins_declarations() -> None:
     app = {"spark.arrowbeat.authenticate.secret": SECRET, "spark.master": "local[2]"}
-    config = dataframe.shuffle_settings(FakeSession(app))  # type: ignore[arg-type]
+    config = shuffle_settings.shuffle_settings(FakeSession(app))  # type: ignore[arg-type]
     assert config.shuffle_map_memory_bytes == 8 << 20 and config.shuffle_read_host_local
     tuned = {**app, "spark.arrowbeat.shuffle.mapMemory": "64m", "spark.arrowbeat.shuffle.dir": "/x"}
-    config = dataframe.shuffle_settings(FakeSession(tuned))  # type: ignore[arg-type]
+    config = shuffle_settings.shuffle_settings(FakeSession(tuned))  # type: ignore[arg-type]
     assert (config.shuffle_map_memory_bytes, config.shuffle_dir) == (64 << 20, "/x")
 
 
@@ -583,7 +583,7 @@ def test_read_host_local_disk_is_settable_per_query_and_other_keys_are_not() -> 
         "spark.arrowbeat.shuffle.readHostLocalDisk": "false",
         "spark.arrowbeat.shuffle.mapMemory": "64m",
     }
-    config = dataframe.shuffle_settings(FakeSession(app, runtime))  # type: ignore[arg-type]
+    config = shuffle_settings.shuffle_settings(FakeSession(app, runtime))  # type: ignore[arg-type]
     assert config.shuffle_read_host_local is False
     assert config.shuffle_map_memory_bytes == 8 << 20  # fixed for the application
 
@@ -610,7 +610,7 @@ def test_a_bad_setting_is_the_plugins_config_error_naming_the_key(
 ) -> None:
     session = FakeSession({"spark.arrowbeat.authenticate.secret": SECRET, **app}, runtime)
     with pytest.raises(ConfigError, match=re.escape(named)) as caught:
-        dataframe.shuffle_settings(session)  # type: ignore[arg-type]
+        shuffle_settings.shuffle_settings(session)  # type: ignore[arg-type]
     assert not isinstance(caught.value, ShuffleConfigError)
 
 

@@ -44,11 +44,11 @@ from spark_plugin.shuffle import rendezvous_client
 from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.agent.ttl import RECENT_DELETED, DeletedShuffles
 from spark_plugin.shuffle.agent_layout import note_read
-from spark_plugin.shuffle.driver import dataframe
+from spark_plugin.shuffle.driver import handle as shuffle_handle
 from spark_plugin.shuffle.driver.rendezvous import MAX_SHUFFLES, Rendezvous
 from spark_plugin.shuffle.map_output import MapOutputWriter
+from spark_plugin.shuffle.plan import ShufflePlan
 from spark_plugin.shuffle.worker import pipelined
-from spark_plugin.shuffle.worker.tasks import ShufflePlan
 
 SECRET = "bounded-state-secret-0123456789"
 APP = "app-bounded"
@@ -216,29 +216,29 @@ def _entry(aid: int) -> object:
 
 def test_releasing_a_pipelined_shuffle_forgets_its_entries() -> None:
     driver = Rendezvous(SECRET)
-    dataframe._rendezvous_of[APP] = driver
+    shuffle_handle._rendezvous_of[APP] = driver
     try:
         driver.register(9, 0, "h", 1, token=1)  # a map task that never ended normally
         driver.register(10, 0, "h", 1, token=1)
-        handle = dataframe.ShuffleHandle(_Session(), _plan(9), "pipelined")  # type: ignore[arg-type]
+        handle = shuffle_handle.ShuffleHandle(_Session(), _plan(9), "pipelined")  # type: ignore[arg-type]
         assert handle.release() == 0  # no reports: no metrics to write
         assert driver.locate(9, 1, 0.0) == [] and driver.shuffles() == 1
     finally:
-        dataframe._rendezvous_of.pop(APP, None)
+        shuffle_handle._rendezvous_of.pop(APP, None)
         driver.close()
 
 
 @pytest.fixture
 def no_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
     """Releases write no ``shuffle_metrics`` rows here (no tables): the reports are the subject."""
-    monkeypatch.setattr(dataframe.ShuffleHandle, "flush_metrics", lambda self: 0)
+    monkeypatch.setattr(shuffle_handle.ShuffleHandle, "flush_metrics", lambda self: 0)
 
 
 @pytest.mark.usefixtures("no_metrics")
 def test_a_released_shuffles_reports_leave_pysparks_accumulator_registry() -> None:
     """PySpark's driver keeps every accumulator it made, with its value. A released shuffle's
     reports move to its handle (and go with it); a late update is taken and dropped."""
-    handle = dataframe.ShuffleHandle(_Session(), _plan(11), "materialized")  # type: ignore[arg-type]
+    handle = shuffle_handle.ShuffleHandle(_Session(), _plan(11), "materialized")  # type: ignore[arg-type]
     aid = handle._reports.aid  # type: ignore[union-attr]
     _update(aid, [_report(0), _report(1)])
     assert handle.release() == 0
@@ -249,7 +249,7 @@ def test_a_released_shuffles_reports_leave_pysparks_accumulator_registry() -> No
 
 
 def test_a_dropped_handle_takes_its_reports_along() -> None:
-    handle = dataframe.ShuffleHandle(_Session(), _plan(12), "materialized")  # type: ignore[arg-type]
+    handle = shuffle_handle.ShuffleHandle(_Session(), _plan(12), "materialized")  # type: ignore[arg-type]
     aid = handle._reports.aid  # type: ignore[union-attr]
     _update(aid, [_report(0)])
     del handle
@@ -266,7 +266,7 @@ def test_a_thousand_released_shuffles_keep_a_slot_each_not_their_reports() -> No
     try:
         before = tracemalloc.get_traced_memory()[0]
         for shuffle in range(1000):
-            handle = dataframe.ShuffleHandle(_Session(), _plan(shuffle), "materialized")  # type: ignore[arg-type]
+            handle = shuffle_handle.ShuffleHandle(_Session(), _plan(shuffle), "materialized")  # type: ignore[arg-type]
             _update(handle._reports.aid, [_report(p) for p in range(20)])  # type: ignore[union-attr]
             handle.release()
             del handle
@@ -526,14 +526,14 @@ def test_the_driver_keeps_one_rendezvous_with_the_shuffle_ttl() -> None:
     """One per application, with ``spark.arrowbeat.shuffle.ttl``; a new application (the process
     stopped its SparkContext and started another) closes the previous one's."""
     try:
-        first = dataframe._rendezvous(_application("app-1"), _plan(1))
+        first = shuffle_handle._rendezvous(_application("app-1"), _plan(1))
         assert first.ttl_s == 600.0
-        assert dataframe._rendezvous(_application("app-1"), _plan(2)) is first
-        second = dataframe._rendezvous(_application("app-2"), _plan(3))
-        assert second is not first and list(dataframe._rendezvous_of) == ["app-2"]
+        assert shuffle_handle._rendezvous(_application("app-1"), _plan(2)) is first
+        second = shuffle_handle._rendezvous(_application("app-2"), _plan(3))
+        assert second is not first and list(shuffle_handle._rendezvous_of) == ["app-2"]
         with pytest.raises(ShuffleError):  # closed: its port no longer answers
             rendezvous_client.locate(first.address, SECRET, 1, 0, 0.0)
     finally:
-        for found in dataframe._rendezvous_of.values():
+        for found in shuffle_handle._rendezvous_of.values():
             found.close()
-        dataframe._rendezvous_of.clear()
+        shuffle_handle._rendezvous_of.clear()

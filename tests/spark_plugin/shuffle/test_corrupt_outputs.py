@@ -22,15 +22,16 @@ from arrow_shuffle.checksum import CHUNK_BYTES, VerifiedSegment
 from spark_plugin.shuffle.agent.corrupt_outputs import Outcome
 from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.agent_layout import name_parts, written_by
-from spark_plugin.shuffle.driver.dataframe import _stage
+from spark_plugin.shuffle.driver.handle import _stage
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
+from spark_plugin.shuffle.plan import ShufflePlan
 from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient
-from spark_plugin.shuffle.worker.tasks import ReadStats, ShufflePlan, read_partitions
+from spark_plugin.shuffle.worker.reduce_task import ReadStats, read_partitions
 
 SECRET = "corrupt-outputs-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string()), ("x", pa.float64())])
 NAME = "m3-2.41.0-0a1b2c3d.arrows"
-"""A map output's name as ``tasks.map_function`` makes it: map partition 3, task attempt id 41."""
+"""A map output's name as ``map_task.map_function`` makes it: map partition 3, task attempt id 41."""
 
 
 def data(n: int, seed: int = 0) -> pa.RecordBatch:

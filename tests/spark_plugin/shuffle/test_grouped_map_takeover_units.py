@@ -23,7 +23,7 @@ from spark_plugin.compat import grouped_map_hook as hook
 from spark_plugin.compat.grouped_map_hook import Decision, Offer, Side
 from spark_plugin.compat.plan_stats import PlanSize
 from spark_plugin.errors import ConfigError
-from spark_plugin.shuffle.driver import dataframe, grouped, takeover
+from spark_plugin.shuffle.driver import grouped, shuffle_settings, takeover
 from spark_plugin.shuffle.driver.route import Route
 from spark_plugin.shuffle.driver.takeover import grouping_names, take_over
 
@@ -360,7 +360,7 @@ def _plan_with(monkeypatch: pytest.MonkeyPatch) -> None:
         raise _Planned(size)
 
     monkeypatch.setattr(takeover, "is_connect", lambda _spark: False)
-    monkeypatch.setattr(dataframe, "shuffle_settings", lambda _spark: None)
+    monkeypatch.setattr(shuffle_settings, "shuffle_settings", lambda _spark: None)
     monkeypatch.setattr(grouped, "_partitions", partitions)
 
 
