@@ -7,7 +7,8 @@ validated ``HeartbeatServices``. One module per role:
   ``scheduler``; ``lazy_exports`` (every package's names imported on first use);
 * the heartbeat protocol, as in Flink: ``target``, ``listener``, ``monitor`` (one target's
   liveness), ``manager`` (receiver side), ``sender`` (requests every interval), ``services``
-  (validated settings and the factory for both managers);
+  (validated settings and the factory for both managers); ``phi_accrual`` and ``phi_monitor``
+  (the phi detector's early, per-target suspicion, when ``HeartbeatServices.phi`` is set);
 * what travels and what is told: ``payload``, ``notices`` (the agent's findings, carried until
   surely delivered), ``events``; the exception tree: ``errors``;
 * the ResourceManager: ``resource_manager`` (its core, no transport) and ``rm_server`` (gRPC);
