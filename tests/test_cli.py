@@ -32,11 +32,13 @@ from spark_plugin.tools.conf_command import main as module_main
 pytestmark = pytest.mark.timeout(120)
 
 SECRET = "cli-test-secret"
-FAST = HeartbeatServices(interval_s=0.1, timeout_s=0.5, rpc_failure_threshold=2)
 RETRY = RetryPolicy(min_delay_s=0.02, max_delay_s=0.1, deadline_s=5.0, attempt_timeout_s=1.0)
 APP, OTHER_APP = "app-20261123120000-0007", "app-20261123110000-0006"
 T0 = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 DEADLINE_S = 30.0
+STEADY = HeartbeatServices(interval_s=0.1, timeout_s=DEADLINE_S, rpc_failure_threshold=2)
+"""Heartbeats every 0.1 s, so listings show ages at once, and a timeout no loaded machine reaches:
+the tests assert both agents RUNNING (a 0.5 s timeout let one time out with both cores busy)."""
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -126,7 +128,7 @@ def material() -> tls.TlsMaterial:
 def running_rm(material: tls.TlsMaterial | None) -> Iterator[str]:
     """An RM with two registered agents (executors 0 and 1); yields its address."""
     credentials = None if material is None else tls.grpc_server_credentials(material)
-    server = ResourceManagerServer(FAST, SECRET, server_credentials=credentials)
+    server = ResourceManagerServer(STEADY, SECRET, server_credentials=credentials)
     address = server.start()
     client: dict[str, object] = {}
     if material is not None:
@@ -135,7 +137,7 @@ def running_rm(material: tls.TlsMaterial | None) -> Iterator[str]:
             "channel_options": tls.grpc_channel_options(material),
         }
     agents = [
-        AgentThread(address, SECRET, eid, services=FAST, retry_policy=RETRY, **client)  # type: ignore[arg-type]
+        AgentThread(address, SECRET, eid, services=STEADY, retry_policy=RETRY, **client)  # type: ignore[arg-type]
         for eid in ("1", "0")
     ]
     try:

@@ -152,7 +152,7 @@ def test_credit_invariants_and_exactly_once_delivery(tmp_path_factory, s: dict[s
             assert gate_stats.channels_finished == len(specs)
             senders = {sender.subpartition.index: sender for sender in server.senders()}
             # A sender marks itself completed just after sending end-of-partition.
-            assert wait_until(lambda: all(senders[c.subpartition].completed for c in remote), 5, 0.005)
+            assert wait_until(lambda: all(senders[c.subpartition].completed for c in remote), 30, 0.005)
             for channel in remote:  # the sender's count agrees with the receiver's
                 assert senders[channel.subpartition].buffers_sent == channel.stats().buffers_received
         else:

@@ -81,7 +81,7 @@ def test_channels_from_several_partitions_deliver_every_row(
     assert sorted(seen) == sorted(list(range(5000)) * 3)
     # A sender marks itself completed on its own thread, after END went out: maybe after the
     # reader already has every row.
-    assert wait_until(lambda: all(sender.completed for sender in server.senders()), 5)
+    assert wait_until(lambda: all(sender.completed for sender in server.senders()), 30)
     for sender in server.senders():
         assert sender.max_overdraft <= 0
     sent = sum(p.stats().bytes_sent for p in parts)
@@ -187,7 +187,7 @@ def test_producer_abort_mid_stream_fails_every_reader_with_a_typed_error(
     late = RemoteChannelSpec(server.address, part.partition_id, 2)  # a reader arriving after the abort
     error = _expect_failure(config, pool, late, SECRET)
     assert isinstance(error, ProducerFailedError) and f"{part.partition_id}#2" in str(error)
-    assert wait_until(lambda: part.pool.in_use == 0, 5, 0.005), "the aborted partition's buffers returned"
+    assert wait_until(lambda: part.pool.in_use == 0, 30, 0.005), "the aborted partition's buffers returned"
     server.release(part.partition_id)
     assert pool.num_available == pool.num_segments
 
@@ -451,8 +451,8 @@ def test_end_wins_over_a_credit_announcement_that_hit_the_closed_connection(
             batches = iter(gate)
             rows = [next(batches).num_rows for _ in range(sent)]  # all received before END is read
             (conn,) = transport.conns
-            assert conn.holding.wait(5) and fake.hung_up.wait(5)
-            assert wait_until(lambda: bool(conn.failed_sends), 5)  # the announcement hit the reset
+            assert conn.holding.wait(30) and fake.hung_up.wait(30)
+            assert wait_until(lambda: bool(conn.failed_sends), 30)  # the announcement hit the reset
             conn.release.set()
             rows += [b.num_rows for b in batches]
             assert gate.stats().channels_finished == 1

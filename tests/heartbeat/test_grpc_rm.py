@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -20,8 +21,8 @@ from heartbeat import (
 from heartbeat.rm.admin import list_executors
 from heartbeat.wire.proto import heartbeat_pb2 as pb
 
-from .conftest import DEADLINE_S, FAST, SECRET
-from .fakes import Collector
+from .conftest import DEADLINE_S, FAST, SECRET, STEADY
+from .fakes import Collector, served_rm
 from .wire import message, raw_stream, register_frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,7 +31,23 @@ Rm = tuple[ResourceManagerServer, str, Collector]
 
 
 def agent(address: str, executor_id: str, secret: str = SECRET, **kwargs: object) -> AgentThread:
-    return AgentThread(address, secret, executor_id, services=FAST, retry_policy=RETRY, **kwargs)  # type: ignore[arg-type]
+    """An agent with STEADY's timeout (``kwargs`` may set its ``services``)."""
+    kwargs.setdefault("services", STEADY)
+    return AgentThread(address, secret, executor_id, retry_policy=RETRY, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def rm() -> Iterator[Rm]:
+    """A served RM with STEADY's timeout: these tests assert agents stay RUNNING, which FAST's 0.5 s
+    does not promise on a loaded machine (the timeout test uses ``fast_rm``)."""
+    with served_rm(STEADY, SECRET) as served:
+        yield served
+
+
+@pytest.fixture
+def fast_rm() -> Iterator[Rm]:
+    with served_rm(FAST, SECRET) as served:
+        yield served
 
 
 def test_registered_agent_reports_heartbeats_with_rtt_despite_a_raising_subscriber(rm: Rm) -> None:
@@ -43,16 +60,16 @@ def test_registered_agent_reports_heartbeats_with_rtt_despite_a_raising_subscrib
     a = agent(address, "1")
     try:
         a.start()
-        assert a.wait_registered(5.0)
+        assert a.wait_registered(DEADLINE_S)
         assert a.registration is not None and a.registration.epoch == server.epoch
-        assert events.wait_for(lambda: len(events.records) >= 3, 5.0)
+        assert events.wait_for(lambda: len(events.records) >= 3, DEADLINE_S)
         record = events.records[0]
         assert record.executor_id == "1" and 0 < record.rtt_ms < 1000
         [info] = server.executors()
         assert info.state == "RUNNING" and info.instance_id == a.registration.instance_id
     finally:
         a.stop()
-    events.wait_event(EventKind.UNREGISTERED, "1", 5.0)
+    events.wait_event(EventKind.UNREGISTERED, "1", DEADLINE_S)
 
 
 @pytest.mark.parametrize("secret", [None, "wrong", ""])
@@ -113,8 +130,8 @@ def test_malformed_and_oversized_messages_get_a_status_and_others_keep_working(r
     a = agent(address, "good")
     try:
         a.start()
-        assert a.wait_registered(5.0)
-        events.wait_event(EventKind.REGISTERED, "good", 5.0)
+        assert a.wait_registered(DEADLINE_S)
+        events.wait_event(EventKind.REGISTERED, "good", DEADLINE_S)
     finally:
         a.stop()
     assert [e.executor_id for e in events.events if e.kind is EventKind.REGISTERED] == ["good"]
@@ -129,8 +146,8 @@ def test_stale_epoch_on_the_wire_is_failed_precondition(rm: Rm) -> None:
     assert events.records == []
 
 
-def test_unhealthy_host_times_out_then_reregisters_when_healthy(rm: Rm) -> None:
-    server, address, events = rm
+def test_unhealthy_host_times_out_then_reregisters_when_healthy(fast_rm: Rm) -> None:
+    server, address, events = fast_rm
     healthy = [True]
     polls = [0]
 
@@ -138,22 +155,22 @@ def test_unhealthy_host_times_out_then_reregisters_when_healthy(rm: Rm) -> None:
         polls[0] += 1
         return healthy[0]
 
-    a = agent(address, "2", is_healthy=is_healthy)
+    a = agent(address, "2", is_healthy=is_healthy, services=FAST)
     try:
         a.start()
-        assert a.wait_registered(5.0)
+        assert a.wait_registered(DEADLINE_S)
         healthy[0] = False
         events.wait_event(EventKind.HEARTBEAT_TIMEOUT, "2", DEADLINE_S)
         # Out of its session, the agent asks is_healthy() once per interval before it may register
         # again. Four more asks (one may still come from the closing session) span >= 2 intervals.
-        assert wait_until(lambda: a.registration is None, 5.0)
+        assert wait_until(lambda: a.registration is None, DEADLINE_S)
         seen = polls[0]
-        assert wait_until(lambda: polls[0] >= seen + 4, 5.0)
+        assert wait_until(lambda: polls[0] >= seen + 4, DEADLINE_S)
         assert events.find(EventKind.REREGISTERED, "2") == [] and a.registrations == 1
         assert [i.state for i in server.executors()] == ["TIMEOUT"]
         healthy[0] = True
-        events.wait_event(EventKind.REREGISTERED, "2", 5.0)
-        assert a.wait_registered(5.0)
+        events.wait_event(EventKind.REREGISTERED, "2", DEADLINE_S)
+        assert a.wait_registered(DEADLINE_S)
     finally:
         a.stop()
 
@@ -166,7 +183,7 @@ def test_rm_restart_on_the_same_port_is_followed_by_reregistration() -> None:
     second: ResourceManagerServer | None = None
     try:
         a.start()
-        assert a.wait_registered(5.0)
+        assert a.wait_registered(DEADLINE_S)
         old = a.registration
         first.stop(grace_s=0.1)
         second = ResourceManagerServer(FAST, secret=SECRET, port=port, known_executors=["3"])
@@ -174,7 +191,7 @@ def test_rm_restart_on_the_same_port_is_followed_by_reregistration() -> None:
         second.subscribe(events)
         assert second.start() == address
         event = events.wait_event(EventKind.REREGISTERED, "3", DEADLINE_S)
-        assert a.wait_registered(5.0)
+        assert a.wait_registered(DEADLINE_S)
         assert a.registration is not None and old is not None
         assert a.registration.epoch == second.epoch != old.epoch
         assert event.instance_id == a.registration.instance_id
@@ -207,8 +224,8 @@ def test_list_executors_shows_the_rm_view_to_secret_holders_only(rm: Rm) -> None
     a = agent(address, "7")
     try:
         a.start()
-        assert a.wait_registered(5.0)
-        assert events.wait_for(lambda: len(events.records) >= 1, 5.0)
+        assert a.wait_registered(DEADLINE_S)
+        assert events.wait_for(lambda: len(events.records) >= 1, DEADLINE_S)
         (status,) = list_executors(address, SECRET)
         assert status.executor_id == "7" and status.state == "RUNNING"
         assert status.pid == os.getpid()  # the agent runs in this process here
@@ -229,15 +246,15 @@ def test_a_newer_registration_of_the_same_id_stops_the_older_agent_for_good(
     try:
         with caplog.at_level(logging.WARNING):
             older.start()
-            assert older.wait_registered(5.0)
-            events.wait_event(EventKind.REGISTERED, "dup", 5.0)
+            assert older.wait_registered(DEADLINE_S)
+            events.wait_event(EventKind.REGISTERED, "dup", DEADLINE_S)
             newer.start()
-            assert newer.wait_registered(5.0)
-            assert wait_until(lambda: older.error is not None, 5.0), "the replaced agent did not stop"
+            assert newer.wait_registered(DEADLINE_S)
+            assert wait_until(lambda: older.error is not None, DEADLINE_S), "the replaced agent did not stop"
             assert not older.wait_registered(5.0), "it gave up instead of registering again"
             assert newer.registration is not None
             instance = newer.registration.instance_id
-            replaced = events.wait_event(EventKind.REREGISTERED, "dup", 5.0)
+            replaced = events.wait_event(EventKind.REREGISTERED, "dup", DEADLINE_S)
             assert replaced.instance_id == instance
 
             # Several intervals later, counted by the new registration's answered heartbeats:
@@ -246,7 +263,7 @@ def test_a_newer_registration_of_the_same_id_stops_the_older_agent_for_good(
                 return sum(1 for r in events.records if r.instance_id == instance)
 
             seen = answered()
-            assert events.wait_for(lambda: answered() >= seen + 4, 5.0)
+            assert events.wait_for(lambda: answered() >= seen + 4, DEADLINE_S)
             assert [e.kind for e in events.events] == [EventKind.REGISTERED, EventKind.REREGISTERED]
             assert older.registrations == newer.registrations == 1
             [info] = server.executors()
@@ -261,5 +278,5 @@ def test_a_newer_registration_of_the_same_id_stops_the_older_agent_for_good(
     finally:
         older.stop()
         newer.stop()
-    events.wait_event(EventKind.UNREGISTERED, "dup", 5.0)
+    events.wait_event(EventKind.UNREGISTERED, "dup", DEADLINE_S)
     assert [s.state for s in list_executors(address, SECRET)] == ["UNREGISTERED"]

@@ -13,7 +13,7 @@ from heartbeat import AgentThread, HeartbeatError, ResourceManagerServer, RetryP
 from heartbeat.rm.admin import list_executors
 from spark_plugin.settings import tls
 
-from .conftest import FAST, SECRET
+from .conftest import SECRET, STEADY
 from .fakes import Collector, ServedRm, served_rm
 
 pytestmark = pytest.mark.timeout(60)
@@ -27,18 +27,18 @@ def material() -> tls.TlsMaterial:
 
 @pytest.fixture
 def rm(material: tls.TlsMaterial) -> Iterator[ServedRm]:
-    with served_rm(FAST, SECRET, server_credentials=tls.grpc_server_credentials(material)) as served:
+    with served_rm(STEADY, SECRET, server_credentials=tls.grpc_server_credentials(material)) as served:
         yield served
 
 
 def agent(address: str, executor_id: str, material: tls.TlsMaterial | None) -> AgentThread:
     if material is None:
-        return AgentThread(address, SECRET, executor_id, services=FAST, retry_policy=RETRY)
+        return AgentThread(address, SECRET, executor_id, services=STEADY, retry_policy=RETRY)
     return AgentThread(
         address,
         SECRET,
         executor_id,
-        services=FAST,
+        services=STEADY,
         retry_policy=RETRY,
         channel_credentials=tls.grpc_channel_credentials(material),
         channel_options=tls.grpc_channel_options(material),

@@ -15,14 +15,25 @@ import pytest
 
 from arrowbeat_base.clock import ManualClock
 from harness.procs import wait_until
-from heartbeat import AgentThread, EventKind, ExecutorEvent, HeartbeatRecord, ResourceManagerServer
+from heartbeat import (
+    AgentThread,
+    EventKind,
+    ExecutorEvent,
+    HeartbeatRecord,
+    HeartbeatServices,
+    ResourceManagerServer,
+)
 from heartbeat.executor_info import ExecutorInfo
 from heartbeat.payload import Payload, slots_provider, static_provider
 from spark_plugin.settings import tls
 from spark_plugin.tools.live_page import LivePage, LiveView, health, page_token, start_live_page
-from tests.heartbeat.conftest import DEADLINE_S, FAST, SECRET
+from tests.heartbeat.conftest import DEADLINE_S, SECRET
 
 pytestmark = pytest.mark.timeout(60)
+LIVE = HeartbeatServices(interval_s=0.1, timeout_s=3.0, rpc_failure_threshold=2)
+"""Heartbeats every 0.1 s and a 3 s timeout: a silenced agent turns red within seconds, and a live
+one reads ``ok`` (its last heartbeat under half the timeout) even when both cores are busy, which
+a 0.5 s timeout (``ok`` only under 0.25 s) did not promise."""
 
 
 def test_the_page_token_is_derived_from_the_secret_and_reveals_nothing_of_it() -> None:
@@ -128,7 +139,7 @@ class Page:
 
 @pytest.fixture
 def served() -> Iterator[tuple[ResourceManagerServer, str, Page]]:
-    rm = ResourceManagerServer(FAST, secret=SECRET)
+    rm = ResourceManagerServer(LIVE, secret=SECRET)
     address = rm.start()
     page = start_live_page(
         SECRET,
@@ -136,8 +147,8 @@ def served() -> Iterator[tuple[ResourceManagerServer, str, Page]]:
         rm.subscribe,
         host="127.0.0.1",
         port=0,
-        interval_s=FAST.interval_s,
-        timeout_s=FAST.timeout_s,
+        interval_s=LIVE.interval_s,
+        timeout_s=LIVE.timeout_s,
         app_id=lambda: "app-test",
         rm_address=address,
     )
@@ -182,9 +193,9 @@ def test_executors_and_events_follow_real_agents_and_a_silent_one_turns_red(
     healthy = [True]
     providers = [slots_provider(4, lambda: 1), static_provider({"rss_bytes": 64 << 20})]
     agents = [
-        AgentThread(address, SECRET, "1", services=FAST, payload_providers=providers),
+        AgentThread(address, SECRET, "1", services=LIVE, payload_providers=providers),
         AgentThread(
-            address, SECRET, "2", services=FAST, payload_providers=providers, is_healthy=lambda: healthy[0]
+            address, SECRET, "2", services=LIVE, payload_providers=providers, is_healthy=lambda: healthy[0]
         ),
     ]
     try:

@@ -18,8 +18,9 @@ from spark_plugin.settings.config import load
 from spark_plugin.shuffle.agent.disk_usage import SLOW_WALK_S, DiskUsage
 
 DEADLINE_S = 30.0
-AT_ONCE_S = 0.5
-"""A payload that waited for a walk would wait the test's whole deadline; at once is far below."""
+AT_ONCE_S = 5.0
+"""A payload that waited for the hung walk would wait until the test releases it (after these
+checks), so any bound tells; 5 s, not 0.5 s, leaves room for a thread starved on a loaded machine."""
 
 
 class FakeService:
