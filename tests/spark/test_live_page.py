@@ -6,8 +6,8 @@ executor JVM is frozen (SIGSTOP) and the page shows it red within interval + tim
 own start-up per look); requests without the token get 401. The SparkConf carries the page's URL
 without the token (``spark.arrowbeat.ui.url``).
 
-Set ``ARROWBEAT_LIVE_PAGE_SCREENSHOT=docs/live-page.png`` to keep the screenshot of the frozen
-executor (the README's picture)."""
+Set ``ARROWBEAT_LIVE_PAGE_SCREENSHOT=docs/images/live-page.png`` to keep the screenshot of the frozen
+executor (the documentation site's picture)."""
 
 from __future__ import annotations
 
