@@ -1,12 +1,13 @@
-"""The README's benchmark table, from the benchmarks' own ``RESULT name=value`` lines.
+"""The site's benchmark table (``docs/developer/benchmarks.md``), from the benchmarks'
+``RESULT name=value`` lines.
 
 ``make bench`` saves each benchmark's output as ``.cache/bench/<name>.txt``; this script turns
-the ``RESULT`` lines of those files into the table between the README's markers, so no figure is
+the ``RESULT`` lines of those files into the table between that page's markers, so no figure is
 typed by hand. A benchmark without saved output keeps its row as it is (run one benchmark, and
 only its row changes).
 
     python -m scripts.bench_results                   # print the table
-    python -m scripts.bench_results --write README.md # rewrite the table between the markers
+    python -m scripts.bench_results --write docs/developer/benchmarks.md  # rewrite it between the markers
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def render(runs: Mapping[str, Run], previous: str = "") -> str:
 
 
 def rewrite(text: str, runs: Mapping[str, Run]) -> str:
-    """``text`` (a README) with the table between the markers regenerated."""
+    """``text`` (a page with the markers) with the table between them regenerated."""
     if BEGIN not in text or END not in text:
         raise ValueError(f"no {BEGIN} ... {END} markers to put the benchmark table between")
     begin = text.index(BEGIN) + len(BEGIN)
@@ -126,7 +127,7 @@ def load_runs(folder: Path) -> dict[str, Run]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench_results", description=__doc__)
     parser.add_argument("--results", default=".cache/bench", help="folder of saved outputs (<name>.txt)")
-    parser.add_argument("--write", metavar="README", help="rewrite the table between the markers there")
+    parser.add_argument("--write", metavar="PAGE", help="rewrite the table between the markers there")
     args = parser.parse_args(argv)
     runs = load_runs(Path(args.results))
     if not args.write:
