@@ -41,6 +41,7 @@ from spark_plugin.shuffle.driver.route import (
     spark_partition_apply,
     spark_repartition,
 )
+from spark_plugin.shuffle.driver.session import SessionView
 from spark_plugin.shuffle.driver.shuffle_settings import check_mode
 from spark_plugin.shuffle.worker.reduce_task import (
     group_consumer,
@@ -100,11 +101,14 @@ def repartition(
     an explicit count is kept exactly, as Spark keeps it. ``path``: ``auto``, ``arrowbeat`` or
     ``spark`` (None: ``spark.arrowbeat.shuffle.path``, arrowbeat's when unset; see ``route``)."""
     mode = check_mode(mode)
-    route = routed(df, "partition", path, num_partitions is not None)
+    view = SessionView.of(df.sparkSession)  # resolved once, passed down
+    route = routed(df, "partition", path, num_partitions is not None, session=view)
     if route is not None and route.path == "spark":
         return _routed_out(spark_repartition(df, num_partitions, key_columns), route)
-    spark, plan, adaptive = _partitions(df, num_partitions, key_columns, mode, exact=True, size=_size(route))
-    return _routed_out(_build(df, spark, plan, mode, passthrough, df.schema, adaptive), route)
+    session, plan, adaptive = _partitions(
+        df, num_partitions, key_columns, mode, exact=True, size=_size(route), session=view
+    )
+    return _routed_out(_build(df, session, plan, mode, passthrough, df.schema, adaptive), route)
 
 
 def partition_apply(
@@ -121,16 +125,17 @@ def partition_apply(
     ``func`` runs once per reduce task, on every row of its partitions; partition counts as for
     ``repartition`` (``path`` too)."""
     mode = check_mode(mode)
-    route = routed(df, "partition", path, num_partitions is not None)
+    view = SessionView.of(df.sparkSession)  # resolved once, passed down
+    route = routed(df, "partition", path, num_partitions is not None, session=view)
     if route is not None and route.path == "spark":
         out = spark_partition_apply(df, num_partitions, list(key_columns), func, schema)
         return _routed_out(out, route)
-    spark, plan, adaptive = _partitions(
-        df, num_partitions, list(key_columns), mode, exact=True, size=_size(route)
+    session, plan, adaptive = _partitions(
+        df, num_partitions, list(key_columns), mode, exact=True, size=_size(route), session=view
     )
-    out_schema = _struct(spark, schema)
+    out_schema = _struct(session, schema)
     consume = partition_consumer(func, to_arrow_schema(out_schema))
-    return _routed_out(_build(df, spark, plan, mode, consume, out_schema, adaptive), route)
+    return _routed_out(_build(df, session, plan, mode, consume, out_schema, adaptive), route)
 
 
 def group_apply(
@@ -151,19 +156,20 @@ def group_apply(
     ``auto`` (Spark's ``applyInArrow`` for inputs measured faster there), ``arrowbeat`` or ``spark``
     (None: ``spark.arrowbeat.shuffle.path``, arrowbeat's when unset; see ``route``)."""
     mode = check_mode(mode)
-    route = routed(df, "group", path, num_partitions is not None)
+    view = SessionView.of(df.sparkSession)  # resolved once, passed down
+    route = routed(df, "group", path, num_partitions is not None, session=view)
     if route is not None and route.path == "spark":
         out = spark_group_apply(df, list(key_columns), func, schema, num_partitions)
         return _routed_out(out, route)
-    spark, plan, adaptive = _partitions(
-        df, num_partitions, list(key_columns), mode, exact=False, size=_size(route)
+    session, plan, adaptive = _partitions(
+        df, num_partitions, list(key_columns), mode, exact=False, size=_size(route), session=view
     )
-    out_schema = _struct(spark, schema)
+    out_schema = _struct(session, schema)
     out_arrow = to_arrow_schema(out_schema)
     consume = group_consumer(
         func, plan.key_columns, plan.schema, out_arrow, memory_bytes=plan.reduce_memory_bytes
     )
-    return _routed_out(_build(df, spark, plan, mode, consume, out_schema, adaptive), route)
+    return _routed_out(_build(df, session, plan, mode, consume, out_schema, adaptive), route)
 
 
 __all__ = [

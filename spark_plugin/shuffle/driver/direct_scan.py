@@ -93,7 +93,9 @@ class DirectScan:
     row_groups: int
 
 
-def plan_direct_scan(df: Any, schema: pa.Schema, chained: bool = False) -> DirectScan | str:
+def plan_direct_scan(
+    df: Any, schema: pa.Schema, chained: bool = False, session: Any = None
+) -> DirectScan | str:
     """How map tasks read ``df``'s Parquet files themselves, or why they should not (a reason).
 
     ``chained``: a user's ``map_in_arrow``/``map_in_pandas`` function reads the batches first, so
@@ -104,7 +106,7 @@ def plan_direct_scan(df: Any, schema: pa.Schema, chained: bool = False) -> Direc
     unknown = sorted(set(relation.options) - KEPT_OPTIONS)
     if unknown:
         return f"read options {unknown} may change rows"
-    spark = df.sparkSession
+    spark = session if session is not None else df.sparkSession  # the caller's view, if it has one
     for flag in _ROW_CHANGING_FLAGS:
         if sql_flag(spark, flag, "false"):
             return f"{flag}=true"

@@ -102,12 +102,12 @@ class GroupedData:
 
     def _apply(self, func: Callable[..., Any], schema: StructType | str, api: str) -> DataFrame:
         form = form_of(func, api)
-        spark, plan, adaptive = _partitions(
+        session, plan, adaptive = _partitions(
             self.df, self.num_partitions, list(self.keys), self.mode, exact=False, size=self.input_size
         )
-        call = _call(func, form, spark, schema)
+        call = _call(func, form, session, schema)
         consume = grouped_consumer(call, plan.key_columns, plan.schema, plan.reduce_memory_bytes)
-        return _build(self.df, spark, plan, self.mode, consume, call.out_schema, adaptive)
+        return _build(self.df, session, plan, self.mode, consume, call.out_schema, adaptive)
 
 
 class CoGroupedData:
@@ -135,7 +135,7 @@ class CoGroupedData:
         bound = left.num_partitions if right.num_partitions is None else right.num_partitions
         if left.num_partitions is not None and right.num_partitions is not None:
             bound = max(left.num_partitions, right.num_partitions)
-        spark, left_plan, adaptive = _partitions(
+        session, left_plan, adaptive = _partitions(
             left.df,
             bound,
             list(left.keys),
@@ -156,7 +156,7 @@ class CoGroupedData:
         right_plan = replace(
             left_plan, key_columns=tuple(right.keys), schema_ipc=right_schema.serialize().to_pybytes()
         )
-        call = _call(func, form, spark, schema)
+        call = _call(func, form, session, schema)
         consume = cogrouped_consumer(
             call,
             left_plan.key_columns,
@@ -165,24 +165,24 @@ class CoGroupedData:
             right_schema,
             left_plan.reduce_memory_bytes,
         )
-        handle = ShuffleHandle(spark, left_plan, "materialized")
+        handle = ShuffleHandle(session, left_plan, "materialized")
         report = handle.reporter()
-        statuses = map_side(left.df, left_plan, report).unionByName(
-            map_side(right.df, right_plan, report, map_offset=RIGHT_MAPS)
+        statuses = map_side(left.df, left_plan, report, session=session).unionByName(
+            map_side(right.df, right_plan, report, map_offset=RIGHT_MAPS, session=session)
         )
         reduce_fn = cogroup_reduce_function(left_plan, right_plan, report, consume)
-        return reduce_side(spark, left_plan, handle, statuses, reduce_fn, call.out_schema, adaptive)
+        return reduce_side(session, left_plan, handle, statuses, reduce_fn, call.out_schema, adaptive)
 
 
-def _call(func: Callable[..., Any], form: Any, spark: Any, schema: StructType | str) -> GroupedCall:
-    out_schema = _struct(spark, schema)
+def _call(func: Callable[..., Any], form: Any, session: Any, schema: StructType | str) -> GroupedCall:
+    out_schema = _struct(session, schema)
     return GroupedCall(
         func=func,
         form=form,
         out_schema=out_schema,
         out_arrow=to_arrow_schema(out_schema),
-        conversion=pandas_conversion(spark),
-        max_records_per_batch=arrow_batch_rows(spark),
+        conversion=pandas_conversion(session),
+        max_records_per_batch=arrow_batch_rows(session),
     )
 
 

@@ -26,7 +26,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
 from spark_plugin.compat.accumulators import discard as discard_accumulator
-from spark_plugin.compat.connect import is_connect
 from spark_plugin.history.storage import tables_root
 from spark_plugin.settings.config import from_spark_conf
 from spark_plugin.shuffle.agent_layout import written_by
@@ -34,6 +33,8 @@ from spark_plugin.shuffle.driver.route import (
     route_of,
 )
 from spark_plugin.shuffle.driver.session import (
+    SessionView,
+    as_view,
     conf_entries,
     conf_value,
 )
@@ -58,11 +59,12 @@ class _ListParam(AccumulatorParam[list[dict[str, Any]]]):
 class ShuffleHandle:
     """One shuffle: its plan, its task reports, and the way to release it."""
 
-    def __init__(self, spark: SparkSession, plan: ShufflePlan, mode: str) -> None:
-        self.spark = spark
+    def __init__(self, session: SessionView | SparkSession, plan: ShufflePlan, mode: str) -> None:
+        self.view = as_view(session)
+        spark = self.spark = self.view.spark
         self.plan = plan
         self.mode = mode
-        self.connect = is_connect(spark)
+        self.connect = self.view.connect
         """Made from a Spark Connect session: no accumulator, reports from the eager map side."""
         self._reports = None if self.connect else spark.sparkContext.accumulator([], _ListParam())
         self._collected: list[dict[str, Any]] = []
@@ -149,7 +151,7 @@ class ShuffleHandle:
             if not fresh:
                 return 0
             try:
-                append_rows(_tables_location(self.spark), self.plan.app_id, self.shuffle_id, fresh)
+                append_rows(_tables_location(self.view), self.plan.app_id, self.shuffle_id, fresh)
             except BaseException:
                 self._written_keys.difference_update(_metric_key(r) for r in fresh)
                 raise
@@ -255,12 +257,12 @@ class ShuffleHandle:
         self.release()
 
 
-def _tables_location(spark: SparkSession) -> Any:
+def _tables_location(session: SessionView | SparkSession) -> Any:
     """``spark.arrowbeat.tables.path`` of the application as this session sees it (on Spark
     Connect, without the conf entries Spark withholds from clients, e.g. cloud credentials)."""
     from spark_plugin.history.storage import locate
 
-    entries = conf_entries(spark)
+    entries = conf_entries(session)
     root = tables_root(from_spark_conf(entries), dict(entries))
     return root if isinstance(root, Path) else locate(root, dict(entries))
 
@@ -334,7 +336,7 @@ _rendezvous_lock = threading.Lock()
 _rendezvous_of: dict[str, Any] = {}
 
 
-def _rendezvous(spark: SparkSession, plan: ShufflePlan) -> Any:
+def _rendezvous(session: SessionView | SparkSession, plan: ShufflePlan) -> Any:
     """The driver's rendezvous for pipelined map tasks, one per application, started on first use
     (and the previous application's closed).
 
@@ -342,7 +344,8 @@ def _rendezvous(spark: SparkSession, plan: ShufflePlan) -> Any:
     forgets the rest, and what nobody touched for ``spark.arrowbeat.shuffle.ttl`` is swept."""
     from spark_plugin.shuffle.driver.rendezvous import Rendezvous
 
-    app = spark.sparkContext.applicationId
+    view = as_view(session)
+    app = view.spark.sparkContext.applicationId
     with _rendezvous_lock:
         found = _rendezvous_of.get(app)
         if found is None:
@@ -350,8 +353,8 @@ def _rendezvous(spark: SparkSession, plan: ShufflePlan) -> Any:
             for ended in _rendezvous_of.values():
                 ended.close()
             _rendezvous_of.clear()
-            host = conf_value(spark, "spark.driver.host", "127.0.0.1")
-            ttl_s = shuffle_settings(spark).shuffle_ttl_s
+            host = conf_value(view, "spark.driver.host", "127.0.0.1")
+            ttl_s = shuffle_settings(view).shuffle_ttl_s
             found = _rendezvous_of[app] = Rendezvous(
                 plan.secret, host, transport=server_transport(plan), ttl_s=ttl_s
             )

@@ -31,7 +31,7 @@ from pyspark.sql.types import StructType
 
 from arrow_shuffle.errors import ShuffleConfigError
 from spark_plugin.compat.arrow_schema import to_arrow_schema
-from spark_plugin.compat.connect import is_connect, unsupported
+from spark_plugin.compat.connect import unsupported
 from spark_plugin.compat.plan_stats import PlanSize, plan_size
 from spark_plugin.errors import ConfigError
 from spark_plugin.settings.config import ArrowBeatConfig
@@ -52,8 +52,9 @@ from spark_plugin.shuffle.driver.route import (
 )
 from spark_plugin.shuffle.driver.route import mark as mark_route
 from spark_plugin.shuffle.driver.session import (
-    app_id,
+    SessionView,
     arrow_batch_rows,
+    as_view,
     default_parallelism,
     new_shuffle_id,
 )
@@ -93,18 +94,17 @@ def _routed_out(out: DataFrame, route: Route | None) -> DataFrame:
 
 
 def _plan(
-    df: DataFrame, num_partitions: int, key_columns: Sequence[str], mode: str
-) -> tuple[SparkSession, ShufflePlan, ArrowBeatConfig]:
+    df: DataFrame, num_partitions: int, key_columns: Sequence[str], mode: str, session: SessionView
+) -> tuple[SessionView, ShufflePlan, ArrowBeatConfig]:
     """The shuffle's plan and the settings it was made with; ``mode`` is already checked."""
     if isinstance(num_partitions, bool) or not isinstance(num_partitions, int) or num_partitions < 1:
         raise ShuffleConfigError(
             f"num_partitions={num_partitions!r} is out of range: expected an integer >= 1"
         )
-    spark = df.sparkSession
     schema = to_arrow_schema(df.schema)
     check_keys(schema, list(key_columns))
-    settings = shuffle_settings(spark)
-    if settings.ssl_enabled and is_connect(spark):
+    settings = shuffle_settings(session)
+    if settings.ssl_enabled and session.connect:
         raise ShuffleConfigError(
             unsupported(
                 "an arrowbeat shuffle with spark.arrowbeat.ssl.enabled=true",
@@ -113,8 +113,8 @@ def _plan(
             )
         )
     plan = ShufflePlan(
-        app_id=app_id(spark),
-        shuffle_id=new_shuffle_id(spark),
+        app_id=session.app_id(),
+        shuffle_id=new_shuffle_id(session),
         root=settings.shuffle_dir,  # resolved on each executor (shuffle_roots), as its user
         secret=settings.secret,  # empty on Spark Connect: the tasks ask their agents (tasks.keyed)
         key_columns=tuple(key_columns),
@@ -125,10 +125,10 @@ def _plan(
         reduce_memory_bytes=settings.shuffle_reduce_memory_bytes,
         read_host_local=settings.shuffle_read_host_local,
         checksum=settings.shuffle_checksum,
-        lost_wait_s=_retry_wait_s(spark),
+        lost_wait_s=_retry_wait_s(session),
         tls=tls_from_config(settings),  # the driver's SparkConf holds what the executors got
     )
-    return spark, plan, settings
+    return session, plan, settings
 
 
 def _check_pipelined(spark: SparkSession, source: DataFrame, num_partitions: int) -> int:
@@ -174,60 +174,65 @@ def _check_one_stage(pipelined: DataFrame, maps: int, num_partitions: int) -> No
 
 def _build(
     df: DataFrame,
-    spark: SparkSession,
+    session: SessionView,
     plan: ShufflePlan,
     mode: str,
     consume: Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
     out_schema: StructType,
     adaptive: Coalescing = False,
 ) -> DataFrame:
-    handle = ShuffleHandle(spark, plan, mode)
+    handle = ShuffleHandle(session, plan, mode)
     report = handle.reporter()
     chained = _attached(df, "_arrowbeat_chain")
     if mode == "pipelined":
         from spark_plugin.shuffle.worker.pipelined import pipelined_function
 
         source, pre = chained if chained is not None else (df, None)
-        maps = _check_pipelined(spark, source, plan.num_partitions)
-        fn = pipelined_function(plan, maps, _rendezvous(spark, plan).address, report, consume, pre)
-        reducers = _reducer_rows(spark, plan.num_partitions)
+        maps = _check_pipelined(session.spark, source, plan.num_partitions)
+        fn = pipelined_function(plan, maps, _rendezvous(session, plan).address, report, consume, pre)
+        reducers = _reducer_rows(session.spark, plan.num_partitions)
         pipelined: DataFrame = source.mapInArrow(fn, out_schema).union(reducers.mapInArrow(fn, out_schema))
         _check_one_stage(pipelined, maps, plan.num_partitions)
         pipelined._arrowbeat_shuffle = handle  # type: ignore[attr-defined]
         return pipelined
-    statuses = map_side(df, plan, report)
+    statuses = map_side(df, plan, report, session=session)
     return reduce_side(
-        spark, plan, handle, statuses, reduce_function(plan, report, consume), out_schema, adaptive
+        session, plan, handle, statuses, reduce_function(plan, report, consume), out_schema, adaptive
     )
 
 
 def map_side(
-    df: DataFrame, plan: ShufflePlan, report: Callable[[dict[str, Any]], None], map_offset: int = 0
+    df: DataFrame,
+    plan: ShufflePlan,
+    report: Callable[[dict[str, Any]], None],
+    map_offset: int = 0,
+    session: SessionView | None = None,
 ) -> DataFrame:
     """The status rows of ``df``'s map tasks (a chained ``map_in_arrow``/``map_in_pandas`` runs
     inside them)."""
     # A chained mapInArrow runs inside the map task (no JVM in between), after a direct scan if any.
     source, pre = _attached(df, "_arrowbeat_chain") or (df, None)
-    scan = _direct_scan(source, chained=pre is not None)
+    view = session or as_view(source.sparkSession)
+    scan = _direct_scan(source, view, chained=pre is not None)
     if scan is not None:  # the map tasks read the Parquet files themselves
-        rows = arrow_batch_rows(source.sparkSession) if pre is not None else BATCH_ROWS
+        rows = arrow_batch_rows(view) if pre is not None else BATCH_ROWS
         read: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]] = scan_function(scan, rows)
         if pre is not None:
             read = _then(read, pre)
-        source, pre = _split_numbers(source.sparkSession, len(scan.tasks)), read
+        source, pre = _split_numbers(view.spark, len(scan.tasks)), read
     statuses: DataFrame = source.mapInArrow(
         _named(map_function(plan, report, pre, map_offset=map_offset), WRITE_UDF), STATUS_DDL
     )
     return statuses
 
 
-def _direct_scan(df: DataFrame, chained: bool) -> DirectScan | None:
+def _direct_scan(df: DataFrame, session: SessionView, chained: bool) -> DirectScan | None:
     """How the map tasks read ``df``'s Parquet files themselves (``direct_scan``), or None: an
     optimisation never fails the call (anything it raises keeps Spark's scan)."""
-    if not shuffle_settings(df.sparkSession).shuffle_direct_scan:
+    if not shuffle_settings(session).shuffle_direct_scan:
         return None
     try:
-        scan = plan_direct_scan(df, to_arrow_schema(df.schema), chained)
+        scan = plan_direct_scan(df, to_arrow_schema(df.schema), chained, session)
     except Exception as exc:
         scan = f"planning it failed ({type(exc).__name__}: {exc})"
     if isinstance(scan, str):
@@ -260,7 +265,7 @@ def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 
 
 def reduce_side(
-    spark: SparkSession,
+    session: SessionView,
     plan: ShufflePlan,
     handle: ShuffleHandle,
     statuses: DataFrame,
@@ -275,14 +280,14 @@ def reduce_side(
         statuses, tasks = _regrouped(plan, handle, statuses, list(adaptive))
     elif (coalesced := adaptive is True and plan.num_partitions > 1) or handle.connect:
         # Spark Connect: the map side's reports are its status rows
-        statuses, tasks = _eager_map_side(spark, plan, handle, statuses, coalesced)
+        statuses, tasks = _eager_map_side(session, plan, handle, statuses, coalesced)
     out = statuses.repartition(tasks, "rk").mapInArrow(_named(reduce_fn, READ_UDF), out_schema)
     out._arrowbeat_shuffle = handle  # type: ignore[attr-defined]
     return out
 
 
 def _eager_map_side(
-    spark: SparkSession, plan: ShufflePlan, handle: ShuffleHandle, statuses: DataFrame, coalesced: bool
+    session: SessionView, plan: ShufflePlan, handle: ShuffleHandle, statuses: DataFrame, coalesced: bool
 ) -> tuple[DataFrame, int]:
     """Run the map side now; with ``coalesced``, pack contiguous reduce partitions into tasks by
     their real sizes. Returns the status rows (re-routed to their coalesced task) and the number
@@ -299,7 +304,7 @@ def _eager_map_side(
 
     settings = None
     if coalesced:  # read before the maps run: a bad setting must not leave their outputs behind
-        settings = settings_from_sql_conf(_sql_conf(spark), lambda: default_parallelism(spark))
+        settings = settings_from_sql_conf(_sql_conf(session), lambda: default_parallelism(session))
     statuses = statuses.persist(StorageLevel.MEMORY_AND_DISK)
     handle.persisted = statuses
     columns = list(REPORT_COLUMNS) if handle.connect else ["reduce", "bytes"]
@@ -360,12 +365,13 @@ _PARSED_SCHEMAS: dict[tuple[str, str], StructType] = {}
 _PARSED_SCHEMAS_MAX = 256
 
 
-def _struct(spark: SparkSession, schema: StructType | str) -> StructType:
+def _struct(session: SessionView | SparkSession, schema: StructType | str) -> StructType:
     """A DDL schema string as Spark parses it. Parsing takes an empty DataFrame (30-40 ms of py4j
     per call): kept per string and ``spark.sql.timestampType``, the one setting that changes what
     a DDL string means (``timestamp``: with or without time zone)."""
     if isinstance(schema, StructType):
         return schema
+    spark = session.spark if isinstance(session, SessionView) else session
     key = (schema, str(spark.conf.get("spark.sql.timestampType", None) or ""))
     parsed = _PARSED_SCHEMAS.get(key)
     if parsed is None:
@@ -384,15 +390,17 @@ def _partitions(
     exact: bool,
     size: PlanSize | None = None,
     others: Sequence[DataFrame] = (),
-) -> tuple[SparkSession, ShufflePlan, Coalescing]:
+    session: SessionView | None = None,
+) -> tuple[SessionView, ShufflePlan, Coalescing]:
     """The plan, and how its reduce partitions become tasks (``Coalescing``).
 
     An explicit count is kept exactly where Spark keeps it (``exact``: ``df.repartition(n, ...)``)
     and is the upper bound elsewhere; without one the upper bound is Spark's own
     (``spark.sql.adaptive.coalescePartitions.initialPartitionNum``, else
-    ``spark.sql.shuffle.partitions``), as for Spark's shuffles."""
-    spark = df.sparkSession
-    if mode == "pipelined" and is_connect(spark):
+    ``spark.sql.shuffle.partitions``), as for Spark's shuffles. ``session``: the view the public
+    call resolved (resolved here for internal callers that have none)."""
+    view = session or as_view(df.sparkSession)
+    if mode == "pipelined" and view.connect:
         raise ShuffleConfigError(
             unsupported(
                 "mode='pipelined'",
@@ -403,28 +411,29 @@ def _partitions(
         )
     n = num_partitions
     if n is None:
-        initial = spark.conf.get("spark.sql.adaptive.coalescePartitions.initialPartitionNum", None)
-        shuffle_partitions = spark.conf.get("spark.sql.shuffle.partitions", None) or "200"
+        runtime = view.spark.conf
+        initial = runtime.get("spark.sql.adaptive.coalescePartitions.initialPartitionNum", None)
+        shuffle_partitions = runtime.get("spark.sql.shuffle.partitions", None) or "200"
         raw = initial if initial not in (None, "", "<undefined>") else shuffle_partitions
         try:
             n = int(str(raw))
         except ValueError as exc:
             raise ConfigError([f"spark.sql.shuffle.partitions={raw!r}: expected an integer >= 1"]) from exc
-    spark, plan, settings = _plan(df, n, key_columns, mode)
-    sql_conf = _sql_conf(spark)
+    view, plan, settings = _plan(df, n, key_columns, mode, view)
+    sql_conf = _sql_conf(view)
     adaptive = (
         mode == "materialized"
         and not (exact and num_partitions is not None)
         and adaptive_enabled(settings, sql_conf)
     )
     if not adaptive:
-        return spark, plan, False
-    planned = _planned(spark, plan, settings, sql_conf, size, [df, *others])
-    return spark, plan, True if planned is None else tuple(planned)
+        return view, plan, False
+    planned = _planned(view, plan, settings, sql_conf, size, [df, *others])
+    return view, plan, True if planned is None else tuple(planned)
 
 
 def _planned(
-    spark: SparkSession,
+    session: SessionView,
     plan: ShufflePlan,
     settings: ArrowBeatConfig,
     sql_conf: dict[str, str],
@@ -434,7 +443,7 @@ def _planned(
     """The tasks of an adaptive shuffle planned from the optimizer's size of its ``inputs`` (``size``
     if the caller read it already), or None: measure the real sizes (``adaptive=true``, Spark
     Connect, no statistics, an estimate that may be low, or one too large to plan by)."""
-    if settings.shuffle_adaptive != "auto" or plan.num_partitions < 2 or is_connect(spark):
+    if settings.shuffle_adaptive != "auto" or plan.num_partitions < 2 or session.connect:
         return None
     if size is None:
         sizes = [plan_size(frame) for frame in inputs]
@@ -443,7 +452,7 @@ def _planned(
         size = PlanSize(sum(known), grows=grows) if len(known) == len(sizes) else PlanSize(None)
     if size.bytes is None or size.grows:
         return None
-    coalescing = settings_from_sql_conf(sql_conf, lambda: default_parallelism(spark))
+    coalescing = settings_from_sql_conf(sql_conf, lambda: default_parallelism(session))
     groups = planned_groups(plan.num_partitions, size.bytes, coalescing)
     if groups is not None:
         log.info(

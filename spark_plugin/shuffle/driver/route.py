@@ -52,7 +52,7 @@ from arrow_shuffle.errors import ShuffleConfigError
 from spark_plugin.compat.connect import is_connect
 from spark_plugin.compat.plan_stats import PlanSize, plan_size
 from spark_plugin.settings.config import from_spark_conf, key_of
-from spark_plugin.shuffle.driver.session import app_id, conf_entries, new_shuffle_id
+from spark_plugin.shuffle.driver.session import SessionView, app_id, as_view, conf_entries, new_shuffle_id
 
 log = logging.getLogger("arrowbeat.shuffle")
 
@@ -167,7 +167,7 @@ def resolve_path(spark: Any, path: str | None, unset: str = "arrowbeat") -> tupl
             raise ShuffleConfigError(f"path={path!r}: expected one of {', '.join(PATHS)}")
         return path, True
     key = key_of("shuffle_path")
-    override = spark.conf.get(key, None)
+    override = (spark.spark if isinstance(spark, SessionView) else spark).conf.get(key, None)
     overrides = {key: str(override)} if override not in (None, "", "<undefined>") else {}
     configured = from_spark_conf(_app_entry(spark, key), overrides).shuffle_path  # the one key
     if configured:
@@ -181,9 +181,10 @@ def _app_entry(spark: Any, key: str) -> list[tuple[str, str]]:
     """The application conf's entry for ``key`` (none or one). Classic: one lookup in the live
     ``SparkConf`` (copying the whole conf costs a py4j round trip per entry, tens of
     milliseconds per call); Spark Connect: the session's conf."""
-    live = None if is_connect(spark) else getattr(spark.sparkContext, "_conf", None)
+    view = as_view(spark)
+    live = None if view.connect else getattr(view.spark.sparkContext, "_conf", None)
     if live is None:
-        return [(k, v) for k, v in conf_entries(spark) if k == key]
+        return [(k, v) for k, v in conf_entries(view) if k == key]
     value = live.get(key, None)
     return [] if value is None else [(key, str(value))]
 
@@ -218,11 +219,16 @@ def choose(
 
 
 def routed(
-    df: DataFrame, op: str, path: str | None, explicit_partitions: bool, other: DataFrame | None = None
+    df: DataFrame,
+    op: str,
+    path: str | None,
+    explicit_partitions: bool,
+    other: DataFrame | None = None,
+    session: Any = None,
 ) -> Route | None:
     """What the explicit API calls ask: None when neither the call nor the key asked for a path
     (arrowbeat's, unrecorded, as before routing existed), else the decision."""
-    wanted, asked = resolve_path(df.sparkSession, path, "arrowbeat")
+    wanted, asked = resolve_path(session if session is not None else df.sparkSession, path, "arrowbeat")
     if not asked:
         return None
     route = choose(df, op, wanted, other=other, explicit_partitions=explicit_partitions)

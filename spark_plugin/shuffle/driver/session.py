@@ -12,7 +12,11 @@ A classic session answers through its SparkContext (py4j). A Spark Connect sessi
 - the default parallelism is ``spark.default.parallelism`` if set, else the number of partitions
   Spark gives ``spark.range`` (its leaf-node default parallelism), counted by the same probe.
 
-Which kind of session it is comes from ``spark_plugin.compat.connect``, never from a version.
+Which kind of session it is comes from ``spark_plugin.compat.connect``, never from a version,
+and is asked once per public call: ``SessionView.of`` resolves the session (its kind, the
+application's conf as it may see it, then arrowbeat's settings and the application id on first
+use) where a public function is called, and the view is passed down; every helper here takes a
+view (or, from tests and rare callers, a session it resolves with ``as_view``).
 """
 
 from __future__ import annotations
@@ -63,35 +67,80 @@ def _application_conf(context: Any) -> dict[str, str]:
     return entries
 
 
-def conf_entries(spark: Any) -> list[tuple[str, str]]:
-    """The application's conf as this session may see it: every entry, or (Spark Connect) every
-    entry Spark does not withhold from clients."""
-    if not is_connect(spark):
-        return list(_application_conf(spark.sparkContext).items())
+class SessionView:
+    """One session as a shuffle call sees it, resolved once where a public function is called and
+    passed down: whether it is Spark Connect, and (read on first use, then kept) the application's
+    conf as this session may see it, arrowbeat's settings and the application id."""
+
+    def __init__(self, spark: Any, connect: bool) -> None:
+        self.spark = spark
+        self.connect = connect
+        self.settings: Any = None
+        """``shuffle_settings``' answer for this call (an ``ArrowBeatConfig``), kept on first use."""
+        self._app_conf: dict[str, str] | None = None
+        self._app_id: str | None = None
+
+    @classmethod
+    def of(cls, spark: Any) -> SessionView:
+        return cls(spark, is_connect(spark))
+
+    @property
+    def app_conf(self) -> dict[str, str]:
+        """The application's conf: every entry, or (Spark Connect) every one not withheld."""
+        if self._app_conf is None:
+            self._app_conf = (
+                _client_conf(self.spark) if self.connect else _application_conf(self.spark.sparkContext)
+            )
+        return self._app_conf
+
+    def conf_value(self, key: str, default: str) -> str:
+        """One entry of the application's conf (``SparkConf`` classic, the session's on Connect)."""
+        if not self.connect:
+            return self.app_conf.get(key) or default
+        return str(self.spark.conf.get(key, default) or default)
+
+    def app_id(self) -> str:
+        """The application id (``spark.app.id`` on Spark Connect)."""
+        if self._app_id is None:
+            if not self.connect:
+                self._app_id = str(self.spark.sparkContext.applicationId)
+            else:
+                found = self.spark.conf.get("spark.app.id", None)
+                if not found:
+                    raise ShuffleConfigError("this Spark Connect session does not show spark.app.id")
+                self._app_id = str(found)
+        return self._app_id
+
+
+def as_view(session: Any) -> SessionView:
+    """``session`` if it is a view already, else its view (resolved now)."""
+    return session if isinstance(session, SessionView) else SessionView.of(session)
+
+
+def _client_conf(spark: Any) -> dict[str, str]:
+    """A Spark Connect session's conf: every entry Spark does not withhold from clients."""
     entries = getattr(spark.conf, "getAll", None)
     if not isinstance(entries, dict):
         raise ShuffleConfigError(
             f"this Spark Connect session's conf has no getAll mapping (found {type(entries).__name__}): "
             "arrowbeat cannot read the application's settings through it"
         )
-    return [(str(k), str(v)) for k, v in entries.items() if v is not None]
+    return {str(k): str(v) for k, v in entries.items() if v is not None}
 
 
-def app_id(spark: Any) -> str:
-    """The application id (``spark.app.id`` on Spark Connect)."""
-    if not is_connect(spark):
-        return str(spark.sparkContext.applicationId)
-    found = spark.conf.get("spark.app.id", None)
-    if not found:
-        raise ShuffleConfigError("this Spark Connect session does not show spark.app.id")
-    return str(found)
+def conf_entries(session: Any) -> list[tuple[str, str]]:
+    """The application's conf as this session may see it (``SessionView.app_conf``)."""
+    return list(as_view(session).app_conf.items())
 
 
-def conf_value(spark: Any, key: str, default: str) -> str:
-    """One entry of the application's conf (``SparkConf`` classic, the session's on Connect)."""
-    if not is_connect(spark):
-        return _application_conf(spark.sparkContext).get(key) or default
-    return str(spark.conf.get(key, default) or default)
+def app_id(session: Any) -> str:
+    """The application id (``SessionView.app_id``)."""
+    return as_view(session).app_id()
+
+
+def conf_value(session: Any, key: str, default: str) -> str:
+    """One entry of the application's conf (``SessionView.conf_value``)."""
+    return as_view(session).conf_value(key, default)
 
 
 def _probe(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -129,7 +178,7 @@ def shuffle_id_from_stage(stage: int) -> int:
     return STAGE_IDS_FROM + stage
 
 
-def new_shuffle_id(spark: Any) -> int:
+def new_shuffle_id(session: Any) -> int:
     """A shuffle id unique in the application.
 
     Classic: the SparkContext's own counter (``SparkContext.newShuffleId``, public in the JVM's
@@ -137,7 +186,9 @@ def new_shuffle_id(spark: Any) -> int:
     Connect (or a JVM without that method, with one warning): a probe job's stage id, offset.
     Random ids could collide (they did at 31 bits)."""
     global _warned_fallback
-    if not is_connect(spark):
+    view = as_view(session)
+    spark = view.spark
+    if not view.connect:
         try:
             return int(spark.sparkContext._jsc.sc().newShuffleId())
         except Exception as exc:  # py4j raises its own types; any failure means: not there
@@ -152,9 +203,11 @@ def new_shuffle_id(spark: Any) -> int:
     return shuffle_id_from_stage(stage)
 
 
-def default_parallelism(spark: Any) -> int:
+def default_parallelism(session: Any) -> int:
     """The application's default parallelism, as Spark's adaptive coalescing reads it."""
-    if not is_connect(spark):
+    view = as_view(session)
+    spark = view.spark
+    if not view.connect:
         return int(spark.sparkContext.defaultParallelism)
     configured = spark.conf.get("spark.default.parallelism", None)
     if configured:
@@ -166,7 +219,12 @@ def default_parallelism(spark: Any) -> int:
     return partitions
 
 
-def sql_conf(spark: Any, key: str, default: str) -> str:
+def _spark(session: Any) -> Any:
+    """The SparkSession of a view, or the session itself."""
+    return session.spark if isinstance(session, SessionView) else session
+
+
+def sql_conf(session: Any, key: str, default: str) -> str:
     """One SQL setting as the session sees it: ``spark.conf.set``, the application's conf, else
     *this Spark's* default for the key (``default`` only where this Spark has no such key).
 
@@ -176,39 +234,39 @@ def sql_conf(spark: Any, key: str, default: str) -> str:
     ``...pandas.convertToArrowArraySafely`` is ``true`` in this Spark where older ones had ``false``.
     ``spark.conf.get(key)`` without a default answers the effective value."""
     try:
-        value = spark.conf.get(key)
+        value = _spark(session).conf.get(key)
     except Exception:  # a key this Spark does not define (py4j or Connect raise their own types)
         value = None
     return default if value in (None, "", "<undefined>") else str(value)
 
 
-def sql_flag(spark: Any, key: str, default: str) -> bool:
+def sql_flag(session: Any, key: str, default: str) -> bool:
     """A boolean SQL setting as ``sql_conf`` reads it."""
-    return sql_conf(spark, key, default).strip().lower() == "true"
+    return sql_conf(session, key, default).strip().lower() == "true"
 
 
-def pandas_conversion(spark: Any) -> PandasConversion:
+def pandas_conversion(session: Any) -> PandasConversion:
     """The settings PySpark's pandas UDF workers would convert with in this session (read once,
     when the plan is made, and shipped with it)."""
     return PandasConversion(
-        timezone=sql_conf(spark, "spark.sql.session.timeZone", "") or None,
-        safecheck=sql_flag(spark, "spark.sql.execution.pandas.convertToArrowArraySafely", "false"),
+        timezone=sql_conf(session, "spark.sql.session.timeZone", "") or None,
+        safecheck=sql_flag(session, "spark.sql.execution.pandas.convertToArrowArraySafely", "false"),
         assign_cols_by_name=sql_flag(
-            spark, "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName", "true"
+            session, "spark.sql.legacy.execution.pandas.groupedMap.assignColumnsByName", "true"
         ),
         prefer_int_ext_dtype=sql_flag(
-            spark, "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype", "false"
+            session, "spark.sql.execution.pythonUDF.pandas.preferIntExtensionDtype", "false"
         ),
         int_to_decimal_coercion=sql_flag(
-            spark, "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled", "false"
+            session, "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled", "false"
         ),
-        large_var_types=sql_flag(spark, "spark.sql.execution.arrow.useLargeVarTypes", "false"),
+        large_var_types=sql_flag(session, "spark.sql.execution.arrow.useLargeVarTypes", "false"),
     )
 
 
-def arrow_batch_rows(spark: Any) -> int:
+def arrow_batch_rows(session: Any) -> int:
     """``spark.sql.execution.arrow.maxRecordsPerBatch`` (<= 0: no limit, as in Spark)."""
-    text = sql_conf(spark, "spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
+    text = sql_conf(session, "spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
     try:
         rows = int(text)
     except ValueError:

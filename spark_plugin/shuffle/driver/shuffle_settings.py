@@ -14,14 +14,10 @@ import warnings
 from pyspark.sql import SparkSession
 
 from arrow_shuffle.errors import ShuffleConfigError
-from spark_plugin.compat.connect import is_connect
 from spark_plugin.errors import ConfigError
 from spark_plugin.settings.config import OPTIONS, ArrowBeatConfig, from_spark_conf
 from spark_plugin.settings.units import parse_duration
-from spark_plugin.shuffle.driver.session import (
-    conf_entries,
-    conf_value,
-)
+from spark_plugin.shuffle.driver.session import SessionView, as_view, conf_value
 
 MODES = ("materialized", "pipelined")
 """``materialized``: map outputs written as files, read by reduce tasks in a later stage
@@ -47,28 +43,33 @@ def _key(field: str) -> str:
     return next(o.key for o in OPTIONS if o.field == field)
 
 
-def shuffle_settings(spark: SparkSession) -> ArrowBeatConfig:
+def shuffle_settings(session: SessionView | SparkSession) -> ArrowBeatConfig:
     """The application's arrowbeat settings as this session sees them, for planning a shuffle.
 
     The application's ``SparkConf`` is what the plugin started with; the session's runtime conf
     (``spark.conf.set``) wins only for keys declared settable per query. Raises ``ConfigError``
-    for a malformed setting, and when the plugin is not on (no secret: no agents to shuffle to)."""
+    for a malformed setting, and when the plugin is not on (no secret: no agents to shuffle to).
+    Read once per view (the call that resolved it)."""
+    view = as_view(session)
+    if view.settings is not None:
+        return view.settings  # type: ignore[no-any-return]
     overrides: dict[str, str] = {}
     for field in _PER_QUERY_FIELDS:
         key = _key(field)
-        value = spark.conf.get(key, None)
+        value = view.spark.conf.get(key, None)
         if value:
             overrides[key] = str(value)
-    settings = from_spark_conf(conf_entries(spark), overrides)
+    settings = from_spark_conf(list(view.app_conf.items()), overrides)
     # Spark Connect never shows a client the secret: the driver-side process's address says the
     # plugin is on, and the tasks get the secret from their agents.
-    if not settings.secret and not (is_connect(spark) and settings.rm_address):
+    if not settings.secret and not (view.connect and settings.rm_address):
         raise ConfigError(
             [
                 f"{_key('secret')} is unset: arrowbeat is not on in this application; "
                 "set spark.plugins=arrowbeat.ArrowBeatPlugin (see spark_plugin.configure)"
             ]
         )
+    view.settings = settings
     return settings
 
 
@@ -91,9 +92,9 @@ def check_mode(mode: str, stacklevel: int = 2) -> str:
     return mode
 
 
-def _retry_wait_s(spark: SparkSession) -> float:
+def _retry_wait_s(session: SessionView | SparkSession) -> float:
     """``spark.shuffle.io.retryWait`` (Spark reads it in seconds: a bare number is seconds)."""
-    text = conf_value(spark, "spark.shuffle.io.retryWait", "5s")
+    text = conf_value(session, "spark.shuffle.io.retryWait", "5s")
     try:
         return parse_duration(text, bare_unit="s")
     except ValueError:
@@ -110,11 +111,12 @@ _ADAPTIVE_SQL_KEYS = (
 )
 
 
-def _sql_conf(spark: SparkSession) -> dict[str, str]:
+def _sql_conf(session: SessionView | SparkSession) -> dict[str, str]:
     """The session's adaptive-execution settings that are set (Spark's defaults apply otherwise)."""
+    runtime = as_view(session).spark.conf
     found = {}
     for key in _ADAPTIVE_SQL_KEYS:
-        value = spark.conf.get(key, None)
+        value = runtime.get(key, None)
         if value is not None and value != "<undefined>":
             found[key] = str(value)
     return found
