@@ -26,7 +26,8 @@ class EventKind(enum.Enum):
     """What happened to an executor. The first five are the agent's own protocol; the next three
     are the cluster manager's view (Spark's, told by the driver plugin), so a reader can tell an
     executor Spark let go on purpose from one that crashed, and one that never had an agent; then
-    what its payloads tell (its tasks, its shuffle's damaged outputs) and the RM's own gaps."""
+    what its payloads tell (its tasks, its shuffle's damaged outputs), how it compares with its
+    peers (slower: degraded, then recovered) and the RM's own gaps."""
 
     REGISTERED = "REGISTERED"
     REREGISTERED = "REREGISTERED"
@@ -50,6 +51,12 @@ class EventKind(enum.Enum):
     or undecodable file) and arranged its recompute; the detail names the shuffle, the map
     partition, the file and what Spark does about it. Told by the agent as a ``Notice`` in its
     payloads (``payload.NOTICE_KINDS``), recorded once by the driver side."""
+    DEGRADED = "DEGRADED"
+    """The executor is alive but consistently slower than its peers (a gray failure: a starved,
+    throttled or stopped-and-continued JVM); the detail gives the evidence: which signal, how far
+    from the peers, since when. Judged on the driver side from the heartbeats of all executors."""
+    RECOVERED = "RECOVERED"
+    """A ``DEGRADED`` executor is back in line with its peers; the detail says for how long."""
     MONITORING_GAP = "MONITORING_GAP"
     """Not about one executor: the RM itself was down (dead or hung, then restarted) and nothing
     was recorded between the event's ``ts`` and the end its detail gives; an interval without

@@ -383,6 +383,33 @@ def test_events_prints_one_line_per_event_of_one_app(
     assert code == 0 and len(out.strip().splitlines()) == 6 and OTHER_APP in out.splitlines()[0]
 
 
+def test_degraded_lists_the_executors_slower_than_their_peers_now(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "gray"
+    writer = HistoryWriter(root, flush_interval_s=1.0)
+    writer.open()
+    evidence = "slower than its peers: JVM pulse lateness 49.5 ms vs the peers' 0.50 ms (99.0x, 1 peer)"
+    writer.append("executor_events", event(APP, "0", "a0", 0.0, "REGISTERED"))
+    writer.append("executor_events", event(APP, "1", "a1", 0.1, "REGISTERED"))
+    writer.flush()
+    code, out, _ = run(["degraded", "--tables", str(root)], capsys)
+    assert code == 0 and out.strip() == f"no executor of {APP} is degraded (slower than its peers)"
+    writer.append("executor_events", event(APP, "0", "a0", 5.0, "DEGRADED", evidence))
+    writer.append("executor_events", event(APP, "1", "a1", 6.0, "DEGRADED", evidence))
+    writer.append("executor_events", event(APP, "1", "a1", 30.0, "RECOVERED", "back in line"))
+    writer.flush()
+    code, out, _ = run(["degraded", "--tables", str(root), "--app", APP], capsys)
+    lines = out.strip().splitlines()
+    assert code == 0 and len(lines) == 1, lines
+    assert "executor 0 " in lines[0] and "DEGRADED" in lines[0] and "49.5 ms" in lines[0]
+    writer.append("executor_events", event(APP, "0", "a0", 40.0, "SPARK_REMOVED", "replaced"))
+    writer.flush()
+    code, out, _ = run(["degraded", "--tables", str(root)], capsys)
+    assert code == 0 and "no executor" in out
+    writer.stop()
+
+
 def test_an_unknown_app_or_a_missing_table_is_one_clear_line(
     tables: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

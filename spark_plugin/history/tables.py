@@ -15,7 +15,9 @@ heartbeat, null when unknown).
 ``executor_events``: app_id, executor_id, host, instance_id, ts, event (REGISTERED, REREGISTERED,
 HEARTBEAT_TIMEOUT, UNREACHABLE, UNREGISTERED; Spark's view: SPARK_REMOVED, SPARK_LOST,
 UNMONITORED; tasks: TASK_STUCK, TASK_RESUMED; the agent's findings: SHUFFLE_CORRUPT, a damaged
-map output of its own, the detail naming the shuffle, map partition and file; the RM's own:
+map output of its own, the detail naming the shuffle, map partition and file; compared with its
+peers: DEGRADED, consistently slower, the detail giving the signal, how far from the peers and
+since when, and RECOVERED, back in line (``monitoring.driver_degraded``); the RM's own:
 MONITORING_GAP, an interval without history after the RM was restarted, ``history.gaps``), detail.
 
 A table written by an older arrowbeat that lacks only columns added since (nullable, at the end)

@@ -31,6 +31,7 @@ from spark_plugin.jvm.sidecar import (
     unavailable_internals,
     wait_for_exit,
 )
+from spark_plugin.monitoring.driver_degraded import DegradedWatch, Exclusions
 from spark_plugin.monitoring.driver_notices import NoticeEvents
 from spark_plugin.monitoring.driver_tasks import TaskEvents
 from spark_plugin.settings import extras
@@ -67,9 +68,13 @@ def dynamic_allocation(settings: dict[str, str]) -> bool:
     return settings.get("spark.dynamicAllocation.enabled", "").strip().lower() == "true"
 
 
-DERIVED_KINDS = frozenset({"TASK_STUCK", "TASK_RESUMED", "SHUFFLE_CORRUPT"})
+DERIVED_KINDS = frozenset({"TASK_STUCK", "TASK_RESUMED", "SHUFFLE_CORRUPT", "DEGRADED", "RECOVERED"})
 """Events the router itself makes from heartbeats (the RM's bus never carries them): the live
 page's view gets them through :meth:`EventRouter.watch_derived`, the bus's own from the bus."""
+
+
+_GONE = frozenset({"UNREGISTERED", "SPARK_REMOVED", "SPARK_LOST"})
+"""The executor left for good: what is judged of it (``DegradedWatch``) goes with it."""
 
 
 class EventRouter:
@@ -80,8 +85,10 @@ class EventRouter:
     kill goes to the JVM only for an id of Spark's form (``JvmChannel.lost_executor``: the kill, then
     Spark's scheduler told the executor is lost, so its running tasks are resubmitted at once). Heartbeats
     also pass ``task_events.TaskEvents``: stuck and resumed tasks, explained re-registrations
-    (held until the next heartbeat), GC time per interval; and ``driver_notices.NoticeEvents``:
-    the agents' notices (a damaged map output: ``SHUFFLE_CORRUPT``), each recorded once."""
+    (held until the next heartbeat), GC time per interval; ``driver_notices.NoticeEvents``:
+    the agents' notices (a damaged map output: ``SHUFFLE_CORRUPT``), each recorded once; and
+    ``driver_degraded.DegradedWatch``: an executor consistently slower than its peers
+    (``DEGRADED``, then ``RECOVERED``), which ``exclusions`` (``onDegraded=exclude``) has replaced."""
 
     def __init__(
         self,
@@ -91,12 +98,16 @@ class EventRouter:
         tasks: TaskEvents | None = None,
         clock: Clock = SYSTEM_CLOCK,
         notices: NoticeEvents | None = None,
+        degraded: DegradedWatch | None = None,
+        exclusions: Exclusions | None = None,
     ) -> None:
         self._app_id = app_id
         self._history = history
         self._kill = kill
         self._tasks = tasks or TaskEvents()
         self._notices = notices or NoticeEvents()
+        self._degraded = degraded
+        self._exclusions = exclusions
         self._clock = clock
         self._last_beat: dict[str, float] = {}
         self._watchers: list[Callable[[ExecutorEvent], None]] = []
@@ -116,17 +127,26 @@ class EventRouter:
             gap_ms = None if previous is None else (event.ts - previous) * 1000.0
             derived, gc_s = self._tasks.on_heartbeat(event, self._clock.monotonic())
             derived += self._notices.on_heartbeat(event)
+            if self._degraded is not None:
+                derived += self._degraded.on_heartbeat(event)
             if self._history is not None:
                 gc_ms = None if gc_s is None else gc_s * 1000.0
                 self._history.append(HEARTBEATS.name, heartbeat_row(self._app_id(), event, gap_ms, gc_ms))
             for one in derived:
                 self._record(one)
+            if self._exclusions is not None and self._degraded is not None:
+                self._exclusions.consider(self._degraded.degraded(), self._degraded.healthy())
             return
         if isinstance(event, ExecutorEvent):
             for one in self._tasks.on_event(event, self._clock.monotonic()):
                 self._record(one)
             if not self._tasks.tracks(event.executor_id):  # gone: executor churn must not grow it
                 self._last_beat.pop(event.executor_id, None)
+            if event.kind.name in _GONE:
+                if self._degraded is not None:
+                    self._degraded.forget(event.executor_id)
+                if self._exclusions is not None:
+                    self._exclusions.forget(event.executor_id)
 
     def close(self) -> None:
         """Records what is still held (a re-registration waiting for its heartbeat): call before
@@ -139,7 +159,9 @@ class EventRouter:
         from spark_plugin.history import EXECUTOR_EVENTS, event_row
 
         log.log(
-            logging.WARNING if event.kind is EventKind.SHUFFLE_CORRUPT else logging.INFO,
+            logging.WARNING
+            if event.kind in (EventKind.SHUFFLE_CORRUPT, EventKind.DEGRADED)
+            else logging.INFO,
             "executor %s (%s, instance %s): %s %s",
             wire_text(event.executor_id, MAX_ID_CHARS),
             wire_text(event.host, MAX_ID_CHARS),
@@ -257,6 +279,8 @@ def main() -> int:
     no_kill = unavailable_internals(settings).get("kill-and-replace-executor")
     if config.on_heartbeat_timeout == "kill" and no_kill:
         log.warning("arrowbeat: spark.arrowbeat.onHeartbeatTimeout=kill is off on this Spark: %s", no_kill)
+    if config.on_degraded == "exclude" and no_kill:
+        log.warning("arrowbeat: spark.arrowbeat.onDegraded=exclude only reports on this Spark: %s", no_kill)
     spark_support = versions.spark_support(settings.get(SPARK_VERSION_SETTING, ""))
     for problem in [spark_support.message or "", *versions.library_problems()]:
         if problem:
@@ -276,6 +300,11 @@ def main() -> int:
         kill=channel.lost_executor if config.on_heartbeat_timeout == "kill" and not no_kill else None,
         tasks=tasks,
         notices=notices,
+        degraded=DegradedWatch(config.heartbeat_interval_s),
+        # onDegraded=exclude: Spark kills and replaces it (kill-and-replace-executor, checked).
+        exclusions=Exclusions(channel.kill_executor)
+        if config.on_degraded == "exclude" and not no_kill
+        else None,
     )
     rm.subscribe(router)
     tally = LivenessTally()

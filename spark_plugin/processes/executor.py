@@ -38,6 +38,7 @@ from spark_plugin.jvm.sidecar import (
     setup_logging,
     wait_for_exit,
 )
+from spark_plugin.monitoring.executor_pace import JvmPace
 from spark_plugin.monitoring.executor_tasks import TaskWatch, labelled_workers
 from spark_plugin.settings import tls
 from spark_plugin.settings.config import ArrowBeatConfig, ConfigError, early_value, load
@@ -102,8 +103,9 @@ def main() -> int:
         on_kill_host=frozen_jvm_killer(settings, link, config.heartbeat_interval_s),
     )
     link.on_rm_address(agent.set_rm_address)  # a restarted RM on another port (the JVM tells us)
-    tasks = task_watch(config, settings, link, channel)
-    payload += [tasks.work, tasks.metrics]
+    pace = JvmPace(max(0.05, config.heartbeat_interval_s / 2))  # the JVM's line interval (pulses)
+    tasks = task_watch(config, settings, link, channel, pace)
+    payload += [tasks.work, tasks.metrics, pace.metrics]  # pace: the driver's peer comparison
     transport = None if material is None else TcpTransport(server_context=tls.server_context(material))
     notices = NoticeBoard()  # findings carried to the driver in the payloads, recorded as events there
 
@@ -253,9 +255,14 @@ def agent_end_cause(error: BaseException | None) -> str:
 
 
 def task_watch(
-    config: ArrowBeatConfig, settings: dict[str, str], link: JvmLink, channel: JvmChannel
+    config: ArrowBeatConfig,
+    settings: dict[str, str],
+    link: JvmLink,
+    channel: JvmChannel,
+    pace: JvmPace | None = None,
 ) -> TaskWatch:
-    """Whether each running task progresses (``task_watch``), fed by the JVM's ``tasks`` lines."""
+    """Whether each running task progresses (``task_watch``), fed by the JVM's ``tasks`` lines; the
+    same lines feed ``pace`` (how late they come, for the driver's comparison with the peers)."""
     jvm_pid = int(settings.get("arrowbeat.executor.jvm.pid", "0") or 0)
     local_dirs = [d for d in settings.get("arrowbeat.executor.local.dirs", "").split(",") if d]
     watch = TaskWatch(
@@ -271,6 +278,8 @@ def task_watch(
             watch.on_stack_line(line)
         else:
             watch.on_line(line)
+            if pace is not None:  # how late the JVM's lines come (monitoring.executor_pace)
+                pace.on_line(line)
 
     link.on_task_lines(on_line)
     return watch
@@ -279,7 +288,7 @@ def task_watch(
 def _reporter(channel: JvmChannel) -> Callable[[str], None]:
     """``outputs-lost`` to the JVM: its ExecutorPlugin asks Spark to replace this executor, so the
     map partitions whose files vanished are recomputed
-    (``spark_plugin.shuffle.worker.tasks.lost_outputs``)."""
+    (``spark_plugin.shuffle.worker.output_recovery.lost_outputs``)."""
 
     def report(reason: str) -> None:
         try:

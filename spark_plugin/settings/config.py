@@ -374,6 +374,17 @@ OPTIONS: tuple[Option, ...] = (
         _choice("record", "kill"),
     ),
     Option(
+        "spark.arrowbeat.onDegraded",
+        "on_degraded",
+        "report",
+        "report or exclude",
+        "What an executor consistently slower than its peers (`DEGRADED`: its JVM cannot run when it "
+        "should, compared like with like, never because it is busier) does besides being recorded: "
+        "`exclude` asks Spark to kill and replace it (its running tasks rerun elsewhere), one executor "
+        "at a time and never the last healthy one.",
+        _choice("report", "exclude"),
+    ),
+    Option(
         "spark.arrowbeat.log.level",
         "log_level",
         "info",
@@ -682,6 +693,7 @@ class ArrowBeatConfig:
     on_heartbeat_timeout: str
     stuck_task_timeout_s: float
     on_stuck_task: str
+    on_degraded: str
     log_level: str
     shuffle_dir: str
     shuffle_port: int

@@ -5,6 +5,7 @@
     arrowbeat conf [...]                                   spark-submit flags (python -m spark_plugin conf)
     arrowbeat executors --rm HOST:PORT [--watch [S]]        the RM's live view (ListExecutors)
     arrowbeat events --tables PATH [--app ID] [--follow]    lifecycle events from executor_events
+    arrowbeat degraded --tables PATH [--app ID]             executors slower than their peers now
     arrowbeat tables describe|compact|vacuum --tables PATH  the history tables' upkeep
     arrowbeat report --tables PATH --app ID -o FILE.html    one application's liveness history
 
@@ -134,6 +135,15 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--follow", action="store_true", help="keep printing new events until interrupted")
     ev.add_argument("--interval", type=_positive, default=1.0, help="--follow's polling interval, seconds")
     ev.set_defaults(run=_events)
+
+    dg = sub.add_parser(
+        "degraded",
+        allow_abbrev=False,
+        help="executors recorded DEGRADED (slower than their peers) and not since recovered or gone",
+    )
+    _add_tables_arg(dg)
+    dg.add_argument("--app", default="latest", help="the application id, or `latest` (the default)")
+    dg.set_defaults(run=_degraded)
 
     tb = sub.add_parser("tables", allow_abbrev=False, help="describe, compact or vacuum the history tables")
     tb.add_argument("action", choices=("describe", "compact", "vacuum"))
@@ -429,6 +439,37 @@ def _events(args: argparse.Namespace) -> int:
             if table.version() != version:
                 version = table.version()
                 emit_new()
+    return 0
+
+
+DEGRADED_ENDS = frozenset({"RECOVERED", "UNREGISTERED", "SPARK_REMOVED", "SPARK_LOST"})
+"""What ends an executor's DEGRADED: back in line with its peers, or gone."""
+
+
+def still_degraded(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``DEGRADED`` rows (oldest first) of ``rows`` (``executor_events``, by ``ts``) that no
+    later ``RECOVERED`` or departure of the same executor of the same application ended."""
+    open_: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["app_id"], row["executor_id"])
+        if row["event"] == "DEGRADED":
+            open_.setdefault(key, row)
+        elif row["event"] in DEGRADED_ENDS:
+            open_.pop(key, None)
+    return sorted(open_.values(), key=lambda r: r["ts"])
+
+
+def _degraded(args: argparse.Namespace) -> int:
+    """``arrowbeat degraded``: one line per executor degraded now (its DEGRADED event, with the
+    evidence), or a line saying none is."""
+    location = _location(args)
+    table = open_history_table(location, EXECUTOR_EVENTS.name)
+    app = resolve_app(location, args.app)
+    found = still_degraded(read_rows(table, location, app).to_pylist())
+    for row in found:
+        print(format_event(row))
+    if not found:
+        print(f"no executor of {app} is degraded (slower than its peers)")
     return 0
 
 

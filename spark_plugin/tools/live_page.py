@@ -104,14 +104,15 @@ def page_token(secret: str) -> str:
     return hmac.new(secret.encode(), _TOKEN_CONTEXT, hashlib.sha256).hexdigest()[:32]
 
 
-def health(state: str, age_s: float | None, timeout_s: float) -> str:
-    """``ok``, ``amber`` (a live executor silent past half the timeout), ``red`` (silent past the
+def health(state: str, age_s: float | None, timeout_s: float, degraded: bool = False) -> str:
+    """``ok``, ``amber`` (a live executor silent past half the timeout, or one recorded ``DEGRADED``:
+    slower than its peers), ``red`` (silent past the
     timeout, or timed out, unreachable, or without an agent) or ``gone`` (it left on purpose or
     was replaced by a newer registration)."""
     if state == "RUNNING":
         if age_s is not None and age_s > timeout_s:
             return "red"
-        if age_s is not None and age_s > timeout_s / 2:
+        if degraded or (age_s is not None and age_s > timeout_s / 2):
             return "amber"
         return "ok"
     if state in ("TIMEOUT", "UNREACHABLE", "UNMONITORED"):
@@ -155,6 +156,8 @@ class LiveView:
         self._rtts: dict[str, collections.deque[tuple[float, float]]] = {}
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_events)
         self._seq = 0
+        self._degraded: dict[str, str] = {}
+        """Executors recorded DEGRADED and not since RECOVERED or gone: the evidence."""
 
     def __call__(self, event: object) -> None:
         """The bus subscriber: an answered heartbeat's RTT, or a lifecycle event."""
@@ -168,6 +171,7 @@ class LiveView:
                 series.append((round(event.ts, 3), round(event.rtt_ms, 3)))
         elif isinstance(event, ExecutorEvent):
             with self._lock:
+                self._track_degraded(event)
                 self._seq += 1
                 self._events.append(
                     {
@@ -181,6 +185,14 @@ class LiveView:
                     }
                 )
 
+    def _track_degraded(self, event: ExecutorEvent) -> None:
+        executor_id = one_line(event.executor_id, 64)
+        if event.kind.value == "DEGRADED":
+            if executor_id in self._degraded or len(self._degraded) < self._max_tracked:
+                self._degraded[executor_id] = one_line(event.detail, 300)
+        elif event.kind.value in ("RECOVERED", "UNREGISTERED", "SPARK_REMOVED", "SPARK_LOST"):
+            self._degraded.pop(executor_id, None)
+
     def executors_json(self) -> dict[str, Any]:
         """``/api/executors``: the RM's table now, with health and RTT history per executor."""
         from spark_plugin.tools.views import executor_rows
@@ -192,12 +204,14 @@ class LiveView:
         since = now - self._window_s
         with self._lock:
             history = {eid: [p for p in series if p[0] >= since] for eid, series in self._rtts.items()}
+            degraded = dict(self._degraded)
         for row in rows:
             age = row["heartbeat_age_s"]
             if age is None and row["state"] == "RUNNING" and registered.get(row["executor_id"]):
                 age = round(max(0.0, now - registered[row["executor_id"]]), 3)  # none answered yet
             row["age_s"] = age
-            row["health"] = health(row["state"], age, self.timeout_s)
+            row["degraded"] = degraded.get(row["executor_id"])  # the evidence, or None
+            row["health"] = health(row["state"], age, self.timeout_s, row["degraded"] is not None)
             row["rtt_history"] = _thin(history.get(row["executor_id"], []), MAX_POINTS_SENT)
         return {
             "now": round(now, 3),

@@ -34,6 +34,8 @@ EVENT_COLOURS = {
     "TASK_STUCK": "#bcbd22",
     "TASK_RESUMED": "#17becf",
     "SHUFFLE_CORRUPT": "#ff1493",
+    "DEGRADED": "#e6a100",
+    "RECOVERED": "#2ca02c",
     "MONITORING_GAP": "#d62728",
 }
 

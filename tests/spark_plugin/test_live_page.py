@@ -106,6 +106,28 @@ def test_the_view_ages_each_executor_keeps_a_window_of_rtts_and_bounded_events()
     assert [e["seq"] for e in view.events_json(after=4)["events"]] == [5]
 
 
+def test_a_degraded_executor_is_marked_amber_with_its_evidence_until_it_recovers_or_goes() -> None:
+    clock = ManualClock()
+    table = [info("1", clock, clock.time() - 0.2), info("2", clock, clock.time() - 0.2)]
+    view = LiveView(lambda: table, 0.5, 2.0, clock=clock)
+
+    def rows() -> dict[str, dict[str, Any]]:
+        return {r["executor_id"]: r for r in view.executors_json()["executors"]}
+
+    evidence = "slower than its peers: JVM pulse lateness 49.5 ms vs the peers' 0.50 ms"
+    view(ExecutorEvent(EventKind.DEGRADED, "1", "h", "i", clock.time(), evidence))
+    now = rows()
+    assert (now["1"]["health"], now["1"]["degraded"]) == ("amber", evidence)
+    assert (now["2"]["health"], now["2"]["degraded"]) == ("ok", None)
+    view(ExecutorEvent(EventKind.RECOVERED, "1", "h", "i", clock.time(), "back in line"))
+    assert (rows()["1"]["health"], rows()["1"]["degraded"]) == ("ok", None)
+    view(ExecutorEvent(EventKind.DEGRADED, "2", "h", "i", clock.time(), evidence))
+    view(ExecutorEvent(EventKind.SPARK_REMOVED, "2", "h", "i", clock.time(), "replaced"))
+    assert rows()["2"]["degraded"] is None
+    assert health("RUNNING", 0.1, 2.0, degraded=True) == "amber"
+    assert health("TIMEOUT", 0.1, 2.0, degraded=True) == "red"
+
+
 # ---- over HTTP, with an in-process RM and real agents on loopback ---------------------------------
 
 

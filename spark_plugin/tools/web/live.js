@@ -5,7 +5,7 @@
 const EVENT_TONE = {
   REGISTERED: "ok", REREGISTERED: "amber", TASK_RESUMED: "ok",
   HEARTBEAT_TIMEOUT: "red", UNREACHABLE: "red", UNMONITORED: "red", SPARK_LOST: "red", TASK_STUCK: "amber",
-  SHUFFLE_CORRUPT: "red",
+  SHUFFLE_CORRUPT: "red", DEGRADED: "amber", RECOVERED: "ok",
   UNREGISTERED: "gone", SPARK_REMOVED: "gone",
 };
 const MAX_EVENTS = 300;
@@ -100,7 +100,9 @@ function renderExecutors(body) {
     const c = row.cells;
     c[0].textContent = e.executor_id;
     c[1].textContent = e.host || "-";
-    c[2].replaceChildren(el("span", "badge " + e.health, e.state));
+    const badge = el("span", "badge " + e.health, e.degraded ? e.state + " \u00b7 DEGRADED" : e.state);
+    if (e.degraded) badge.title = e.degraded; // the evidence, as text
+    c[2].replaceChildren(badge);
     c[3].replaceChildren(el("span", "age " + e.health, seconds(e.age_s)));
     c[3].className = "num";
     c[4].textContent = num(e.rtt_ms, 1, " ms");
