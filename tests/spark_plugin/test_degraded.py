@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from arrowbeat_base.clock import ManualClock
-from heartbeat import ExecutorEvent, HeartbeatRecord, Payload
+from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord, Payload
 from spark_plugin.monitoring.driver_degraded import ENTER_S, LEAVE_S, DegradedWatch
 from spark_plugin.monitoring.executor_pace import JvmPace
 from spark_plugin.monitoring.executor_tasks import JvmSample, TaskSample
@@ -250,3 +250,68 @@ def test_a_busier_agents_slower_answers_are_not_enough_a_starved_ones_are() -> N
     events = run([Agent("3", rtt_ms=400.0), Agent("4")], 40.0, clock, watch)
     assert kinds(events) == [("DEGRADED", "3")]
     assert events[0][1].detail.startswith("slower than its peers: heartbeat RTT ")
+
+
+# -- onDegraded=exclude and the driver's router ------------------------------------------------
+
+
+def test_exclusions_go_one_at_a_time_never_without_a_healthy_peer_and_survive_a_refusal() -> None:
+    from spark_plugin.errors import JvmCommandError
+    from spark_plugin.monitoring.driver_degraded import Exclusions
+
+    clock = ManualClock()
+    asked: list[str] = []
+    refuse = {"9"}
+
+    def exclude(executor_id: str) -> None:
+        if executor_id in refuse:
+            raise JvmCommandError("not a Spark id")
+        asked.append(executor_id)
+
+    ex = Exclusions(exclude, clock, pending_s=60.0)
+    assert ex.consider(["1"], healthy=0) is None and asked == []  # its work would have nowhere to go
+    assert ex.consider(["1", "2"], healthy=2) == "1"
+    assert ex.consider(["1", "2"], healthy=2) is None  # "1" is pending: "2" waits
+    ex.forget("1")  # Spark removed it
+    assert ex.consider(["2"], healthy=2) == "2"
+    clock.jump(61.0)  # "2" never went: after the pending time the next may go, "2" is not asked twice
+    assert ex.consider(["2", "9"], healthy=2) is None and asked == ["1", "2"]
+    assert ex.consider(["3"], healthy=2) == "3"
+
+
+def test_the_router_records_degraded_and_asks_for_the_exclusion_once() -> None:
+    from spark_plugin.history import EXECUTOR_EVENTS
+    from spark_plugin.monitoring.driver_degraded import Exclusions
+    from spark_plugin.processes.driver import EventRouter
+
+    class History:
+        def __init__(self) -> None:
+            self.rows: list[tuple[str, dict[str, object]]] = []
+
+        def append(self, table: str, row: dict[str, object]) -> None:
+            self.rows.append((table, row))
+
+    clock = ManualClock()
+    history = History()
+    asked: list[str] = []
+    shown: list[ExecutorEvent] = []
+    router = EventRouter(
+        lambda: "app-1",
+        history,
+        clock=clock,
+        degraded=DegradedWatch(INTERVAL_S, clock),
+        exclusions=Exclusions(asked.append, clock),
+    )
+    router.watch_derived(shown.append)
+    slow, healthy = Agent("1", late_ms=duty_cycled(0.0)), Agent("2")
+    for _ in range(60):
+        clock.jump(INTERVAL_S)
+        for agent in (slow, healthy):
+            router(agent.beat(clock.monotonic(), clock))
+    events = [(r["event"], r["executor_id"]) for t, r in history.rows if t == EXECUTOR_EVENTS.name]
+    assert events == [("DEGRADED", "1")] and asked == ["1"]
+    assert [e.kind.value for e in shown] == ["DEGRADED"]  # the live page and the gauges get it
+    router(ExecutorEvent(EventKind.SPARK_REMOVED, "1", "h", "i1", clock.time(), "replaced"))
+    clock.jump(INTERVAL_S)
+    router(healthy.beat(clock.monotonic(), clock))
+    assert asked == ["1"]
