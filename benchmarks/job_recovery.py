@@ -582,6 +582,7 @@ def frozen_cell(s: Settings, arrowbeat: bool) -> AppRun:
         f"rerun after {_fmt(run.facts['rerun_after_s'])} s; {seen}",
         flush=True,
     )
+    timeline(run.events, frozen_at, run.jobs["frozen"].until, "the freeze")
     return run
 
 
@@ -634,23 +635,32 @@ def slowed_cell(s: Settings, on_degraded: str | None, with_skewed: bool) -> AppR
     ]
     per_unit = seconds_per_unit(app.folder / "marks" / "slowed")
     slow_units = per_unit.get(jvm.pid, [])
-    healthy_units = [x for pid, xs in per_unit.items() if pid != jvm.pid for x in xs]
+    others = ", ".join(
+        f"pid {pid}: {len(xs)} (median {_median(xs)} s)"
+        for pid, xs in sorted(per_unit.items())
+        if pid != jvm.pid
+    )
     print(
         f"  executor {executor} (pid {jvm.pid}) on a {s.stop_ms}/{s.period_ms} ms duty cycle "
         f"{_fmt(first_stop - slowed.started if first_stop else None)} s into the job, {cycle.cycles} cycles; "
-        f"its attempts {len(slow_units)} (median {_median(slow_units)} s), the others' {len(healthy_units)} "
-        f"(median {_median(healthy_units)} s); DEGRADED after {_fmt(run.facts['detected_s'])} s"
-        + (f": {found['detail']}" if found else ""),
+        f"its attempts {len(slow_units)} (median {_median(slow_units)} s per unit), the others' {others}; "
+        f"DEGRADED after {_fmt(run.facts['detected_s'])} s",
         flush=True,
     )
-    for r in run.events:
-        if r["event"] in (DEGRADED, RECOVERED):
+    timeline(run.events, slowed.started, slowed.until, "the slowed job's start")
+    return run
+
+
+def timeline(rows: list[dict[str, Any]], since: float, until: float, what: str) -> None:
+    """The executor events recorded in a window, in seconds from its start."""
+    for r in rows:
+        if since <= r["ts"] < until:
+            detail = (r["detail"] or "").replace("\n", " ")
             print(
-                f"  {r['event']} executor {r['executor_id']} at {_fmt(r['ts'] - slowed.started)} s "
-                f"from the slowed job's start: {r['detail']}",
+                f"    {r['ts'] - since:7.2f} s from {what}: {r['event']} executor {r['executor_id']}"
+                + (f": {detail[:160]}" if detail else ""),
                 flush=True,
             )
-    return run
 
 
 def _fmt(value: float | None) -> str:
