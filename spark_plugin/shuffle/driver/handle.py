@@ -11,7 +11,6 @@ Spark Connect (no accumulators): the task reports are the eager map side's statu
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import re
@@ -29,6 +28,7 @@ from spark_plugin.compat.accumulators import discard as discard_accumulator
 from spark_plugin.history.storage import tables_root
 from spark_plugin.settings.config import from_spark_conf
 from spark_plugin.shuffle.agent_layout import written_by
+from spark_plugin.shuffle.driver import metrics_sink
 from spark_plugin.shuffle.driver.route import (
     route_of,
 )
@@ -122,8 +122,6 @@ class ShuffleHandle:
         DataFrame is evaluated: a second evaluation (or an accumulator update Spark applies twice)
         repeats a key already written and is dropped; a recomputed partition is a row of its own,
         marked ``recomputed``."""
-        from spark_plugin.history.shuffle_metrics import append_rows
-
         with self._lock:
             everything = self.reports()
             recomputed = {str(a) for r in everything if r["side"] == "read" for _, a in r["recomputed_maps"]}
@@ -151,7 +149,7 @@ class ShuffleHandle:
             if not fresh:
                 return 0
             try:
-                append_rows(_tables_location(self.view), self.plan.app_id, self.shuffle_id, fresh)
+                metrics_sink.write_now(_tables_location(self.view), self.plan.app_id, self.shuffle_id, fresh)
             except BaseException:
                 self._written_keys.difference_update(_metric_key(r) for r in fresh)
                 raise
@@ -288,11 +286,11 @@ def _metric_key(report: dict[str, Any]) -> tuple[str, int, str, bool]:
 _LIVE: weakref.WeakSet[ShuffleHandle] = weakref.WeakSet()
 
 
-@atexit.register
+@metrics_sink.at_exit
 def _flush_at_exit() -> None:
-    """Metrics of shuffles never released, written at interpreter exit. Not those of Spark
-    Connect sessions: locating the tables asks the server, and a client's gRPC retries against a
-    server already gone would hold the exit for minutes."""
+    """Metrics of shuffles never released, written at interpreter exit (by the sink's one exit
+    hook). Not those of Spark Connect sessions: locating the tables asks the server, and a
+    client's gRPC retries against a server already gone would hold the exit for minutes."""
     for handle in list(_LIVE):
         if handle.connect:
             continue

@@ -31,14 +31,13 @@ call's ``path=`` argument wins over it. Each decision made (``auto`` or forced, 
 default) is one ``shuffle_metrics`` row: side ``route``, ``bytes`` the estimate (-1: none),
 ``detail`` ``{"route": {"path", "reason", "op", "threshold_bytes"}}``; a call taking arrowbeat's
 path writes it with its shuffle's rows, one taking Spark's under a shuffle id of its own,
-batched by a background writer (one commit per ``ROUTE_BATCH_S``; ``flush_routes`` writes now).
+batched by the metrics sink's writer (``metrics_sink``: one commit per ``BATCH_S``;
+``flush_routes`` writes now).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -49,9 +48,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from arrow_shuffle.errors import ShuffleConfigError
-from spark_plugin.compat.connect import is_connect
 from spark_plugin.compat.plan_stats import PlanSize, plan_size
 from spark_plugin.settings.config import from_spark_conf, key_of
+from spark_plugin.shuffle.driver import metrics_sink
 from spark_plugin.shuffle.driver.session import SessionView, app_id, as_view, conf_entries, new_shuffle_id
 
 log = logging.getLogger("arrowbeat.shuffle")
@@ -309,115 +308,23 @@ def report(route: Route) -> dict[str, Any]:
     }
 
 
-@dataclass
-class _Pending:
-    tables: Any
-    """Where the row goes, resolved when it was recorded: the session may be gone when written."""
-    app: str
-    shuffle_id: int
-    row: dict[str, Any]
-
-
-ROUTE_BATCH_S = 5.0
-"""Spark-path rows are appended in one commit per this many seconds (or by ``flush_routes``): a
-Delta commit per call would cost each small call, routed to Spark to save a fraction of a second,
-a commit's CPU on a busy driver, and grow the table's log by one file per call."""
-
-MAX_PENDING_ROUTES = 10_000
-"""Spark-path rows kept while their table cannot be written (retried every ``ROUTE_BATCH_S``);
-past this the oldest are dropped and counted (``routes_dropped``), so an application whose
-tables stay unwritable for days keeps a bounded queue."""
-
-_pending: list[_Pending] = []
-_pending_lock = threading.Lock()
-_failing: set[str] = set()
-"""Tables locations whose last append failed: logged once when it starts failing, once when it
-writes again, not at every retry."""
-routes_dropped = 0
-"""Spark-path rows dropped since the driver started: queued past ``MAX_PENDING_ROUTES``."""
-_write_lock = threading.Lock()
-_writer: threading.Thread | None = None
-_wake = threading.Event()
-
-
 def record_spark_path(spark: Any, route: Route) -> int:
     """Queue the row of a call that took Spark's path, under a shuffle id of its own (-1 on Spark
-    Connect, where a new id costs a probe job); a background thread appends it, so the call does
-    not wait for a Delta commit. Returns the id."""
-    global _writer
-    shuffle_id = -1 if is_connect(spark) else new_shuffle_id(spark)
+    Connect, where a new id costs a probe job); the metrics sink's writer appends it in the
+    background, so the call does not wait for a Delta commit. Returns the id."""
+    view = as_view(spark)
+    shuffle_id = -1 if view.connect else new_shuffle_id(view)
     try:
-        app = app_id(spark)
-        pending = _Pending(_tables(spark, app), app, shuffle_id, report(route))
+        app = app_id(view)
+        metrics_sink.enqueue(_tables(view, app), app, shuffle_id, [report(route)])
     except Exception as exc:  # a metric must never fail the user's call
         log.warning("shuffle_metrics route row not recorded: %s", exc)
-        return shuffle_id
-    with _pending_lock:
-        _pending.append(pending)
-        if _writer is None or not _writer.is_alive():
-            _writer = threading.Thread(target=_write_in_batches, name="arrowbeat-route-rows", daemon=True)
-            _writer.start()
     return shuffle_id
 
 
-def _write_in_batches() -> None:
-    """The background writer: every ``ROUTE_BATCH_S`` (or when woken), what is queued; it ends
-    once nothing is (the next ``record_spark_path`` starts another). Rows whose table could not
-    be written are queued again, so it runs on until they are written."""
-    while True:
-        _wake.wait(ROUTE_BATCH_S)
-        _wake.clear()
-        flush_routes()
-        with _pending_lock:
-            if not _pending:
-                return
-
-
 def flush_routes() -> int:
-    """Append every queued Spark-path row now, one commit per tables location; returns rows
-    written. A failure never reaches the user's call: the rows are queued again (in their order,
-    ahead of newer ones) for the next flush, as the history writer keeps its rows while a table
-    is unavailable, within ``MAX_PENDING_ROUTES``."""
-    from spark_plugin.history.shuffle_metrics import append_batches
-
-    written = 0
-    with _write_lock:
-        with _pending_lock:
-            batch = list(_pending)
-            _pending.clear()
-        by_location: dict[str, list[_Pending]] = {}
-        for item in batch:
-            by_location.setdefault(repr(item.tables), []).append(item)
-        unwritten: list[_Pending] = []
-        for where, items in by_location.items():
-            try:
-                append_batches(items[0].tables, [(i.app, i.shuffle_id, [i.row]) for i in items])
-            except Exception as exc:
-                unwritten += items
-                if where not in _failing:
-                    _failing.add(where)
-                    log.warning("shuffle_metrics route rows not written, kept to retry: %s", exc)
-                continue
-            written += len(items)
-            if where in _failing:
-                _failing.discard(where)
-                log.info("shuffle_metrics route rows written again (%d)", len(items))
-        if unwritten:
-            _requeue(unwritten)
-    return written
-
-
-def _requeue(unwritten: list[_Pending]) -> None:
-    """Puts rows that could not be written back ahead of the ones queued since, keeping the
-    newest ``MAX_PENDING_ROUTES``."""
-    global routes_dropped
-    with _pending_lock:
-        _pending[:0] = unwritten
-        over = len(_pending) - MAX_PENDING_ROUTES
-        if over > 0:
-            del _pending[:over]
-            routes_dropped += over
-            log.warning("shuffle_metrics: %d route rows dropped (queue full: %d)", over, MAX_PENDING_ROUTES)
+    """Write the queued Spark-path rows now (``metrics_sink.flush``); returns rows written."""
+    return metrics_sink.flush()
 
 
 _tables_of: dict[str, Any] = {}
@@ -432,18 +339,16 @@ def _tables(spark: Any, app: str) -> Any:
 
     from spark_plugin.history.storage import locate, tables_root
 
-    connect = is_connect(spark)
+    view = as_view(spark)
+    connect = view.connect
     found = None if connect else _tables_of.get(app)
     if found is None:
-        entries = conf_entries(spark)
+        entries = conf_entries(view)
         root = tables_root(from_spark_conf(entries), dict(entries))
         found = root if isinstance(root, Path) else locate(root, dict(entries))
         if not connect:
             _tables_of[app] = found
     return found
-
-
-atexit.register(flush_routes)
 
 
 __all__ = [

@@ -15,6 +15,7 @@ from spark_plugin.compat.plan_stats import PlanSize, growing_operator, plan_size
 from spark_plugin.errors import ConfigError
 from spark_plugin.history.shuffle_metrics import rows_of
 from spark_plugin.history.tables import SHUFFLE_METRICS
+from spark_plugin.shuffle.driver import metrics_sink
 from spark_plugin.shuffle.driver import route as route_module
 from spark_plugin.shuffle.driver.route import (
     SPARK_BELOW,
@@ -268,9 +269,9 @@ def test_a_route_is_a_shuffle_metrics_row_with_path_and_reason() -> None:
     assert unknown[0]["bytes"] == -1
 
 
-def _queued(tables: Path, shuffle_id: int) -> route_module._Pending:
+def _queued(tables: Path, shuffle_id: int) -> metrics_sink.Pending:
     route = Route("spark", "input 10 bytes < 100: Spark's exchange measured faster", 10, "group", 100, 0.01)
-    return route_module._Pending(tables, "app-route-rows", shuffle_id, report(route))
+    return metrics_sink.Pending(tables, "app-route-rows", shuffle_id, [report(route)])
 
 
 def _shuffle_ids(tables: Path) -> list[int]:
@@ -283,23 +284,23 @@ def test_route_rows_wait_while_their_table_is_unwritable_and_are_written_once_it
 ) -> None:
     """Issue 24's leftover: rows of calls routed to Spark while the tables cannot be written were
     dropped; they are kept and written, once each, by the first flush that can write them."""
-    monkeypatch.setattr(route_module, "_pending", [])
-    monkeypatch.setattr(route_module, "_failing", set())
+    monkeypatch.setattr(metrics_sink, "_pending", [])
+    monkeypatch.setattr(metrics_sink, "_failing", set())
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the tables' parent folder should be")
     tables = blocker / "tables"
-    with route_module._pending_lock:
-        route_module._pending.extend(_queued(tables, n) for n in (1, 2))
+    with metrics_sink._pending_lock:
+        metrics_sink._pending.extend(_queued(tables, n) for n in (1, 2))
     assert route_module.flush_routes() == 0
-    assert [p.shuffle_id for p in route_module._pending] == [1, 2]  # kept, in order
-    with route_module._pending_lock:
-        route_module._pending.append(_queued(tables, 3))
+    assert [p.shuffle_id for p in metrics_sink._pending] == [1, 2]  # kept, in order
+    with metrics_sink._pending_lock:
+        metrics_sink._pending.append(_queued(tables, 3))
     assert route_module.flush_routes() == 0  # still failing: nothing lost, nothing doubled
-    assert [p.shuffle_id for p in route_module._pending] == [1, 2, 3]
+    assert [p.shuffle_id for p in metrics_sink._pending] == [1, 2, 3]
     blocker.unlink()
     blocker.mkdir()
     assert route_module.flush_routes() == 3
-    assert route_module._pending == []
+    assert metrics_sink._pending == []
     assert _shuffle_ids(tables) == [1, 2, 3]
     assert route_module.flush_routes() == 0
     assert _shuffle_ids(tables) == [1, 2, 3]
@@ -308,14 +309,14 @@ def test_route_rows_wait_while_their_table_is_unwritable_and_are_written_once_it
 def test_unwritable_route_rows_are_bounded_oldest_dropped_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(route_module, "_pending", [])
-    monkeypatch.setattr(route_module, "_failing", set())
-    monkeypatch.setattr(route_module, "MAX_PENDING_ROUTES", 3)
-    monkeypatch.setattr(route_module, "routes_dropped", 0)
+    monkeypatch.setattr(metrics_sink, "_pending", [])
+    monkeypatch.setattr(metrics_sink, "_failing", set())
+    monkeypatch.setattr(metrics_sink, "MAX_PENDING", 3)
+    monkeypatch.setattr(metrics_sink, "dropped", 0)
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
-    with route_module._pending_lock:
-        route_module._pending.extend(_queued(blocker / "tables", n) for n in range(5))
+    with metrics_sink._pending_lock:
+        metrics_sink._pending.extend(_queued(blocker / "tables", n) for n in range(5))
     assert route_module.flush_routes() == 0
-    assert [p.shuffle_id for p in route_module._pending] == [2, 3, 4]
-    assert route_module.routes_dropped == 2
+    assert [p.shuffle_id for p in metrics_sink._pending] == [2, 3, 4]
+    assert metrics_sink.dropped == 2
