@@ -149,8 +149,8 @@ class CorruptDataError(ShuffleError):
 class MapOutputLostError(ShuffleError):
     """Map outputs a reduce task needs are gone (their executor or agent died).
 
-    Raised by ``spark_plugin.shuffle.worker.tasks``, naming the executor and the map partitions; Spark's
-    task retry then recomputes them."""
+    Raised by ``spark_plugin.shuffle.worker.reduce_task``, naming the executor and the map
+    partitions; Spark's task retry then recomputes them."""
 
 
 class DeadlineExceededError(PeerLostError):

@@ -1,10 +1,10 @@
 """Package names imported on first use (PEP 562), so a process loads only the modules it uses.
 
-A Python worker running a shuffle task imports ``spark_plugin.shuffle.worker.tasks``; with eager package
-``__init__`` files that also loaded the driver's API, the tables, the agent and asyncio (7.8 MiB a
-worker). Each package lists its public names and their modules once (``_EXPORTS``) and takes its
-module ``__getattr__`` and ``__dir__`` from :func:`lazy_exports`. In the base room: every package
-may import it, and it imports nothing of arrowbeat.
+A Python worker running a shuffle task imports ``spark_plugin.shuffle.worker.reduce_task``; with
+eager package ``__init__`` files that also loaded the driver's API, the tables, the agent and
+asyncio (7.8 MiB a worker). Each package lists its public names and their modules once
+(``_EXPORTS``) and takes its module ``__getattr__`` and ``__dir__`` from :func:`lazy_exports`.
+In the base room: every package may import it, and it imports nothing of arrowbeat.
 """
 
 from __future__ import annotations

@@ -324,12 +324,13 @@ def test_every_public_name_of_a_package_resolves_on_first_use(package: str) -> N
 
 
 def test_a_shuffle_task_loads_only_what_it_runs() -> None:
-    """A Python worker running a map or reduce task imports ``spark_plugin.shuffle.worker.tasks``; it must
-    not pay (about 6 MiB a worker, measured) for the driver's API, the tables, the agent's asyncio
-    or pyarrow's Parquet and filesystems, which the task never uses."""
+    """A Python worker running a map or reduce task imports ``worker.map_task`` or
+    ``worker.reduce_task``; it must not pay (about 6 MiB a worker, measured) for the driver's API,
+    the tables, the agent's asyncio or pyarrow's Parquet and filesystems, which the task never uses."""
     code = (
         "import sys\n"
-        "import spark_plugin.shuffle.worker.tasks, spark_plugin.shuffle.worker.grouped_map\n"
+        "import spark_plugin.shuffle.worker.map_task, spark_plugin.shuffle.worker.reduce_task\n"
+        "import spark_plugin.shuffle.worker.grouped_map\n"
         "unwanted = ('asyncio', 'grpc', 'pyarrow.parquet', 'pyarrow.fs',\n"
         "            'spark_plugin.shuffle.driver.dataframe',\n"
         "            'spark_plugin.history', 'spark_plugin.jvm.launch', 'heartbeat.agent.core',\n"

@@ -3,7 +3,7 @@ damaged arrowbeat map output is turned into the fetch failure that has Spark rec
 replacing the executor.
 
 An arrowbeat map task's *status rows* are Spark shuffle blocks ``shuffle_<S>_<mapId>_<reduce>``
-(``spark_plugin.shuffle.worker.tasks``). What the Spark 4.0-4.3 sources and jars say (each minor's
+(``spark_plugin.shuffle.worker.map_task``). What the Spark 4.0-4.3 sources and jars say (each minor's
 ``spark-core`` and ``spark-network-shuffle`` checked; recorded in :data:`CHECKED_MINORS`):
 
 - ``ShuffleMapTask.runTask`` passes ``mapId = context.taskAttemptId()`` to the shuffle writer,

@@ -205,7 +205,7 @@ def shuffle_folder(shuffle_id: int) -> str:
 
 
 _OUTPUT_NAME = re.compile(r"^m(\d+)-(\d+)\.(\d+)\.(\d+)-[0-9a-f]{8}\.arrows$")
-"""A map output's file name, as ``worker.tasks.map_function`` writes it:
+"""A map output's file name, as ``worker.map_task.map_function`` writes it:
 ``m<map>-<stage>.<task attempt id>.<attempt number>-<uuid8>.arrows``."""
 
 

@@ -83,6 +83,6 @@ def test_every_exception_of_the_package_lives_in_errors() -> None:
     ]
     assert not defined, defined
     pytest.importorskip("pyspark")
-    from spark_plugin.shuffle.worker import tasks
+    from spark_plugin.shuffle.worker import output_recovery
 
-    assert vars(tasks)["MapOutputLostError"] is errors.MapOutputLostError
+    assert vars(output_recovery)["MapOutputLostError"] is errors.MapOutputLostError

@@ -38,9 +38,11 @@ from spark_plugin.shuffle.agent_layout import (
     shuffle_roots,
 )
 from spark_plugin.shuffle.map_output import MapOutputWriter
+from spark_plugin.shuffle.plan import ShufflePlan
 from spark_plugin.shuffle.worker import agent_client
 from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient, announced_agents, find_agent
-from spark_plugin.shuffle.worker.tasks import ReadStats, ShufflePlan, map_function, read_partitions
+from spark_plugin.shuffle.worker.map_task import map_function
+from spark_plugin.shuffle.worker.reduce_task import ReadStats, read_partitions
 
 SECRET = "private-files-test-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])

@@ -32,7 +32,7 @@ from spark_plugin.history.wire_text import MAX_ERROR_CHARS
 from spark_plugin.jvm.sidecar import JvmChannel
 from spark_plugin.processes.driver import EventRouter
 from spark_plugin.settings.config import ConfigError, load
-from spark_plugin.shuffle.worker.tasks import ShufflePlan
+from spark_plugin.shuffle.plan import ShufflePlan
 
 SECRET = "s3cret-" + "0123456789abcdef" * 2
 SECRET_KEY = "spark.arrowbeat.authenticate.secret"

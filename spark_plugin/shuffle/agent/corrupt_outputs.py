@@ -56,7 +56,7 @@ class Corruption:
 
     shuffle_id: int
     map_partition: int
-    """-1 when the file's name does not say (not written by ``tasks.map_function``)."""
+    """-1 when the file's name does not say (not written by ``map_task.map_function``)."""
     path: str
     detail: str
     outcome: Outcome

@@ -23,7 +23,7 @@ One per executor agent, living exactly as long as the agent (and so the executor
   which has Spark drop this executor's map outputs so they are recomputed) is told, once. So is it
   for ``carried_lost``: this executor carries status rows of *another* executor's outputs (an
   adaptive shuffle's cached rows, read here when the locality wait ran out), and those outputs
-  are lost: Spark drops the rows only with the executor that carries them (``tasks.carry_function``);
+  are lost: Spark drops the rows only with the executor that carries them (``map_task.carry_function``);
 - the control channel: an engine ``control_server.ControlServer`` of ``agent_protocol.AGENT_CONTROL``
   (stage / unstage / release / metrics / report_lost / carried_lost, each a typed, size-capped JSON
   message checked against its schema, sealed with the connection's session key after the mutual

@@ -42,14 +42,9 @@ from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partition_server import PartitionServer, StreamCounts
 from arrow_shuffle.writer import RecordWriter
 from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
+from spark_plugin.shuffle.plan import Report, ShufflePlan, client_transport, server_transport
 from spark_plugin.shuffle.rendezvous_client import locate, register, unregister
-from spark_plugin.shuffle.worker.tasks import (
-    ReadStats,
-    Report,
-    ShufflePlan,
-    client_transport,
-    server_transport,
-)
+from spark_plugin.shuffle.worker.reduce_task import ReadStats
 
 log = logging.getLogger(__name__)
 

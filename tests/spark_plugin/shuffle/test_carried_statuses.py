@@ -23,16 +23,11 @@ import pytest
 from arrow_shuffle import MapOutputLostError
 from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.map_output import MapOutputWriter
+from spark_plugin.shuffle.plan import CARRIER_SCHEMA, STATUS_SCHEMA, ShufflePlan
 from spark_plugin.shuffle.worker.agent_client import MapOutputClient
-from spark_plugin.shuffle.worker.tasks import (
-    CARRIER_SCHEMA,
-    STATUS_SCHEMA,
-    ShufflePlan,
-    carry_function,
-    lost_outputs,
-    stale_carriers,
-    statuses_by_reducer,
-)
+from spark_plugin.shuffle.worker.map_task import carry_function
+from spark_plugin.shuffle.worker.output_recovery import lost_outputs, stale_carriers
+from spark_plugin.shuffle.worker.reduce_task import statuses_by_reducer
 
 SECRET = "carried-statuses-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64())])

@@ -1,6 +1,6 @@
 """Without Spark: the Connect-session shim, the agent's secret desk, the status rows as write
 reports and the stage-id shuffle ids (``spark_plugin.compat.connect``, ``local_secret``,
-``tasks.write_reports``, ``session``)."""
+``map_task.write_reports``, ``session``)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.agent_layout import agent_file, app_dir
 from spark_plugin.shuffle.driver import session
 from spark_plugin.shuffle.local_secret import SecretDesk, secret_from_agent
+from spark_plugin.shuffle.plan import STATUS_SCHEMA
 from spark_plugin.shuffle.worker.agent_client import read_agent_file, secret_of
-from spark_plugin.shuffle.worker.tasks import REPORT_COLUMNS, STATUS_SCHEMA, write_reports
+from spark_plugin.shuffle.worker.map_task import REPORT_COLUMNS, write_reports
 
 SECRET = "a-secret-of-the-application-0123456789"
 CHILD = (
