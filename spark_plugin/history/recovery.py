@@ -5,6 +5,7 @@ the damaged map outputs it had recorded (which agents may still be carrying)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,23 @@ class Recovered:
     oldest first: an agent's board still carries a notice for a while after it was recorded
     (``heartbeat.notices``), and the restarted RM records it again unless it knows it
     (``NoticeEvents.adopt``)."""
+
+
+DEGRADED_ENDS = frozenset({"RECOVERED", "UNREGISTERED", "SPARK_REMOVED", "SPARK_LOST"})
+"""What ends an executor's ``DEGRADED``: back in line with its peers, or gone."""
+
+
+def still_degraded(events: Iterable[tuple[str, str]]) -> list[str]:
+    """The executors of ``(event, executor_id)`` pairs (oldest first, as :attr:`Recovered.events`)
+    recorded ``DEGRADED`` and not ended since by one of :data:`DEGRADED_ENDS`, in recorded order:
+    a restarted driver takes them as degraded still (``DegradedWatch.adopt``)."""
+    open_: dict[str, None] = {}
+    for kind, executor_id in events:
+        if kind == "DEGRADED":
+            open_.setdefault(executor_id, None)
+        elif kind in DEGRADED_ENDS:
+            open_.pop(executor_id, None)
+    return list(open_)
 
 
 MAX_CORRUPT = 1024

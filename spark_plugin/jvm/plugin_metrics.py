@@ -46,12 +46,18 @@ DRIVER_METRICS = frozenset(
         "events.unreachable",
         "events.reregistered",
         "events.shuffleCorrupt",
+        "executors.degraded",
+        "events.degraded",
+        "events.recovered",
         "history.rowsBuffered",
         "history.rowsDropped",
         "history.commitFailures",
     }
 )
 """The driver's fixed names (``PluginMetrics.DRIVER`` on the JVM side)."""
+GRAY_METRICS = frozenset({"executors.degraded", "events.degraded", "events.recovered"})
+"""The gray-failure gauges (``monitoring.driver_degraded``), sent on a line of their own: a launcher
+jar built before them refuses that line only, never the rest of the snapshot."""
 PER_EXECUTOR = ("heartbeatAgeMs", "rttMs")
 EXECUTOR_METRICS = frozenset(
     {
@@ -104,6 +110,10 @@ METRIC_DOCS: dict[str, str] = {
     "holding a running total, replayed from the history by a restarted RM)",
     "events.unreachable": "UNREACHABLE events since the driver-side process started (a running total)",
     "events.reregistered": "REREGISTERED events since the driver-side process started (a running total)",
+    "executors.degraded": "executors recorded DEGRADED (consistently slower than their peers) and not "
+    "since RECOVERED or gone",
+    "events.degraded": "DEGRADED events since the driver-side process started (a running total)",
+    "events.recovered": "RECOVERED events since the driver-side process started (a running total)",
     "events.shuffleCorrupt": "damaged map outputs the executors' agents found (SHUFFLE_CORRUPT events; "
     "each executor's own count is its `shuffle.corruptOutputs`)",
     "history.rowsBuffered": "history rows waiting for a commit",
@@ -148,7 +158,9 @@ def encode(snapshot: int, figures: Mapping[str, float | None], role: str) -> lis
         if value is None or (isinstance(value, float) and math.isnan(value)):
             continue
         fields[name] = value
-    return metrics_lines(snapshot, fields)
+    gray = {name: value for name, value in fields.items() if name in GRAY_METRICS}
+    rest = {name: value for name, value in fields.items() if name not in GRAY_METRICS}
+    return metrics_lines(snapshot, rest) + (metrics_lines(snapshot, gray) if gray else [])
 
 
 _COUNTED = {
@@ -156,14 +168,17 @@ _COUNTED = {
     "UNREACHABLE": "events.unreachable",
     "REREGISTERED": "events.reregistered",
     "SHUFFLE_CORRUPT": "events.shuffleCorrupt",
+    "DEGRADED": "events.degraded",
+    "RECOVERED": "events.recovered",
 }
 """The events the driver counts, and each one's gauge."""
 
 
 class LivenessTally:
     """An RM subscriber: counts HEARTBEAT_TIMEOUT, UNREACHABLE and REREGISTERED events (and
-    SHUFFLE_CORRUPT, which the driver's ``EventRouter`` hands it: the bus never carries it), and
-    remembers executors that went (unregistered, or removed by Spark), whose gauges go too.
+    SHUFFLE_CORRUPT, DEGRADED and RECOVERED, which the driver's ``EventRouter`` hands it: the bus
+    never carries them), keeps the executors degraded now, and remembers executors that went
+    (unregistered, or removed by Spark), whose gauges go too.
     Events arrive on the RM's event thread; readers call from the reporter's."""
 
     def __init__(self, max_gone: int = 10_000) -> None:
@@ -171,6 +186,7 @@ class LivenessTally:
         self._counts = dict.fromkeys(_COUNTED.values(), 0)
         self._gone: OrderedDict[str, None] = OrderedDict()
         self._max_gone = max_gone
+        self._degraded: set[str] = set()
 
     def __call__(self, event: object) -> None:
         from heartbeat import ExecutorEvent
@@ -190,7 +206,12 @@ class LivenessTally:
         with self._lock:
             if counted is not None:
                 self._counts[counted] += 1
+            if kind == "DEGRADED" and len(self._degraded) < self._max_gone:
+                self._degraded.add(executor_id)
+            elif kind == "RECOVERED":
+                self._degraded.discard(executor_id)
             if kind in ("UNREGISTERED", "SPARK_REMOVED", "SPARK_LOST"):
+                self._degraded.discard(executor_id)
                 self._gone[executor_id] = None
                 while len(self._gone) > self._max_gone:
                     self._gone.popitem(last=False)
@@ -200,6 +221,11 @@ class LivenessTally:
     def counts(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+    def degraded(self) -> int:
+        """Executors recorded DEGRADED and not since RECOVERED or gone."""
+        with self._lock:
+            return len(self._degraded)
 
     def gone(self, executor_id: str) -> bool:
         with self._lock:
@@ -215,7 +241,7 @@ def driver_figures(
     """The driver's snapshot from the RM's listing (``ExecutorInfo``s; times are wall-clock
     seconds, ``now`` too): executors per state, each watched executor's heartbeat age (since its
     registration if it never answered; an ``Age``, which the JVM's gauge keeps ageing) and last
-    RTT, event counts and the history writer's
+    RTT, event counts, the executors degraded now and the history writer's
     buffered, dropped and (when it counts them) failed commits."""
     figures: dict[str, float | None] = dict.fromkeys(_STATE_METRICS.values(), 0.0)
     for info in executors:
@@ -230,6 +256,7 @@ def driver_figures(
         figures[f"executor.{info.executor_id}.heartbeatAgeMs"] = Age(max(0.0, (now - heard) * 1000.0))
         figures[f"executor.{info.executor_id}.rttMs"] = info.last_rtt_ms
     figures.update({name: float(count) for name, count in tally.counts().items()})
+    figures["executors.degraded"] = float(tally.degraded())
     if history_stats is not None:
         tables = list(history_stats.values())
         figures["history.rowsBuffered"] = float(sum(t.get("buffered", 0) for t in tables))

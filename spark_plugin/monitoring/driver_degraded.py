@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord
 from spark_plugin.errors import JvmCommandError
+from spark_plugin.history.recovery import still_degraded as still_degraded
 
 log = logging.getLogger("arrowbeat.driver.degraded")
 
@@ -198,6 +199,17 @@ class DegradedWatch:
             return []
         self._evaluated = now
         return self.evaluate()
+
+    def adopt(self, executor_ids: Iterable[str]) -> None:
+        """Executors a previous driver-side process of this application recorded ``DEGRADED`` and
+        not since recovered or gone (:func:`still_degraded` of the recovered history): taken as
+        degraded still, so that they are recorded ``RECOVERED`` once in line (never ``DEGRADED``
+        twice). A restarted process calls this before its RM serves."""
+        wall = self._clock.time()
+        for executor_id in executor_ids:
+            state = self._executors.setdefault(executor_id, _Executor())
+            state.degraded, state.degraded_at = True, wall
+            state.evidence = "recorded DEGRADED before the driver-side process restarted"
 
     def forget(self, executor_id: str) -> None:
         """The executor is gone (Spark removed or lost it, its agent left): its state goes, no

@@ -31,7 +31,7 @@ from spark_plugin.jvm.sidecar import (
     unavailable_internals,
     wait_for_exit,
 )
-from spark_plugin.monitoring.driver_degraded import DegradedWatch, Exclusions
+from spark_plugin.monitoring.driver_degraded import DegradedWatch, Exclusions, still_degraded
 from spark_plugin.monitoring.driver_notices import NoticeEvents
 from spark_plugin.monitoring.driver_tasks import TaskEvents
 from spark_plugin.settings import extras
@@ -294,13 +294,15 @@ def main() -> int:
         tasks.adopt_stuck(executor_id, [(t.task_id, t.label) for t in stuck])
     notices = NoticeEvents()
     notices.adopt(recovered.corrupt)  # agents may still carry what the predecessor recorded
+    degraded = DegradedWatch(config.heartbeat_interval_s)
+    degraded.adopt(still_degraded(recovered.events))  # a restart: RECOVERED, never DEGRADED twice
     router = EventRouter(
         lambda: link.app_id(app_id),
         history,
         kill=channel.lost_executor if config.on_heartbeat_timeout == "kill" and not no_kill else None,
         tasks=tasks,
         notices=notices,
-        degraded=DegradedWatch(config.heartbeat_interval_s),
+        degraded=degraded,
         # onDegraded=exclude: Spark kills and replaces it (kill-and-replace-executor, checked).
         exclusions=Exclusions(channel.kill_executor)
         if config.on_degraded == "exclude" and not no_kill

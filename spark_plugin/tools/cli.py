@@ -42,6 +42,7 @@ from spark_plugin.errors import PluginError, UnknownApplicationError
 from spark_plugin.history import EXECUTOR_EVENTS, HEARTBEATS, TablesLocation, locate
 from spark_plugin.history.event_lines import format_event
 from spark_plugin.history.reader import has_table, open_history_table, read_rows, resolve_app
+from spark_plugin.history.recovery import DEGRADED_ENDS
 from spark_plugin.history.tables import SHUFFLE_METRICS
 from spark_plugin.history.wire_text import MAX_ERROR_CHARS
 from spark_plugin.settings import extras
@@ -440,10 +441,6 @@ def _events(args: argparse.Namespace) -> int:
                 version = table.version()
                 emit_new()
     return 0
-
-
-DEGRADED_ENDS = frozenset({"RECOVERED", "UNREGISTERED", "SPARK_REMOVED", "SPARK_LOST"})
-"""What ends an executor's DEGRADED: back in line with its peers, or gone."""
 
 
 def still_degraded(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -315,3 +315,25 @@ def test_the_router_records_degraded_and_asks_for_the_exclusion_once() -> None:
     clock.jump(INTERVAL_S)
     router(healthy.beat(clock.monotonic(), clock))
     assert asked == ["1"]
+
+
+def test_a_restarted_driver_takes_back_the_degraded_and_records_their_recovery_not_a_second_degraded() -> (
+    None
+):
+    from spark_plugin.monitoring.driver_degraded import still_degraded
+
+    recorded = [
+        ("REGISTERED", "1"),
+        ("DEGRADED", "1"),
+        ("DEGRADED", "2"),
+        ("SPARK_REMOVED", "2"),
+        ("DEGRADED", "3"),
+    ]
+    assert still_degraded(recorded) == ["1", "3"]
+    clock = ManualClock()
+    watch = DegradedWatch(INTERVAL_S, clock)
+    watch.adopt(["1"])
+    assert list(watch.degraded()) == ["1"]
+    events = run([Agent("1"), Agent("2")], 40.0, clock, watch)
+    assert kinds(events) == [("RECOVERED", "1")]
+    assert "recorded DEGRADED before the driver-side process restarted" in events[0][1].detail

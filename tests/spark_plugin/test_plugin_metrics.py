@@ -127,6 +127,9 @@ def test_driver_figures_count_states_and_age_each_watched_executor() -> None:
         "events.unreachable": 1.0,
         "events.reregistered": 1.0,
         "events.shuffleCorrupt": 0.0,
+        "events.degraded": 0.0,
+        "events.recovered": 0.0,
+        "executors.degraded": 0.0,
         "history.rowsBuffered": 5.0,
         "history.rowsDropped": 1.0,
     }
@@ -153,6 +156,9 @@ def test_a_restarted_rms_counters_go_on_from_the_recorded_events() -> None:
         ("SPARK_LOST", "2"),
         ("TASK_STUCK", "1"),
         ("SHUFFLE_CORRUPT", "1"),
+        ("DEGRADED", "1"),
+        ("DEGRADED", "3"),
+        ("RECOVERED", "3"),
     ]
     for kind, executor in recorded:
         before(event(EventKind(kind), executor))
@@ -166,11 +172,26 @@ def test_a_restarted_rms_counters_go_on_from_the_recorded_events() -> None:
             "events.unreachable": 1,
             "events.reregistered": 1,
             "events.shuffleCorrupt": 1,
+            "events.degraded": 2,
+            "events.recovered": 1,
         }
     )
+    assert after.degraded() == before.degraded() == 1  # executor 1, until it recovers or goes
     assert after.gone("2") and not after.gone("1")
     after(event(EventKind.HEARTBEAT_TIMEOUT, "1"))
     assert after.counts()["events.heartbeatTimeout"] == 2
+    after(event(EventKind.SPARK_REMOVED, "1"))
+    assert after.degraded() == 0
+
+
+def test_the_gray_failure_gauges_travel_on_a_line_of_their_own() -> None:
+    """A launcher jar older than them refuses the line with the DEGRADED gauges, never the rest."""
+    lines = encode(3, {"executors.running": 2.0, "executors.degraded": 1.0, "events.degraded": 1.0}, "driver")
+    assert lines == [
+        "ARROWBEAT-METRICS 3 executors.running=2",
+        "ARROWBEAT-METRICS 3 executors.degraded=1 events.degraded=1",
+    ]
+    assert encode(4, {"executors.running": 2.0}, "driver") == ["ARROWBEAT-METRICS 4 executors.running=2"]
 
 
 def test_executor_figures_map_the_agents_shuffle_figures() -> None:

@@ -37,6 +37,9 @@ final class PluginMetrics {
           "events.unreachable",
           "events.reregistered",
           "events.shuffleCorrupt",
+          "executors.degraded",
+          "events.degraded",
+          "events.recovered",
           "history.rowsBuffered",
           "history.rowsDropped",
           "history.commitFailures");
