@@ -27,7 +27,7 @@ import logging
 import threading
 from collections import OrderedDict
 
-from spark_plugin.monitoring.executor_tasks import JvmSample, parse_tasks_line
+from spark_plugin.monitoring.executor_task_lines import JvmSample, parse_tasks_line
 
 log = logging.getLogger("arrowbeat.agent.pace")
 

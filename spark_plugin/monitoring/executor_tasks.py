@@ -24,94 +24,47 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-
-import psutil
 
 from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from heartbeat import WorkProgress, one_line
-from spark_plugin.jvm.protocol import parse_stack, parse_tasks
+from spark_plugin.jvm.protocol import parse_stack
+from spark_plugin.monitoring.executor_stacks import (
+    MAX_WHERE_CHARS,
+    compact_jvm_stack,
+    compact_python_stack,
+    handles_stack_signal,
+)
+from spark_plugin.monitoring.executor_task_lines import JvmSample, TaskSample, parse_tasks_line
+from spark_plugin.monitoring.executor_workers import ProcessCpu, WorkerScan
 from spark_plugin.monitoring.gaps import Gap
-from spark_plugin.python_worker.worker_label import LABEL_PREFIX, STACK_SIGNAL, stack_path
+from spark_plugin.python_worker.worker_label import STACK_SIGNAL, stack_path
 
 log = logging.getLogger("arrowbeat.agent.tasks")
 
+
 MIN_PROGRESS_CPU_S = 0.005
+
+
 MIN_PROGRESS_SHARE = 0.02
 """A task progressed over a sample if its CPU time grew by more than both (5 ms, 2% of the time
 between samples): a busy task grows by nearly all of it, a blocked one by nothing or a poll's
 worth."""
+
+
 MAX_REPORTED = 64
 """Most tasks one payload lists (stuck ones and the idlest first); the rest are counted."""
-MAX_WHERE_CHARS = 1500
+
+
 STACK_CPU_ALLOWANCE_S = 0.05
 """What writing a stack may cost a worker (``faulthandler``: a few ms; five 10 ms ticks)."""
+
+
 STACK_WAIT_S = 2.0
 """How long a stack may take to arrive (Python: the signal handler's file; JVM: the reply)."""
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
-
-
-@dataclass(frozen=True, slots=True)
-class TaskSample:
-    task_id: int
-    stage: int
-    stage_attempt: int
-    partition: int
-    attempt: int
-    jvm_cpu_s: float
-    """CPU time of the task's JVM thread; negative if unknown."""
-    running_s: float
-
-    @property
-    def label(self) -> str:
-        return (
-            f"stage {self.stage}.{self.stage_attempt} partition {self.partition} "
-            f"attempt {self.attempt} (task {self.task_id})"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class JvmSample:
-    gc_count: int
-    gc_s: float
-    cpu_s: float
-    """Process CPU time; negative if unknown."""
-    jvm_s: float
-    """The JVM's monotonic clock when it wrote the line: gaps are measured on it."""
-    tasks: tuple[TaskSample, ...]
-
-
-def pauses_the_application(collector: str) -> bool:
-    """Whether a garbage collector's time stops the application (and so explains a gap in the
-    JVM's lines): a concurrent collector's cycles (``ZGC Cycles``, ``G1 Concurrent GC``,
-    ``Shenandoah Cycles``) run beside the application and stop nothing."""
-    return "Cycles" not in collector and "Concurrent" not in collector
-
-
-def parse_tasks_line(line: str) -> JvmSample:
-    """A ``tasks ...`` line (``protocol.parse_tasks``) as a sample, the GC totals summed over the
-    collectors that pause the application; ``ValueError`` if it is not one."""
-    raw = parse_tasks(line)
-    pausing = [c for c in raw.collectors if pauses_the_application(c.name)]
-    tasks = tuple(
-        TaskSample(
-            t.task_id,
-            t.stage,
-            t.stage_attempt,
-            t.partition,
-            t.attempt,
-            t.cpu_ms / 1000.0 if t.cpu_ms >= 0 else -1.0,
-            t.running_ms / 1000.0,
-        )
-        for t in raw.tasks
-    )
-    cpu_s = raw.cpu_ms / 1000.0 if raw.cpu_ms >= 0 else -1.0
-    gc_count, gc_ms = sum(c.count for c in pausing), sum(c.ms for c in pausing)
-    return JvmSample(gc_count, gc_ms / 1000.0, cpu_s, raw.jvm_ms / 1000.0, tasks)
 
 
 @dataclass
@@ -137,58 +90,6 @@ class _StackCost:
     last_scan: float = float("inf")
     """The last scan it applies to: ``inf`` while the stack is written, then the first scan
     begun after (the one before may have seen only part of the writing)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessCpu:
-    """One process under the executor JVM (the agent's tree left out) and its CPU seconds."""
-
-    pid: int
-    task: int | None
-    """The task of the labelled worker it is, or descends from (a UDF's subprocess); None if none."""
-    cpu_s: float
-    labelled: bool = False
-    """It is the labelled worker itself (the one a stack is asked of)."""
-
-
-WorkerScan = Callable[[], list[ProcessCpu]]
-
-
-def labelled_workers(jvm_pid: int, agent_pid: int) -> WorkerScan:
-    """Every process under ``jvm_pid`` but the agent and its children, each with the task of the
-    worker labelled by ``worker_label`` it is or descends from, and its CPU time."""
-
-    def scan() -> list[ProcessCpu]:
-        try:
-            children = psutil.Process(jvm_pid).children(recursive=True)
-        except psutil.Error:
-            return []
-        parents: dict[int, int] = {}
-        labels: dict[int, int] = {}
-        cpu: dict[int, float] = {}
-        for proc in children:
-            try:
-                parents[proc.pid] = proc.ppid()
-                name = proc.name()
-                if name.startswith(LABEL_PREFIX) and name[len(LABEL_PREFIX) :].isdigit():
-                    labels[proc.pid] = int(name[len(LABEL_PREFIX) :])
-                times = proc.cpu_times()
-                cpu[proc.pid] = times.user + times.system
-            except psutil.Error:
-                continue
-        found = []
-        for pid, seconds in cpu.items():
-            task, walker = None, pid
-            while walker in parents and walker != agent_pid:
-                if task is None and walker in labels:
-                    task = labels[walker]
-                walker = parents[walker]
-            if walker == agent_pid:
-                continue  # the agent, or one of its children
-            found.append(ProcessCpu(pid, task, seconds, pid in labels))
-        return found
-
-    return scan
 
 
 class TaskWatch:
@@ -476,48 +377,3 @@ class TaskWatch:
                 jvm_gap_cpu_s=gap.cpu_s,
             )
         return figures
-
-
-def handles_stack_signal(pid: int, task_id: int) -> bool:
-    """Is ``pid`` still the worker labelled with ``task_id``, with a handler for the stack signal
-    (``SigCgt`` in ``/proc/<pid>/status``)? Without one the signal would end the process."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-    except OSError:
-        return False
-    caught = int(fields.get("SigCgt", "0").strip() or "0", 16)
-    name = fields.get("Name", "").strip()
-    return name == f"{LABEL_PREFIX}{task_id}"[:15] and bool(caught >> (int(STACK_SIGNAL) - 1) & 1)
-
-
-def compact_python_stack(text: str, frames: int = 8) -> str:
-    """A ``faulthandler`` dump as one line: the frames of the thread running the task (the one
-    in ``pyspark/worker.py``, else the first), innermost first: ``func (file:line) < ...``."""
-    blocks: list[list[tuple[str, str, str]]] = []
-    for raw in text.splitlines():
-        if raw.startswith(("Thread 0x", "Current thread 0x")):
-            blocks.append([])
-            continue
-        match = _FRAME.match(raw)
-        if match is not None:
-            if not blocks:
-                blocks.append([])
-            blocks[-1].append((match["func"], os.path.basename(match["file"]), match["line"]))
-    if not blocks:
-        return text.strip().splitlines()[0][:200] if text.strip() else "(empty)"
-    chosen = next((b for b in blocks if any(f == "worker.py" for _, f, _ in b)), blocks[0])
-    return _join(f"{func} ({name}:{line})" for func, name, line in chosen[:frames])
-
-
-def compact_jvm_stack(text: str, frames: int = 6) -> str:
-    """The JVM's ``thread "..." STATE [on lock]`` header and its innermost frames, one line."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
-        return "(empty)"
-    head, rest = lines[0], [line.removeprefix("at ") for line in lines[1 : frames + 1]]
-    return f"{head}: {_join(rest)}" if rest else head
-
-
-def _join(parts: Iterable[str]) -> str:
-    return " < ".join(parts)

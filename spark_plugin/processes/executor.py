@@ -39,7 +39,8 @@ from spark_plugin.jvm.sidecar import (
     wait_for_exit,
 )
 from spark_plugin.monitoring.executor_pace import JvmPace
-from spark_plugin.monitoring.executor_tasks import TaskWatch, labelled_workers
+from spark_plugin.monitoring.executor_tasks import TaskWatch
+from spark_plugin.monitoring.executor_workers import labelled_workers
 from spark_plugin.settings import tls
 from spark_plugin.settings.config import ArrowBeatConfig, ConfigError, early_value, load
 from spark_plugin.shuffle.agent.disk_usage import DiskUsage

@@ -212,7 +212,7 @@ def test_repartition_equals_spark(app: App) -> None:
 def test_each_worker_is_labelled_and_writes_its_stack_beside_sparks_faulthandler(app: App) -> None:
     def inspect_worker(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # Imported here: the function travels by value and runs in the worker.
-        from spark_plugin.monitoring.executor_tasks import handles_stack_signal
+        from spark_plugin.monitoring.executor_stacks import handles_stack_signal
         from spark_plugin.python_worker.worker_label import STACK_SIGNAL, stack_path
 
         for _ in batches:

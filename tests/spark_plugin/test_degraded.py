@@ -18,7 +18,7 @@ from arrowbeat_base.clock import ManualClock
 from heartbeat import EventKind, ExecutorEvent, HeartbeatRecord, Payload
 from spark_plugin.monitoring.driver_degraded import ENTER_S, LEAVE_S, DegradedWatch
 from spark_plugin.monitoring.executor_pace import JvmPace
-from spark_plugin.monitoring.executor_tasks import JvmSample, TaskSample
+from spark_plugin.monitoring.executor_task_lines import JvmSample, TaskSample
 
 INTERVAL_S = 0.5
 PULSE_S = INTERVAL_S / 2

@@ -15,7 +15,7 @@ from spark_plugin.jvm import protocol
 from spark_plugin.jvm.protocol import OutputsLost, ReplacementOutcome
 from spark_plugin.monitoring.driver_lost_outputs import MAX_REPLACEMENTS, WINDOW_S, LostOutputs
 from spark_plugin.monitoring.driver_spark_view import SparkView, removal_cause
-from spark_plugin.monitoring.executor_tasks import parse_tasks_line, pauses_the_application
+from spark_plugin.monitoring.executor_task_lines import parse_tasks_line, pauses_the_application
 
 
 class Kills:

@@ -39,7 +39,7 @@ from spark_plugin.jvm.protocol import (
 )
 from spark_plugin.jvm.sidecar import JvmLink
 from spark_plugin.monitoring.driver_spark_view import agent_down_detail, parse_line
-from spark_plugin.monitoring.executor_tasks import parse_tasks_line
+from spark_plugin.monitoring.executor_task_lines import parse_tasks_line
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).parents[2]

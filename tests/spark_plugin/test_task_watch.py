@@ -15,16 +15,14 @@ import pytest
 
 from arrowbeat_base.clock import ManualClock
 from harness.procs import wait_until
-from spark_plugin.monitoring.executor_tasks import (
-    MAX_REPORTED,
-    ProcessCpu,
-    TaskWatch,
+from spark_plugin.monitoring.executor_stacks import (
     compact_jvm_stack,
     compact_python_stack,
     handles_stack_signal,
-    labelled_workers,
-    parse_tasks_line,
 )
+from spark_plugin.monitoring.executor_task_lines import parse_tasks_line
+from spark_plugin.monitoring.executor_tasks import MAX_REPORTED, TaskWatch
+from spark_plugin.monitoring.executor_workers import ProcessCpu, labelled_workers
 from spark_plugin.monitoring.gaps import explain_gap
 from spark_plugin.python_worker.worker_label import STACKS_FOLDER
 
