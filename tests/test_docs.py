@@ -7,11 +7,13 @@ neither MkDocs nor a JVM."""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
-from scripts import docs_site
+from scripts import docs_site, matrix
 from scripts.doc_figures import FIGURES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,3 +99,17 @@ def test_every_figure_is_committed_and_shown() -> None:
         path = DOCS / "images" / name
         assert path.read_bytes().startswith(b"\x89PNG"), name
         assert f"images/{name})" in shown, name
+
+
+def test_the_primary_lock_pins_the_site_generator_within_the_declared_ranges() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(d.startswith("arrowbeat[") and "docs" in d for d in extras["dev"]), "dev brings docs"
+    primary = next(c for c in matrix.CELLS if c.primary)
+    assert primary.extras == "dev"
+    locked = {}
+    for line in primary.lock.read_text().splitlines():
+        name, sep, version = line.partition("==")
+        if sep and not line.startswith("#"):
+            locked[name.strip().lower().replace("_", "-")] = version.strip()
+    for requirement in map(Requirement, extras["docs"]):
+        assert requirement.specifier.contains(locked[requirement.name.lower()]), str(requirement)
