@@ -18,7 +18,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup setup-python setup-jvm prereqs prereqs-python prereqs-jvm demo test lint typecheck unit \
-	proto bench bench-readme clean wheel matrix cell docs
+	proto bench bench-readme clean wheel matrix cell
 # Set-up in two parts: Python (venv + pip: all `unit`, `lint` and `typecheck` need) and the JVM
 # side on top (the Delta jars via Maven, the launcher via javac) for Spark, `test`, `demo`, `bench`.
 setup: setup-python setup-jvm
@@ -32,7 +32,9 @@ prereqs-jvm:
 	@bash scripts/check_prereqs.sh jvm
 
 # The primary cell of the version matrix (scripts/matrix.py): the exact set in its lock file.
-$(VENV)/.installed: pyproject.toml locks/$(PRIMARY_CELL).txt scripts/matrix.py
+# arrowbeat itself in editable mode, with the wheel's start-up line (arrowbeat.pth: the build
+# backend's build_editable adds it), so a change of either reinstalls it; rerunning is safe.
+$(VENV)/.installed: pyproject.toml locks/$(PRIMARY_CELL).txt scripts/matrix.py build_backend/arrowbeat_build.py arrowbeat.pth
 	$(PYTHON) -m scripts.matrix venv $(PRIMARY_CELL)
 	@touch $@
 
@@ -84,7 +86,7 @@ unit: setup-python
 # The whole suite on the primary cell (the JVM-less tests and two Spark shards side by side, then the
 # chaos soak alone: scripts/run_tests.py),
 # then the compatibility subset on every other cell.
-test: setup lint docs $(CACHE)/.chromium
+test: setup lint $(CACHE)/.chromium
 	$(PY) -m scripts.run_tests
 	@$(MAKE) --no-print-directory matrix
 
@@ -97,15 +99,6 @@ MATRIX_JOBS ?= 3
 CELL ?= spark-4.3
 cell: setup-jvm
 	$(PYTHON) -m scripts.matrix run $(CELL)
-
-# The documentation site (mkdocs.yml, docs/) into .cache/site/: --strict, so any warning fails it, a
-# link to a missing page or anchor included; the configuration, tables, event-kind and metrics
-# references are generated from the code as it builds (scripts/mkdocs_hooks.py). MkDocs and the
-# Material theme come with the primary venv (the docs extra, pinned in its lock). The variable hides
-# Material's end-of-life banner (developer/docs.md says what it means).
-docs: $(VENV)/.installed
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
-	@echo "docs: built .cache/site/ (open .cache/site/index.html)"
 
 # The live page's browser test needs a headless Chromium (Debian's package; root or sudo -n).
 $(CACHE)/.chromium:
@@ -124,7 +117,7 @@ proto: $(VENV)/.installed
 
 # `make bench` runs every benchmark (`make bench BENCH="shuffle_transport heartbeat_scale"` some),
 # saves each one's output as .cache/bench/<name>.txt (only when it succeeds) and rewrites the
-# site's benchmark table (docs/developer/benchmarks.md) from those lines. They take long: minutes each, the
+# README's benchmark table from the RESULT lines saved there. They take long: minutes each, the
 # soaks SOAK_MINUTES each (default 10; the streaming soak's long form is --shuffles 10000).
 BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark shuffle_matrix e2e_pandas stuck_tasks cluster_faults streaming_soak
 BENCH ?= $(BENCHES)
@@ -147,7 +140,7 @@ $(VENV)/.bench-extra: $(VENV)/.installed
 	@touch $@
 
 bench-readme: $(VENV)/.installed
-	$(PY) -m scripts.bench_results --write docs/developer/benchmarks.md
+	$(PY) -m scripts.bench_results --write README.md
 
 clean:
 	rm -rf $(CACHE)/launcher build *.egg-info

@@ -192,7 +192,7 @@ def main() -> None:
     from spark_plugin.shuffle import group_apply, partition_apply, release
 
     scratch = prepare()  # loopback, the venv's Python everywhere, the run marker
-    _hooked()
+    _check_hooked()
     load_before = os.getloadavg()
     spark = _session(scratch, args, "shuffle-matrix")
     cells: list[dict[str, Any]] = []
@@ -587,16 +587,17 @@ def _pandas_steps(
     return spark_step, arrow_step
 
 
-def _hooked() -> None:
-    """The grouped-map hook in this process, as an installed wheel has it from start-up (a
-    development install has no ``arrowbeat.pth``): the ``pandas`` cells' ``auto`` column."""
-    import pyspark.sql.classic.dataframe
-    import pyspark.sql.pandas.group_ops  # noqa: F401  (the modules it wraps, loaded)
+def _check_hooked() -> None:
+    """The ``pandas`` cells' ``auto`` column needs the grouped-map hook that ``arrowbeat.pth``
+    installs at start-up, in a wheel's venv and in the checkout's (``make setup``) alike: without
+    it the column would silently time Spark's path, so the run stops with what to do."""
+    from pyspark.sql.classic.dataframe import DataFrame
 
-    from spark_plugin.compat.grouped_map_hook import patch_loaded
-    from spark_plugin.shuffle.driver.takeover import take_over
-
-    patch_loaded(lambda: take_over)
+    if not getattr(DataFrame.groupBy, "__arrowbeat_wrapped__", False):
+        raise SystemExit(
+            "the grouped-map hook is not active in this venv (arrowbeat.pth missing): "
+            "rerun make setup, or pip install the wheel"
+        )
 
 
 def _spark_hash(ids: Any) -> Any:

@@ -49,6 +49,29 @@ class Installed:
         return env
 
 
+HOOK_PROBE = (
+    "import sys\n"
+    "from pyspark.sql.pandas.group_ops import PandasGroupedOpsMixin, PandasCogroupedOps\n"
+    "from pyspark.sql.classic.dataframe import DataFrame\n"
+    "methods = (DataFrame.groupBy, PandasGroupedOpsMixin.applyInPandas,\n"
+    "           PandasCogroupedOps.applyInArrow)\n"
+    "print(*(getattr(m, '__arrowbeat_wrapped__', False) for m in methods))\n"
+    "print('spark_plugin.shuffle.driver.takeover' in sys.modules)\n"
+)
+"""A script that imports only PySpark and prints whether its grouped-map methods are wrapped (three
+words), then whether arrowbeat's take-over code was imported (it must not be before a call)."""
+
+
+def hook_probe(python: Path, cwd: Path, env: dict[str, str]) -> list[str]:
+    """``HOOK_PROBE``'s four words, run by ``python`` in ``cwd`` (no JVM): ``True True True False``
+    where the start-up line (``arrowbeat.pth``) is installed."""
+    done = subprocess.run(
+        [str(python), "-c", HOOK_PROBE], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split()
+
+
 def clean_env() -> dict[str, str]:
     """This process's environment less the test run's settings that point into the checkout
     (``PYTHONPATH`` would even make pip take the checkout's egg-info for an installed arrowbeat)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from spark_plugin.compat import versions
-from tests.installed import ROOT, Installed
+from tests.installed import ROOT, Installed, hook_probe
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]  # builds a wheel (javac) and runs spark-submit
 
@@ -47,23 +47,8 @@ def test_the_installed_wheel_wraps_pysparks_grouped_maps_with_no_import_of_arrow
 ) -> None:
     """``arrowbeat.pth`` runs at start-up: a script that imports only PySpark finds its grouped-map
     methods wrapped (no JVM; the key, off by default, is read at each call)."""
-    code = (
-        "from pyspark.sql.pandas.group_ops import PandasGroupedOpsMixin, PandasCogroupedOps\n"
-        "from pyspark.sql.classic.dataframe import DataFrame\n"
-        "methods = (DataFrame.groupBy, PandasGroupedOpsMixin.applyInPandas,\n"
-        "           PandasCogroupedOps.applyInArrow)\n"
-        "print(*(getattr(m, '__arrowbeat_wrapped__', False) for m in methods))\n"
-    )
-    done = subprocess.run(
-        [str(installed_wheel.python), "-c", code],
-        cwd=tmp_path,
-        env=installed_wheel.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["True", "True", "True"], done.stdout + done.stderr[-2000:]
+    words = hook_probe(installed_wheel.python, tmp_path, installed_wheel.env())
+    assert words == ["True", "True", "True", "False"], words
 
 
 def conf_flags(installed: Installed, cwd: Path) -> list[str]:
