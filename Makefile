@@ -18,7 +18,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup setup-python setup-jvm prereqs prereqs-python prereqs-jvm demo test lint typecheck unit \
-	proto bench bench-readme clean wheel matrix cell
+	proto bench bench-readme clean wheel matrix cell docs
 # Set-up in two parts: Python (venv + pip: all `unit`, `lint` and `typecheck` need) and the JVM
 # side on top (the Delta jars via Maven, the launcher via javac) for Spark, `test`, `demo`, `bench`.
 setup: setup-python setup-jvm
@@ -86,7 +86,7 @@ unit: setup-python
 # The whole suite on the primary cell (the JVM-less tests and two Spark shards side by side, then the
 # chaos soak alone: scripts/run_tests.py),
 # then the compatibility subset on every other cell.
-test: setup lint $(CACHE)/.chromium
+test: setup lint docs $(CACHE)/.chromium
 	$(PY) -m scripts.run_tests
 	@$(MAKE) --no-print-directory matrix
 
@@ -99,6 +99,15 @@ MATRIX_JOBS ?= 3
 CELL ?= spark-4.3
 cell: setup-jvm
 	$(PYTHON) -m scripts.matrix run $(CELL)
+
+# The documentation site (mkdocs.yml, docs/) into .cache/site/: --strict, so any warning fails it, a
+# link to a missing page or anchor included; the configuration, tables, event-kind and metrics
+# references are generated from the code as it builds (scripts/mkdocs_hooks.py). MkDocs and the
+# Material theme come with the primary venv (the docs extra, pinned in its lock). The variable hides
+# Material's end-of-life banner (developer/docs.md says what it means).
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	@echo "docs: built .cache/site/ (open .cache/site/index.html)"
 
 # The live page's browser test needs a headless Chromium (Debian's package; root or sudo -n).
 $(CACHE)/.chromium:
@@ -117,7 +126,7 @@ proto: $(VENV)/.installed
 
 # `make bench` runs every benchmark (`make bench BENCH="shuffle_transport heartbeat_scale"` some),
 # saves each one's output as .cache/bench/<name>.txt (only when it succeeds) and rewrites the
-# README's benchmark table from the RESULT lines saved there. They take long: minutes each, the
+# site's benchmark table (docs/developer/benchmarks.md) from those lines. They take long: minutes each, the
 # soaks SOAK_MINUTES each (default 10; the streaming soak's long form is --shuffles 10000).
 BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark shuffle_matrix e2e_pandas stuck_tasks cluster_faults streaming_soak
 BENCH ?= $(BENCHES)
@@ -140,7 +149,7 @@ $(VENV)/.bench-extra: $(VENV)/.installed
 	@touch $@
 
 bench-readme: $(VENV)/.installed
-	$(PY) -m scripts.bench_results --write README.md
+	$(PY) -m scripts.bench_results --write docs/developer/benchmarks.md
 
 clean:
 	rm -rf $(CACHE)/launcher build *.egg-info
