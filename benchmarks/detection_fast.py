@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from harness.apps import gc_pause_jar
 from harness.history_read import rows
 from harness.procs import executor_jvms, ours, wait_until
 from harness.submit import SubmittedApp
@@ -31,14 +32,12 @@ from heartbeat.rm.admin import list_executors
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "benchmarks" / "detection_app.py"
-GC_PAUSE_SOURCE = ROOT / "tests" / "spark" / "apps" / "GcPause.java"
 LOSSES = frozenset({"HEARTBEAT_TIMEOUT", "UNREACHABLE"})
 
 MODES: dict[str, dict[str, str]] = {
-    "phi": {
+    "phi": {  # the timeout stays at its 5 s default: the longest silence, and a GC pause's bound
         "spark.arrowbeat.heartbeat.detector": "phi",
         "spark.arrowbeat.heartbeat.interval": "100ms",
-        "spark.arrowbeat.heartbeat.timeout": "2s",
     },
     "standard": {},  # the timeout detector at its defaults: 1 s / 5 s
     "short-timeout": {
@@ -80,16 +79,6 @@ class ModeRun:
         if not values:
             return math.nan
         return values[min(len(values) - 1, math.ceil(q * len(values)) - 1)]
-
-
-def gc_pause_jar(scratch: Path) -> Path:
-    """``GcPause`` compiled and packed for the class paths (as tests/spark/test_stuck_tasks.py does)."""
-    classes, jar = scratch / "gcpause-classes", scratch / "gcpause.jar"
-    if not jar.exists():
-        classes.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["javac", "--release", "17", "-d", str(classes), str(GC_PAUSE_SOURCE)], check=True)
-        subprocess.run(["jar", "--create", "--file", str(jar), "-C", str(classes), "."], check=True)
-    return jar
 
 
 def _view(rm: str, secret: str) -> dict[str, ExecutorInfo]:

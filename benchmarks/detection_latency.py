@@ -162,7 +162,7 @@ def main() -> int:
     parser.add_argument("--standard-trials", type=int, default=10, help="fast: freezes in the standard mode")
     parser.add_argument("--storm", type=float, default=60.0, help="fast: seconds of GC storm")
     parser.add_argument("--hogs", type=int, default=4, help="fast: CPU-bound processes during the storm")
-    parser.add_argument("--gc-objects", type=int, default=8_000_000, help="fast: live objects per full GC")
+    parser.add_argument("--gc-objects", type=int, default=20_000_000, help="fast: live objects per full GC")
     args = parser.parse_args()
     prepare()  # loopback, the venv's Python everywhere, the run marker
     if args.part == "fast-heartbeat":
