@@ -9,8 +9,10 @@ writes its output to the executor agent's directory, the agent's ``MapOutputServ
 (``agent_service``) streams it to reduce tasks that do not read the file themselves and deletes it
 on release, TTL or exit; reduce tasks on the same host read it themselves (``tasks``).
 
-Layout: the file is a sequence of *runs*. A run holds, for each reduce partition with data, one
-complete Arrow IPC stream (schema, batches, end-of-stream) of that partition's rows. Rows are
+Layout (``map_output_format``): a header, which holds the schema once, then a sequence of
+*runs*. A run holds, for each reduce partition with data, one *segment*: that partition's rows as
+Arrow IPC record-batch messages, decoded against the header's schema (files of the previous
+format, whose every segment is a whole IPC stream with its own schema, are still read). Rows are
 buffered in memory up to ``memory_bytes`` and then written as a run, so a map task's memory is
 bounded whatever its input size; the status of reduce partition ``r`` lists its ``(offset,
 length)`` segments in run order; a reader holds one batch at a time (``read_segments``).
@@ -20,8 +22,8 @@ Python step at all, so what it holds is what arrowbeat adds to the executor's pe
 held batches a run needs their reduce partitions (2 bytes a row), the sort order (8) and the
 reordered copy, made a quarter of the run at a time (``RUN_PIECES``); each quarter's ``take``
 first joins the run's chunks of one column at a time, so the largest column comes on top.
-Smaller runs cost a schema message per reducer and run: on narrow rows a few percent of the
-bytes, on hundreds of columns and reducers far more (the segment's rows get few).
+Smaller runs cost a batch message's metadata per reducer and run (16 bytes per column and per
+buffer: 10 KB for 200 columns), beside the rows; the schema is written once per file.
 
 The file is private (``arrow_shuffle.private_files``): its folder 0700, the file created 0600 with
 ``O_EXCL | O_NOFOLLOW``, so a name that exists already (a planted symlink) is refused, never
@@ -43,6 +45,13 @@ from arrow_shuffle.checksum import ChecksumSink, VerifiedSegment
 from arrow_shuffle.errors import CorruptDataError, ShuffleConfigError, ShuffleError
 from arrow_shuffle.partitioner import hash_rows, key_type_problem
 from arrow_shuffle.private_files import create_private_file, make_private_dir
+from spark_plugin.shuffle.map_output_format import (
+    PREFIX_BYTES,
+    WRITE_OPTIONS,
+    encode_header,
+    has_dictionaries,
+    read_header,
+)
 
 BATCH_ROWS = 16384
 """Rows per batch in map-output files (Spark hands Python 10k-row batches by default)."""
@@ -51,7 +60,7 @@ RUN_PIECES = 4
 """A run is put in reducer order this many pieces at a time (``MapOutputWriter._write_run``)."""
 
 Segment = tuple[int, int, list[int]]
-"""``(offset, length, checksums)`` of one Arrow IPC stream inside a map output file: a checksum
+"""``(offset, length, checksums)`` of one reducer's batches in one run of a map output file: a checksum
 of every ``CHUNK_BYTES`` of it (``arrow_shuffle.checksum``), or none when checksums are off. A
 two-item ``(offset, length)`` is read unchecked."""
 
@@ -94,13 +103,19 @@ def route(batch: pa.RecordBatch, key_columns: Sequence[str], num_partitions: int
 
 
 class MapOutputWriter:
-    """Routes batches to reduce partitions and writes them as runs of IPC streams to ``path``.
+    """Routes batches to reduce partitions and writes them as runs of segments to ``path``.
 
     Input batches are held as they come (Spark hands each one over in its own buffers) with the
     reduce partition of every row; a run then orders the held rows by partition with one
     ``take`` per quarter of the run and streams each partition's slice straight into the file.
     One copy of the data before the file, where sorting every input batch and merging the pieces
     again took three; a quarter of it alive at a time.
+
+    The file begins with its header (``map_output_format``: the schema, once); one IPC stream
+    writer then writes every segment's batches, its own opening schema message dropped
+    (``_AfterSchema``), so a segment is batch messages only. A schema with dictionary fields
+    (never Spark's: its Arrow conversion makes none) keeps a whole stream per segment, whose
+    batches carry their dictionaries.
     """
 
     def __init__(
@@ -130,14 +145,37 @@ class MapOutputWriter:
         """Held reduce partition ids are narrowed: 2 bytes a row instead of 8 beside the batches,
         and a stable sort of small integers is a radix sort in numpy (5x faster than on int64)."""
         self._held_bytes = 0
+        self._streams = has_dictionaries(schema)
+        """Each segment a whole IPC stream (``map_output_format.FLAG_STREAMS``)."""
+        header = encode_header(schema, self._streams)
+        self.header_bytes = len(header)
+        """Bytes before the first segment: the file's header."""
         try:
             make_private_dir(os.path.dirname(path))  # its parent (the agent's folder): checked by the caller
             self._sink = ChecksumSink(os.fdopen(create_private_file(path), "wb"), enabled=checksum)
-            self._file = pa.PythonFile(self._sink, mode="w")
         except OSError as exc:
             raise ShuffleError(
                 f"cannot create map output {path}: {exc}; check spark.arrowbeat.shuffle.dir"
             ) from exc
+        try:
+            self._sink.write(header)  # outside every segment: the header has its own checksum
+        except OSError as exc:
+            self._sink.close()
+            os.unlink(path)
+            raise ShuffleError(
+                f"writing map output {path} failed: {exc}; free disk space or point "
+                "spark.arrowbeat.shuffle.dir elsewhere"
+            ) from exc
+        target = self._sink if self._streams else _AfterSchema(self._sink, header[PREFIX_BYTES:])
+        self._file = pa.PythonFile(target, mode="w")
+        self._batches: pa.ipc.RecordBatchStreamWriter | None = None
+        """The file's one IPC writer, opened with the first segment; never closed (its
+        end-of-stream marker would follow the last segment for nobody)."""
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes the file holds so far: its header and every segment written."""
+        return self.header_bytes + sum(o.bytes for o in self.outputs)
 
     def write(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -190,11 +228,11 @@ class MapOutputWriter:
                     reducer = int(reducers[next_reducer])
                     upto = min(int(ends[reducer]), last)
                     if segment is None:
-                        segment = _SegmentWriter(self._file, self._sink, self.schema)
+                        segment = _SegmentWriter(self._sink, self._stream())
                     segment.write(piece.slice(at - first, upto - at))
                     at = upto
                     if upto == ends[reducer]:
-                        written += segment.close(self._file, self.outputs[reducer])
+                        written += segment.close(self.outputs[reducer])
                         segment, next_reducer = None, next_reducer + 1
                 del piece  # before the next piece is taken
         except OSError as exc:
@@ -204,15 +242,74 @@ class MapOutputWriter:
             ) from exc
         return written
 
+    def _stream(self) -> tuple[pa.ipc.RecordBatchStreamWriter, bool]:
+        """The writer of the next segment's batches, and whether the segment closes it."""
+        if self._streams:  # a stream of its own, schema and dictionaries included
+            return pa.ipc.new_stream(self._file, self.schema, options=WRITE_OPTIONS), True
+        if self._batches is None:
+            self._batches = pa.ipc.new_stream(self._file, self.schema, options=WRITE_OPTIONS)
+        return self._batches, False
+
+
+class _AfterSchema:
+    """The file as the IPC writer sees it: the schema message the writer opens its stream with is
+    checked and dropped (the header holds the same bytes), everything after it passed on.
+
+    The writer writes a schema message before its first batch, which a segment must not hold;
+    Arrow has no writer without it. Once it has passed, ``write`` is the sink's own: no Python
+    call more per write than before. A writer of a whole stream per segment (``FLAG_STREAMS``)
+    writes through ``ChecksumSink`` itself (the header says its segments begin with a schema)."""
+
+    def __init__(self, sink: ChecksumSink, schema_message: bytes) -> None:
+        self._sink = sink
+        self._skip = memoryview(schema_message)
+        self.write: Any = self._dropping
+
+    def _dropping(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        take = min(len(view), len(self._skip))
+        if view[:take] != self._skip[:take]:
+            raise ShuffleError("Arrow's IPC writer began its stream with other bytes than the schema message")
+        self._skip = self._skip[take:]
+        if not self._skip:
+            self.write = self._sink.write
+        if take < len(view):
+            self._sink.write(view[take:])
+        return len(view)
+
+    def tell(self) -> int:
+        return self._sink.tell()
+
+    def flush(self) -> None:
+        self._sink.flush()
+
+    def close(self) -> None:
+        self._sink.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._sink.closed
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
 
 class _SegmentWriter:
-    """One reducer's IPC stream in a run, written from one or more pieces of the sorted rows."""
+    """One reducer's batches in a run, written from one or more pieces of the sorted rows."""
 
-    def __init__(self, file: pa.NativeFile, sink: ChecksumSink, schema: pa.Schema) -> None:
-        self.offset = int(file.tell())
+    def __init__(self, sink: ChecksumSink, stream: tuple[pa.ipc.RecordBatchStreamWriter, bool]) -> None:
+        # The file's own position: Arrow's ``PythonFile`` counts what it was handed, which
+        # includes the schema message ``_AfterSchema`` dropped and not the header.
+        self.offset = sink.tell()
         self.sink = sink
         sink.begin()
-        self.stream = pa.ipc.new_stream(file, schema)
+        self.stream, self._own = stream
         self.batches = 0
         self.rows = 0
 
@@ -223,10 +320,11 @@ class _SegmentWriter:
             self.batches += 1
         self.rows += rows.num_rows
 
-    def close(self, file: pa.NativeFile, out: ReducerOutput) -> int:
-        """Ends the stream and records it as ``out``'s next segment; returns its bytes."""
-        self.stream.close()
-        size = int(file.tell()) - self.offset
+    def close(self, out: ReducerOutput) -> int:
+        """Ends the segment and records it as ``out``'s next segment; returns its bytes."""
+        if self._own:
+            self.stream.close()
+        size = self.sink.tell() - self.offset
         out.segments.append((self.offset, size, self.sink.end()))
         out.bytes += size
         out.batches += self.batches
@@ -235,10 +333,16 @@ class _SegmentWriter:
 
 
 def read_segments(
-    path: str, segments: Sequence[Sequence[Any]], memory_pool: pa.MemoryPool | None = None
+    path: str,
+    segments: Sequence[Sequence[Any]],
+    memory_pool: pa.MemoryPool | None = None,
+    schema: pa.Schema | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The batches of ``segments`` of a local map output file, read one batch at a time.
 
+    The file's header is read and verified first (``map_output_format.read_header``): it says
+    whether the segments are batch messages of the header's schema (format 2) or whole IPC
+    streams (format 1, or a schema with dictionaries), and must hold ``schema`` when given.
     Read, not memory-mapped: a mapping keeps every page it touched resident in the reader until
     the whole file is read (a hot reducer's share of one map output: 24 of 34 MiB). A segment
     with checksums is read through ``VerifiedSegment``: a chunk (``CHUNK_BYTES``) at a time,
@@ -246,59 +350,77 @@ def read_segments(
     stream blocked on credit) holds a chunk and the batch in hand, whatever a segment's size (the
     batch's buffers are views of its chunk; a one-chunk segment, the usual kind, Arrow decodes
     from the verified bytes natively: ``VerifiedSegment.reader``).
-    A segment that fails its checksum, ends early, does not end where its status says, or holds
-    garbage (a corrupt or foreign file) is a ``CorruptDataError`` before any batch past the damage
-    is handed out; a file that is gone is a ``ShuffleError``. Either way the reader reports the
-    output lost, and Spark recomputes it."""
+    A header or segment that fails its checksum, ends early, does not end where its status says,
+    or holds garbage (a corrupt or foreign file) is a ``CorruptDataError`` before any batch past
+    the damage is handed out; a file that is gone is a ``ShuffleError``. Either way the reader
+    reports the output lost, and Spark recomputes it."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
         raise ShuffleError(f"map output {path} is gone: {exc}") from exc
     try:
+        header = read_header(fd, f"map output {path}", schema)
+        batch_schema = None if header.streams else header.schema
         with pa.OSFile(path, "r", memory_pool=memory_pool) as unchecked:
             for segment in segments:
                 offset, length = int(segment[0]), int(segment[1])
+                if offset < header.length:
+                    raise CorruptDataError(
+                        f"map output {path}: a segment at {offset}, inside the file's header of "
+                        f"{header.length} bytes: its index is damaged"
+                    )
                 crcs = segment[2] if len(segment) > 2 else None
                 if crcs:
-                    yield from _verified(fd, path, offset, length, crcs, memory_pool)
-                else:
-                    yield from _unchecked(unchecked, path, offset, length, memory_pool)
+                    source = VerifiedSegment(fd, offset, length, crcs, f"map output {path}").reader()
+                    yield from _decoded(source, 0, length, batch_schema, path, offset, memory_pool)
+                else:  # written without checksums: decoding is all that guards it
+                    unchecked.seek(offset)
+                    yield from _decoded(unchecked, offset, length, batch_schema, path, offset, memory_pool)
     except OSError as exc:
         raise ShuffleError(f"map output {path} is gone: {exc}") from exc
     finally:
         os.close(fd)
 
 
-def _verified(
-    fd: int, path: str, offset: int, length: int, crcs: Sequence[int], memory_pool: pa.MemoryPool | None
+def _decoded(
+    source: pa.NativeFile,
+    start: int,
+    length: int,
+    schema: pa.Schema | None,
+    path: str,
+    offset: int,
+    memory_pool: pa.MemoryPool | None,
 ) -> Iterator[pa.RecordBatch]:
-    source = VerifiedSegment(fd, offset, length, crcs, f"map output {path}").reader()
+    """The batches of the segment ``source`` holds from ``start`` (where it is positioned) for
+    ``length`` bytes: batch messages decoded against ``schema``, or a whole IPC stream (None)."""
+    end = start + length
     try:
-        yield from pa.ipc.open_stream(source, memory_pool=memory_pool)
-    except pa.ArrowException as exc:  # verified bytes that do not decode: written wrong, or foreign
-        raise CorruptDataError(f"map output {path}: the segment at {offset} does not decode: {exc}") from exc
-    if source.tell() != length:
-        raise CorruptDataError(
-            f"map output {path}: the segment at {offset} of {length} bytes ends at {source.tell()}: "
-            "the file is corrupt"
-        )
-
-
-def _unchecked(
-    source: pa.NativeFile, path: str, offset: int, length: int, memory_pool: pa.MemoryPool | None
-) -> Iterator[pa.RecordBatch]:
-    """A segment written without checksums: decoding is all that guards it."""
-    source.seek(offset)
-    end = offset + length
-    try:
-        for batch in pa.ipc.open_stream(source, memory_pool=memory_pool):
-            if source.tell() > end:
-                break
-            yield batch
-    except pa.ArrowException as exc:  # garbage where a message should be
+        if schema is None:
+            for batch in pa.ipc.open_stream(source, memory_pool=memory_pool):
+                if source.tell() > end:
+                    break
+                yield batch
+        else:
+            while source.tell() < end:
+                # Nothing of a batch held here between yields: the caller's batch is the only one.
+                yield _next_batch(source, schema, end, path, offset)
+    except (pa.ArrowException, OSError, EOFError) as exc:
+        # Bytes that do not decode (Arrow says so with OSError too, "Invalid flatbuffers message";
+        # EOFError: an end-of-stream marker where a batch belongs): written wrong, or foreign.
+        # An unchecked segment's read that failed lands here too: unreadable is damaged as well.
         raise CorruptDataError(f"map output {path}: the segment at {offset} is corrupt: {exc}") from exc
     if source.tell() != end:
         raise CorruptDataError(
             f"map output {path}: the segment at {offset} of {length} bytes ends at "
-            f"{source.tell() - offset}: the file is corrupt"
+            f"{source.tell() - start}: the file is corrupt"
         )
+
+
+def _next_batch(source: pa.NativeFile, schema: pa.Schema, end: int, path: str, offset: int) -> pa.RecordBatch:
+    message = pa.ipc.read_message(source)
+    if message.type != "record batch" or source.tell() > end:
+        raise CorruptDataError(
+            f"map output {path}: the segment at {offset} is corrupt: a {message.type} message "
+            f"ending at {source.tell()}, where record batches up to {end} belong"
+        )
+    return pa.ipc.read_record_batch(message, schema)

@@ -380,7 +380,7 @@ class MapOutputService:
         try:
             for path, segments in files:
                 try:
-                    for batch in read_segments(path, segments):
+                    for batch in read_segments(path, segments, schema=partition.schema):
                         writer.write(batch, subpartition=0)
                 except CorruptDataError as exc:  # never read again: removed, its recompute arranged
                     self.report_corrupt(pid.shuffle_id, path, str(exc))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import struct
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -18,12 +19,13 @@ import pyarrow as pa
 import pytest
 
 from arrow_shuffle import CorruptDataError, MapOutputLostError, ShuffleError
-from arrow_shuffle.checksum import CHUNK_BYTES, VerifiedSegment
+from arrow_shuffle.checksum import CHUNK_BYTES, VerifiedSegment, digest
 from spark_plugin.shuffle.agent.corrupt_outputs import Outcome
 from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.agent_layout import name_parts, written_by
 from spark_plugin.shuffle.driver.handle import _stage
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
+from spark_plugin.shuffle.map_output_format import PREFIX_BYTES
 from spark_plugin.shuffle.plan import ShufflePlan
 from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient
 from spark_plugin.shuffle.worker.reduce_task import ReadStats, read_partitions
@@ -105,29 +107,35 @@ def test_the_damage_users_met_is_an_error_naming_the_file_never_rows(
     assert damaged == len({_reducer_at(outputs, int(size * at)) for at, _, _ in damage})
 
 
-def _reducer_at(outputs: Sequence[Any], position: int) -> int:
+def _reducer_at(outputs: Sequence[Any], position: int) -> int | None:
+    """The reducer whose segment holds byte ``position``; None for the file's header."""
     for r, o in enumerate(outputs):
         if any(offset <= position < offset + length for offset, length, _ in o.segments):
             return r
-    raise AssertionError(f"no segment holds byte {position}")
+    assert position < min(offset for o in outputs for offset, _, _ in o.segments), position
+    return None
 
 
 def test_every_single_bit_flip_is_caught_and_other_segments_read_on(tmp_path: Path) -> None:
-    """200 random bit flips, one at a time, anywhere in the file: the segment holding it is a
-    ``CorruptDataError`` (no other exception, no batch decoded from damaged bytes), and every
-    other segment still reads exactly."""
+    """200 random bit flips, one at a time, anywhere in the file, and 40 in its header: the
+    segment holding it is a ``CorruptDataError`` (no other exception, no batch decoded from
+    damaged bytes), and every other segment still reads exactly; a damaged header (the schema
+    every segment is decoded with) is a ``CorruptDataError`` for every segment."""
     path = str(tmp_path / "m.arrows")
     outputs = write(path, rows=20_000)
     pristine = Path(path).read_bytes()
+    header = min(offset for o in outputs for offset, _, _ in o.segments)
     want = read_all(path, outputs)
     rng = random.Random(36)
-    for _ in range(200):
-        position = rng.randrange(len(pristine))
+    positions = [rng.randrange(len(pristine)) for _ in range(200)] + [
+        rng.randrange(header) for _ in range(40)
+    ]
+    for position in positions:
         Path(path).write_bytes(pristine)
         flip(path, position, 1 << rng.randrange(8))
         hit = _reducer_at(outputs, position)
         for r, o in enumerate(outputs):
-            if r == hit:
+            if hit is None or r == hit:
                 with pytest.raises(CorruptDataError):
                     list(read_segments(path, o.segments))
             else:
@@ -179,11 +187,14 @@ def test_truncated_empty_and_foreign_files_and_lying_indexes_are_corrupt(tmp_pat
     Path(path).write_bytes(b"")
     with pytest.raises(CorruptDataError, match="truncated"):
         list(read_segments(path, [segments[0]]))
-    Path(path).write_bytes(os.urandom(segments[0][1] + 100))  # a foreign file of the right size
-    with pytest.raises(CorruptDataError, match="checksum mismatch"):
+    Path(path).write_bytes(os.urandom(segments[0][0] + segments[0][1] + 100))  # a foreign file
+    with pytest.raises(CorruptDataError, match="not a map output"):
         list(read_segments(path, [segments[0]]))
+    write(path + "2")
     with pytest.raises(CorruptDataError, match="checksums, expected"):  # an index that lies
-        list(read_segments(path, [(0, 3 * CHUNK_BYTES, crcs[:1])]))
+        list(read_segments(path + "2", [(offset, 3 * CHUNK_BYTES, crcs[:1])]))
+    with pytest.raises(CorruptDataError, match="inside the file's header"):
+        list(read_segments(path + "2", [(0, length, crcs)]))
 
 
 def test_without_checksums_segments_are_unchecked_but_still_bounded(tmp_path: Path) -> None:
@@ -289,7 +300,9 @@ def test_a_released_shuffle_cannot_be_recomputed_and_paths_outside_are_refused(
     assert outside.exists()
 
 
-def plan_for(service: MapOutputService, shuffle: int, reducers: int, host_local: bool) -> ShufflePlan:
+def plan_for(
+    service: MapOutputService, shuffle: int, reducers: int, host_local: bool, schema: pa.Schema = SCHEMA
+) -> ShufflePlan:
     return ShufflePlan(
         "app-c",
         shuffle,
@@ -297,7 +310,7 @@ def plan_for(service: MapOutputService, shuffle: int, reducers: int, host_local:
         SECRET,
         ("k",),
         reducers,
-        SCHEMA.serialize().to_pybytes(),
+        schema.serialize().to_pybytes(),
         tuple(range(reducers)),
         read_host_local=host_local,
         lost_wait_s=0.2,
@@ -319,22 +332,41 @@ def status_of(service: MapOutputService, path: str, outputs: Any, reducer: int) 
     }
 
 
+def newer_format(path: str) -> None:
+    """The file's header says format 3, its checksum made right: a file this version cannot read."""
+    content = bytearray(Path(path).read_bytes())
+    header = PREFIX_BYTES + struct.unpack_from("<I", content, 12)[0]
+    struct.pack_into("<HI", content, 8, 3, 0)
+    content[16:20] = b"\x00" * 4
+    struct.pack_into("<I", content, 16, digest(bytes(content[:header])))
+    Path(path).write_bytes(bytes(content))
+
+
+@pytest.mark.parametrize("damage", ["segment", "newer format", "another schema"])
 @pytest.mark.parametrize("host_local", [True, False], ids=["host-local", "streamed"])
 def test_a_reduce_task_that_meets_damage_fails_to_be_retried_and_its_owner_acts(
-    service: MapOutputService, told: dict[str, list[str]], host_local: bool
+    service: MapOutputService, told: dict[str, list[str]], host_local: bool, damage: str
 ) -> None:
     """Read host-locally, the reduce task tells the owner; streamed, the owner found it itself.
     Either way the task fails with ``MapOutputLostError`` naming the map partition, its executor
-    and the file, and the owner removed the file and dropped the status blocks."""
+    and the file, and the owner removed the file and dropped the status blocks. A file whose
+    header the reader cannot take (a format it does not know, a schema not the shuffle's) goes
+    the same way as a segment that fails its checksum."""
     blocks = Blocks()
     service.corrupt._remove_blocks = blocks
     path, outputs = output_of(service, 4)
     offset, length, _ = outputs[0].segments[0]
-    flip(path, offset + length // 2)
+    schema = SCHEMA
+    if damage == "segment":
+        flip(path, offset + length // 2)
+    elif damage == "newer format":
+        newer_format(path)
+    else:
+        schema = pa.schema([("k", pa.int64()), ("s", pa.large_string()), ("x", pa.float64())])
     reader = AgentInfo("6", "127.0.0.1", 0, 0, "")  # another executor on the same host
     statuses = {0: [status_of(service, path, outputs, 0)]}
     with pytest.raises(MapOutputLostError) as failed:
-        list(read_partitions(plan_for(service, 4, 2, host_local), statuses, reader, ReadStats()))
+        list(read_partitions(plan_for(service, 4, 2, host_local, schema), statuses, reader, ReadStats()))
     message = str(failed.value)
     if host_local:
         assert f"map partition 3 on executor 5 ({path}) is damaged" in message
