@@ -42,6 +42,7 @@ import the package.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import statistics
 import threading
@@ -450,10 +451,13 @@ def start_tracing(result: SoakResult, frames: int) -> None:
 
 def finish_tracing(result: SoakResult, top: int = TRACE_TOP) -> None:
     """What was allocated since :func:`start_tracing` and is still alive, by allocation site;
-    then tracing stops (once: a second call finds nothing to do)."""
+    then tracing stops (once: a second call finds nothing to do). Garbage in reference cycles is
+    collected first: PySpark leaves some per batch (cloudpickle's picklers, ``StructType``'s
+    recursive closures), which the collector frees in its own time and is no leak."""
     with _tracing_lock:
         if result.traced_from is None or not tracemalloc.is_tracing():
             return
+        gc.collect()
         snapshot = tracemalloc.take_snapshot().filter_traces(
             [tracemalloc.Filter(False, tracemalloc.__file__)]
         )
