@@ -7,6 +7,9 @@ first 35 s nothing is disturbed: the tables must record no ``DEGRADED`` at all. 
 one executor JVM with a duty cycle (SIGSTOP 150 ms of every 300 ms, ``harness.duty_cycle``) while
 the jobs go on: it must be recorded ``DEGRADED`` within 30 s of the cycle's start, with its
 evidence, and the healthy one never; once the cycle ends it is recorded ``RECOVERED``.
+
+With ``spark.arrowbeat.onDegraded=exclude`` the slowed executor is replaced while the jobs run
+(Spark kills it and starts another) and every job still completes.
 """
 
 from __future__ import annotations
@@ -88,3 +91,46 @@ def test_a_duty_cycled_executor_is_degraded_within_30s_the_healthy_one_never_and
         found
     )
     assert healthy not in {r["executor_id"] for r in found}
+
+
+def test_with_exclude_the_slowed_executor_is_replaced_and_the_jobs_go_on(scratch: Path) -> None:
+    folder = scratch / f"degraded-exclude-{time.time_ns()}"
+    folder.mkdir()
+    tables, stop = folder / "tables", folder / "stop"
+    conf = {**fast_heartbeats(tables), "spark.arrowbeat.onDegraded": "exclude"}
+    app = SubmittedApp(APP, "local-cluster[2,1,1024]", scratch, conf, args=[str(stop), "--skewed-s", "3"])
+    cycle: DutyCycle | None = None
+    try:
+        app.wait_for("APP-READY ", timeout_s=180)
+        jvms = executor_jvms(app.marker)
+        assert len(jvms) == 2, jvms
+        app.wait_for("SKEWED-DONE ", timeout_s=120)
+        victim = sorted(jvms)[0]
+        cycle = DutyCycle(jvms[victim].pid, stop_s=0.15, period_s=0.3).start()
+
+        def removed() -> bool:
+            return any(
+                r["executor_id"] == victim and r["event"] in ("SPARK_REMOVED", "SPARK_LOST")
+                for r in rows(tables, "executor_events")
+            )
+
+        assert wait_until(removed, DEGRADED_WITHIN_S + 30.0), rows(tables, "executor_events")
+        cycle.stop()
+        started_at = cycle.started_at
+        replaced = wait_until(lambda: len(set(executor_jvms(app.marker)) - {victim}) >= 2, 120)
+        stop.touch()
+        done = app.wait_for("APP-DONE ", timeout_s=180)
+    finally:
+        if cycle is not None:
+            cycle.stop()
+        app.close()
+    found = [(r["executor_id"], r["event"], r["ts"].timestamp()) for r in rows(tables, "executor_events")]
+    degraded = [t for e, kind, t in found if (e, kind) == (victim, "DEGRADED")]
+    gone = [t for e, kind, t in found if e == victim and kind in ("SPARK_REMOVED", "SPARK_LOST")]
+    assert degraded and gone and started_at is not None, found
+    print(
+        f"DEGRADED {degraded[0] - started_at:.1f} s, removed {gone[0] - started_at:.1f} s "
+        "after the duty cycle began"
+    )
+    assert replaced, "Spark started no replacement executor"
+    assert done["jobs"] >= 1
