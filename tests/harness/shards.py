@@ -33,6 +33,7 @@ SECOND = {
     "tests/spark/test_concurrent_reducers.py": 42,
     "tests/spark/test_connect.py": 42,
     "tests/spark/test_frozen_recovery.py": 30,
+    "tests/spark/test_degraded.py": 130,
 }
 """Modules of the second shard, with their seconds in a full run (the first shard holds about as
 many: the frozen-executor modules, the shuffle cluster's, the shared session's and the rest)."""
