@@ -40,6 +40,8 @@ the slowed jobs), ``false_degraded``, ``calm_degraded`` (in the calm jobs), with
 
     .venv/bin/python -m benchmarks.job_recovery          (about 6 minutes)
     .venv/bin/python -m benchmarks.job_recovery --long   (adds Spark alone: about 4 more)
+    .venv/bin/python -m benchmarks.job_recovery --tasks 120 --cells report,exclude --no-skewed
+                                                         (a longer job, slowed cells only: about 7)
 """
 
 from __future__ import annotations
@@ -687,6 +689,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cells", default="frozen,report,exclude", help="which of frozen,report,exclude to run"
     )
+    parser.add_argument(
+        "--skewed",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the skewed healthy job in the report application (false_degraded)",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
     began, load_before = time.monotonic(), load_1m()
@@ -710,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         if "frozen" in wanted:
             runs["frozen"] = frozen_cell(s, arrowbeat=True)
         if "report" in wanted:
-            runs["report"] = slowed_cell(s, "report" if declared else None, with_skewed=True)
+            runs["report"] = slowed_cell(s, "report" if declared else None, with_skewed=args.skewed)
         if "exclude" in wanted and declared:
             runs["exclude"] = slowed_cell(s, "exclude", with_skewed=False)
         if args.long:
