@@ -108,6 +108,7 @@ class EventRouter:
         self._notices = notices or NoticeEvents()
         self._degraded = degraded
         self._exclusions = exclusions
+        self._considered = float("-inf")
         self._clock = clock
         self._last_beat: dict[str, float] = {}
         self._watchers: list[Callable[[ExecutorEvent], None]] = []
@@ -134,7 +135,9 @@ class EventRouter:
                 self._history.append(HEARTBEATS.name, heartbeat_row(self._app_id(), event, gap_ms, gc_ms))
             for one in derived:
                 self._record(one)
-            if self._exclusions is not None and self._degraded is not None:
+            now = self._clock.monotonic()
+            if self._exclusions is not None and self._degraded is not None and now - self._considered >= 1.0:
+                self._considered = now  # once a second: a scan of every executor's state
                 self._exclusions.consider(self._degraded.degraded(), self._degraded.healthy())
             return
         if isinstance(event, ExecutorEvent):
