@@ -4,9 +4,10 @@ on (toggled per query with ``spark.conf.set``), return Spark's rows, and say so 
 user sees (``explain()``) and in the shuffle's task reports; with the key off the plan is Spark's;
 forms arrowbeat does not take over stay Spark's with one log line.
 
-The run's shared ``shuffle_cluster`` (two executors). The hook is installed into this process as
-the wheel's start-up line installs it into a user's (``_arrowbeat_startup``; the checkout's
-editable install has no ``.pth``), and removed at the end of the module.
+The run's shared ``shuffle_cluster`` (two executors). The hook is in this process from start-up,
+as in a user's: the checkout's editable install carries the wheel's ``arrowbeat.pth``
+(``tests/test_dev_install.py``; ``tests/spark/test_dev_install_takeover.py`` runs such a job from a
+script of its own).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from pyspark.errors import UnsupportedOperationException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-import _arrowbeat_startup
 from spark_plugin.compat import grouped_map_hook as hook
 from spark_plugin.shuffle import shuffle_of
 from tests.harness.apps import ShuffleCluster
@@ -34,21 +34,20 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def spark(shuffle_cluster: ShuffleCluster) -> Iterator[SparkSession]:
-    """The shared session with PySpark's grouped-map methods wrapped; the key off between tests."""
+    """The shared session, PySpark's grouped-map methods wrapped since start-up; the key off between
+    tests."""
     import pyspark.sql.classic.dataframe as frames
     import pyspark.sql.pandas.group_ops as ops
 
-    owners = [frames.DataFrame, ops.PandasGroupedOpsMixin, ops.PandasCogroupedOps]
-    saved = [(owner, dict(owner.__dict__)) for owner in owners]
-    for module in (frames, ops):
-        assert hook.patch_module(module, _arrowbeat_startup._takeover) == []
+    methods = (
+        frames.DataFrame.groupBy,
+        ops.PandasGroupedOpsMixin.applyInPandas,
+        ops.PandasCogroupedOps.applyInArrow,
+    )
+    assert all(hook.is_wrapped(m) for m in methods), "no arrowbeat.pth in this venv: rerun make setup"
     try:
         yield shuffle_cluster.spark
     finally:
-        for owner, before in saved:
-            for name, value in before.items():
-                if hook.is_wrapped(owner.__dict__.get(name)):
-                    setattr(owner, name, value)
         shuffle_cluster.spark.conf.unset(hook.KEY)
 
 
