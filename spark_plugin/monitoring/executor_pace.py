@@ -12,10 +12,12 @@ JVM's own monotonic clock), it keeps cumulative figures that go out in every hea
   pause, which the heartbeat timeout or ``TaskWatch``'s gap account covers, does not swamp the
   figure). It does not grow with the number of tasks: a thread that wakes is on time in a busy
   JVM that runs.
-- ``task_cpu_s.<stage>`` and ``task_wall_s.<stage>``: CPU seconds of the JVM threads of the stage's
-  running tasks, and the seconds they ran (GC pauses taken off), for the newest ``MAX_STAGES``
-  stages: their ratio is a task's CPU share, which the driver compares between tasks of one stage
-  only (a larger partition takes longer at the same share).
+- ``task_cpu_s.<stage>`` and ``task_wall_s.<stage>``: CPU seconds of the stage's running tasks,
+  and the seconds they ran, for the newest ``MAX_STAGES`` stages: their ratio is a task's CPU
+  share, which the driver compares between tasks of one stage only (a larger partition takes
+  longer at the same share). With ``TaskWatch`` feeding :meth:`add_task_cpu`, a task's CPU is its
+  JVM thread's and its labelled Python worker's; alone, its JVM thread's from the lines (GC
+  pauses taken off its running time).
 
 Cumulative counters, so a lost heartbeat loses nothing; the driver differences them. Fed on the
 link's thread, read on the heartbeat loop's: one lock.
@@ -38,11 +40,15 @@ MAX_STAGES = 8
 class JvmPace:
     """Cumulative lateness of the JVM's lines and per-stage task CPU, from its ``tasks`` lines."""
 
-    def __init__(self, pulse_interval_s: float, max_stages: int = MAX_STAGES) -> None:
+    def __init__(
+        self, pulse_interval_s: float, max_stages: int = MAX_STAGES, *, task_cpu_from_lines: bool = True
+    ) -> None:
+        """``task_cpu_from_lines``: False when ``TaskWatch`` feeds :meth:`add_task_cpu` instead."""
         if pulse_interval_s <= 0:
             raise ValueError(f"the pulse interval must be positive, got {pulse_interval_s}")
         self._interval = pulse_interval_s
         self._max_stages = max_stages
+        self._from_lines = task_cpu_from_lines
         self._lock = threading.Lock()
         self._last: JvmSample | None = None
         self._lines = 0
@@ -69,25 +75,37 @@ class JvmPace:
             gc = max(0.0, sample.gc_s - previous.gc_s)
             self._lines += 1
             self._late_s += min(self._interval, max(0.0, elapsed - self._interval - gc))
+            if not self._from_lines:
+                return
             ran = max(0.0, elapsed - gc)
             before = {t.task_id: t for t in previous.tasks}
             for task in sample.tasks:
                 was = before.get(task.task_id)
                 if was is None or task.jvm_cpu_s < 0 or was.jvm_cpu_s < 0 or ran <= 0:
                     continue
-                figures = self._stages.get(task.stage)
-                if figures is None:
-                    figures = self._stages[task.stage] = [0.0, 0.0]
-                self._stages.move_to_end(task.stage)
-                figures[0] += min(ran, max(0.0, task.jvm_cpu_s - was.jvm_cpu_s))
-                figures[1] += ran
-            while len(self._stages) > self._max_stages:
-                self._stages.popitem(last=False)
+                self._add(task.stage, min(ran, max(0.0, task.jvm_cpu_s - was.jvm_cpu_s)), ran)
+
+    def add_task_cpu(self, stage: int, cpu_s: float, elapsed_s: float) -> None:
+        """One task's CPU over ``elapsed_s`` (``TaskWatch``'s ``on_task_cpu``)."""
+        if elapsed_s <= 0:
+            return
+        with self._lock:
+            self._add(stage, min(max(0.0, cpu_s), 1.5 * elapsed_s), elapsed_s)
+
+    def _add(self, stage: int, cpu_s: float, wall_s: float) -> None:
+        figures = self._stages.get(stage)
+        if figures is None:
+            figures = self._stages[stage] = [0.0, 0.0]
+        self._stages.move_to_end(stage)
+        figures[0] += cpu_s
+        figures[1] += wall_s
+        while len(self._stages) > self._max_stages:
+            self._stages.popitem(last=False)
 
     def metrics(self) -> dict[str, float]:
         """The payload's figures (a ``PayloadProvider``); empty before the second line."""
         with self._lock:
-            if self._lines == 0:
+            if self._lines == 0 and not self._stages:
                 return {}
             figures = {
                 "jvm_pace_lines": float(self._lines),

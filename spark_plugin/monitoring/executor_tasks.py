@@ -103,11 +103,15 @@ class TaskWatch:
         ask_jvm_stack: Callable[[int], None] | None = None,
         local_dir: str = "",
         clock: Clock = SYSTEM_CLOCK,
+        on_task_cpu: Callable[[int, float, float], None] | None = None,
     ) -> None:
         """``timeout_s``: idle time after which a task is stuck (0: never). ``interval_s``: the
         JVM's line interval; a gap is a silence longer than twice that. ``ask_jvm_stack(task)``
         sends ``jstack <task>`` to the JVM (its reply comes to :meth:`on_stack_line`).
-        ``local_dir``: the executor's first Spark local dir (where workers put stack files)."""
+        ``local_dir``: the executor's first Spark local dir (where workers put stack files).
+        ``on_task_cpu(stage, cpu_s, elapsed_s)``: each running task's CPU (its JVM thread and its
+        labelled Python worker) over the time since its last line, outside the lock
+        (``executor_pace``: the task CPU share the driver compares within a stage)."""
         self.timeout_s = timeout_s
         self.interval_s = interval_s
         self._workers = workers
@@ -128,6 +132,7 @@ class TaskWatch:
         self._stack_arrived = threading.Condition(self._lock)
         self.last_gap: Gap | None = None
         self.gaps = 0
+        self._on_task_cpu = on_task_cpu
 
     # -- fed by the link ------------------------------------------------------------------------
     def on_line(self, line: str) -> None:
@@ -144,6 +149,7 @@ class TaskWatch:
             scan = self._scans
             processes = self._scan()
         to_inspect: list[tuple[_Task, int | None]] = []
+        used: list[tuple[int, float, float]] = []
         with self._lock:
             gap = self._gap(sample)
             running = {t.task_id for t in sample.tasks}
@@ -164,6 +170,9 @@ class TaskWatch:
                 python = grew.get(task_sample.task_id, 0.0) if task_sample.task_id in labelled else others
                 elapsed = now - task.seen
                 unknown = processes is None and self.timeout_s > 0  # the scan failed: no verdict
+                if processes is not None and elapsed > 0:  # a labelled worker's CPU is this task's alone
+                    own = grew.get(task_sample.task_id, 0.0) if task_sample.task_id in labelled else 0.0
+                    used.append((task_sample.stage, max(0.0, jvm_cpu - task.cpu_s) + own, elapsed))
                 if unknown or (jvm_cpu - task.cpu_s) + python > max(
                     MIN_PROGRESS_CPU_S, MIN_PROGRESS_SHARE * elapsed
                 ):
@@ -179,6 +188,9 @@ class TaskWatch:
                     task.inspecting = True
                     to_inspect.append((task, labelled.get(task_sample.task_id)))
             self._last = sample
+        if self._on_task_cpu is not None:
+            for stage, cpu_s, elapsed_s in used:
+                self._on_task_cpu(stage, cpu_s, elapsed_s)
         for task, worker in to_inspect:
             threading.Thread(
                 target=self._inspect, args=(task, worker), name="stuck-task", daemon=True

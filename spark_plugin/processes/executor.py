@@ -104,7 +104,11 @@ def main() -> int:
         on_kill_host=frozen_jvm_killer(settings, link, config.heartbeat_interval_s),
     )
     link.on_rm_address(agent.set_rm_address)  # a restarted RM on another port (the JVM tells us)
-    pace = JvmPace(max(0.05, config.heartbeat_interval_s / 2))  # the JVM's line interval (pulses)
+    # The JVM's line interval (pulses); task CPU from the task watch (JVM thread and Python worker)
+    # while it scans the workers (a stuck-task timeout is set), else from the lines (JVM thread).
+    pace = JvmPace(
+        max(0.05, config.heartbeat_interval_s / 2), task_cpu_from_lines=config.stuck_task_timeout_s <= 0
+    )
     tasks = task_watch(config, settings, link, channel, pace)
     payload += [tasks.work, tasks.metrics, pace.metrics]  # pace: the driver's peer comparison
     transport = None if material is None else TcpTransport(server_context=tls.server_context(material))
@@ -272,6 +276,7 @@ def task_watch(
         workers=labelled_workers(jvm_pid, os.getpid()),
         ask_jvm_stack=channel.jstack,
         local_dir=local_dirs[0] if local_dirs else "",
+        on_task_cpu=None if pace is None else pace.add_task_cpu,
     )
 
     def on_line(line: str) -> None:

@@ -337,3 +337,14 @@ def test_a_restarted_driver_takes_back_the_degraded_and_records_their_recovery_n
     events = run([Agent("1"), Agent("2")], 40.0, clock, watch)
     assert kinds(events) == [("RECOVERED", "1")]
     assert "recorded DEGRADED before the driver-side process restarted" in events[0][1].detail
+
+
+def test_pace_takes_task_cpu_from_the_task_watch_when_told_to() -> None:
+    pace = JvmPace(0.25, task_cpu_from_lines=False)
+    pace.on_sample(sample(1.0, 0.0, (1, 5, 0.0)))
+    pace.on_sample(sample(1.25, 0.0, (1, 5, 0.01)))  # the JVM thread waits on its Python worker
+    pace.add_task_cpu(5, 0.24, 0.25)  # the task watch: JVM thread + labelled Python worker
+    pace.add_task_cpu(5, 0.1, 0.0)  # no time: nothing
+    figures = pace.metrics()
+    assert figures["task_cpu_s.5"] == pytest.approx(0.24) and figures["task_wall_s.5"] == pytest.approx(0.25)
+    assert figures["jvm_pace_lines"] == 1

@@ -382,3 +382,17 @@ def test_the_stack_signal_goes_only_to_a_labelled_worker_with_the_handler() -> N
     finally:
         plain.kill()
         plain.wait(timeout=10)
+
+
+def test_each_tasks_cpu_goes_to_the_pace_with_its_labelled_workers_and_not_an_unlabelled_ones() -> None:
+    """``on_task_cpu`` (``executor_pace``): task 7's JVM thread and its labelled worker; task 8's
+    JVM thread only (the unlabelled process's CPU is nobody's in particular)."""
+    clock = ManualClock()
+    workers = [ProcessCpu(100, 7, 0.0, labelled=True), ProcessCpu(200, None, 0.0)]
+    got: list[tuple[int, float, float]] = []
+    w = watch(clock, workers, on_task_cpu=lambda stage, cpu, wall: got.append((stage, cpu, wall)))
+    w.on_line(line(0, 0, (7, 0, 0), (8, 0, 0)))
+    clock.jump(INTERVAL)
+    workers[:] = [ProcessCpu(100, 7, 0.2, labelled=True), ProcessCpu(200, None, 0.3)]
+    w.on_line(line(0, 0, (7, 10, 250), (8, 40, 250)))
+    assert [(s, round(c, 3), round(e, 3)) for s, c, e in got] == [(3, 0.21, INTERVAL), (3, 0.04, INTERVAL)]
