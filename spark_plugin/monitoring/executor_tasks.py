@@ -189,8 +189,11 @@ class TaskWatch:
                     to_inspect.append((task, labelled.get(task_sample.task_id)))
             self._last = sample
         if self._on_task_cpu is not None:
-            for stage, cpu_s, elapsed_s in used:
-                self._on_task_cpu(stage, cpu_s, elapsed_s)
+            try:
+                for stage, cpu_s, elapsed_s in used:
+                    self._on_task_cpu(stage, cpu_s, elapsed_s)
+            except Exception:  # evidence only: the watch of stuck tasks goes on
+                log.exception("handing a task's CPU on failed")
         for task, worker in to_inspect:
             threading.Thread(
                 target=self._inspect, args=(task, worker), name="stuck-task", daemon=True
