@@ -5,19 +5,9 @@ One per executor agent, living exactly as long as the agent (and so the executor
 - the directory map tasks of this executor write their map-output files into (``map_output``),
   deleted on ``release_shuffle``, on TTL expiry (``sweep``) and on ``close`` (the agent exits on
   its JVM's death, so an application's shuffle data dies with its executors);
-- an engine ``PartitionServer`` (credit-based, HMAC-authenticated) serving *staged* streams: a
-  reduce task on another executor asks, over the control channel, for "reduce partition r of
-  these map outputs"; the service opens a PIPELINED one-subpartition ``ResultPartition`` and a
-  thread fills it from the files, so the file -> network path is bounded by the partition's
-  buffers and paced by the reader's credits (a slow reducer stalls the filler, never memory);
-- buffers under load: ``stage`` answers at once and takes no buffers; the stream's thread queues
-  for its reserved buffers in the agent's pool, first come first served, for up to
-  ``buffer_reserve_timeout_s`` (then the reader is told what it waited for), and holds at most
-  ``STREAM_POOL_SHARE`` of the pool (``partition_pool_share``). A stage nobody connected to
-  within ``peer_timeout_s`` (a reducer that died in between) is freed by the reaper thread; so is
-  a stream whose reader was handed its end but never unstaged it, and one whose reader went away
-  after the whole stream was queued (``abandoned``: nothing else would ever end it, and a staged
-  stream keeps its shuffle from the TTL);
+- an engine ``PartitionServer`` (credit-based, HMAC-authenticated) serving *staged* streams to
+  reduce tasks on other executors, filled from the files under the reader's credits, with their
+  buffer queueing and their reaper (``staged_streams``; ``stage`` checks the files first);
 - lost outputs: a ``stage`` naming a map-output file of ours that is gone fails at once, and a
   reducer whose stream failed asks ``report_lost``; either way ``on_outputs_lost`` (the JVM side,
   which has Spark drop this executor's map outputs so they are recomputed) is told, once. So is it
@@ -59,7 +49,6 @@ import shutil
 import stat
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -70,33 +59,25 @@ from arrow_shuffle.config import ShuffleConfig
 from arrow_shuffle.control_server import ControlServer
 from arrow_shuffle.errors import (
     ControlMessageError,
-    CorruptDataError,
-    InsufficientBuffersError,
     MapOutputLostError,
     ShuffleConfigError,
-    ShuffleError,
     UnsafePathError,
 )
 from arrow_shuffle.ids import PartitionId
-from arrow_shuffle.partition import ResultPartition
 from arrow_shuffle.partition_server import PartitionServer
 from arrow_shuffle.private_files import resolve_inside, write_private_atomic
 from arrow_shuffle.transport import Transport
-from arrow_shuffle.writer import RecordWriter
 from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from arrowbeat_base.rate_log import RateLog
 from spark_plugin.shuffle.agent.corrupt_outputs import CorruptOutputs, Outcome, status_blocks_remover
+from spark_plugin.shuffle.agent.staged_streams import STREAM_POOL_SHARE, StagedStreams
 from spark_plugin.shuffle.agent.ttl import DeletedShuffles, FolderActivity
 from spark_plugin.shuffle.agent_layout import agent_file, agent_identity, shuffle_folder, usable_executor_dirs
 from spark_plugin.shuffle.agent_protocol import AGENT_CONTROL
 from spark_plugin.shuffle.local_secret import SecretDesk
-from spark_plugin.shuffle.map_output import read_segments
 
 log = logging.getLogger(__name__)
 
-STREAM_POOL_SHARE = 0.25
-"""Most of the agent's pool one staged stream may hold (less if the config says so): with 32 MiB,
-eight buffers, so a stream whose reader is slow leaves the rest to the others."""
 _refused = RateLog(log)
 """Paths a peer asked for and did not get: logged, but not once per request."""
 
@@ -122,31 +103,6 @@ def bind_from(port: int, bind: Callable[[int], _S], last: int = 0) -> _S:
     raise ShuffleConfigError(
         f"no free port in {port}..{end - 1} for the shuffle agent (spark.arrowbeat.shuffle.port): "
         "too many executors on this host, or the ports are taken by others"
-    )
-
-
-@dataclass
-class _Staged:
-    partition: ResultPartition
-    shuffle_id: int
-    started: float
-    """``clock.monotonic()`` when the stream was staged."""
-    thread: threading.Thread
-    error: BaseException | None = None
-    drained_since: float | None = None
-    """``clock.monotonic()`` when the reaper first saw the stream ``_drained``; None while not."""
-
-
-def _drained(partition: ResultPartition) -> bool:
-    """Whole stream queued, queue empty, and its end not taken: a live reader takes the end at
-    once (it needs no credit), so this lasts only while the last buffer is being sent (a send is
-    bounded by ``peer_timeout_s``); past that, the reader went away and the server dropped the
-    queue (it does, for a reader that leaves before the end)."""
-    return (
-        partition.finished
-        and partition.connected
-        and not partition.consumed
-        and all(sub.backlog == 0 for sub in partition.subpartitions)
     )
 
 
@@ -218,8 +174,6 @@ class MapOutputService:
             port, lambda p: PartitionServer(secret, app_id, host, p, self.config, transport)
         )
         self._lock = threading.Lock()
-        self._staged: dict[PartitionId, _Staged] = {}
-        self._next_token = 1
         self._closed = False
         self.closed = threading.Event()
         """Set by ``close()``; background loops wait on it."""
@@ -236,6 +190,19 @@ class MapOutputService:
             "streams_abandoned": 0.0,
             "streams_wait_timeouts": 0.0,
         }
+        self.streams = StagedStreams(
+            app_id,
+            executor_id,
+            self.server,
+            self.pool,
+            self.config,
+            clock,
+            self._lock,
+            self._counters,
+            self._last_read,
+            self.report_corrupt,
+        )
+        """Streams staged for reducers on other executors (shares this service's lock and books)."""
         self._threads: list[threading.Thread] = []
         try:  # the control port: the next free one after the data port, inside the same window
             self.control = bind_from(
@@ -252,7 +219,9 @@ class MapOutputService:
                 self._desk = SecretDesk(secret, jvm_pid)
             except OSError as exc:
                 log.warning("no secret desk for this executor's workers (Connect shuffles fail): %s", exc)
-        self._reaper = threading.Thread(target=self._reap_loop, name="shuffle-stage-reaper", daemon=True)
+        self._reaper = threading.Thread(
+            target=self.streams.reap_until, args=(self.closed,), name="shuffle-stage-reaper", daemon=True
+        )
         self._reaper.start()
         self._announce()
 
@@ -330,154 +299,19 @@ class MapOutputService:
                 f"map outputs {missing[:3]}{' ...' if len(missing) > 3 else ''} of shuffle {shuffle_id} "
                 f"are gone from executor {self.executor_id}"
             )
-        with self._lock:
-            if self._closed:
-                raise ShuffleError("the map-output service is closed")
-            token = self._next_token
-            self._next_token += 1
-        pid = PartitionId(self.app_id, shuffle_id, reducer, token)
-        # No buffers yet: the stream's thread queues for them (stage never fails for lack of them).
-        partition = ResultPartition(
-            pid,
-            1,
-            schema,
-            self.pool,
-            self.config,
-            clock=self._clock,
-            reserve_now=False,
-        )
-        self.server.register(partition)
-        thread = threading.Thread(target=self._fill, args=(pid, partition, list(files)), daemon=True)
-        with self._lock:
-            now = self._clock.monotonic()
-            self._staged[pid] = _Staged(partition, shuffle_id, now, thread)
-            self._last_read[shuffle_folder(shuffle_id)] = now
-            self._counters["streams_staged"] += 1
-        thread.start()
-        return pid
-
-    def _fill(
-        self, pid: PartitionId, partition: ResultPartition, files: list[tuple[str, Sequence[Sequence[Any]]]]
-    ) -> None:
-        try:
-            partition.reserve_buffers()
-        except InsufficientBuffersError as exc:
-            with self._lock:
-                self._counters["streams_wait_timeouts"] += 1
-            reason = (
-                f"the shuffle agent of executor {self.executor_id} queued this stream for "
-                f"{self.config.buffer_reserve_timeout_s:g}s and got no buffers from its "
-                f"{self.pool.num_segments * self.pool.segment_size >> 20} MiB pool "
-                f"(spark.arrowbeat.shuffle.agentMemory; the wait is "
-                f"spark.arrowbeat.shuffle.bufferReserveTimeout): {exc}"
-            )
-            self._end_early(pid, partition, exc, reason)
-            return
-        except ShuffleError as exc:  # released (unstaged, expired, closed) while queued
-            self._end_early(pid, partition, exc, f"the stream was released while queued for buffers: {exc}")
-            return
-        writer = RecordWriter(partition)
-        try:
-            for path, segments in files:
-                try:
-                    for batch in read_segments(path, segments, schema=partition.schema):
-                        writer.write(batch, subpartition=0)
-                except CorruptDataError as exc:  # never read again: removed, its recompute arranged
-                    self.report_corrupt(pid.shuffle_id, path, str(exc))
-                    raise
-            writer.finish()
-            with self._lock:
-                stats = partition.stats()
-                self._counters["bytes_staged"] += stats.bytes_written
-                self._counters["blocked_on_credit_s"] += stats.blocked_on_credit_s
-        except BaseException as exc:  # the reader went away, a file was released, ...: end the stream
-            writer.abort(f"staging the map outputs failed: {exc}")  # the reader is told why
-            self._end_early(pid, partition, exc, "")
-
-    def _end_early(
-        self, pid: PartitionId, partition: ResultPartition, exc: BaseException, reason: str
-    ) -> None:
-        """The stream ends without its data: the reader is told ``reason`` (if not told already)."""
-        if reason:
-            partition.fail(f"staging the map outputs failed: {reason}")
-        with self._lock:
-            staged = self._staged.get(pid)
-            if staged is not None:
-                staged.error = exc
-        log.info("staged stream %s ended early: %s", pid, reason or exc)
-        self.server.release(pid)
+        return self.streams.open(shuffle_id, reducer, schema, files)
 
     def unstage(self, pid: PartitionId) -> None:
-        with self._lock:
-            staged = self._staged.pop(pid, None)
-            if staged is not None:
-                self._last_read[shuffle_folder(staged.shuffle_id)] = self._clock.monotonic()
-        if staged is not None:
-            self.server.release(pid)
-            staged.thread.join(timeout=5)
+        self.streams.unstage(pid)
 
     def expire_stages(self) -> int:
-        """Free the stages nobody connected to within ``peer_timeout_s`` of staging (their reducer
-        died or gave up in between) and those whose reader went away after the whole stream was
-        queued (``_drained`` for ``peer_timeout_s``: no writer is left to notice), and forget
-        streams that ended without an ``unstage`` (reader handed its end, or the stream failed);
-        returns how many stages expired or were abandoned."""
-        now = self._clock.monotonic()
-        timeout = self.config.peer_timeout_s
-        expired, abandoned, ended = [], [], []
-        with self._lock:
-            for pid, staged in self._staged.items():
-                partition = staged.partition
-                if partition.released or partition.consumed:
-                    ended.append(pid)
-                elif not partition.connected and now - staged.started >= timeout:
-                    expired.append(pid)
-                elif not _drained(partition):
-                    staged.drained_since = None
-                elif staged.drained_since is None:
-                    staged.drained_since = now
-                elif now - staged.drained_since >= timeout:
-                    abandoned.append(pid)
-            self._counters["streams_expired"] += len(expired)
-            self._counters["streams_abandoned"] += len(abandoned)
-        for pid in expired:
-            log.info("staged stream %s expired: no reader connected within %gs", pid, timeout)
-            self.unstage(pid)
-        for pid in abandoned:
-            log.info(
-                "staged stream %s abandoned: its reader went away before the end (not taken for %gs)",
-                pid,
-                timeout,
-            )
-            self.unstage(pid)
-        for pid in ended:
-            self.unstage(pid)
-        return len(expired) + len(abandoned)
-
-    def _next_expiry_s(self) -> float:
-        """Real seconds until the next stage may expire, re-read at least every ``peer_timeout_s / 4``
-        (a ``ManualClock`` moved by a test is noticed that soon)."""
-        tick = self.config.peer_timeout_s / 4
-        now = self._clock.monotonic()
-        with self._lock:
-            deadlines = [
-                (s.started if s.drained_since is None else s.drained_since) + self.config.peer_timeout_s - now
-                for s in self._staged.values()
-                if not s.partition.connected or s.drained_since is not None
-            ]
-        return max(0.01, min([tick, *deadlines]))
-
-    def _reap_loop(self) -> None:
-        while not self.closed.wait(self._next_expiry_s()):
-            try:
-                self.expire_stages()
-            except Exception:  # a bug must not end the reaper silently
-                log.exception("expiring staged streams failed")
+        """Free stages nobody connected to or whose reader went away (``StagedStreams``)."""
+        return self.streams.expire_stages()
 
     def release_shuffle(self, shuffle_id: int) -> int:
         """Drop every staged stream and map output of ``shuffle_id``; returns the bytes deleted."""
+        pids = self.streams.of_shuffle(shuffle_id)
         with self._lock:
-            pids = [p for p, s in self._staged.items() if s.shuffle_id == shuffle_id]
             self._counters["shuffles_released"] += 1
         for pid in pids:
             self.unstage(pid)
@@ -514,7 +348,7 @@ class MapOutputService:
             # One shuffle, one age: its folders on every local dir count together.
             changed = self._activity.last_change(name, paths, now, since)
             with self._lock:
-                busy = any(shuffle_folder(s.shuffle_id) == name for s in self._staged.values())
+                busy = name in self.streams.busy_folders()
                 last_read = self._last_read.get(name, changed)
             if busy or now - max(changed, last_read) <= self.ttl_s:
                 continue
@@ -525,8 +359,9 @@ class MapOutputService:
             self._activity.forget(name)
             freed += sum(_remove_tree(p) for p in paths)
         with self._lock:  # reads of shuffles whose folders went another way
+            in_use = self.streams.busy_folders()
             for gone in [n for n in self._last_read if n not in names]:
-                if not any(shuffle_folder(s.shuffle_id) == gone for s in self._staged.values()):
+                if gone not in in_use:
                     del self._last_read[gone]
         return freed
 
@@ -645,7 +480,7 @@ class MapOutputService:
         """Heartbeat payload figures: buffer pool, staged streams, map-output disk use (left out
         with ``walk_disk=False``: the agent walks the disk off its heartbeat loop, ``agent_disk_usage``)."""
         with self._lock:
-            staged = len(self._staged)
+            staged = self.streams.count()
             counters = dict(self._counters)
         pool = self.pool
         available = pool.num_available
@@ -672,7 +507,7 @@ class MapOutputService:
             if self._closed:
                 return
             self._closed = True
-            pids = list(self._staged)
+            pids = self.streams.close()
         self.closed.set()
         if self._desk is not None:
             self._desk.close()
