@@ -10,7 +10,11 @@ JARS := $(CACHE)/jars
 # Delta's jars for every supported Spark minor (one artifact per minor; spark_plugin/compat/versions.py).
 DELTA_JARS := $(JARS)/.delta-jars
 LAUNCHER_JAR := $(CACHE)/launcher/arrowbeat-launcher.jar
-LAUNCHER_SRC := $(shell find launcher/src -name '*.java' 2>/dev/null)
+LAUNCHER_SRC := $(shell find launcher/src/main -name '*.java' 2>/dev/null)
+# The launcher's unit tests' runner (make jvm-test): JUnit's console launcher, one jar.
+JUNIT_VERSION := 1.14.1
+JUNIT_JAR := $(CACHE)/launcher/junit/junit-platform-console-standalone-$(JUNIT_VERSION).jar
+LAUNCHER_TESTS := $(CACHE)/launcher/test-classes
 MVN_DEP := org.apache.maven.plugins:maven-dependency-plugin:3.8.1
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
@@ -18,12 +22,12 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup setup-python setup-jvm prereqs prereqs-python prereqs-jvm demo test lint typecheck unit \
-	proto bench bench-readme clean wheel matrix cell docs
+	proto bench bench-readme clean wheel matrix cell jvm-test docs
 # Set-up in two parts: Python (venv + pip: all `unit`, `lint` and `typecheck` need) and the JVM
 # side on top (the Delta jars via Maven, the launcher via javac) for Spark, `test`, `demo`, `bench`.
 setup: setup-python setup-jvm
 setup-python: prereqs-python $(VENV)/.installed
-setup-jvm: prereqs-jvm $(DELTA_JARS) $(LAUNCHER_JAR)
+setup-jvm: prereqs-jvm $(DELTA_JARS) $(LAUNCHER_JAR) $(JUNIT_JAR)
 
 prereqs: prereqs-python prereqs-jvm
 prereqs-python:
@@ -50,6 +54,22 @@ $(DELTA_JARS): spark_plugin/compat/versions.py
 LAUNCHER_CP := $(CACHE)/launcher/classpath
 $(LAUNCHER_JAR): $(LAUNCHER_SRC) build_backend/launcher_classpath.txt build_backend/launcher_jar.py
 	$(PYTHON) build_backend/launcher_jar.py --classpath-dir $(LAUNCHER_CP) --jar $@
+
+# The launcher's JUnit tests (launcher/src/test: its start, supervision, restart-budget, command
+# and launch decisions on a fake clock, without Spark or a process), compiled against the launcher
+# jar and run by JUnit's console launcher: one jar, fetched by Maven as the API jars are.
+$(JUNIT_JAR):
+	@mkdir -p $(dir $@)
+	mvn -q -B $(MVN_DEP):copy -Dartifact=org.junit.platform:junit-platform-console-standalone:$(JUNIT_VERSION) \
+	  -DoutputDirectory=$(dir $@)
+
+jvm-test: prereqs-jvm $(LAUNCHER_JAR) $(JUNIT_JAR)
+	@rm -rf $(LAUNCHER_TESTS) && mkdir -p $(LAUNCHER_TESTS)
+	javac -nowarn --release 17 -d $(LAUNCHER_TESTS) -cp '$(LAUNCHER_JAR):$(LAUNCHER_CP)/*:$(JUNIT_JAR)' \
+	  $$(find launcher/src/test -name '*.java')
+	java -Dslf4j.internal.verbosity=ERROR -cp '$(LAUNCHER_TESTS):$(LAUNCHER_JAR):$(LAUNCHER_CP)/*:$(JUNIT_JAR)' \
+	  org.junit.platform.console.ConsoleLauncher execute --disable-banner --details=summary \
+	  --fail-if-no-tests --scan-class-path $(LAUNCHER_TESTS)
 
 DEMO_WORK := $(abspath $(CACHE))/demo
 # local-cluster Workers keep executor dirs in $SPARK_HOME/work (inside the pyspark package; they
@@ -83,10 +103,10 @@ typecheck: setup-python
 unit: setup-python
 	$(PY) -m pytest -q -m 'not spark' tests
 
-# The whole suite on the primary cell (the JVM-less tests and two Spark shards side by side, then the
-# chaos soak alone: scripts/run_tests.py),
+# The whole suite on the primary cell (the launcher's JUnit tests first, a few seconds; then the
+# JVM-less tests and two Spark shards side by side, then the chaos soak alone: scripts/run_tests.py),
 # then the compatibility subset on every other cell.
-test: setup lint docs $(CACHE)/.chromium
+test: setup lint jvm-test docs $(CACHE)/.chromium
 	$(PY) -m scripts.run_tests
 	@$(MAKE) --no-print-directory matrix
 

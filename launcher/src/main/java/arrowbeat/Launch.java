@@ -12,7 +12,12 @@ import java.util.Map;
 import org.apache.spark.SparkConf;
 import scala.Tuple2;
 
-/** What both plugin sides need to launch a Python process: its command line and settings. */
+/**
+ * What both plugin sides need to launch a Python process: its command line and settings. Each
+ * decision takes its inputs as plain values ({@link Conf}, the environment, the working
+ * directory, the search path), so the JUnit tests check it without Spark; the {@link SparkConf}
+ * overloads only read Spark's conf and this process's environment.
+ */
 final class Launch {
   static final String PREFIX = "spark.arrowbeat.";
   static final String SECRET = "spark.arrowbeat.authenticate.secret";
@@ -31,6 +36,12 @@ final class Launch {
   /** The driver-side process's module: it takes {@link #DRIVER_PYTHON} first. */
   static final String DRIVER_MODULE = "spark_plugin.processes.driver";
 
+  /** A setting's value, or {@code fallback} when it is unset ({@code SparkConf.get(key, fallback)}). */
+  @FunctionalInterface
+  interface Conf {
+    String get(String key, String fallback);
+  }
+
   /** An interpreter as configured, and where it came from (a key or a variable) for messages. */
   record Interpreter(String source, String path) {}
 
@@ -47,9 +58,19 @@ final class Launch {
    * the key, the path and this process's working directory) when it does not exist here.
    */
   static List<String> command(SparkConf conf, String module) {
-    Interpreter interpreter = interpreter(conf, DRIVER_MODULE.equals(module), System.getenv());
-    String python =
-        resolve(interpreter, Path.of(System.getProperty("user.dir", ".")), System.getenv("PATH"));
+    return command(
+        conf::get, module, System.getenv(), Path.of(System.getProperty("user.dir", ".")),
+        System.getenv("PATH"));
+  }
+
+  /**
+   * {@link #command(SparkConf, String)} from plain values: {@code env} this process's environment,
+   * {@code workDir} the child's working directory, {@code searchPath} the PATH.
+   */
+  static List<String> command(
+      Conf conf, String module, Map<String, String> env, Path workDir, String searchPath) {
+    Interpreter interpreter = interpreter(conf, DRIVER_MODULE.equals(module), env);
+    String python = resolve(interpreter, workDir, searchPath);
     List<String> command = new ArrayList<>();
     command.add(python);
     command.add("-u");
@@ -63,12 +84,12 @@ final class Launch {
    * environment's relative path in spark.arrowbeat.python exists only on executors); then
    * spark.arrowbeat.python, else PYSPARK_PYTHON, else spark.pyspark.python, else python3.
    */
-  static Interpreter interpreter(SparkConf conf, boolean driver, Map<String, String> env) {
+  static Interpreter interpreter(Conf conf, boolean driver, Map<String, String> env) {
     if (driver && !conf.get(DRIVER_PYTHON, "").isEmpty()) {
-      return new Interpreter(DRIVER_PYTHON, conf.get(DRIVER_PYTHON));
+      return new Interpreter(DRIVER_PYTHON, conf.get(DRIVER_PYTHON, ""));
     }
     if (!conf.get(PYTHON, "").isEmpty()) {
-      return new Interpreter(PYTHON, conf.get(PYTHON));
+      return new Interpreter(PYTHON, conf.get(PYTHON, ""));
     }
     String fromEnv = env.getOrDefault("PYSPARK_PYTHON", "");
     if (!fromEnv.isEmpty()) {
@@ -108,15 +129,25 @@ final class Launch {
 
   /** Every spark.arrowbeat.* key plus the application's identity. */
   static Map<String, String> settings(SparkConf conf) {
-    Map<String, String> settings = new LinkedHashMap<>();
+    Map<String, String> all = new LinkedHashMap<>();
     for (Tuple2<String, String> kv : conf.getAll()) {
-      if (kv._1().startsWith(PREFIX)) {
-        settings.put(kv._1(), kv._2());
-      }
+      all.put(kv._1(), kv._2());
     }
-    settings.put("spark.app.id", conf.get("spark.app.id", ""));
-    settings.put("spark.app.name", conf.get("spark.app.name", ""));
-    settings.put("spark.sql.warehouse.dir", conf.get("spark.sql.warehouse.dir", ""));
+    return settings(all);
+  }
+
+  /** {@link #settings(SparkConf)} of a conf's entries, in their order. */
+  static Map<String, String> settings(Map<String, String> conf) {
+    Map<String, String> settings = new LinkedHashMap<>();
+    conf.forEach(
+        (key, value) -> {
+          if (key.startsWith(PREFIX)) {
+            settings.put(key, value);
+          }
+        });
+    settings.put("spark.app.id", conf.getOrDefault("spark.app.id", ""));
+    settings.put("spark.app.name", conf.getOrDefault("spark.app.name", ""));
+    settings.put("spark.sql.warehouse.dir", conf.getOrDefault("spark.sql.warehouse.dir", ""));
     return settings;
   }
 

@@ -270,26 +270,47 @@ final class Protocol {
    * an {@link #ADDRESS}. Null unless the line is exactly one well-formed command.
    */
   static Command parseCommand(String line) {
-    if (line == null || line.length() > MAX_COMMAND_CHARS) {
+    if (commandError(line) != null) {
       return null;
     }
     String[] words = line.split(" ", -1);
-    if (words.length != 3 || !words[0].equals(COMMAND)) {
-      return null;
+    return new Command(words[1], words[2]);
+  }
+
+  /**
+   * Why {@code line} is not a command {@link #parseCommand} takes, in a few words for the log (it
+   * names a known verb, never the line's own text: the caller shows a redacted excerpt of that);
+   * null if it is one.
+   */
+  static String commandError(String line) {
+    if (line == null) {
+      return "no line";
     }
-    if ((words[1].equals(KILL_EXECUTOR) || words[1].equals(LOST_EXECUTOR)) && isExecutor(words[2])) {
-      return new Command(words[1], words[2]);
+    if (line.length() > MAX_COMMAND_CHARS) {
+      return "longer than " + MAX_COMMAND_CHARS + " characters";
     }
-    if (words[1].equals(OUTPUTS_LOST) && REASON.matcher(words[2]).matches()) {
-      return new Command(OUTPUTS_LOST, words[2]);
+    String[] words = line.split(" ", -1);
+    if (!words[0].equals(COMMAND)) {
+      return "it does not start with " + COMMAND;
     }
-    if ((words[1].equals(JSTACK) || words[1].equals(KILL_TASK)) && TASK_ID.matcher(words[2]).matches()) {
-      return new Command(words[1], words[2]);
+    if (words.length != 3) {
+      return "not one verb and one argument after " + COMMAND;
     }
-    if (words[1].equals(RM_UNREACHABLE) && ADDRESS.matcher(words[2]).matches()) {
-      return new Command(RM_UNREACHABLE, words[2]);
+    String verb = words[1];
+    String argument = words[2];
+    String expected;
+    if (verb.equals(KILL_EXECUTOR) || verb.equals(LOST_EXECUTOR)) {
+      expected = isExecutor(argument) ? null : "an executor id (other than driver)";
+    } else if (verb.equals(OUTPUTS_LOST)) {
+      expected = REASON.matcher(argument).matches() ? null : "a reason ([a-z-], at most 32 characters)";
+    } else if (verb.equals(JSTACK) || verb.equals(KILL_TASK)) {
+      expected = TASK_ID.matcher(argument).matches() ? null : "a task attempt id (1 to 18 digits)";
+    } else if (verb.equals(RM_UNREACHABLE)) {
+      expected = ADDRESS.matcher(argument).matches() ? null : "an address host:port";
+    } else {
+      return "unknown verb";
     }
-    return null;
+    return expected == null ? null : "the argument of " + verb + " is not " + expected;
   }
 
   /** An executor id of Spark's form, other than the driver's. */

@@ -36,7 +36,7 @@ import org.slf4j.LoggerFactory;
  * validated ({@link Protocol}): anything that is not a well-formed ready line, known command or
  * metrics line is logged (rate-limited) and ignored.
  */
-final class Sidecar {
+final class Sidecar implements Supervised {
   private static final Logger LOG = LoggerFactory.getLogger(Sidecar.class);
   private static final int TAIL_LINES = 30;
   /** Room for a ready line carrying a generated certificate and key (base64 DER, ~1 KiB). */
@@ -107,11 +107,13 @@ final class Sidecar {
     }
   }
 
-  Map<String, String> info() {
+  @Override
+  public Map<String, String> info() {
     return ready.getNow(new HashMap<>());
   }
 
-  long pid() {
+  @Override
+  public long pid() {
     return process.pid();
   }
 
@@ -224,7 +226,7 @@ final class Sidecar {
     Protocol.Command command = Protocol.parseCommand(line);
     Consumer<Protocol.Command> handler = commands;
     if (command == null) {
-      refuse("a line that is not a known command", line);
+      refuse("a line that is not a known command (" + Protocol.commandError(line) + ")", line);
     } else if (handler == null) {
       refuse("a command, but it may give none", line);
     } else {
@@ -255,7 +257,8 @@ final class Sidecar {
   }
 
   /** The child's last log line (redacted; empty if it wrote none): an exited agent's cause. */
-  synchronized String lastLogLine() {
+  @Override
+  public synchronized String lastLogLine() {
     return tail.isEmpty() ? "" : tail.peekLast();
   }
 
@@ -264,7 +267,8 @@ final class Sidecar {
   }
 
   /** Runs (on the protocol thread) when a child that had been ready exits without being stopped. */
-  void onUnexpectedExit(Runnable handler) {
+  @Override
+  public void onUnexpectedExit(Runnable handler) {
     onUnexpectedExit = handler;
   }
 
@@ -285,21 +289,25 @@ final class Sidecar {
   }
 
   /** The child's answers to pulses ({@link Protocol#parseAlive}) go to {@code sink}; without one, refused. */
-  void onAlive(Consumer<Protocol.Alive> sink) {
+  @Override
+  public void onAlive(Consumer<Protocol.Alive> sink) {
     alive = sink;
   }
 
   /** Runs on the pulse thread after each pulse written (the hang detector's start of a wait). */
-  void onPulse(Runnable written) {
+  @Override
+  public void onPulse(Runnable written) {
     onPulse = written;
   }
 
-  boolean isAlive() {
+  @Override
+  public boolean isAlive() {
     return process.isAlive();
   }
 
   /** The exit status of a child that ended; -1 while it runs. */
-  int exitCode() {
+  @Override
+  public int exitCode() {
     return process.isAlive() ? -1 : process.exitValue();
   }
 
@@ -307,7 +315,8 @@ final class Sidecar {
    * SIGKILL for a child that stopped answering (a SIGSTOPped one too): no orderly stop, and no
    * {@link #onUnexpectedExit} (the caller restarts it). Waits up to {@code waitMs} for its end.
    */
-  void kill(long waitMs) {
+  @Override
+  public void kill(long waitMs) {
     stopping = true;
     forgetExitNotice();
     if (pulser != null) {
@@ -325,7 +334,8 @@ final class Sidecar {
    * Writes a pulse line {@code p <running tasks>} every {@code intervalMs}; stops when the child's
    * stdin breaks.
    */
-  void startPulses(long intervalMs, java.util.function.IntSupplier runningTasks) {
+  @Override
+  public void startPulses(long intervalMs, java.util.function.IntSupplier runningTasks) {
     if (intervalMs <= 0) {
       return;
     }
@@ -352,7 +362,8 @@ final class Sidecar {
   }
 
   /** Sends one line to the child (between pulses; the pulse thread writes under the same lock). */
-  void send(String line) {
+  @Override
+  public void send(String line) {
     synchronized (stdin) {
       try {
         stdin.write((line + "\n").getBytes(StandardCharsets.UTF_8));
@@ -364,7 +375,8 @@ final class Sidecar {
   }
 
   /** Closes stdin (the child's signal to stop), then escalates to SIGTERM and SIGKILL. */
-  void stop(long graceMs) {
+  @Override
+  public void stop(long graceMs) {
     stopping = true;
     forgetExitNotice();
     if (pulser != null) {

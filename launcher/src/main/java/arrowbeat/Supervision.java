@@ -6,9 +6,9 @@ import java.util.Map;
 
 /**
  * When the driver plugin calls its driver-side process hung, and when it may restart one: the
- * decisions of {@link ArrowBeatDriverPlugin}'s supervisor, apart from any I/O or clock so that
- * {@code tests/spark_plugin/java/SupervisionCheck.java} drives them on a fake one (every time is a
- * monotonic millisecond reading the caller passes). They live in the JVM, not in Python, because
+ * decisions of {@link RmSupervisor} and {@link AgentSupervisor}, apart from any I/O or clock so that
+ * the JVM unit tests ({@code launcher/src/test}) and {@code tests/spark_plugin/java/SupervisionCheck.java}
+ * drive them on a fake one (every time is a monotonic millisecond reading the caller passes). They live in the JVM, not in Python, because
  * they must act while the Python process is hung or dead; the numbers come from Python
  * ({@link Policy#from}: the ready line, from the validated {@code spark.arrowbeat.rm.*} keys).
  *
@@ -75,6 +75,14 @@ final class Supervision {
   static boolean retriesStart(Throwable failure) {
     int status = failure instanceof Sidecar.SidecarException started ? started.exitStatus() : -1;
     return retriesStart(failure instanceof Launch.MissingInterpreterException, status);
+  }
+
+  /**
+   * How often a supervisor checks for a hang: every pulse interval, within 100 ms to 1 s (1 s
+   * without pulses).
+   */
+  static long checkMs(long pulseMs) {
+    return Math.max(100, Math.min(1000, pulseMs <= 0 ? 1000 : pulseMs));
   }
 
   /** First delay before retrying a failed restart; doubles per further failure. */
