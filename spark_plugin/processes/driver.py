@@ -47,7 +47,7 @@ START_FAILED = 1
 """Exit status when the RM could not start (its port taken, say): unlike a refused setting
 (``protocol.NOT_STARTED``), the JVM starts the process again, rate-limited as restarts are."""
 RESTART_ANY_PORT = "arrowbeat.rm.restart.anyPort"
-"""Set by the JVM for a restart (``ArrowBeatDriverPlugin.RESTART_ANY_PORT``): if the RM's port is
+"""Set by the JVM for a restart (``RmSupervisor.RESTART_ANY_PORT``): if the RM's port is
 taken, serve on another rather than fail every restart."""
 
 
