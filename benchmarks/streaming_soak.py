@@ -8,7 +8,9 @@ turns, each shuffle released and its answer compared with Spark's ``groupBy("k")
 same batch. After each batch (at most once every ``--sample-s``) the RSS and open descriptors of
 the Python driver, the driver JVM, arrowbeat's driver-side process, every executor JVM, agent,
 Python daemon and Python worker are sampled. Growth is measured after a warm-up, over the second
-half of the shuffles: RSS as a least-squares slope in MiB per 1,000 shuffles, descriptors as the
+half of the shuffles: RSS as the least-squares slope of its floor (the lowest sample of each
+eighth of the window: what a process keeps raises it, a task's memory not yet given back does
+not) in MiB per 1,000 shuffles, the slope over every sample beside it, descriptors as the
 change between the window's first and last samples (medians of five). A process that did not live
 through most of that window (a replaced worker) gets no figure; it is listed. A JVM's RSS also
 grows while its heap fills up to its working size, which over a short run is not a leak: read the
@@ -121,10 +123,11 @@ def report(result: streaming_soak.SoakResult, load: tuple[float, float]) -> None
     print(f"\nper process, after the warm-up (shuffles {result.shuffles // 2}-{result.shuffles}):")
     for g in rows:
         per = "-" if g.rss_mib_per_1k is None else f"{g.rss_mib_per_1k:+8.2f}"
+        every = "" if g.rss_all_mib_per_1k is None else f" (every sample {g.rss_all_mib_per_1k:+.2f})"
         fds = "-" if g.fds_growth is None else f"{g.fds_growth:+d}"
         print(
-            f"  {g.label:48s} RSS {g.rss_start_mib:7.1f} -> {g.rss_end_mib:7.1f} MiB, {per} MiB/1k shuffles; "
-            f"fds {g.fds_start} -> {g.fds_end} ({fds})"
+            f"  {g.label:48s} RSS {g.rss_start_mib:7.1f} -> {g.rss_end_mib:7.1f} MiB, "
+            f"{per} MiB/1k shuffles{every}; fds {g.fds_start} -> {g.fds_end} ({fds})"
         )
     first_failed = ", ".join(f"{m} {n}" for m, n in result.first_failed_shuffle.items()) or "none"
     print()
