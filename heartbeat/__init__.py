@@ -11,13 +11,13 @@ validated ``HeartbeatServices``. One module per role:
   (the phi detector's early, per-target suspicion, when ``HeartbeatServices.phi`` is set);
 * what travels and what is told: ``payload``, ``notices`` (the agent's findings, carried until
   surely delivered), ``events``; the exception tree: ``errors``;
-* the ResourceManager: ``resource_manager`` (its core, no transport) and ``rm_server`` (gRPC);
-* the agent: ``agent_core`` (its core, no transport), ``agent_session`` (one registered stream),
+* the ResourceManager: ``rm.resource_manager`` (its core, no transport) and ``rm.server`` (gRPC);
+* the agent: ``agent.core`` (its core, no transport), ``agent.session`` (one registered stream),
   ``agent`` (``AsyncAgent``: registration with ``retry`` and re-registration),
   ``agent_thread`` (``AgentThread``: an ``AsyncAgent`` on the shared loop for sync callers),
   ``agent_main`` (a stand-alone agent process);
 * ``admin``: the RM's ``ListExecutors`` for operators; ``_io_loop`` (the process's one grpc.aio
-  loop), ``_wire`` (wire constants and conversions), ``_auth`` (proofs of the secret, never the
+  loop), ``wire.codec`` (wire constants and conversions), ``wire.auth`` (proofs of the secret, never the
   secret itself, on the wire), ``_transport`` (where channels and the server port are made: the
   one place for TLS), ``_text`` (wire text checked or escaped before it is logged or recorded).
 

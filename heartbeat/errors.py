@@ -18,8 +18,8 @@
         ├── StaleInstanceError                  gRPC ALREADY_EXISTS: a newer registration won
         └── ProtocolVersionError                gRPC FAILED_PRECONDITION: another wire version
 
-The RM reports a refused message with the gRPC status on its right (``_wire.status_name_for``).
-The agent reads a status back into the tree (``agent_core.error_for_status``): UNAUTHENTICATED
+The RM reports a refused message with the gRPC status on its right (``wire.codec.status_name_for``).
+The agent reads a status back into the tree (``agent.core.error_for_status``): UNAUTHENTICATED
 as ``HeartbeatAuthenticationError``, ALREADY_EXISTS as ``RegistrationReplacedError`` (final for
 the agent: it stops instead of registering again), FAILED_PRECONDITION as ``ProtocolVersionError``,
 ``StaleEpochError`` or ``StaleInstanceError``, and any status not drawn here as

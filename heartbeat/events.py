@@ -74,7 +74,7 @@ class ExecutorEvent:
     ts: float
     detail: str = ""
     trusted: bool = True
-    """False for a heartbeat timeout the RM's own stall may explain (``rm_trust``): recorded, but
+    """False for a heartbeat timeout the RM's own stall may explain (``rm.trust``): recorded, but
     nothing may act on it."""
 
 

@@ -42,7 +42,7 @@ NOTICE_KINDS = frozenset({"SHUFFLE_CORRUPT"})
 """The kinds a notice may have: each is the name of the ``events.EventKind`` it is recorded as. A
 closed set, so a peer cannot invent event kinds; the wire drops a notice of any other kind."""
 MAX_NOTICES = 32
-"""Notices one payload carries at most (``_wire``), so also the most a ``NoticeBoard`` keeps."""
+"""Notices one payload carries at most (``wire.codec``), so also the most a ``NoticeBoard`` keeps."""
 MAX_NOTICE_DETAIL_CHARS = 1024
 """A notice's detail at most (the history table keeps its first 512; the driver's log all of it)."""
 

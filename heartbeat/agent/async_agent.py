@@ -1,7 +1,7 @@
 """``AsyncAgent``: an executor's agent over gRPC: registers with the RM, retrying, and serves.
 
 The agent is a heartbeat *receiver* (Flink's TaskExecutor side). Its state and every decision
-live in the transport-free ``AgentCore`` (``agent_core``); this module is the transport around
+live in the transport-free ``AgentCore`` (``agent.core``); this module is the transport around
 it: it opens a ``Connect`` stream, registers with bounded exponential backoff (``retry``, Flink's
 ``RetryingRegistration``), serves the registered stream as an ``AgentSession`` until that ends,
 then registers again, until ``stop``. While the host is unhealthy it neither answers nor
@@ -9,7 +9,7 @@ registers again, so a frozen host process looks dead to the RM; when the RM says
 registration of the same executor id replaced ours, the agent stops for good
 (``RegistrationReplacedError`` in ``error``).
 
-Registration is a mutual proof of the shared secret (``_auth``), never the secret itself: the
+Registration is a mutual proof of the shared secret (``wire.auth``), never the secret itself: the
 RM's challenge comes first, our register answers it, and the RM's answer must prove the RM
 before the agent trusts its epoch or sends it anything else. Until then no refusal is final: a
 process squatting the RM's port (while the RM restarts) is refused and the agent keeps

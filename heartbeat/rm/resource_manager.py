@@ -5,8 +5,8 @@ its own instance id. Messages with another epoch or a replaced instance id raise
 ``HeartbeatProtocolError`` and change nothing. The RM is the heartbeat sender: it asks each agent
 for a heartbeat every interval through that agent's ``AgentLink``. Time comes from one injected
 ``Clock``: ``monotonic()`` for RTTs and every timeout, ``time()`` only for the wall-clock
-timestamps it records (registration, last heartbeat, events); ``rm_server`` is its gRPC
-transport, and the agent side has the same split (``agent_core`` / ``agent_session``).
+timestamps it records (registration, last heartbeat, events); ``rm.server`` is its gRPC
+transport, and the agent side has the same split (``agent.core`` / ``agent.session``).
 
 Beside the agents' own word, the core keeps the cluster manager's view (Spark's, which the
 driver plugin forwards): an executor the cluster manager started is *expected* (``expect``); if no
@@ -153,7 +153,7 @@ class ResourceManagerCore:
         max_ended: int = 10_000,
         kill_frozen_hosts: bool = False,
     ) -> None:
-        """``kill_frozen_hosts``: on a heartbeat timeout it trusts (``rm_trust``), the RM tells the
+        """``kill_frozen_hosts``: on a heartbeat timeout it trusts (``rm.trust``), the RM tells the
         agent it may end its host if that is frozen (``AgentLink.ask_kill_host``)."""
         self.services = services
         self._kill_frozen_hosts = kill_frozen_hosts

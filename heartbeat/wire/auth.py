@@ -1,6 +1,6 @@
 """Proof of the shared secret without sending it: HMAC-SHA256 over fresh nonces, both directions.
 
-Nothing here touches the network; ``rm_server``, ``agent`` and ``admin`` put the proofs on it.
+Nothing here touches the network; ``rm.server``, ``agent.async_agent`` and ``rm.admin`` put the proofs on it.
 
 * ``Connect`` (one stream per agent): the RM sends a fresh ``rm_nonce``; the agent answers with
   its own ``agent_nonce`` and ``agent_proof`` over both nonces and every field of its register
@@ -35,7 +35,7 @@ PROTOCOL_VERSION = 2
 """arrowbeat's heartbeat wire version: 1 sent the secret as metadata; 2 proves it (this module)."""
 
 VERSION_MISMATCH = "protocol version mismatch"
-"""How every version refusal starts: ``agent_core.error_for_status`` reads it as ``ProtocolVersionError``."""
+"""How every version refusal starts: ``agent.core.error_for_status`` reads it as ``ProtocolVersionError``."""
 
 NONCE_BYTES = 16
 MIN_NONCE_BYTES = 16

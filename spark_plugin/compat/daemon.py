@@ -1,4 +1,4 @@
-"""PySpark's worker daemon, as arrowbeat's daemon (``python_daemon``) runs it: its entry point, and
+"""PySpark's worker daemon, as arrowbeat's daemon (``python_worker.daemon``) runs it: its entry point, and
 what may be imported before it forks workers.
 
 The entry is ``pyspark.daemon.manager()`` (no parameters in 4.0-4.3); when it cannot be verified,

@@ -1,3 +1,3 @@
 """The link to the JVM: how users turn the plugin on (``launch``), the protocol with the launcher's
 JVM plugins (``sidecar``, ``plugin_metrics``) and what runs inside PySpark's Python workers
-(``python_daemon``, ``worker_label``, ``zip_imports``)."""
+(``spark_plugin.python_worker``: ``daemon``, ``worker_label``, ``zip_imports``)."""

@@ -113,7 +113,7 @@ def spark_settings(
 ) -> list[tuple[str, str]]:
     """The Spark conf entries that turn arrowbeat (and Delta) on.
 
-    When the workers run arrowbeat's Python, also its worker daemon (``python_daemon``), which
+    When the workers run arrowbeat's Python, also its worker daemon (``python_worker.daemon``), which
     saves every Python task of the application a re-read of ``pyspark.zip`` on Python < 3.12.
     Otherwise the daemon stays PySpark's: a module the workers cannot import would fail them all.
     With ``archive`` (a packed environment, see :func:`packed_env_settings`) the workers run it,

@@ -275,7 +275,7 @@ def main() -> int:
         # A restart whose port was taken meanwhile serves on another; agents ask their JVMs for it.
         any_port_if_taken=settings.get(RESTART_ANY_PORT) == "true",
         # onHeartbeatTimeout=kill: on a timeout it trusts, the RM tells the agent it may SIGKILL
-        # its executor JVM if that is frozen (the agent checks: monitoring.agent_frozen_jvm).
+        # its executor JVM if that is frozen (the agent checks: monitoring.executor_frozen_jvm).
         kill_frozen_hosts=config.on_heartbeat_timeout == "kill",
     )
     app_id = settings.get("spark.app.id", "")

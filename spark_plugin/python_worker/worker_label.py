@@ -1,6 +1,6 @@
 """Inside a PySpark Python worker: say which task it runs, and be ready to say where it is.
 
-``python_daemon`` (arrowbeat's worker daemon) calls :func:`label_task` when a task starts in a
+``daemon`` (arrowbeat's worker daemon) calls :func:`label_task` when a task starts in a
 worker. The worker's kernel name (``/proc/<pid>/comm``) becomes ``abt<task attempt id>``, so the
 executor's agent finds the worker that serves a task and reads its CPU time; and ``faulthandler``
 is registered on ``SIGUSR2`` to write the stack of every thread to a private file, so the agent can

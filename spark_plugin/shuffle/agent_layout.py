@@ -1,5 +1,5 @@
 """Where an executor's shuffle files and its agent's discovery file live: the one layout shared by
-the agent (``agent_service``), the Python workers that find it (``agent_client``) and the tasks
+the agent (``agent.service``), the Python workers that find it (``agent_client``) and the tasks
 that write map outputs and read them host-locally (``tasks``).
 
 ``<root>/<app>/<executor>/s<shuffle>/<name>.arrows`` holds an executor's map outputs;

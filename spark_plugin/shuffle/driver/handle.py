@@ -60,11 +60,11 @@ class ShuffleHandle:
     """One shuffle: its plan, its task reports, and the way to release it."""
 
     def __init__(self, session: SessionView | SparkSession, plan: ShufflePlan, mode: str) -> None:
-        self.view = as_view(session)
-        spark = self.spark = self.view.spark
+        view = as_view(session)  # its kind only: the conf is read live when the handle writes
+        spark = self.spark = view.spark
         self.plan = plan
         self.mode = mode
-        self.connect = self.view.connect
+        self.connect = view.connect
         """Made from a Spark Connect session: no accumulator, reports from the eager map side."""
         self._reports = None if self.connect else spark.sparkContext.accumulator([], _ListParam())
         self._collected: list[dict[str, Any]] = []
@@ -149,7 +149,7 @@ class ShuffleHandle:
             if not fresh:
                 return 0
             try:
-                metrics_sink.write_now(_tables_location(self.view), self.plan.app_id, self.shuffle_id, fresh)
+                metrics_sink.write_now(_tables_location(self.spark), self.plan.app_id, self.shuffle_id, fresh)
             except BaseException:
                 self._written_keys.difference_update(_metric_key(r) for r in fresh)
                 raise

@@ -6,7 +6,7 @@ call returns, or the error). A call routed to Spark's exchange records one row i
 for (``enqueue``): a background writer appends what is queued every ``BATCH_S`` seconds in one
 commit per tables location (a Delta commit per call would cost each small call, routed to Spark
 to save a fraction of a second, a commit's CPU, and grow the table's log by a file per call).
-Both go through one write lock, so two commits of this process never race.
+The background writer's flushes take one lock, so they never overlap each other.
 
 Rows whose table cannot be written (a missing bucket, a full disk) stay queued, in order, and
 are retried by the next flush, within ``MAX_PENDING`` entries (the oldest are dropped and
@@ -58,11 +58,12 @@ _exit_callbacks: list[Callable[[], None]] = []
 
 
 def write_now(tables: Any, app: str, shuffle_id: int, rows: Sequence[dict[str, Any]]) -> None:
-    """Append one shuffle's rows now, as one commit; raises what the write raised."""
+    """Append one shuffle's rows now, as one commit; raises what the write raised. Not behind the
+    background writer's lock: a flush retrying a slow or failing location must not hold up a
+    ``release()`` (Delta's optimistic commits keep concurrent appends apart)."""
     from spark_plugin.history.shuffle_metrics import append_batches
 
-    with _write_lock:
-        append_batches(tables, [(app, shuffle_id, list(rows))])
+    append_batches(tables, [(app, shuffle_id, list(rows))])
 
 
 def enqueue(tables: Any, app: str, shuffle_id: int, rows: Sequence[dict[str, Any]]) -> None:

@@ -116,7 +116,7 @@ def _plan(
         app_id=session.app_id(),
         shuffle_id=new_shuffle_id(session),
         root=settings.shuffle_dir,  # resolved on each executor (shuffle_roots), as its user
-        secret=settings.secret,  # empty on Spark Connect: the tasks ask their agents (tasks.keyed)
+        secret=settings.secret,  # empty on Spark Connect: the tasks ask their agents (output_recovery.keyed)
         key_columns=tuple(key_columns),
         num_partitions=num_partitions,
         schema_ipc=schema.serialize().to_pybytes(),
