@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from arrowbeat_base.clock import Clock
@@ -109,10 +110,11 @@ class HeartbeatMonitor(Generic[O]):
         """Stop watching; idempotent and harmless after a timeout already fired."""
         self._transition(MonitorState.CANCELED)
 
-    def _transition(self, new: MonitorState) -> bool:
-        """Compare-and-set RUNNING -> ``new``; only the winner gets True and notifies."""
+    def _transition(self, new: MonitorState, still: Callable[[], bool] | None = None) -> bool:
+        """Compare-and-set RUNNING -> ``new`` (and ``still()`` true, read under the same lock);
+        only the winner gets True and notifies."""
         with self._lock:
-            if self._state is not MonitorState.RUNNING:
+            if self._state is not MonitorState.RUNNING or (still is not None and not still()):
                 return False
             self._state = new
             timer, self._timer = self._timer, None

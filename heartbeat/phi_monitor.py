@@ -22,6 +22,7 @@ Same clock and scheduler as the plain monitor, so a ``ManualScheduler`` drives i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,6 +33,8 @@ from heartbeat.monitor import RPC_FAILURE_DETECTION_DISABLED, HeartbeatMonitor, 
 from heartbeat.phi_accrual import PhiAccrual, PhiSettings
 from heartbeat.scheduler import Cancellable, Scheduler
 from heartbeat.target import HeartbeatTarget
+
+log = logging.getLogger(__name__)
 
 O = TypeVar("O")  # noqa: E741
 
@@ -99,7 +102,7 @@ class PhiMonitor(HeartbeatMonitor[O]):
                 self._history.add_interval(now - self._last_arrival)
             self._last_arrival = self._since = now
             due = now + self._history.suspect_after_s()
-            if due < self._check_due:  # the armed check would come too late: arm an earlier one
+            if self._check is None or due < self._check_due:  # none armed, or it would come too late
                 self._arm(due)
 
     def _arm(self, due: float) -> None:
@@ -136,17 +139,27 @@ class PhiMonitor(HeartbeatMonitor[O]):
             suspicion = Suspicion(
                 self._history.phi(silent), silent, self._history.mean_s, self._history.std_s
             )
-        if not self._vetting(since, now):
+        try:
+            trusted = self._vetting(since, now)
+        except Exception:  # a vetting that fails judges nothing, and the checks go on
+            log.exception("vetting the silence of %s failed: judged nothing", self.target_id)
+            trusted = False
+        if not trusted:
             with self._lock:
                 if self._state is MonitorState.RUNNING:
                     self._skip(now)
             return
-        if self._transition(MonitorState.TIMEOUT):
+        # Only if no heartbeat came while the suspicion was vetted (compared under the lock).
+        if self._transition(MonitorState.TIMEOUT, still=lambda: self._since == since):
             self.suspicion = suspicion
             self._listener.notify_heartbeat_timeout(self.target_id)
+            return
+        with self._lock:  # a heartbeat came meanwhile: not silent any more, watch on
+            if self._state is MonitorState.RUNNING and self._check is None:
+                self._arm(self._since + self._history.suspect_after_s())
 
-    def _transition(self, new: MonitorState) -> bool:
-        if not super()._transition(new):
+    def _transition(self, new: MonitorState, still: Callable[[], bool] | None = None) -> bool:
+        if not super()._transition(new, still):
             return False
         with self._lock:
             check, self._check = self._check, None

@@ -396,7 +396,9 @@ class ResourceManagerCore:
         interval = self.services.interval_s
 
         def trusted(since: float, now: float) -> bool:
-            return trusted_timeout(target.sent.values(), since, now, interval, max(now - since, 1e-9))[0]
+            return trusted_timeout(tuple(target.sent.values()), since, now, interval, max(now - since, 1e-9))[
+                0
+            ]
 
         return trusted
 
@@ -409,7 +411,7 @@ class ResourceManagerCore:
             if suspicion is not None:  # judged over the silence the suspicion saw
                 timeout, silence = suspicion.silent_s, suspicion.describe()
             trusted, stall = trusted_timeout(
-                registration.target.sent.values(),
+                tuple(registration.target.sent.values()),  # a snapshot: answers pop from it
                 registration.monitor.last_heartbeat,
                 self._clock.monotonic(),
                 self.services.interval_s,
