@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from arrowbeat_base.hard_exit import exit_now
+from heartbeat.scheduler import Cancellable, Scheduler, ThreadScheduler
 from spark_plugin.compat import versions
 from spark_plugin.errors import JvmCommandError
 from spark_plugin.history.gaps import GapBook, carried_gap, describe, gap_detail
@@ -88,7 +90,13 @@ class EventRouter:
     (held until the next heartbeat), GC time per interval; ``driver_notices.NoticeEvents``:
     the agents' notices (a damaged map output: ``SHUFFLE_CORRUPT``), each recorded once; and
     ``driver_degraded.DegradedWatch``: an executor consistently slower than its peers
-    (``DEGRADED``, then ``RECOVERED``), which ``exclusions`` (``onDegraded=exclude``) has replaced."""
+    (``DEGRADED``, then ``RECOVERED``), which ``exclusions`` (``onDegraded=exclude``) has replaced.
+
+    ``kill_after_s`` (the full ``heartbeat.timeout`` under ``heartbeat.detector=phi``): a silence
+    the phi detector reports early is acted on here only once it has lasted that long and the
+    executor has not registered again meanwhile. A frozen JVM is ended at once on its own host
+    (the RM's ``kill_host``: its agent checks the JVM is stopped), and Spark sees it die; what an
+    early suspicion must not do is have the driver kill an executor whose agent merely stalled."""
 
     def __init__(
         self,
@@ -100,8 +108,14 @@ class EventRouter:
         notices: NoticeEvents | None = None,
         degraded: DegradedWatch | None = None,
         exclusions: Exclusions | None = None,
+        kill_after_s: float = 0.0,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self._app_id = app_id
+        self._kill_after_s = kill_after_s if scheduler is not None else 0.0
+        self._scheduler = scheduler
+        self._pending_kills: dict[str, Cancellable] = {}
+        self._pending_lock = threading.Lock()
         self._history = history
         self._kill = kill
         self._tasks = tasks or TaskEvents()
@@ -141,6 +155,8 @@ class EventRouter:
                 self._exclusions.consider(self._degraded.degraded(), self._degraded.healthy())
             return
         if isinstance(event, ExecutorEvent):
+            if event.kind.name in ("REGISTERED", "REREGISTERED") or event.kind.name in _GONE:
+                self._cancel_kill(event.executor_id)  # back (the silence was not the JVM's), or gone
             for one in self._tasks.on_event(event, self._clock.monotonic()):
                 self._record(one)
             if not self._tasks.tracks(event.executor_id):  # gone: executor churn must not grow it
@@ -188,10 +204,39 @@ class EventRouter:
                     wire_text(event.detail),
                 )
                 return
-            try:
-                self._kill(event.executor_id)
-            except JvmCommandError as exc:  # one per lost executor: bounded by registrations
-                log.warning("not asking Spark to kill executor: %s", exc)
+            self._act(event.executor_id)
+
+    def _act(self, executor_id: str) -> None:
+        """The kill now, or (``kill_after_s``) once the silence lasted the full timeout."""
+        if self._kill_after_s <= 0 or self._scheduler is None:
+            self._kill_now(executor_id)
+            return
+        with self._pending_lock:
+            if executor_id in self._pending_kills:
+                return
+            self._pending_kills[executor_id] = self._scheduler.schedule(
+                self._kill_after_s, lambda: self._kill_if_pending(executor_id)
+            )
+
+    def _kill_if_pending(self, executor_id: str) -> None:
+        with self._pending_lock:
+            pending = self._pending_kills.pop(executor_id, None)
+        if pending is not None:
+            self._kill_now(executor_id)
+
+    def _cancel_kill(self, executor_id: str) -> None:
+        with self._pending_lock:
+            pending = self._pending_kills.pop(executor_id, None)
+        if pending is not None:
+            pending.cancel()
+            log.info("executor %s is back: not asking Spark to kill it", wire_text(executor_id, MAX_ID_CHARS))
+
+    def _kill_now(self, executor_id: str) -> None:
+        assert self._kill is not None
+        try:
+            self._kill(executor_id)
+        except JvmCommandError as exc:  # one per lost executor: bounded by registrations
+            log.warning("not asking Spark to kill executor: %s", exc)
 
 
 def record_gap(book: GapBook, history: Any, app_id: str, host: str, epoch: str) -> None:
@@ -310,6 +355,9 @@ def main() -> int:
         exclusions=Exclusions(channel.kill_executor)
         if config.on_degraded == "exclude" and not no_kill
         else None,
+        # phi's early suspicions: the driver's kill waits for the full timeout (see EventRouter)
+        kill_after_s=config.heartbeat_timeout_s if config.heartbeat_detector == "phi" else 0.0,
+        scheduler=ThreadScheduler("arrowbeat-deferred-kills") if config.heartbeat_detector == "phi" else None,
     )
     rm.subscribe(router)
     tally = LivenessTally()

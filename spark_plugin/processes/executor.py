@@ -175,24 +175,31 @@ def jvm_alive(config: ArrowBeatConfig, settings: dict[str, str], link: JvmLink) 
     def pulsed() -> bool:
         return link.pulse_age_s() < interval
 
+    def pulsed_within_timeout() -> bool:  # phi without a view of the JVM: the timeout rules
+        return link.pulse_age_s() < config.heartbeat_timeout_s
+
     jvm_pid = int(settings.get("arrowbeat.executor.jvm.pid", "0") or 0)
     if config.heartbeat_detector != "phi":
         return pulsed
     if jvm_pid <= 0:
-        log.warning("no executor JVM pid: a GC pause longer than %g s will read as a freeze", interval)
-        return pulsed
+        log.warning(
+            "no executor JVM pid: a frozen JVM is reported after heartbeat.timeout (%g s), not sooner",
+            config.heartbeat_timeout_s,
+        )
+        return pulsed_within_timeout
     from spark_plugin.monitoring.executor_jvm_health import JvmHealth
 
     try:
         return JvmHealth(jvm_pid, link.pulse_age_s, interval, config.heartbeat_timeout_s).healthy
     except (psutil.Error, ValueError) as exc:
         log.warning(
-            "cannot watch executor JVM pid %s (%s): a GC pause longer than %g s will read as a freeze",
+            "cannot watch executor JVM pid %s (%s): a frozen JVM is reported after heartbeat.timeout "
+            "(%g s), not sooner",
             jvm_pid,
             exc,
-            interval,
+            config.heartbeat_timeout_s,
         )
-        return pulsed
+        return pulsed_within_timeout
 
 
 def answer_pulses(link: JvmLink, agent: AgentThread, channel: JvmChannel) -> None:
