@@ -369,17 +369,20 @@ KILL_EXECUTOR, OUTPUTS_LOST, JSTACK, KILL_TASK = "kill-executor", "outputs-lost"
 LOST_EXECUTOR = "lost-executor"
 """The kill of an executor whose heartbeats timed out: the JVM also tells Spark's scheduler it is
 lost (``SparkInternals.executorLost``), so its running tasks are resubmitted at once."""
+DECOMMISSION_EXECUTOR = "decommission-executor"
+"""An executor slower than its peers (``onDegraded=exclude`` where ``spark.decommission.enabled`` is
+on): the JVM has Spark decommission it (its blocks move), else kill and replace it."""
 RM_UNREACHABLE = "rm-unreachable"
 
 
 def command_line(verb: str, argument: str | int) -> str:
     """``ARROWBEAT-CMD <verb> <argument>`` for an argument the JVM takes (``Protocol.parseCommand``):
-    an executor id of Spark's form (never ``driver``) for :data:`KILL_EXECUTOR` and
-    :data:`LOST_EXECUTOR`, a reason token for
+    an executor id of Spark's form (never ``driver``) for :data:`KILL_EXECUTOR`,
+    :data:`LOST_EXECUTOR` and :data:`DECOMMISSION_EXECUTOR`, a reason token for
     :data:`OUTPUTS_LOST`, a task attempt id for :data:`JSTACK` and :data:`KILL_TASK`, the RM's
     ``host:port`` an agent cannot reach for :data:`RM_UNREACHABLE` (its JVM asks the driver
     whether the RM moved)."""
-    if verb in (KILL_EXECUTOR, LOST_EXECUTOR):
+    if verb in (KILL_EXECUTOR, LOST_EXECUTOR, DECOMMISSION_EXECUTOR):
         if not isinstance(argument, str) or not is_executor(argument):
             raise JvmCommandError(f"no {verb} for executor id {str(argument)[:40]!r}: not a Spark id")
     elif verb == OUTPUTS_LOST:

@@ -254,6 +254,13 @@ class JvmChannel:
         JVM outlives its SIGTERM by the Worker's grace). Same answer as :meth:`kill_executor`."""
         self._write(protocol.command_line(protocol.LOST_EXECUTOR, executor_id))
 
+    def decommission_executor(self, executor_id: str) -> None:
+        """Asks the JVM DriverPlugin to have Spark decommission the executor (no new task there,
+        its shuffle and cached blocks move, then it is replaced), or where Spark cannot, kill and
+        replace it: for an executor slower than its peers where ``spark.decommission.enabled`` is
+        on. Same answer as :meth:`kill_executor`."""
+        self._write(protocol.command_line(protocol.DECOMMISSION_EXECUTOR, executor_id))
+
     def outputs_lost(self, reason: str) -> None:
         """Tells the JVM ExecutorPlugin that this executor's map outputs are gone (files vanished),
         so that Spark replaces the executor and recomputes its map partitions. An agent may give

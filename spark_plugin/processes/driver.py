@@ -239,6 +239,15 @@ class EventRouter:
             log.warning("not asking Spark to kill executor: %s", exc)
 
 
+def exclude_action(settings: dict[str, str], channel: JvmChannel) -> Callable[[str], None]:
+    """``onDegraded=exclude``'s request to the JVM: decommission where Spark's decommissioning is on
+    (the DriverPlugin hands ``spark.decommission.enabled`` over; its shuffle and cached blocks can
+    move), else kill and replace (both checked internals; the JVM falls back to the kill)."""
+    if settings.get("spark.decommission.enabled", "").strip().lower() == "true":
+        return channel.decommission_executor
+    return channel.kill_executor
+
+
 def record_gap(book: GapBook, history: Any, app_id: str, host: str, epoch: str) -> None:
     """A restarted RM's first record: the gap its predecessor left (``history.gaps``), logged, and
     a ``MONITORING_GAP`` row (whose commit the book waits for before it stops passing the gap on)."""
@@ -351,8 +360,7 @@ def main() -> int:
         tasks=tasks,
         notices=notices,
         degraded=degraded,
-        # onDegraded=exclude: Spark kills and replaces it (kill-and-replace-executor, checked).
-        exclusions=Exclusions(channel.kill_executor)
+        exclusions=Exclusions(exclude_action(settings, channel))
         if config.on_degraded == "exclude" and not no_kill
         else None,
         # phi's early suspicions: the driver's kill waits for the full timeout (see EventRouter)

@@ -380,8 +380,10 @@ OPTIONS: tuple[Option, ...] = (
         "report or exclude",
         "What an executor consistently slower than its peers (`DEGRADED`: its JVM cannot run when it "
         "should, compared like with like, never because it is busier) does besides being recorded: "
-        "`exclude` asks Spark to kill and replace it (its running tasks rerun elsewhere), one executor "
-        "at a time and never the last healthy one.",
+        "`exclude` asks Spark to stop using it and replace it: decommissioned where "
+        "`spark.decommission.enabled` is on (no new task goes there; with `spark.storage.decommission.*` "
+        "its shuffle and cached blocks move), else killed and replaced (its running tasks rerun "
+        "elsewhere); one executor at a time, never the last healthy one.",
         _choice("report", "exclude"),
     ),
     Option(

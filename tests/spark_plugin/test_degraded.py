@@ -348,3 +348,21 @@ def test_pace_takes_task_cpu_from_the_task_watch_when_told_to() -> None:
     figures = pace.metrics()
     assert figures["task_cpu_s.5"] == pytest.approx(0.24) and figures["task_wall_s.5"] == pytest.approx(0.25)
     assert figures["jvm_pace_lines"] == 1
+
+
+def test_exclude_decommissions_where_sparks_decommissioning_is_on_else_kills_and_replaces() -> None:
+    import io
+
+    from spark_plugin.jvm.sidecar import JvmChannel
+    from spark_plugin.processes.driver import exclude_action
+
+    out = io.BytesIO()
+    channel = JvmChannel(out)
+    exclude_action({"spark.decommission.enabled": "true"}, channel)("4")
+    exclude_action({"spark.decommission.enabled": "false"}, channel)("5")
+    exclude_action({}, channel)("6")  # a launcher that hands nothing over: the kill it knows
+    assert out.getvalue().decode().splitlines() == [
+        "ARROWBEAT-CMD decommission-executor 4",
+        "ARROWBEAT-CMD kill-executor 5",
+        "ARROWBEAT-CMD kill-executor 6",
+    ]

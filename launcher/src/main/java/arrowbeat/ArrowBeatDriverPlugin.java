@@ -94,7 +94,8 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
       conf = ctx.conf();
       // Looked up first: the one warning about a missing internal comes before anything it affects.
       unavailable =
-          SparkInternals.unavailableSettings(Internal.KILL_AND_REPLACE_EXECUTOR, Internal.EXECUTOR_LOST);
+          SparkInternals.unavailableSettings(
+              Internal.KILL_AND_REPLACE_EXECUTOR, Internal.EXECUTOR_LOST, Internal.DECOMMISSION_EXECUTOR);
       LOG.info("arrowbeat driver plugin on Spark {}: {}", SparkInternals.sparkVersion(),
           unavailable.isEmpty()
               ? "every Spark internal it uses was found"
@@ -104,6 +105,7 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
       settings.put(SPARK_VERSION, sc.version());
       settings.put("spark.driver.host", conf.get("spark.driver.host", ""));
       settings.put("spark.dynamicAllocation.enabled", conf.get("spark.dynamicAllocation.enabled", "false"));
+      settings.put("spark.decommission.enabled", conf.get("spark.decommission.enabled", "false"));
       String secret = settings.get(Launch.SECRET);
       if (secret == null || secret.isEmpty()) {
         secret = Launch.newSecret();
@@ -171,6 +173,11 @@ public final class ArrowBeatDriverPlugin implements DriverPlugin {
       @Override
       public boolean killTaskAttempt(long taskId, String reason) {
         return sc.killTaskAttempt(taskId, true, reason);
+      }
+
+      @Override
+      public java.util.Optional<Boolean> decommission(String executorId, String message) {
+        return SparkInternals.decommissionExecutor(sc, executorId, message);
       }
     };
   }

@@ -11,7 +11,8 @@ import org.slf4j.LoggerFactory;
  * The actions the driver-side process may ask of Spark: {@code kill-executor <id>} (for an
  * executor whose map outputs are lost), {@code lost-executor <id>} (a heartbeat timeout with
  * {@code spark.arrowbeat.onHeartbeatTimeout=kill}: the same kill, then Spark's task scheduler is
- * told the executor is lost) and {@code kill-task <task attempt id>} ({@code
+ * told the executor is lost), {@code decommission-executor <id>} (an executor slower than its
+ * peers, {@code spark.arrowbeat.onDegraded=exclude}) and {@code kill-task <task attempt id>} ({@code
  * spark.arrowbeat.onStuckTask=kill}). Only commands from the driver-side process's protocol
  * channel get here, already validated ({@link Protocol#parseCommand}); an agent's verbs are
  * ignored. Each runs off the protocol pump ({@code replacer}: a kill waits on the cluster manager,
@@ -33,11 +34,16 @@ final class DriverCommands implements Consumer<Protocol.Command> {
 
     /** {@code SparkContext.killTaskAttempt}: false if it runs no more. */
     boolean killTaskAttempt(long taskId, String reason);
+
+    /** Decommission: accepted or not, empty if this Spark cannot ({@code decommissionExecutor}). */
+    Optional<Boolean> decommission(String executorId, String message);
   }
 
   static final String LOST_MESSAGE =
       "arrowbeat: executor heartbeats timed out (spark.arrowbeat.onHeartbeatTimeout=kill)";
   static final String KILL_TASK_REASON = "arrowbeat: no progress for spark.arrowbeat.stuckTask.timeout";
+  static final String DEGRADED_MESSAGE =
+      "arrowbeat: executor consistently slower than its peers (spark.arrowbeat.onDegraded=exclude)";
 
   private final Spark spark;
   private final Executor replacer;
@@ -66,6 +72,9 @@ final class DriverCommands implements Consumer<Protocol.Command> {
             }
             toProcess.accept(Protocol.executorReplacement(executorId, outcome));
           });
+    } else if (Protocol.DECOMMISSION_EXECUTOR.equals(command.verb())) {
+      String executorId = command.argument();
+      replacer.execute(() -> toProcess.accept(Protocol.executorReplacement(executorId, decommission(executorId))));
     } else if (Protocol.KILL_TASK.equals(command.verb())) {
       long taskId = Long.parseLong(command.argument());
       // Off the protocol pump: killTaskAttempt takes the task scheduler's lock.
@@ -90,6 +99,32 @@ final class DriverCommands implements Consumer<Protocol.Command> {
     if (outcome != Protocol.Replacement.ACCEPTED) {
       executors.notReplaced(executorId);
     }
+    return outcome;
+  }
+
+  /**
+   * {@code decommission-executor} (an executor slower than its peers, {@code onDegraded=exclude},
+   * sent only where {@code spark.decommission.enabled} is on): Spark decommissions it, so no new
+   * task goes there and its shuffle and cached blocks move (with {@code spark.storage.decommission.*})
+   * before it exits and is replaced; remembered like a replacement, so its removal is recorded as
+   * one arrowbeat asked for. Where Spark cannot, or refuses, it is killed and replaced instead.
+   */
+  Protocol.Replacement decommission(String executorId) {
+    executors.replacing(executorId);
+    Optional<Boolean> answer = Optional.empty();
+    try {
+      answer = spark.decommission(executorId, DEGRADED_MESSAGE);
+    } catch (RuntimeException e) {
+      LOG.warn("arrowbeat: decommissioning executor {} failed: {}", executorId, e.toString());
+    }
+    if (answer.orElse(false)) {
+      LOG.warn("arrowbeat asked Spark to decommission executor {} (slower than its peers): accepted", executorId);
+      return Protocol.Replacement.ACCEPTED;
+    }
+    LOG.warn("arrowbeat could not have Spark decommission executor {} ({}): it is killed and replaced instead",
+        executorId, answer.isPresent() ? "refused" : Internal.DECOMMISSION_EXECUTOR.key() + " unavailable");
+    Protocol.Replacement outcome = replace(executorId);
+    LOG.warn("arrowbeat asked Spark to kill and replace executor {}: {}", executorId, text(outcome));
     return outcome;
   }
 

@@ -246,6 +246,11 @@ final class Protocol {
   static final String KILL_EXECUTOR = "kill-executor";
   /** A kill for an executor whose heartbeats timed out: Spark is also told it is lost. */
   static final String LOST_EXECUTOR = "lost-executor";
+  /**
+   * An executor slower than its peers ({@code spark.arrowbeat.onDegraded=exclude}, where {@code
+   * spark.decommission.enabled} is on): Spark decommissions it, else kills and replaces it.
+   */
+  static final String DECOMMISSION_EXECUTOR = "decommission-executor";
   static final String OUTPUTS_LOST = "outputs-lost";
   static final String JSTACK = "jstack";
   static final String KILL_TASK = "kill-task";
@@ -261,8 +266,9 @@ final class Protocol {
   }
 
   /**
-   * {@code ARROWBEAT-CMD kill-executor <executor id>} and {@code ARROWBEAT-CMD lost-executor
-   * <executor id>} (from the driver-side process only), the id an {@link #EXECUTOR_ID}, never
+   * {@code ARROWBEAT-CMD kill-executor <executor id>}, {@code ARROWBEAT-CMD lost-executor
+   * <executor id>} and {@code ARROWBEAT-CMD decommission-executor <executor id>} (from the
+   * driver-side process only), the id an {@link #EXECUTOR_ID}, never
    * Spark's {@code driver}; {@code ARROWBEAT-CMD outputs-lost <reason>}
    * (from an agent only, about its own executor), a {@link #REASON}; {@code ARROWBEAT-CMD jstack
    * <task>} (from an agent) and {@code ARROWBEAT-CMD kill-task <task>} (from the driver-side
@@ -299,7 +305,7 @@ final class Protocol {
     String verb = words[1];
     String argument = words[2];
     String expected;
-    if (verb.equals(KILL_EXECUTOR) || verb.equals(LOST_EXECUTOR)) {
+    if (verb.equals(KILL_EXECUTOR) || verb.equals(LOST_EXECUTOR) || verb.equals(DECOMMISSION_EXECUTOR)) {
       expected = isExecutor(argument) ? null : "an executor id (other than driver)";
     } else if (verb.equals(OUTPUTS_LOST)) {
       expected = REASON.matcher(argument).matches() ? null : "a reason ([a-z-], at most 32 characters)";

@@ -21,6 +21,7 @@ class DriverCommandsTest {
   private Function<String, Optional<Boolean>> kill = id -> Optional.of(true);
   private Optional<Boolean> lostAnswer = Optional.of(true);
   private boolean taskThrows;
+  private Function<String, Optional<Boolean>> decommission = id -> Optional.of(true);
 
   private final DriverCommands.Spark spark = new DriverCommands.Spark() {
     @Override
@@ -42,6 +43,12 @@ class DriverCommandsTest {
         throw new IllegalStateException("no such task");
       }
       return true;
+    }
+
+    @Override
+    public Optional<Boolean> decommission(String executorId, String message) {
+      calls.add("decommission " + executorId + ": " + message);
+      return decommission.apply(executorId);
     }
   };
 
@@ -97,6 +104,36 @@ class DriverCommandsTest {
     lostAnswer = Optional.empty();
     give("ARROWBEAT-CMD lost-executor 10");
     assertEquals(List.of("executor-replacement 10 accepted"), toProcess);
+  }
+
+  @Test
+  void aDegradedExecutorIsDecommissionedAndItsRemovalIsOneArrowbeatAskedFor() {
+    give("ARROWBEAT-CMD decommission-executor 11");
+    assertEquals(List.of("decommission 11: " + DriverCommands.DEGRADED_MESSAGE), calls);
+    assertEquals(List.of("executor-replacement 11 accepted"), toProcess);
+    assertEquals("executor-removed 11 replaced decommissioned", executors.removed("11", "decommissioned"));
+  }
+
+  @Test
+  void whereSparkCannotOrWillNotDecommissionItIsKilledAndReplaced() {
+    decommission = id -> switch (id) {
+      case "12" -> Optional.of(false);
+      case "13" -> Optional.empty();
+      default -> throw new IllegalStateException("backend gone");
+    };
+    give("ARROWBEAT-CMD decommission-executor 12");
+    give("ARROWBEAT-CMD decommission-executor 13");
+    give("ARROWBEAT-CMD decommission-executor 14");
+    assertEquals(List.of("decommission 12: " + DriverCommands.DEGRADED_MESSAGE, "kill 12",
+        "decommission 13: " + DriverCommands.DEGRADED_MESSAGE, "kill 13",
+        "decommission 14: " + DriverCommands.DEGRADED_MESSAGE, "kill 14"), calls);
+    assertEquals(List.of("executor-replacement 12 accepted", "executor-replacement 13 accepted",
+        "executor-replacement 14 accepted"), toProcess);
+    kill = id -> Optional.of(false);
+    decommission = id -> Optional.of(false);
+    give("ARROWBEAT-CMD decommission-executor 15");
+    assertEquals("executor-replacement 15 refused", toProcess.get(3));
+    assertEquals("executor-removed 15 spark x", executors.removed("15", "x"));
   }
 
   @Test

@@ -20,6 +20,7 @@ class ProtocolCommandTest {
   @CsvSource({
     "ARROWBEAT-CMD kill-executor 4, kill-executor, 4",
     "ARROWBEAT-CMD lost-executor exec.7_a-b, lost-executor, exec.7_a-b",
+    "ARROWBEAT-CMD decommission-executor 9, decommission-executor, 9",
     "ARROWBEAT-CMD outputs-lost files-missing, outputs-lost, files-missing",
     "ARROWBEAT-CMD jstack 123456789012345678, jstack, 123456789012345678",
     "ARROWBEAT-CMD kill-task 0, kill-task, 0",
@@ -40,6 +41,7 @@ class ProtocolCommandTest {
         "ARROWBEAT-CMD kill-executor 4 5|not one verb and one argument after ARROWBEAT-CMD",
         "ARROWBEAT-CMD  kill-executor 4|not one verb and one argument after ARROWBEAT-CMD",
         "ARROWBEAT-CMD kill-executor driver|the argument of kill-executor is not an executor id (other than driver)",
+        "ARROWBEAT-CMD decommission-executor driver|the argument of decommission-executor is not an executor id (other than driver)",
         "ARROWBEAT-CMD lost-executor a;b|the argument of lost-executor is not an executor id (other than driver)",
         "ARROWBEAT-CMD outputs-lost Files|the argument of outputs-lost is not a reason ([a-z-], at most 32 characters)",
         "ARROWBEAT-CMD jstack 1234567890123456789|the argument of jstack is not a task attempt id (1 to 18 digits)",

@@ -34,6 +34,9 @@ public final class SparkInternals {
   private static final String TASK_SCHEDULER = "org.apache.spark.scheduler.TaskScheduler";
   private static final String LOSS_REASON = "org.apache.spark.scheduler.ExecutorLossReason";
   private static final String PROCESS_LOST = "org.apache.spark.scheduler.ExecutorProcessLost";
+  private static final String SCHEDULER_BACKEND = "org.apache.spark.scheduler.SchedulerBackend";
+  private static final String ALLOCATION_CLIENT = "org.apache.spark.ExecutorAllocationClient";
+  private static final String DECOMMISSION_INFO = "org.apache.spark.scheduler.ExecutorDecommissionInfo";
   /** Settings key prefix that tells a Python process what is unavailable ({@code spark_plugin.jvm.sidecar}). */
   public static final String SETTING_PREFIX = "arrowbeat.jvm.unavailable.";
   /**
@@ -73,7 +76,20 @@ public final class SparkInternals {
             + "boolean))",
         "on a heartbeat timeout arrowbeat only asks for the kill: the executor's running tasks are "
             + "resubmitted once its process is gone (a frozen JVM: after the cluster manager's "
-            + "SIGTERM grace)");
+            + "SIGTERM grace)"),
+    /**
+     * {@code SparkContext.schedulerBackend().decommissionExecutor(id, new
+     * ExecutorDecommissionInfo(message, None), false, false)} on a backend that is an {@code
+     * ExecutorAllocationClient}: what Spark does to an executor it lets go gracefully (no new task
+     * is sent there; with {@code spark.storage.decommission.*} its shuffle and cached blocks move;
+     * the target count is kept, so the cluster manager starts a replacement).
+     */
+    DECOMMISSION_EXECUTOR(
+        "decommission-executor",
+        "SparkContext.schedulerBackend().decommissionExecutor(String, new ExecutorDecommissionInfo("
+            + "String, Option), boolean, boolean)",
+        "spark.arrowbeat.onDegraded=exclude kills and replaces a degraded executor even where "
+            + "spark.decommission.enabled is on (its blocks are recomputed, not moved)");
 
     private final String key;
     private final String calls;
@@ -131,6 +147,13 @@ public final class SparkInternals {
             loader, TASK_SCHEDULER, "executorLost", false, "void", "java.lang.String", LOSS_REASON));
         chain.add(CheckedMethod.constructor(
             loader, PROCESS_LOST, "java.lang.String", "scala.Option", "boolean"));
+      }
+      case DECOMMISSION_EXECUTOR -> {
+        chain.add(CheckedMethod.find(
+            loader, SparkContext.class.getName(), "schedulerBackend", false, SCHEDULER_BACKEND));
+        chain.add(CheckedMethod.find(loader, ALLOCATION_CLIENT, "decommissionExecutor", false, "boolean",
+            "java.lang.String", DECOMMISSION_INFO, "boolean", "boolean"));
+        chain.add(CheckedMethod.constructor(loader, DECOMMISSION_INFO, "java.lang.String", "scala.Option"));
       }
       default -> { } // every internal is listed above
     }
@@ -285,5 +308,32 @@ public final class SparkInternals {
     Object reason = chain.get(2).invoke(null, message, scala.Option.empty(), true);
     chain.get(1).invoke(scheduler, executorId, reason);
     return Optional.of(true);
+  }
+
+  /**
+   * Asks Spark to decommission {@code executorId} (as for an executor it lets go gracefully): no
+   * new task goes there, its blocks move where {@code spark.storage.decommission.*} is on, it
+   * exits once done, and the cluster manager replaces it (the target count is kept). Whether the
+   * scheduler backend accepted: false when it is not an {@code ExecutorAllocationClient} (local
+   * mode) or refused; empty when unavailable (warned once). What Spark's own method throws comes
+   * out as it is. Only where {@code spark.decommission.enabled} is on does Spark act on it.
+   */
+  public static Optional<Boolean> decommissionExecutor(SparkContext sc, String executorId, String message) {
+    List<CheckedMethod> chain = chain(Internal.DECOMMISSION_EXECUTOR);
+    if (broken(chain) != null) {
+      return Optional.empty();
+    }
+    Object backend = chain.get(0).invoke(sc);
+    Class<?> client;
+    try {
+      client = Class.forName(ALLOCATION_CLIENT, false, sparkLoader());
+    } catch (ClassNotFoundException e) {
+      return Optional.empty(); // the chain found it: cannot happen
+    }
+    if (backend == null || !client.isInstance(backend)) {
+      return Optional.of(false);
+    }
+    Object info = chain.get(2).invoke(null, message, scala.Option.empty());
+    return Optional.of(Boolean.TRUE.equals(chain.get(1).invoke(backend, executorId, info, false, false)));
   }
 }
