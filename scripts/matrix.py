@@ -13,7 +13,7 @@ cells.
     python -m scripts.matrix run-all [--jobs N]   every non-primary cell, N at a time (default 3)
     python -m scripts.matrix lock CELL            re-resolve locks/CELL.txt from the cell's seeds
     python -m scripts.matrix delta-jars           the Delta jars (Maven coordinates) of every Spark minor
-    python -m scripts.matrix table                the README's table of the cells
+    python -m scripts.matrix table                the table of the cells (README; the site generates it)
 
 Only the standard library is imported here: ``make`` runs it before any venv exists.
 """

@@ -1,4 +1,4 @@
-"""The architecture the README draws, kept true: layers, one-way dependencies, no import cycles.
+"""The architecture the developer guide draws, kept true: layers, one-way dependencies, no cycles.
 
 The import graph is read from the source (every ``import`` statement, function-level ones
 included, ``TYPE_CHECKING`` blocks excluded since they never run), so a cycle hidden inside a
@@ -125,7 +125,7 @@ def _run_python(code: str) -> None:
 
 
 def _layer(module: str) -> str:
-    """The room a module belongs to (see README, Contributing: the tree, bottom first). Below
+    """The room a module belongs to (see docs/developer/contributing.md: the tree, bottom first). Below
     ``spark_plugin``, the folder says the process: ``shuffle.driver`` (the user's driver; the
     package's public names are its API), ``shuffle.worker`` and ``python_worker`` (PySpark's Python
     workers), ``shuffle.agent`` (the executor's agent); ``shuffle`` holds what more than one of them
@@ -268,7 +268,7 @@ def test_heartbeat_and_engine_import_without_pyspark() -> None:
 
 
 def test_dataframe_api_stays_importable_as_documented() -> None:
-    """The README's import line works, and the engine (which never imports the plugin) says where
+    """The documented import line works, and the engine (which never imports the plugin) says where
     the API went instead of a bare AttributeError."""
     code = (
         "from spark_plugin.shuffle import group_apply, map_in_arrow, partition_apply, release, repartition\n"

@@ -1,4 +1,4 @@
-"""``scripts/bench_results.py``: the README's benchmark table is rewritten from ``RESULT`` lines."""
+"""``scripts/bench_results.py``: the site's benchmark table is rewritten from ``RESULT`` lines."""
 
 from __future__ import annotations
 

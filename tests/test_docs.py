@@ -113,3 +113,13 @@ def test_the_primary_lock_pins_the_site_generator_within_the_declared_ranges() -
             locked[name.strip().lower().replace("_", "-")] = version.strip()
     for requirement in map(Requirement, extras["docs"]):
         assert requirement.specifier.contains(locked[requirement.name.lower()]), str(requirement)
+
+
+def test_the_readme_is_one_page_that_links_into_the_site() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) < 150
+    assert "make demo" in readme and "make test" in readme
+    linked = re.findall(r"\]\((docs/[^)#]+)(?:#[^)]*)?\)", readme)
+    assert linked, "the README links into the site"
+    for target in linked:
+        assert (ROOT / target).is_file(), target

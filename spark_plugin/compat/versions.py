@@ -1,6 +1,6 @@
 """Which Spark, pyarrow and pandas arrowbeat runs on, and which Delta jar goes with that Spark.
 
-The support matrix lives here once: the README's table, ``python -m spark_plugin conf`` and the
+The support matrix lives here once: the support tables (README, docs/reference/versions.md), ``conf`` and the
 start-up checks of the driver-side process and the agents all read it. A Spark outside the
 supported minors is named with the supported ones; an unknown newer 4.x minor may still run
 (every shim checks the internals it uses and skips what it cannot verify), an older major cannot.

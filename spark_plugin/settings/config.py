@@ -6,8 +6,8 @@ driver (the DataFrame API, the shuffle metrics) parses its ``SparkConf`` with
 :func:`from_spark_conf`, and the heartbeat library gets its validated settings as a
 ``HeartbeatServices`` from :meth:`ArrowBeatConfig.heartbeat_services`. Either way *all* problems
 are reported at once in one :class:`ConfigError`, each naming the key and the expected form.
-The README's table of keys is generated from :data:`OPTIONS` (``python -m spark_plugin
-config-docs``) and a test checks the two agree.
+The documentation site's configuration reference is generated from :data:`OPTIONS` when the site
+is built (``python -m spark_plugin config-docs`` prints it) and a test checks the two agree.
 
 The value formats the keys share live beside it: Spark's units in ``settings.units``, the rules
 of ``tables.path`` in ``settings.tables_uri``; ``settings.tls`` names the ``ssl.*`` keys through
@@ -956,7 +956,7 @@ def from_spark_conf(
 
 
 def docs_table() -> str:
-    """The README's table of user-facing keys, generated from :data:`OPTIONS`."""
+    """The table of user-facing keys (the site's configuration reference), from :data:`OPTIONS`."""
     rows = ["| key | default | expected | meaning |", "| --- | --- | --- | --- |"]
     for o in OPTIONS:
         if not o.internal:

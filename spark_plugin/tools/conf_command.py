@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     pack.add_argument("-o", "--output", required=True, help="the archive to write: .tar.gz, .tgz or .tar")
     pack.add_argument("--no-delta", action="store_true", help="leave Delta out of the printed flags")
     docs = sub.add_parser("config-docs", help="print the table of spark.arrowbeat.* keys (Markdown)")
-    docs.add_argument("--write", metavar="README", help="replace the table between the markers in this file")
+    docs.add_argument("--write", metavar="FILE", help="replace the table between the markers in this file")
     args = parser.parse_args(argv)
     if args.command == "config-docs":
         if args.write:

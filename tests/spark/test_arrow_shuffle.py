@@ -315,7 +315,7 @@ def test_executor_killed_after_map_stage_result_still_exact(
         # Spark 4.2 turns on order-independent shuffle checksums with a full retry on mismatch
         # (SPARK-54830): the recomputed map partition's status rows name its new location, so they
         # never match, and Spark aborts a result stage that already finished a task. Until the rows
-        # carry no location (README, "Lost map outputs are recomputed"), recomputation after a
+        # carry no location (docs/concepts/shuffle.md, "Lost map outputs"), recomputation after a
         # finished reduce task needs the retry off; on 4.0/4.1 the key does nothing.
         try:
             with sql_conf(spark, {FULL_RETRY_ON_MISMATCH: "false"}):

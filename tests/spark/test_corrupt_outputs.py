@@ -80,7 +80,8 @@ def test_damaged_map_outputs_are_recomputed_and_the_answer_is_exact(
     # Not adaptive: the map tasks themselves write their status rows into Spark's shuffle, so the
     # agent finds their blocks (an adaptive shuffle's rows are cached and shuffled by another task:
     # a damaged output then replaces its executor). Spark 4.2's full retry on a checksum mismatch
-    # would abort the result stage: the recomputed rows name a new file (README, "Lost map outputs").
+    # would abort the result stage: the recomputed rows name a new file
+    # (docs/concepts/shuffle.md, "Lost map outputs").
     settings = {
         "spark.arrowbeat.shuffle.adaptive": "false",
         "spark.arrowbeat.shuffle.readHostLocalDisk": str(host_local).lower(),

@@ -23,8 +23,8 @@ work; load average 2.7-5.6 while measuring): ``python -m benchmarks.shuffle_matr
 200000,1000000,2000000,4000000`` then ``--rows 20000,8000000`` (``--repeat 2 --no-dask``) print each
 input's optimizer size and, per cell, Spark's and arrowbeat's best-of-2 times; an operation's
 threshold lies between the largest input on which Spark's path won (over both key shapes) and
-the smallest on which arrowbeat's did. ``MEASURED`` holds the table; the README's "Choosing the
-exchange" too.
+the smallest on which arrowbeat's did. ``MEASURED`` holds the table; the site's "Choosing the
+exchange" page (docs/concepts/routing.md) too.
 
 A key forces a path (``spark.arrowbeat.shuffle.path=auto|arrowbeat|spark``, settable per query), a
 call's ``path=`` argument wins over it. Each decision made (``auto`` or forced, not the unset
