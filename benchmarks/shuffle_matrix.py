@@ -51,6 +51,17 @@ where it was Spark's, both columns ran Spark's plan and the ratio is the spread 
 this machine (plus the routing's milliseconds), so ``RESULT worst_cell_ratio_auto_arrowbeat_path``
 and ``..._spark_path`` report the two kinds apart.
 
+The ``wide`` cell (``--ops wide``) is the wide schema (issue 39): ``--wide-rows`` rows of
+``--wide-columns`` columns (the int key, the double ``x``, then doubles), ``repart`` into
+``--wide-reducers`` partitions, in an application of its own (its UI on: Spark's shuffle write bytes
+are read from its REST API). It prints both times and their ratio, Spark's shuffle write bytes
+(compressed, ``spark.io.compression.codec``), and arrowbeat's map-output files on disk against the
+Arrow data they hold: the bodies of the record batches (segment bytes less each batch message's
+metadata, which is the same for every batch of a schema), the metadata, and the files' headers
+(the schema, once per file). ``RESULT wide_bytes_vs_arrow_bodies``, ``wide_bytes_vs_spark`` and
+``wide_time_ratio`` (Spark / arrowbeat). The cell is not a row of the matrix's tables: its
+input is not the others'.
+
 Also, when Dask is installed (``pip install .[bench]``), a peer on the same data in the same run:
 Dask distributed's P2P shuffle (``groupby("k").apply(f, shuffle_method="p2p")`` on a
 ``LocalCluster`` of 2 workers x 1 thread), beside arrowbeat's ``group_apply`` of the largest
@@ -59,16 +70,19 @@ uniform cell with default partitions: ``RESULT vs_dask_p2p=<dask / arrowbeat>``.
     .venv/bin/python -m benchmarks.shuffle_matrix [--rows 400000,4000000,20000000] [--repeat 2] [--no-auto]
         [--shared-memory] [--no-checksum-cost]
         [--ops group,repart] [--keys uniform,hot] [--partitions default,8]   (a subset of the cells)
+        [--ops wide --wide-rows 100000]   (the wide-schema cell alone)
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import shutil
 import statistics
 import time
+import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -167,8 +181,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--ops",
-        default="group,repart,pandas",
-        help="comma-separated operations to run (group, repart, pandas)",
+        default="group,repart,pandas,wide",
+        help="comma-separated operations to run (group, repart, pandas; wide: the wide-schema cell)",
+    )
+    parser.add_argument("--wide-rows", type=int, default=200_000, help="rows of the wide-schema cell")
+    parser.add_argument("--wide-columns", type=int, default=200, help="columns of the wide-schema cell")
+    parser.add_argument(
+        "--wide-reducers", type=int, default=200, help="reduce partitions of the wide-schema cell"
     )
     parser.add_argument("--keys", default="uniform,hot", help="comma-separated key shapes to run")
     parser.add_argument(
@@ -183,7 +202,8 @@ def main() -> None:
         "--partitions", default="default,8", help="comma-separated partition settings to run (default, 8)"
     )
     args = parser.parse_args()
-    sizes = [int(r) for r in args.rows.split(",")]
+    ops = args.ops.split(",")
+    sizes = [int(r) for r in args.rows.split(",")] if set(ops) - {"wide"} else []  # the matrix's inputs
     for setting in args.conf:
         if "=" not in setting:
             parser.error(f"--conf {setting!r}: expected KEY=VALUE")
@@ -218,9 +238,9 @@ def main() -> None:
                 )
                 for partitions in args.partitions.split(","):
                     n = None if partitions == "default" else 8
-                    for op in args.ops.split(","):
-                        if op == "pandas" and n is not None:
-                            continue  # an unchanged applyInPandas job has Spark's partitions
+                    for op in ops:
+                        if op == "wide" or (op == "pandas" and n is not None):
+                            continue  # wide: a cell of its own; applyInPandas: Spark's partitions
                         spark_step, arrow_step = _steps(df, op, n, group_apply, partition_apply, release)
                         arrow_s, arrow_mem = best(arrow_step, args.repeat)  # first: see shuffle_vs_spark
                         auto_s = None
@@ -270,11 +290,12 @@ def main() -> None:
                 df.unpersist()
     finally:
         stop_session(spark)
+    wide = _wide_cell(scratch, args, partition_apply, release) if "wide" in ops else None
     if not args.shared_memory:
         _memory_pass(scratch, args, cells, group_apply, partition_apply, release)
     costs = (
         []
-        if args.no_checksum_cost
+        if args.no_checksum_cost or not cells
         else _checksum_pass(scratch, args, cells, group_apply, partition_apply, release)
     )
     dask_ratio = None
@@ -288,6 +309,12 @@ def main() -> None:
                 f"(arrowbeat {arrow_uniform_default[rows]:.2f} s)"
             )
     shutil.rmtree(scratch, ignore_errors=True)
+    if not cells:  # the wide cell alone
+        load_after = os.getloadavg()
+        print(f"\nload average before {load_before[0]:.2f}, after {load_after[0]:.2f} (2 cores)")
+        print(f"RESULT load_1m={load_before[0]:.2f}->{load_after[0]:.2f}")
+        _print_wide(wide)
+        return
 
     ratios = [c["ratio"] for c in cells]
     worst = min(cells, key=lambda c: c["ratio"])
@@ -350,6 +377,112 @@ def main() -> None:
         )
         print(f"RESULT checksum_cost_max={max(costs):.3f}")
         print(f"RESULT checksum_cost_median={statistics.median(costs):.3f}")
+    _print_wide(wide)
+
+
+def _wide_cell(scratch: Any, args: Any, partition_apply: Any, release: Any) -> dict[str, Any]:
+    """The wide-schema cell in an application of its own: both sides' best time (in turns) and
+    bytes written. Spark's from its REST API (the stages' ``shuffleWriteBytes``, over one run);
+    arrowbeat's from its map-output files on disk (read before the shuffle is released) and its
+    write reports (segment bytes and batches: the Arrow bodies are the segments less each
+    batch's message metadata)."""
+    from spark_plugin.shuffle import shuffle_of
+
+    if not wait_until(lambda: not ours("CoarseGrainedExecutorBackend"), 60):
+        raise RuntimeError("the previous application's executors are still running after 60 s")
+    rows, columns, n = args.wide_rows, args.wide_columns, args.wide_reducers
+    spark = _session(scratch, args, "shuffle-matrix-wide", {"spark.ui.enabled": "true", "spark.ui.port": "0"})
+    try:
+        df = (
+            spark.range(0, rows, numPartitions=8)
+            .selectExpr(
+                f"{key_expr('uniform')} AS k",
+                "cast(id % 1000 AS double) * 0.5 AS x",
+                *(f"cast((id * {c}) % 100003 AS double) * 0.25 AS c{c}" for c in range(2, columns)),
+            )
+            .cache()
+        )
+        df.count()
+        files_root = scratch / "shuffle"
+        seen: dict[str, Any] = {}
+
+        def spark_step() -> Any:
+            return df.repartition(n, "k").mapInArrow(partial, PARTIAL).collect()
+
+        def arrow_step() -> Any:
+            out = partition_apply(df, n, ["k"], partial, PARTIAL)
+            try:
+                result = out.collect()
+                seen["file_bytes"] = sum(f.stat().st_size for f in files_root.rglob("*.arrows"))
+                seen["files"] = sum(1 for _ in files_root.rglob("*.arrows"))
+                seen["reports"] = [r for r in shuffle_of(out).reports() if r["side"] == "write"]
+                seen["schema"] = shuffle_of(out).plan.schema
+                return result
+            finally:
+                release(out)
+
+        spark_step(), arrow_step()  # warm: workers forked, plans compiled
+        (spark_s, _), (arrow_s, _) = best_alternating([spark_step, arrow_step], args.repeat)
+        before = _shuffle_write_bytes(spark)
+        spark_step()
+        # The status store hears of the stages' ends after the job returns (Spark's listener bus).
+        totals = [before]
+
+        def settled() -> bool:
+            totals.append(_shuffle_write_bytes(spark))
+            return totals[-1] == totals[-2] > before
+
+        wait_until(settled, 30, 0.5)
+        spark_bytes = totals[-1] - before
+    finally:
+        stop_session(spark)
+    schema = seen["schema"]
+    one = pa.record_batch([pa.nulls(1, field.type) for field in schema], schema=schema).serialize()
+    metadata = one.size - pa.ipc.read_message(one).body.size  # the same for every batch of the schema
+    reports = seen["reports"]
+    segments = sum(int(r["bytes"]) for r in reports)
+    batches = sum(int(r["batches"]) for r in reports)
+    bodies = segments - batches * metadata
+    return {
+        "rows": rows,
+        "columns": columns,
+        "reducers": n,
+        "spark_s": spark_s,
+        "arrow_s": arrow_s,
+        "spark_bytes": spark_bytes,
+        "file_bytes": seen["file_bytes"],
+        "files": seen["files"],
+        "bodies": bodies,
+        "metadata": batches * metadata,
+        "batches": batches,
+        "headers": seen["file_bytes"] - segments,
+    }
+
+
+def _shuffle_write_bytes(spark: Any) -> int:
+    """Spark's shuffle write bytes over every stage of the application so far (its REST API)."""
+    url = f"{spark.sparkContext.uiWebUrl}/api/v1/applications/{spark.sparkContext.applicationId}/stages"
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return sum(int(stage.get("shuffleWriteBytes", 0)) for stage in json.load(answer))
+
+
+def _print_wide(wide: dict[str, Any] | None) -> None:
+    if wide is None:
+        return
+    file_bytes = wide["file_bytes"]
+    print(
+        f"wide: {wide['rows']:,} rows x {wide['columns']} columns, {wide['reducers']} reducers: "
+        f"spark {wide['spark_s']:.2f} s arrowbeat {wide['arrow_s']:.2f} s ratio "
+        f"{wide['spark_s'] / wide['arrow_s']:.2f}; bytes written: spark {wide['spark_bytes']:,} "
+        "(compressed), "
+        f"arrowbeat {file_bytes:,} in {wide['files']} files = Arrow bodies {wide['bodies']:,} + batch "
+        f"metadata {wide['metadata']:,} ({wide['batches']:,} batches) + headers {wide['headers']:,}",
+        flush=True,
+    )
+    print(f"RESULT wide_bytes_vs_arrow_bodies={file_bytes / wide['bodies']:.3f}")
+    print(f"RESULT wide_bytes_vs_arrow_messages={file_bytes / (wide['bodies'] + wide['metadata']):.4f}")
+    print(f"RESULT wide_bytes_vs_spark={file_bytes / max(1, wide['spark_bytes']):.3f}")
+    print(f"RESULT wide_time_ratio={wide['spark_s'] / wide['arrow_s']:.3f}")
 
 
 def _session(scratch: Any, args: argparse.Namespace, name: str, conf: dict[str, str] | None = None) -> Any:

@@ -66,8 +66,10 @@ _CHECKSUM_AT = 16
 _CONTINUATION = b"\xff\xff\xff\xff"
 """How an IPC message, and so a format-1 file, begins."""
 _END_OF_STREAM = _CONTINUATION + b"\x00\x00\x00\x00"
-_PROBE = 64 << 10
-"""Bytes read at once from a file's start: the header of a schema of up to about 1,300 columns."""
+_PROBE = 4 << 10
+"""Bytes read at once from a file's start: the whole header of a schema of up to about 80
+columns; a longer one takes a second read. Every reader of every segment list reads it, so more
+would be copied for nothing (a reduce task reads one header per map output)."""
 _MAX_SCHEMA = 64 << 20
 """A schema message longer than this is a damaged length, not a schema."""
 
