@@ -148,7 +148,7 @@ proto: $(VENV)/.installed
 # saves each one's output as .cache/bench/<name>.txt (only when it succeeds) and rewrites the
 # site's benchmark table (docs/developer/benchmarks.md) from those lines. They take long: minutes each, the
 # soaks SOAK_MINUTES each (default 10; the streaming soak's long form is --shuffles 10000).
-BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark shuffle_matrix e2e_pandas stuck_tasks cluster_faults streaming_soak
+BENCHES := detection_latency soak_monitoring heartbeat_scale shuffle_transport shuffle_vs_spark shuffle_matrix e2e_pandas stuck_tasks cluster_faults streaming_soak job_recovery
 BENCH ?= $(BENCHES)
 SOAK_MINUTES ?= 10
 BENCH_DIR := $(CACHE)/bench

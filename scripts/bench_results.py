@@ -47,6 +47,9 @@ BENCHMARKS: dict[str, str] = {
     "streaming_soak": "a Structured Streaming query with an arrowbeat grouped shuffle in every micro-batch "
     "(materialized and pipelined by turns, each batch checked against Spark's answer): wrong and failed "
     "batches, RSS per 1,000 shuffles and descriptor growth of every process",
+    "job_recovery": "what a job pays (0.5 s / 2 s, `onHeartbeatTimeout=kill`): one executor frozen, one "
+    "slowed by a duty cycle (`onDegraded=report` and `exclude`), a skewed healthy run (false DEGRADED), "
+    "and with `--long` the frozen case on Spark alone",
 }
 """Every benchmark of ``make bench``, in table order, with what it compares (the prose part)."""
 
