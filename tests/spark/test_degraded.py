@@ -93,11 +93,20 @@ def test_a_duty_cycled_executor_is_degraded_within_30s_the_healthy_one_never_and
     assert healthy not in {r["executor_id"] for r in found}
 
 
-def test_with_exclude_the_slowed_executor_is_replaced_and_the_jobs_go_on(scratch: Path) -> None:
+@pytest.mark.parametrize("decommission", [False, True], ids=["kill", "decommission"])
+def test_with_exclude_the_slowed_executor_is_replaced_and_the_jobs_go_on(
+    scratch: Path, decommission: bool
+) -> None:
+    """Killed and replaced; or, with ``spark.decommission.enabled``, decommissioned (no new task
+    there, it exits once its tasks are done) and replaced."""
     folder = scratch / f"degraded-exclude-{time.time_ns()}"
     folder.mkdir()
     tables, stop = folder / "tables", folder / "stop"
-    conf = {**fast_heartbeats(tables), "spark.arrowbeat.onDegraded": "exclude"}
+    conf = {
+        **fast_heartbeats(tables),
+        "spark.arrowbeat.onDegraded": "exclude",
+        "spark.decommission.enabled": str(decommission).lower(),
+    }
     app = SubmittedApp(APP, "local-cluster[2,1,1024]", scratch, conf, args=[str(stop), "--skewed-s", "3"])
     cycle: DutyCycle | None = None
     try:
@@ -129,8 +138,8 @@ def test_with_exclude_the_slowed_executor_is_replaced_and_the_jobs_go_on(scratch
     gone = [t for e, kind, t in found if e == victim and kind in ("SPARK_REMOVED", "SPARK_LOST")]
     assert degraded and gone and started_at is not None, found
     print(
-        f"DEGRADED {degraded[0] - started_at:.1f} s, removed {gone[0] - started_at:.1f} s "
-        "after the duty cycle began"
+        f"{'decommission' if decommission else 'kill'}: DEGRADED {degraded[0] - started_at:.1f} s, "
+        f"removed {gone[0] - started_at:.1f} s after the duty cycle began"
     )
     assert replaced, "Spark started no replacement executor"
     assert done["jobs"] >= 1
