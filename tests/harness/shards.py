@@ -33,7 +33,7 @@ SECOND = {
     "tests/spark/test_concurrent_reducers.py": 42,
     "tests/spark/test_connect.py": 42,
     "tests/spark/test_frozen_recovery.py": 30,
-    "tests/spark/test_degraded.py": 130,
+    "tests/spark/test_degraded.py": 170,
     "tests/spark/test_dev_install_takeover.py": 25,
 }
 """Modules of the second shard, with their seconds in a full run (the first shard holds about as
