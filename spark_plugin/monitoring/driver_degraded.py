@@ -154,6 +154,8 @@ class _Executor:
     degraded: bool = False
     degraded_at: float = 0.0
     evidence: str = ""
+    adopted: bool = False
+    """Taken over from a previous driver-side process: recorded, never excluded on that verdict."""
 
 
 class DegradedWatch:
@@ -208,7 +210,7 @@ class DegradedWatch:
         wall = self._clock.time()
         for executor_id in executor_ids:
             state = self._executors.setdefault(executor_id, _Executor())
-            state.degraded, state.degraded_at = True, wall
+            state.degraded, state.degraded_at, state.adopted = True, wall, True
             state.evidence = "recorded DEGRADED before the driver-side process restarted"
 
     def forget(self, executor_id: str) -> None:
@@ -221,6 +223,11 @@ class DegradedWatch:
         recorded first."""
         found = sorted((s.degraded_at, e) for e, s in self._executors.items() if s.degraded)
         return {e: self._executors[e].evidence for _, e in found}
+
+    def excludable(self) -> dict[str, str]:
+        """``degraded()`` less the executors taken over from a previous process: an exclusion acts
+        only on a verdict this process reached on its own samples."""
+        return {e: why for e, why in self.degraded().items() if not self._executors[e].adopted}
 
     def healthy(self) -> int:
         """Executors with heartbeats in the window that are not degraded."""

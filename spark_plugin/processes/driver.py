@@ -152,7 +152,7 @@ class EventRouter:
             now = self._clock.monotonic()
             if self._exclusions is not None and self._degraded is not None and now - self._considered >= 1.0:
                 self._considered = now  # once a second: a scan of every executor's state
-                self._exclusions.consider(self._degraded.degraded(), self._degraded.healthy())
+                self._exclusions.consider(self._degraded.excludable(), self._degraded.healthy())
             return
         if isinstance(event, ExecutorEvent):
             if event.kind.name in ("REGISTERED", "REREGISTERED") or event.kind.name in _GONE:
@@ -161,6 +161,8 @@ class EventRouter:
                 self._record(one)
             if not self._tasks.tracks(event.executor_id):  # gone: executor churn must not grow it
                 self._last_beat.pop(event.executor_id, None)
+            if event.kind.name in ("HEARTBEAT_TIMEOUT", "UNREACHABLE") and self._degraded is not None:
+                self._degraded.forget(event.executor_id)  # silent: neither a peer nor healthy now
             if event.kind.name in _GONE:
                 if self._degraded is not None:
                     self._degraded.forget(event.executor_id)

@@ -366,3 +366,34 @@ def test_exclude_decommissions_where_sparks_decommissioning_is_on_else_kills_and
         "ARROWBEAT-CMD kill-executor 5",
         "ARROWBEAT-CMD kill-executor 6",
     ]
+
+
+def test_an_adopted_verdict_is_recorded_but_never_excluded_on() -> None:
+    """Review finding: a restarted driver-side process took back DEGRADED executors and, within a
+    second of their next heartbeat, asked Spark to exclude them on its predecessor's verdict."""
+    clock = ManualClock()
+    watch = DegradedWatch(INTERVAL_S, clock)
+    watch.adopt(["1"])
+    assert list(watch.degraded()) == ["1"] and watch.excludable() == {}
+
+
+def test_an_executor_that_timed_out_is_neither_a_peer_nor_healthy() -> None:
+    """Review finding: a timed-out executor still counted as healthy for the window, so exclude
+    could take the last executor that really answered."""
+    from spark_plugin.monitoring.driver_degraded import Exclusions
+    from spark_plugin.processes.driver import EventRouter
+
+    clock = ManualClock()
+    watch = DegradedWatch(INTERVAL_S, clock)
+    asked: list[str] = []
+    router = EventRouter(
+        lambda: "app-1", None, clock=clock, degraded=watch, exclusions=Exclusions(asked.append, clock)
+    )
+    slow, healthy = Agent("1", late_ms=duty_cycled(0.0)), Agent("2")
+    for _ in range(10):
+        clock.jump(INTERVAL_S)
+        for agent in (slow, healthy):
+            router(agent.beat(clock.monotonic(), clock))
+    assert watch.healthy() == 2
+    router(ExecutorEvent(EventKind.HEARTBEAT_TIMEOUT, "2", "h", "i2", clock.time(), "silent"))
+    assert watch.healthy() == 1 and watch.tracked() == 1
