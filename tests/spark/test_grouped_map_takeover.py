@@ -35,7 +35,8 @@ pytestmark = pytest.mark.spark
 @pytest.fixture(scope="module")
 def spark(shuffle_cluster: ShuffleCluster) -> Iterator[SparkSession]:
     """The shared session, PySpark's grouped-map methods wrapped since start-up; the key off between
-    tests."""
+    tests, as the shared application was made (``harness.session.build_session``): unset, it would
+    fall back to ``auto`` and take over later modules' Spark baselines."""
     import pyspark.sql.classic.dataframe as frames
     import pyspark.sql.pandas.group_ops as ops
 
@@ -48,7 +49,7 @@ def spark(shuffle_cluster: ShuffleCluster) -> Iterator[SparkSession]:
     try:
         yield shuffle_cluster.spark
     finally:
-        shuffle_cluster.spark.conf.unset(hook.KEY)
+        shuffle_cluster.spark.conf.set(hook.KEY, "off")
 
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def mode(spark: SparkSession) -> Iterator[Any]:
     try:
         yield set_mode
     finally:
-        spark.conf.unset(hook.KEY)
+        spark.conf.set(hook.KEY, "off")
 
 
 def source(spark: SparkSession, rows: int = 2_000) -> DataFrame:
