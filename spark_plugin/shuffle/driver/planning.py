@@ -57,6 +57,7 @@ from spark_plugin.shuffle.driver.session import (
     as_view,
     default_parallelism,
     new_shuffle_id,
+    spark_of,
 )
 from spark_plugin.shuffle.driver.shuffle_settings import (
     _retry_wait_s,
@@ -371,7 +372,7 @@ def _struct(session: SessionView | SparkSession, schema: StructType | str) -> St
     a DDL string means (``timestamp``: with or without time zone)."""
     if isinstance(schema, StructType):
         return schema
-    spark = session.spark if isinstance(session, SessionView) else session
+    spark = spark_of(session)
     key = (schema, str(spark.conf.get("spark.sql.timestampType", None) or ""))
     parsed = _PARSED_SCHEMAS.get(key)
     if parsed is None:

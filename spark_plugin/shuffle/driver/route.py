@@ -51,7 +51,7 @@ from arrow_shuffle.errors import ShuffleConfigError
 from spark_plugin.compat.plan_stats import PlanSize, plan_size
 from spark_plugin.settings.config import from_spark_conf, key_of
 from spark_plugin.shuffle.driver import metrics_sink
-from spark_plugin.shuffle.driver.session import SessionView, app_id, as_view, conf_entries, new_shuffle_id
+from spark_plugin.shuffle.driver.session import app_id, as_view, conf_entries, new_shuffle_id, spark_of
 
 log = logging.getLogger("arrowbeat.shuffle")
 
@@ -166,7 +166,7 @@ def resolve_path(spark: Any, path: str | None, unset: str = "arrowbeat") -> tupl
             raise ShuffleConfigError(f"path={path!r}: expected one of {', '.join(PATHS)}")
         return path, True
     key = key_of("shuffle_path")
-    override = (spark.spark if isinstance(spark, SessionView) else spark).conf.get(key, None)
+    override = spark_of(spark).conf.get(key, None)
     overrides = {key: str(override)} if override not in (None, "", "<undefined>") else {}
     configured = from_spark_conf(_app_entry(spark, key), overrides).shuffle_path  # the one key
     if configured:

@@ -219,7 +219,7 @@ def default_parallelism(session: Any) -> int:
     return partitions
 
 
-def _spark(session: Any) -> Any:
+def spark_of(session: Any) -> Any:
     """The SparkSession of a view, or the session itself."""
     return session.spark if isinstance(session, SessionView) else session
 
@@ -234,7 +234,7 @@ def sql_conf(session: Any, key: str, default: str) -> str:
     ``...pandas.convertToArrowArraySafely`` is ``true`` in this Spark where older ones had ``false``.
     ``spark.conf.get(key)`` without a default answers the effective value."""
     try:
-        value = _spark(session).conf.get(key)
+        value = spark_of(session).conf.get(key)
     except Exception:  # a key this Spark does not define (py4j or Connect raise their own types)
         value = None
     return default if value in (None, "", "<undefined>") else str(value)
