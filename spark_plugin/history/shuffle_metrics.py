@@ -19,7 +19,7 @@ import pyarrow as pa
 from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.errors import TablePathError
 from spark_plugin.history.storage import TablesLocation, locate, tables_root
-from spark_plugin.history.tables import SHUFFLE_METRICS, open_table
+from spark_plugin.history.tables import DEFAULT_RETENTION_S, SHUFFLE_METRICS, open_table
 from spark_plugin.settings.config import from_spark_conf
 
 
@@ -83,20 +83,32 @@ def append_rows(
     append_batches(root, [(app_id, shuffle_id, reports)], clock)
 
 
+_opened: dict[tuple[str, float], str] = {}
+"""Tables this process has opened (its schema checked, its retention set), by location and
+retention: the URI to append to. Opening loads the table's snapshot, as an append does: once per
+process, not once per append."""
+
+
 def append_batches(
     root: TablesLocation | Path | str,
     batches: Sequence[tuple[str, int, Sequence[dict[str, Any]]]],
     clock: Clock = SYSTEM_CLOCK,
+    retention_s: float = DEFAULT_RETENTION_S,
 ) -> None:
-    """Appends the reports of several shuffles, ``(app_id, shuffle_id, reports)`` each, as one commit."""
+    """Appends the reports of several shuffles, ``(app_id, shuffle_id, reports)`` each, as one
+    commit, to a table kept for ``retention_s`` (``spark.arrowbeat.tables.retention``)."""
     from deltalake import write_deltalake
 
     location = locate(root)
-    path = open_table(location, SHUFFLE_METRICS)
+    key = (repr(location), retention_s)
+    path = _opened.get(key)
+    if path is None:
+        path = _opened[key] = open_table(location, SHUFFLE_METRICS, retention_s)
     rows = pa.concat_tables([rows_of(app, shuffle, reports, clock) for app, shuffle, reports in batches])
     try:
         write_deltalake(path, rows, mode="append", storage_options=location.options())
     except Exception as exc:
+        _opened.pop(key, None)  # opened again next time: the table may have been removed
         if location.local is not None:
             raise
         raise TablePathError(  # delta-rs's text may quote a credential: scrubbed, not chained

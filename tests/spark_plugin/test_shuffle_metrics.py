@@ -11,7 +11,9 @@ import pytest
 from deltalake import DeltaTable
 
 from arrowbeat_base.clock import ManualClock
-from spark_plugin.history.shuffle_metrics import append_rows, rows_of, tables_root_of
+from spark_plugin.history import shuffle_metrics
+from spark_plugin.history.shuffle_metrics import append_batches, append_rows, rows_of, tables_root_of
+from spark_plugin.history.tables import open_table
 from spark_plugin.settings.config import ConfigError
 
 
@@ -83,3 +85,31 @@ def test_append_rows_creates_the_table_and_appends_one_commit(tmp_path: Path) ->
     table = DeltaTable(str(tmp_path / "shuffle_metrics"))
     assert sorted(table.to_pyarrow_table()["shuffle_id"].to_pylist()) == [1, 1, 2]
     assert table.version() == 2  # created, then one commit per call
+
+
+def test_appends_keep_the_configured_retention_and_open_the_table_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``spark.arrowbeat.tables.retention`` reaches the table the driver appends to (issue 36's
+    leftover: it was always the default hour), and the table is opened (its snapshot loaded, its
+    schema checked) once per process and retention, not before every append."""
+    opened: list[float] = []
+
+    def counting_open(location: Any, spec: Any, retention_s: float) -> str:
+        opened.append(retention_s)
+        return open_table(location, spec, retention_s)
+
+    monkeypatch.setattr(shuffle_metrics, "_opened", {})
+    monkeypatch.setattr(shuffle_metrics, "open_table", counting_open)
+    for shuffle_id in range(3):
+        append_batches(tmp_path, [("app-1", shuffle_id, [report("write", 0)])], retention_s=7200.0)
+    table = DeltaTable(str(tmp_path / "shuffle_metrics"))
+    assert table.metadata().configuration["delta.logRetentionDuration"] == "interval 7200 seconds"
+    assert opened == [7200.0]
+    assert table.version() == 3  # created, then one commit per append
+
+    append_batches(tmp_path, [("app-2", 9, [report("read", 0)])], retention_s=86400.0)  # another setting
+    table = DeltaTable(str(tmp_path / "shuffle_metrics"))
+    assert opened == [7200.0, 86400.0]
+    assert table.metadata().configuration["delta.deletedFileRetentionDuration"] == "interval 86400 seconds"
+    assert sorted(table.to_pyarrow_table()["shuffle_id"].to_pylist()) == [0, 1, 2, 9]

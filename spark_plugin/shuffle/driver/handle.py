@@ -17,7 +17,6 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from pyspark.accumulators import AccumulatorParam
@@ -25,8 +24,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from arrow_shuffle.errors import ShuffleConfigError, ShuffleError
 from spark_plugin.compat.accumulators import discard as discard_accumulator
-from spark_plugin.history.storage import tables_root
-from spark_plugin.settings.config import from_spark_conf
 from spark_plugin.shuffle.agent_layout import written_by
 from spark_plugin.shuffle.driver import metrics_sink
 from spark_plugin.shuffle.driver.route import (
@@ -35,7 +32,6 @@ from spark_plugin.shuffle.driver.route import (
 from spark_plugin.shuffle.driver.session import (
     SessionView,
     as_view,
-    conf_entries,
     conf_value,
 )
 from spark_plugin.shuffle.driver.shuffle_settings import shuffle_settings
@@ -149,7 +145,8 @@ class ShuffleHandle:
             if not fresh:
                 return 0
             try:
-                metrics_sink.write_now(_tables_location(self.spark), self.plan.app_id, self.shuffle_id, fresh)
+                to = metrics_sink.destination(self.spark, self.plan.app_id)
+                metrics_sink.write_now(to, self.plan.app_id, self.shuffle_id, fresh)
             except BaseException:
                 self._written_keys.difference_update(_metric_key(r) for r in fresh)
                 raise
@@ -253,16 +250,6 @@ class ShuffleHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def _tables_location(session: SessionView | SparkSession) -> Any:
-    """``spark.arrowbeat.tables.path`` of the application as this session sees it (on Spark
-    Connect, without the conf entries Spark withholds from clients, e.g. cloud credentials)."""
-    from spark_plugin.history.storage import locate
-
-    entries = conf_entries(session)
-    root = tables_root(from_spark_conf(entries), dict(entries))
-    return root if isinstance(root, Path) else locate(root, dict(entries))
 
 
 def _stage(attempt: object) -> int:

@@ -22,7 +22,12 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from spark_plugin.history.storage import locate, tables_root
+from spark_plugin.settings.config import from_spark_conf
+from spark_plugin.shuffle.driver.session import as_view, conf_entries
 
 log = logging.getLogger("arrowbeat.shuffle")
 
@@ -33,11 +38,43 @@ MAX_PENDING = 10_000
 """Queued entries (one shuffle's rows each) kept while their table cannot be written."""
 
 
+@dataclass(frozen=True)
+class Destination:
+    """Where an application's rows go: its tables location and the retention its tables keep
+    (``spark.arrowbeat.tables.path`` and ``.retention`` as its session sees them)."""
+
+    tables: Any
+    """A ``Path``, or a located URI (``spark_plugin.history.storage.TablesLocation``)."""
+    retention_s: float
+
+
+_destinations: dict[str, Destination] = {}
+"""A classic application's destination by its id: its ``SparkConf`` does not change while it
+runs (a Spark Connect session's conf may, so it is read each time)."""
+
+
+def destination(session: Any, app: str) -> Destination:
+    """The application's destination as this session sees it (on Spark Connect, without the conf
+    entries Spark withholds from clients, e.g. cloud credentials); classic: read once per
+    application (a copy of the whole conf costs tens of milliseconds)."""
+    view = as_view(session)
+    found = None if view.connect else _destinations.get(app)
+    if found is None:
+        entries = conf_entries(view)
+        config = from_spark_conf(entries)
+        root = tables_root(config, dict(entries))
+        tables = root if isinstance(root, Path) else locate(root, dict(entries))
+        found = Destination(tables, config.tables_retention_s)
+        if not view.connect:
+            _destinations[app] = found
+    return found
+
+
 @dataclass
 class Pending:
     """Rows of one shuffle, waiting for the writer."""
 
-    tables: Any
+    destination: Destination
     """Where they go, resolved when they were recorded: the session may be gone when written."""
     app: str
     shuffle_id: int
@@ -57,20 +94,20 @@ _wake = threading.Event()
 _exit_callbacks: list[Callable[[], None]] = []
 
 
-def write_now(tables: Any, app: str, shuffle_id: int, rows: Sequence[dict[str, Any]]) -> None:
+def write_now(to: Destination, app: str, shuffle_id: int, rows: Sequence[dict[str, Any]]) -> None:
     """Append one shuffle's rows now, as one commit; raises what the write raised. Not behind the
     background writer's lock: a flush retrying a slow or failing location must not hold up a
     ``release()`` (Delta's optimistic commits keep concurrent appends apart)."""
     from spark_plugin.history.shuffle_metrics import append_batches
 
-    append_batches(tables, [(app, shuffle_id, list(rows))])
+    append_batches(to.tables, [(app, shuffle_id, list(rows))], retention_s=to.retention_s)
 
 
-def enqueue(tables: Any, app: str, shuffle_id: int, rows: Sequence[dict[str, Any]]) -> None:
+def enqueue(to: Destination, app: str, shuffle_id: int, rows: Sequence[dict[str, Any]]) -> None:
     """Queue one shuffle's rows for the background writer (started if none runs)."""
     global _writer
     with _pending_lock:
-        _pending.append(Pending(tables, app, shuffle_id, list(rows)))
+        _pending.append(Pending(to, app, shuffle_id, list(rows)))
         if _writer is None or not _writer.is_alive():
             _writer = threading.Thread(target=_write_in_batches, name="arrowbeat-metrics-rows", daemon=True)
             _writer.start()
@@ -102,11 +139,14 @@ def flush() -> int:
             _pending.clear()
         by_location: dict[str, list[Pending]] = {}
         for item in batch:
-            by_location.setdefault(repr(item.tables), []).append(item)
+            by_location.setdefault(repr(item.destination), []).append(item)
         unwritten: list[Pending] = []
         for where, items in by_location.items():
             try:
-                append_batches(items[0].tables, [(i.app, i.shuffle_id, i.rows) for i in items])
+                to = items[0].destination
+                append_batches(
+                    to.tables, [(i.app, i.shuffle_id, i.rows) for i in items], retention_s=to.retention_s
+                )
             except Exception as exc:
                 unwritten += items
                 if where not in _failing:

@@ -316,7 +316,7 @@ def record_spark_path(spark: Any, route: Route) -> int:
     shuffle_id = -1 if view.connect else new_shuffle_id(view)
     try:
         app = app_id(view)
-        metrics_sink.enqueue(_tables(view, app), app, shuffle_id, [report(route)])
+        metrics_sink.enqueue(metrics_sink.destination(view, app), app, shuffle_id, [report(route)])
     except Exception as exc:  # a metric must never fail the user's call
         log.warning("shuffle_metrics route row not recorded: %s", exc)
     return shuffle_id
@@ -325,30 +325,6 @@ def record_spark_path(spark: Any, route: Route) -> int:
 def flush_routes() -> int:
     """Write the queued Spark-path rows now (``metrics_sink.flush``); returns rows written."""
     return metrics_sink.flush()
-
-
-_tables_of: dict[str, Any] = {}
-"""A classic application's tables location by its id: its ``SparkConf`` does not change while it
-runs (a Spark Connect session's conf may, so it is read each time)."""
-
-
-def _tables(spark: Any, app: str) -> Any:
-    """``spark.arrowbeat.tables.path`` as this session sees it (Spark Connect included); classic:
-    read once per application (a copy of the whole conf costs tens of milliseconds)."""
-    from pathlib import Path
-
-    from spark_plugin.history.storage import locate, tables_root
-
-    view = as_view(spark)
-    connect = view.connect
-    found = None if connect else _tables_of.get(app)
-    if found is None:
-        entries = conf_entries(view)
-        root = tables_root(from_spark_conf(entries), dict(entries))
-        found = root if isinstance(root, Path) else locate(root, dict(entries))
-        if not connect:
-            _tables_of[app] = found
-    return found
 
 
 __all__ = [

@@ -14,7 +14,7 @@ from arrow_shuffle.errors import ShuffleConfigError
 from spark_plugin.compat.plan_stats import PlanSize, growing_operator, plan_size
 from spark_plugin.errors import ConfigError
 from spark_plugin.history.shuffle_metrics import rows_of
-from spark_plugin.history.tables import SHUFFLE_METRICS
+from spark_plugin.history.tables import DEFAULT_RETENTION_S, SHUFFLE_METRICS
 from spark_plugin.shuffle.driver import metrics_sink
 from spark_plugin.shuffle.driver import route as route_module
 from spark_plugin.shuffle.driver.route import (
@@ -271,7 +271,8 @@ def test_a_route_is_a_shuffle_metrics_row_with_path_and_reason() -> None:
 
 def _queued(tables: Path, shuffle_id: int) -> metrics_sink.Pending:
     route = Route("spark", "input 10 bytes < 100: Spark's exchange measured faster", 10, "group", 100, 0.01)
-    return metrics_sink.Pending(tables, "app-route-rows", shuffle_id, [report(route)])
+    to = metrics_sink.Destination(tables, DEFAULT_RETENTION_S)
+    return metrics_sink.Pending(to, "app-route-rows", shuffle_id, [report(route)])
 
 
 def _shuffle_ids(tables: Path) -> list[int]:
