@@ -1,6 +1,6 @@
 """What jobs pay for a frozen or a slow executor, with arrowbeat and without (issue 37, item 4).
 
-One job (``benchmarks/job_recovery_app.py``: 60 tasks of one second each, made of 20 ms sleeps, on
+One job (``harness/apps/timed_job_app.py``: 60 tasks of one second each, made of 20 ms sleeps, on
 local-cluster[2,1,1024], executors of 512m, heartbeats every 0.5 s with a 2 s timeout,
 ``onHeartbeatTimeout=kill``) runs in each application first undisturbed (``calm``: the baseline,
 measured in the same application) and then once per cell, disturbed:
@@ -69,8 +69,11 @@ from typing import Any
 
 import psutil
 
+from harness.apps import TIMED_JOB_APP
+from harness.task_marks import marks, running_on, seconds_per_unit
+
 ROOT = Path(__file__).resolve().parents[1]
-APP = Path(__file__).resolve().parent / "job_recovery_app.py"
+APP = TIMED_JOB_APP
 MASTER = "local-cluster[2,1,1024]"
 INTERVAL_S, TIMEOUT_S = 0.5, 2.0
 FREEZE_AFTER_S = 2.5
@@ -135,7 +138,7 @@ def degraded_declared() -> bool:
 
 
 class App:
-    """One spark-submit application of ``job_recovery_app.py``; its stdout read on a thread."""
+    """One spark-submit application of ``timed_job_app.py``; its stdout read on a thread."""
 
     def __init__(
         self, name: str, folder: Path, conf: dict[str, str], flags: list[str], args: list[str]
@@ -329,34 +332,6 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 # --- what the application and the tables say -------------------------------------------------
-
-
-def marks(folder: Path, suffix: str) -> list[dict[str, Any]]:
-    """A job's task attempts' marks of one kind (``.start`` or ``.end``), each with its ``tid``."""
-    found = []
-    for path in folder.glob(f"*{suffix}"):
-        with contextlib.suppress(ValueError, OSError):
-            fields = json.loads(path.read_text())
-            fields["tid"] = int(path.stem.rsplit("-", 1)[1])
-            found.append(fields)
-    return found
-
-
-def running_on(folder: Path, pid: int) -> bool:
-    """Whether an attempt on JVM ``pid`` started and has not ended (so far)."""
-    ended = {m["tid"] for m in marks(folder, ".end")}
-    return any(m["pid"] == pid and m["tid"] not in ended for m in marks(folder, ".start"))
-
-
-def seconds_per_unit(folder: Path) -> dict[int, list[float]]:
-    """JVM pid -> each of its finished attempts' seconds per unit of work."""
-    starts = {m["tid"]: m for m in marks(folder, ".start")}
-    found: dict[int, list[float]] = {}
-    for end in marks(folder, ".end"):
-        start = starts.get(end["tid"])
-        if start is not None:
-            found.setdefault(end["pid"], []).append((end["t"] - start["t"]) / max(1, end["units"]))
-    return found
 
 
 def events(tables: Path) -> list[dict[str, Any]]:

@@ -1,5 +1,7 @@
 """Spark applications that tests and benchmarks both submit: ``hold_app.py`` (a job, then a hold
-until a go file appears) and ``GcPause.java`` (long full collections on demand, for GC pauses)."""
+until a go file appears), ``timed_job_app.py`` (jobs of timed tasks, each started by a go file,
+marking where and when each attempt ran) and ``GcPause.java`` (long full collections on demand,
+for GC pauses)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 
 APPS = Path(__file__).resolve().parent
 HOLD_APP = APPS / "hold_app.py"
+TIMED_JOB_APP = APPS / "timed_job_app.py"
 GC_PAUSE_SOURCE = APPS / "GcPause.java"
 
 

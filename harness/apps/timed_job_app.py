@@ -1,13 +1,14 @@
-"""The application ``benchmarks/job_recovery.py`` submits: the same job, run once per cell, each run
-started by the benchmark so that it can freeze or slow an executor under it.
+"""The application ``benchmarks/job_recovery.py`` and ``tests/spark/test_frozen_recovery.py`` submit:
+the same job, run once per plan entry, each run started by its caller so that it can freeze or
+slow an executor under it.
 
-``job_recovery_app.py FOLDER --plan calm,frozen [--tasks N] [--steps S] [--step-s T]``
+``timed_job_app.py FOLDER --plan calm,frozen [--tasks N] [--steps S] [--step-s T]``
 
 Once both executors ran a warm-up task (their Python workers started) it prints ``APP-READY
 {json}``. Then, for each name of ``--plan`` in turn, it prints ``JOB-WAIT {json}``, waits for the
 file ``FOLDER/go-<name>``, prints ``JOB-START {json}`` (the wall-clock start) and runs the job,
 then ``JOB-DONE {json}`` with its seconds (the whole ``collect``) and its sum. Last it prints
-``APP-HOLD``, waits for ``FOLDER/go-end`` (the benchmark may still be waiting for the tables to
+``APP-HOLD``, waits for ``FOLDER/go-end`` (the caller may still be waiting for the tables to
 record what it did) and stops.
 
 The job: ``N`` tasks, one per partition, each ``S`` steps of ``T`` seconds of ``time.sleep``
@@ -21,7 +22,7 @@ tasks, the other many short ones, and both are healthy.
 
 Every task attempt writes two marks into ``FOLDER/marks/<name>`` (its executor JVM's pid, its
 partition, attempt number, units and a wall-clock time): ``<partition>-<attempt>-<tid>.start``
-when it begins, ``.end`` when its steps are done. The benchmark reads them: which attempts a
+when it begins, ``.end`` when its steps are done. ``harness.task_marks`` reads them: which attempts a
 freeze cut, when their reruns started elsewhere, how long each executor's attempts took.
 """
 

@@ -1,52 +1,37 @@
 """What a job pays for a frozen executor with ``onHeartbeatTimeout=kill`` (issue 37, item 1).
 
-A spark-submit application (``apps/recovery_app.py``) on local-cluster[2,1,1024], heartbeats
-every 0.5 s with a 2 s timeout, runs a job of 12 one-second tasks; 2.5 s into it the test freezes
+A spark-submit application (``harness/apps/timed_job_app.py``, the one ``benchmarks/job_recovery``
+times) on local-cluster[2,1,1024], heartbeats every 0.5 s with a 2 s timeout, runs a job of 12
+one-second tasks (50 sleeps of 20 ms each); 2.5 s into it the test freezes
 (SIGSTOP) one executor JVM. The driver plugin, told by the driver-side process that the
 executor's heartbeats timed out, has Spark kill it and tells Spark's task scheduler that it is
 lost, so the attempts the freeze cut are rerun on the other executor within interval + timeout +
 1 s of the freeze. Before, only the kill was asked for: Spark resubmitted the cut attempts when
 the process was gone, after the Worker's SIGTERM grace on a process that cannot act on it (15 s
-and more here). ``--calm`` of the app times the same job undisturbed (the report's figure).
+and more here). The benchmark also times the same job undisturbed (the report's figure).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
+from harness.apps import TIMED_JOB_APP
 from harness.procs import executor_jvms, wait_until
 from harness.submit import SubmittedApp
+from harness.task_marks import marks, running_on
 from tests.harness.frozen import INTERVAL_S, TIMEOUT_S, fast_heartbeats
 
 pytestmark = pytest.mark.spark
-APP = Path(__file__).parent / "apps" / "recovery_app.py"
-TASKS, TASK_S = 12, 1.0
+TASKS = 12
+JOB = ["--plan", "frozen", "--tasks", str(TASKS), "--steps", "50", "--step-s", "0.02"]
 FREEZE_AFTER_S = 2.5
 """Into the job: both executors are in a task, a few tasks are done."""
 RERUN_WITHIN_S = INTERVAL_S + TIMEOUT_S + 1.0
-
-
-def marks(folder: Path, suffix: str) -> list[dict[str, Any]]:
-    """The task attempts' marks of one kind (``.start`` or ``.end``), each with its ``tid``."""
-    found = []
-    for path in folder.glob(f"*{suffix}"):
-        fields = json.loads(path.read_text())
-        fields["tid"] = int(path.stem.rsplit("-", 1)[1])
-        found.append(fields)
-    return found
-
-
-def running_on(folder: Path, pid: int) -> bool:
-    """Whether an attempt on JVM ``pid`` started and has not ended (so far)."""
-    ended = {m["tid"] for m in marks(folder, ".end")}
-    return any(m["pid"] == pid and m["tid"] not in ended for m in marks(folder, ".start"))
 
 
 def test_a_frozen_executors_tasks_are_rerun_elsewhere_within_interval_timeout_and_a_second(
@@ -54,9 +39,9 @@ def test_a_frozen_executors_tasks_are_rerun_elsewhere_within_interval_timeout_an
 ) -> None:
     folder = scratch / f"recovery-{time.time_ns()}"
     folder.mkdir()
-    go, job_marks = folder / "go", folder / "marks" / "frozen"
+    go, job_marks = folder / "go-frozen", folder / "marks" / "frozen"
     conf = {**fast_heartbeats(folder / "tables"), "spark.arrowbeat.onHeartbeatTimeout": "kill"}
-    app = SubmittedApp(APP, "local-cluster[2,1,1024]", scratch, conf, args=[str(folder / "marks"), str(go)])
+    app = SubmittedApp(TIMED_JOB_APP, "local-cluster[2,1,1024]", scratch, conf, args=[str(folder), *JOB])
     victim: psutil.Process | None = None
     try:
         app.wait_for("APP-READY ", timeout_s=180)
@@ -72,13 +57,15 @@ def test_a_frozen_executors_tasks_are_rerun_elsewhere_within_interval_timeout_an
         frozen_at = time.time()
         victim.suspend()
         done = app.wait_for("JOB-DONE ", timeout_s=120)
+        (folder / "go-end").touch()
+        app.wait_for("APP-HOLD ", timeout_s=60)
     finally:
         if victim is not None:
             with contextlib.suppress(psutil.Error):
                 victim.resume()
         app.close()
 
-    assert done["sum"] == 2 * sum(range(TASKS)), done
+    assert done["complete"] and done["sum"] == sum(range(TASKS)) + TASKS, done
     starts, ends = marks(job_marks, ".start"), marks(job_marks, ".end")
     # Running when the JVM froze. Its Python worker is not frozen and may end its sleep (and
     # write its end mark), but the JVM never reports the result: Spark must run the task again.
