@@ -206,7 +206,14 @@ def run(c: Cell, pytest_args: list[str]) -> int:
     env = {**os.environ, "PYSPARK_PYTHON": str(python), "PYSPARK_DRIVER_PYTHON": str(python)}
     env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
     started = time.monotonic()
-    args = pytest_args or ["-q", "-m", "compat", *COMPAT_TESTS]
+    # The report ``make test``'s summary reads the cell's failed test ids from (scripts/run_tests.py).
+    report = [
+        "--junitxml",
+        str(ROOT / ".cache" / "test-logs" / f"matrix-{c.name}.xml"),
+        "-o",
+        "junit_family=xunit1",
+    ]
+    args = pytest_args or ["-q", "-m", "compat", *report, *COMPAT_TESTS]
     done = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT, env=env)
     print(
         f"== matrix cell {c.name}: exit {done.returncode} in {time.monotonic() - started:.0f} s", flush=True

@@ -1,26 +1,35 @@
-"""``make test``'s primary cell: the tests that start no JVM and the two Spark shards side by side,
-then the chaos soak alone.
+"""``make test``'s primary cell: the tests that start no JVM and three Spark shards side by side,
+then the chaos soak alone; with ``--matrix``, the version matrix's other cells too.
 
-The three wait on different things: the JVM-less tests on sockets, deadlines and child processes
+The runs wait on different things: the JVM-less tests on sockets, deadlines and child processes
 of their own (about a minute of CPU in three and a half minutes), the Spark tests on executors,
 heartbeat timeouts, flush intervals and Spark's scheduler. Run one after the other, the machine
-idles through much of each; side by side, they fill each other's waits. The Spark tests are split
-by module into two shards (``tests/harness/shards.py``). The chaos soak's short form (tests marked
-``chaos``) runs last and alone: it asserts that no executor is ever falsely timed out while faults
-are injected, which it should prove on a machine busy with nothing else.
+idles through much of each; side by side, they fill each other's waits. Three lanes run at once:
+
+- the first Spark shard, printing as it goes;
+- the second Spark shard;
+- the JVM-less tests, then the third Spark shard (the installed wheel's modules, which assert no
+  timing), then, with ``--matrix``, the matrix's cells one at a time (``scripts/matrix.py``,
+  ``--matrix-jobs`` at a time; each cell's venv is built first if missing).
+
+The shards are split by module (``tests/harness/shards.py``). The chaos soak's short form (tests
+marked ``chaos``) runs last and alone: it asserts that no executor is ever falsely timed out while
+faults are injected, which it should prove on a machine busy with nothing else.
 
 Each run is its own pytest session, with its own run marker (``harness.procs.MARKER``),
 leftover-process check and scratch folder, which holds its ``local-cluster`` work dirs too
-(``harness.env``: its own ``SPARK_HOME``). The first shard and the chaos
-soak print as they go; the other runs' output is kept in ``.cache/test-logs/`` and printed when
-they have finished. The exit status is non-zero when any run fails.
+(``harness.env``: its own ``SPARK_HOME``). The first shard and the chaos soak print as they go; the
+other runs' output is kept in ``.cache/test-logs/`` and printed when they have finished. The exit
+status is non-zero when any run fails.
 
 The output ends with every run's exit status and the ids of its failed and erroring tests
 (``FAILED``/``ERROR`` lines, collection and teardown errors included), read from the JUnit XML
-report each run writes beside its log (``.cache/test-logs/<run>.xml``): a failure in a run whose
-output scrolled by long before is named at the end, not only counted.
+report each run writes beside its log (``.cache/test-logs/<run>.xml``; a matrix cell's is
+``matrix-<cell>.xml``): a failure in a run whose output scrolled by long before is named at the
+end, not only counted.
 
-    python -m scripts.run_tests [PYTEST ARGS]     extra arguments go to every run
+    python -m scripts.run_tests [--matrix] [--matrix-jobs N] [PYTEST ARGS]
+                                                   extra arguments go to every primary-cell run
 
 Only the standard library is imported here: the venv's pytest is run as a child.
 """
@@ -30,8 +39,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,65 +93,130 @@ def _test_id(case: ET.Element) -> str:
     return "::".join([file, *filter(None, classes), name])
 
 
-def summary(codes: dict[str, int], reports: dict[str, Path]) -> str:
-    """The end of ``make test``'s output: each run's exit status, then its failed test ids."""
+def summary(codes: dict[str, int], reports: Mapping[str, Path | Sequence[Path]]) -> str:
+    """The end of ``make test``'s output: each run's exit status, then its failed test ids (from
+    its report, or its reports: the matrix has one per cell)."""
     lines = ["", "---- every run's exit status and failed tests ----"]
     for name, code in codes.items():
         lines.append(f"{name}: exit {code}")
         if code in (0, NOTHING_SELECTED):
             continue
-        failed = failed_ids(reports[name]) or ["(its report names no failed test: see its output above)"]
-        lines += [f"  {line}" for line in failed]
+        found = reports[name]
+        failed = [
+            line for report in ([found] if isinstance(found, Path) else found) for line in failed_ids(report)
+        ]
+        lines += [
+            f"  {line}" for line in failed or ["(its report names no failed test: see its output above)"]
+        ]
     return "\n".join(lines)
 
 
+def matrix_reports() -> list[Path]:
+    """The JUnit XML report of each matrix cell (``scripts.matrix`` writes them there)."""
+    return sorted(LOGS.glob("matrix-*.xml"))
+
+
+def _options(argv: list[str]) -> tuple[bool, int, list[str]]:
+    """``--matrix``, ``--matrix-jobs N`` (default 1: the lane runs beside two Spark shards), and
+    the arguments left for pytest."""
+    matrix, jobs, rest = False, 1, []
+    words = iter(argv)
+    for word in words:
+        if word == "--matrix":
+            matrix = True
+        elif word == "--matrix-jobs":
+            value = next(words, "")
+            if not value.isdigit() or int(value) < 1:
+                raise SystemExit(f"run_tests: --matrix-jobs {value!r}: expected a whole number >= 1")
+            jobs = int(value)
+        else:
+            rest.append(word)
+    return matrix, jobs, rest
+
+
+class Lane(threading.Thread):
+    """Commands run one after the other, each logged to its own file; an interrupted lane ends
+    the command it is running."""
+
+    def __init__(self, steps: list[tuple[str, Path, list[str]]], env: dict[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.steps, self.env = steps, env
+        self.codes: dict[str, int] = {}
+        self.current: subprocess.Popen[bytes] | None = None
+        self.stopped = False
+
+    def run(self) -> None:
+        for name, log_path, command in self.steps:
+            if self.stopped:
+                return
+            with log_path.open("wb") as log:
+                self.current = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=log)
+                self.codes[name] = self.current.wait()
+
+    def stop(self) -> None:
+        self.stopped = True
+        current = self.current
+        if current is not None and current.poll() is None:
+            current.terminate()
+            current.wait(30)
+
+
 def main(argv: list[str]) -> int:
+    matrix, matrix_jobs, argv = _options(argv)
     python = str(ROOT / ".venv" / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k != MARKER}
     LOGS.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     spark = "spark and not chaos"
-    reports = {
+    reports: dict[str, Path | Sequence[Path]] = {
         "tests without a JVM": LOGS / "no-jvm.xml",
-        "Spark shard 2/2": LOGS / "spark-2.xml",
-        "Spark shard 1/2": LOGS / "spark-1.xml",
+        "Spark shard 1/3": LOGS / "spark-1.xml",
+        "Spark shard 2/3": LOGS / "spark-2.xml",
+        "Spark shard 3/3": LOGS / "spark-3.xml",
         "chaos soak": LOGS / "chaos.xml",
     }
-    for report in reports.values():
+    stale = [*(r for r in reports.values() if isinstance(r, Path)), *matrix_reports()]
+    for report in stale:
         report.unlink(missing_ok=True)  # a report left by an earlier run must not stand for this one
-    no_jvm = _pytest(python, "not spark", reports["tests without a JVM"], argv)
-    logged = {
-        "tests without a JVM": (LOGS / "no-jvm.log", no_jvm),
-        "Spark shard 2/2": (
-            LOGS / "spark-2.log",
-            _pytest(python, spark, reports["Spark shard 2/2"], argv, "--spark-shard", "2/2"),
-        ),
-    }
+
+    def shard(k: int) -> list[str]:
+        return _pytest(python, spark, LOGS / f"spark-{k}.xml", argv, "--spark-shard", f"{k}/3")
+
+    second = Lane([("Spark shard 2/3", LOGS / "spark-2.log", shard(2))], env)
+    third_steps = [
+        ("tests without a JVM", LOGS / "no-jvm.log", _pytest(python, "not spark", LOGS / "no-jvm.xml", argv)),
+        ("Spark shard 3/3", LOGS / "spark-3.log", shard(3)),
+    ]
+    if matrix:
+        command = [python, "-m", "scripts.matrix", "run-all", "--jobs", str(matrix_jobs)]
+        third_steps.append(("version matrix", LOGS / "matrix.log", command))
+    third = Lane(third_steps, env)
+    lanes = (second, third)
     codes: dict[str, int] = {}
-    children: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        for name, (log_path, command) in logged.items():
-            with log_path.open("wb") as log:
-                children[name] = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
-        shard_one = _pytest(python, spark, reports["Spark shard 1/2"], argv, "--spark-shard", "1/2")
-        codes["Spark shard 1/2"] = subprocess.call(shard_one, cwd=ROOT, env=env)
-        for name, child in children.items():
-            codes[name] = child.wait()
+        for lane in lanes:
+            lane.start()
+        codes["Spark shard 1/3"] = subprocess.call(shard(1), cwd=ROOT, env=env)
+        for lane in lanes:
+            lane.join()
     finally:
-        for child in children.values():
-            if child.poll() is None:  # interrupted: end the runs we started
-                child.terminate()
-                child.wait(30)
-    for name, (log_path, _) in logged.items():
-        print(f"\n---- {name} ({log_path.relative_to(ROOT)}) ----", flush=True)
-        sys.stdout.write(log_path.read_text(errors="replace"))
+        for lane in lanes:
+            if lane.is_alive():  # interrupted: end the runs we started
+                lane.stop()
+    for lane in lanes:
+        for name, log_path, _ in lane.steps:
+            if name in lane.codes:
+                codes[name] = lane.codes[name]
+                print(f"\n---- {name} ({log_path.relative_to(ROOT)}) ----", flush=True)
+                sys.stdout.write(log_path.read_text(errors="replace"))
+    reports["version matrix"] = matrix_reports()
     print(f"\n---- the chaos soak, alone (after {time.monotonic() - started:.0f}s) ----", flush=True)
-    chaos = subprocess.call(_pytest(python, "chaos", reports["chaos soak"], argv), cwd=ROOT, env=env)
+    chaos = subprocess.call(_pytest(python, "chaos", LOGS / "chaos.xml", argv), cwd=ROOT, env=env)
     codes["chaos soak"] = chaos
     took = time.monotonic() - started
     print(summary(codes, reports), flush=True)
     outcome = ", ".join(f"{name} exit {code}" for name, code in codes.items())
-    print(f"\nprimary cell: {outcome}, {took:.0f}s", flush=True)
+    print(f"\nprimary cell{' and matrix' if matrix else ''}: {outcome}, {took:.0f}s", flush=True)
     if all(code == NOTHING_SELECTED for code in codes.values()):
         print("no test selected by these arguments", flush=True)
         return 1
