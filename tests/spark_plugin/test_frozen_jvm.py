@@ -4,37 +4,22 @@ process view, never a JVM that pulses, runs (a GC pause), is another process, or
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
 
 import psutil
 import pytest
 
 from arrowbeat_base.clock import ManualClock
 from spark_plugin.monitoring.executor_frozen_jvm import FrozenJvm
+from tests.harness.fake_process import FakeProcess
 
 PID, STALE_S = 4321, 0.5
-
-
-@dataclass
-class FakeProcess:
-    created: float = 100.0
-    state: str = psutil.STATUS_STOPPED
-    gone: bool = False
-
-    def create_time(self) -> float:
-        if self.gone:
-            raise psutil.NoSuchProcess(PID)
-        return self.created
-
-    def status(self) -> str:
-        return self.state
 
 
 class Judge:
     def __init__(self) -> None:
         self.clock = ManualClock()
         self.last_pulse = 0.0
-        self.process = FakeProcess()
+        self.process = FakeProcess(PID, psutil.STATUS_STOPPED)
         self.killed: list[tuple[int, int]] = []
         self.jvm = FrozenJvm(
             PID,

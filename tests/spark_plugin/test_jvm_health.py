@@ -7,37 +7,22 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import psutil
 import pytest
 
 from arrowbeat_base.clock import ManualClock
 from spark_plugin.monitoring.executor_jvm_health import JvmHealth
+from tests.harness.fake_process import FakeProcess
 
 PID, FRESH_S, BOUND_S = 4321, 0.1, 2.0
-
-
-@dataclass
-class FakeProcess:
-    created: float = 100.0
-    state: str = psutil.STATUS_SLEEPING
-    gone: bool = False
-
-    def create_time(self) -> float:
-        if self.gone:
-            raise psutil.NoSuchProcess(PID)
-        return self.created
-
-    def status(self) -> str:
-        return self.state
 
 
 class Agent:
     def __init__(self) -> None:
         self.clock = ManualClock()
         self.last_pulse = 0.0
-        self.process = FakeProcess()
+        self.process = FakeProcess(PID, psutil.STATUS_SLEEPING)
         self.health = JvmHealth(
             PID,
             lambda: self.clock.monotonic() - self.last_pulse,
@@ -108,4 +93,4 @@ def test_a_real_stopped_process_is_told_from_a_sleeping_one() -> None:
 
 def test_the_bounds_are_checked() -> None:
     with pytest.raises(ValueError, match="fresh_s"):
-        JvmHealth(PID, lambda: 0.0, 3.0, 2.0, lookup=lambda pid: FakeProcess())
+        JvmHealth(PID, lambda: 0.0, 3.0, 2.0, lookup=lambda pid: FakeProcess(PID, psutil.STATUS_SLEEPING))
