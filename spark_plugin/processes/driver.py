@@ -170,8 +170,12 @@ class EventRouter:
                     self._exclusions.forget(event.executor_id)
 
     def close(self) -> None:
-        """Records what is still held (a re-registration waiting for its heartbeat): call before
-        the history writer stops."""
+        """Records what is still held (a re-registration waiting for its heartbeat) and drops the
+        kills still deferred (the application is ending): call before the history writer stops."""
+        with self._pending_lock:
+            pending, self._pending_kills = list(self._pending_kills.values()), {}
+        for kill in pending:
+            kill.cancel()
         for one in self._tasks.close():
             self._record(one)
 
@@ -355,6 +359,10 @@ def main() -> int:
     notices.adopt(recovered.corrupt)  # agents may still carry what the predecessor recorded
     degraded = DegradedWatch(config.heartbeat_interval_s)
     degraded.adopt(still_degraded(recovered.events))  # a restart: RECOVERED, never DEGRADED twice
+    # phi's early suspicions: the driver's kill waits for the full timeout, on a timer thread of its own
+    deferred_kills = (
+        ThreadScheduler("arrowbeat-deferred-kills") if config.heartbeat_detector == "phi" else None
+    )
     router = EventRouter(
         lambda: link.app_id(app_id),
         history,
@@ -365,9 +373,8 @@ def main() -> int:
         exclusions=Exclusions(exclude_action(settings, channel))
         if config.on_degraded == "exclude" and not no_kill
         else None,
-        # phi's early suspicions: the driver's kill waits for the full timeout (see EventRouter)
         kill_after_s=config.heartbeat_timeout_s if config.heartbeat_detector == "phi" else 0.0,
-        scheduler=ThreadScheduler("arrowbeat-deferred-kills") if config.heartbeat_detector == "phi" else None,
+        scheduler=deferred_kills,
     )
     rm.subscribe(router)
     tally = LivenessTally()
@@ -378,6 +385,8 @@ def main() -> int:
         address = rm.start()
     except HeartbeatError as exc:  # e.g. a pinned spark.arrowbeat.rm.port taken: the JVM retries
         log.error("arrowbeat's ResourceManager did not start: %s", exc)
+        if deferred_kills is not None:
+            deferred_kills.shutdown()
         if history is not None:
             history.stop()
         return START_FAILED
@@ -447,6 +456,8 @@ def main() -> int:
         page.stop()
     rm.stop()
     router.close()  # after the RM's last event, before the history's last commit
+    if deferred_kills is not None:
+        deferred_kills.shutdown()
     if history is not None:
         history.stop()
     return 0

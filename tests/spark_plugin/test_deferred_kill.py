@@ -46,6 +46,16 @@ def test_an_executor_that_registers_again_meanwhile_is_not_killed() -> None:
     assert killed == ["5"]
 
 
+def test_a_kill_still_deferred_when_the_router_closes_is_dropped() -> None:
+    """The application is ending: a kill asked for after the driver-side process stopped would
+    reach a JVM that no longer listens (or a later application's executor of the same id)."""
+    router, scheduler, killed = _router()
+    router(_event(EventKind.HEARTBEAT_TIMEOUT, "7"))
+    router.close()
+    scheduler.advance(10 * TIMEOUT_S)
+    assert killed == []
+
+
 def test_without_a_delay_the_kill_is_immediate_as_before() -> None:
     killed: list[str] = []
     router = EventRouter(lambda: "app-1", None, kill=killed.append)
