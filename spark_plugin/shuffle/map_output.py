@@ -51,6 +51,7 @@ from spark_plugin.shuffle.map_output_format import (
     encode_header,
     has_dictionaries,
     read_header,
+    schema_names,
 )
 
 BATCH_ROWS = 16384
@@ -361,6 +362,8 @@ def read_segments(
     try:
         header = read_header(fd, f"map output {path}", schema)
         batch_schema = None if header.streams else header.schema
+        # What each whole IPC stream must declare: format 1 names no schema but its streams'.
+        stream_schema = schema if schema is not None else header.schema
         with pa.OSFile(path, "r", memory_pool=memory_pool) as unchecked:
             for segment in segments:
                 offset, length = int(segment[0]), int(segment[1])
@@ -372,10 +375,16 @@ def read_segments(
                 crcs = segment[2] if len(segment) > 2 else None
                 if crcs:
                     source = VerifiedSegment(fd, offset, length, crcs, f"map output {path}").reader()
-                    yield from _decoded(source, 0, length, batch_schema, path, offset, memory_pool)
-                else:  # written without checksums: decoding is all that guards it
+                    batches = _decoded(
+                        source, 0, length, batch_schema, stream_schema, path, offset, memory_pool
+                    )
+                    yield from batches
+                else:  # written without checksums: decoding and full validation are all that guard it
                     unchecked.seek(offset)
-                    yield from _decoded(unchecked, offset, length, batch_schema, path, offset, memory_pool)
+                    batches = _decoded(
+                        unchecked, offset, length, batch_schema, stream_schema, path, offset, memory_pool
+                    )
+                    yield from (_validated(batch, path, offset) for batch in batches)
     except OSError as exc:
         raise ShuffleError(f"map output {path} is gone: {exc}") from exc
     finally:
@@ -387,16 +396,24 @@ def _decoded(
     start: int,
     length: int,
     schema: pa.Schema | None,
+    stream_schema: pa.Schema | None,
     path: str,
     offset: int,
     memory_pool: pa.MemoryPool | None,
 ) -> Iterator[pa.RecordBatch]:
     """The batches of the segment ``source`` holds from ``start`` (where it is positioned) for
-    ``length`` bytes: batch messages decoded against ``schema``, or a whole IPC stream (None)."""
+    ``length`` bytes: batch messages decoded against ``schema``, or a whole IPC stream (None),
+    which must declare ``stream_schema`` when one is known."""
     end = start + length
     try:
         if schema is None:
-            for batch in pa.ipc.open_stream(source, memory_pool=memory_pool):
+            stream = pa.ipc.open_stream(source, memory_pool=memory_pool)
+            if stream_schema is not None and not stream.schema.equals(stream_schema):
+                raise CorruptDataError(
+                    f"map output {path}: the segment at {offset} holds rows of schema "
+                    f"({schema_names(stream.schema)}), not the shuffle's ({schema_names(stream_schema)})"
+                )
+            for batch in stream:
                 if source.tell() > end:
                     break
                 yield batch
@@ -414,6 +431,17 @@ def _decoded(
             f"map output {path}: the segment at {offset} of {length} bytes ends at "
             f"{source.tell() - start}: the file is corrupt"
         )
+
+
+def _validated(batch: pa.RecordBatch, path: str, offset: int) -> pa.RecordBatch:
+    """A batch of a segment no checksum vouches for, checked whole (offsets within their buffers,
+    lengths consistent, UTF-8 valid) before anything reads it: a damaged offset that decoding let
+    through would otherwise read past a buffer and crash the process."""
+    try:
+        batch.validate(full=True)
+    except (pa.ArrowException, ValueError) as exc:
+        raise CorruptDataError(f"map output {path}: the segment at {offset} is corrupt: {exc}") from exc
+    return batch
 
 
 def _next_batch(source: pa.NativeFile, schema: pa.Schema, end: int, path: str, offset: int) -> pa.RecordBatch:

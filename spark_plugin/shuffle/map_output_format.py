@@ -171,7 +171,8 @@ def read_header(fd: int, where: str, expected: pa.Schema | None = None) -> Heade
     schema = _schema(bytes(start[PREFIX_BYTES:end]), where)
     if expected is not None and not schema.equals(expected):
         raise CorruptDataError(
-            f"{where} holds rows of schema ({_names(schema)}), not the shuffle's ({_names(expected)})"
+            f"{where} holds rows of schema ({schema_names(schema)}), "
+            f"not the shuffle's ({schema_names(expected)})"
         )
     return Header(version, schema, bool(flags & FLAG_STREAMS), end)
 
@@ -193,6 +194,7 @@ def _schema(message: bytes, where: str) -> pa.Schema:
         raise CorruptDataError(f"{where}: the schema in its header does not decode: {exc}") from exc
 
 
-def _names(schema: pa.Schema) -> str:
+def schema_names(schema: pa.Schema) -> str:
+    """A schema as error texts show it: its first columns and how many there are."""
     shown = ", ".join(f"{field.name}: {field.type}" for field in list(schema)[:6])
     return shown + (f", ... {len(schema)} columns" if len(schema) > 6 else "")

@@ -338,3 +338,34 @@ def test_a_truncated_header_is_corrupt(tmp_path: Path) -> None:
         Path(path).write_bytes(content[:cut])
         with pytest.raises(CorruptDataError, match="truncated"):
             list(read_segments(path, outputs[0].segments))
+
+
+def test_a_format_one_file_of_another_schema_is_corrupt(tmp_path: Path) -> None:
+    """A format-1 file names no schema but its segments' streams': a reader that expects the
+    shuffle's schema refuses one of another (a foreign file, a plan from another shuffle)."""
+    index = json.loads((DATA / "format1.json").read_text())
+    other = pa.schema([field for field in MIXED if field.name != "raw"])
+    for segments in (index[0], [s[:2] for s in index[0]]):  # with and without its checksums
+        with pytest.raises(CorruptDataError, match="not the shuffle's"):
+            list(read_segments(str(DATA / "format1.arrows"), segments, schema=other))
+
+
+def test_an_unchecked_segment_whose_offsets_lie_is_corrupt_not_a_crash(tmp_path: Path) -> None:
+    """Without checksums (``spark.arrowbeat.shuffle.checksum=false``) a string column's offset
+    pointing far past its data decodes; read, it would take the process down. Every batch of an
+    unchecked segment is validated whole before it is handed out."""
+    schema = pa.schema([("k", pa.int64()), ("s", pa.string())])
+    values = [f"v{i:06d}" for i in range(64)]  # 7 bytes each: offsets 0, 7, 14, ... as int32
+    batch = pa.record_batch([pa.array(range(64), pa.int64()), pa.array(values)], schema=schema)
+    path = str(tmp_path / "unchecked.arrows")
+    _, outputs = write(path, schema, [batch], 1, 1 << 20, checksum=False)
+    [(offset, length, crcs)] = outputs[0].segments
+    assert crcs == []
+    content = bytearray(Path(path).read_bytes())
+    offsets = np.arange(0, 7 * 65, 7, dtype="<i4").tobytes()
+    at = content.find(offsets, offset, offset + length)
+    assert at > 0, "the offsets buffer is where the segment holds it"
+    struct.pack_into("<i", content, at + 4 * 32, 0x7FFF_FFF0)  # the 33rd value's offset, far out
+    Path(path).write_bytes(bytes(content))
+    with pytest.raises(CorruptDataError, match=f"segment at {offset} is corrupt"):
+        list(read_segments(path, [(offset, length)], schema=schema))
