@@ -22,9 +22,14 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import spark_plugin
+from heartbeat.executor_info import ExecutorInfo
 from heartbeat.rm.admin import list_executors
 from spark_plugin.settings.config import from_spark_conf
 from spark_plugin.shuffle import repartition
+
+
+def running_agents(address: str, secret: str) -> list[ExecutorInfo]:
+    return [a for a in list_executors(address, secret) if a.state == "RUNNING"]
 
 
 def main() -> int:
@@ -46,10 +51,12 @@ def main() -> int:
         config = from_spark_conf(spark.sparkContext.getConf().getAll())
         assert config.rm_address, "arrowbeat is off: the driver plugin published no RM address"
         deadline = time.monotonic() + 120
-        agents = list_executors(config.rm_address, config.secret)
+        agents = running_agents(config.rm_address, config.secret)
         while len(agents) < args.executors and time.monotonic() < deadline:
+            # RUNNING, not only listed: an executor whose agent's first start missed its timeout on
+            # a loaded machine is listed UNMONITORED (no pid) until the JVM's retry registers it.
             time.sleep(0.2)
-            agents = list_executors(config.rm_address, config.secret)
+            agents = running_agents(config.rm_address, config.secret)
         took("agents registered")
         df = spark.range(4000).withColumn("k", F.col("id") % 13)
         ours = repartition(df, 4, "k").withColumn("p", F.spark_partition_id()).collect()
