@@ -13,8 +13,10 @@ eighth of the window: what a process keeps raises it, a task's memory not yet gi
 not) in MiB per 1,000 shuffles, the slope over every sample beside it, descriptors as the
 change between the window's first and last samples (medians of five). A process that did not live
 through most of that window (a replaced worker) gets no figure; it is listed. A JVM's RSS also
-grows while its heap fills up to its working size, which over a short run is not a leak: read the
-JVMs' lines against the Python processes'.
+grows while its heap fills up to its working size, which is not a leak: so by default
+(``--jvm-heaps fixed``) every JVM starts with its heap at full size, every page touched, and its
+RSS then holds still unless something grows outside the heap (metaspace, threads, native
+buffers); its slope is read as any process's. ``--jvm-heaps grow`` leaves G1 its own sizing.
 
 ``RESULT`` lines: ``shuffles`` (and ``pipelined_shuffles``), ``wrong_batches``, ``failed_batches``,
 ``first_failed_shuffle`` (per mode, ``none`` when nothing failed), ``shuffles_per_minute``,
@@ -66,21 +68,34 @@ def _environment(scratch: Path) -> None:
     os.environ["SPARK_HOME"] = str(home)
 
 
-def _session(master: str, executor_memory: str, scratch: Path) -> Any:
+DRIVER_MEMORY = "1g"
+
+
+def _heap_options(memory: str, fixed: bool) -> str:
+    """With ``fixed``, a JVM whose heap is its full size from the start, every page touched
+    (``-Xms`` as ``-Xmx``, ``-XX:+AlwaysPreTouch``): its RSS then grows only with what it keeps
+    outside the heap, so its slope reads as a Python process's does. Otherwise G1 grows the heap
+    toward ``-Xmx`` as it sees fit, and the RSS with it, for as long as that takes."""
+    return f"-Xms{memory} -XX:+AlwaysPreTouch" if fixed else ""
+
+
+def _session(master: str, executor_memory: str, scratch: Path, fixed_heaps: bool = True) -> Any:
     from pyspark.sql import SparkSession
 
     from spark_plugin import configure
 
+    driver_options = f"-Dderby.system.home={scratch / 'derby'} {_heap_options(DRIVER_MEMORY, fixed_heaps)}"
     builder = (
         SparkSession.builder.master(master)
         .appName("arrowbeat-streaming-soak")
-        .config("spark.driver.memory", "1g")
+        .config("spark.driver.memory", DRIVER_MEMORY)
         .config("spark.executor.memory", executor_memory)
+        .config("spark.executor.extraJavaOptions", _heap_options(executor_memory, fixed_heaps))
         .config("spark.sql.shuffle.partitions", "2")  # Spark's side of the comparison: a small batch
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
-        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch / 'derby'}")
+        .config("spark.driver.extraJavaOptions", driver_options.strip())
         .config("spark.arrowbeat.shuffle.dir", str(scratch / "shuffle"))
         .config("spark.arrowbeat.tables.path", str(scratch / "tables"))
     )
@@ -155,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     parser.add_argument("--executor-memory", default="512m", help="spark.executor.memory")
     parser.add_argument(
+        "--jvm-heaps",
+        choices=("fixed", "grow"),
+        default="fixed",
+        help="fixed: every JVM's heap at its full size from the start (its RSS then shows what grows "
+        "outside it); grow: G1's own sizing, RSS growing with the heap toward -Xmx",
+    )
+    parser.add_argument(
         "--interim-min",
         type=float,
         default=10.0,
@@ -181,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="arrowbeat-streaming-soak-"))
     load_before = os.getloadavg()[0]
     print(
-        f"{args.master}, executor memory {args.executor_memory}: {args.rows_per_batch:,} rows per batch over "
+        f"{args.master}, executor memory {args.executor_memory} (JVM heaps {args.jvm_heaps}): "
+        f"{args.rows_per_batch:,} rows per batch over "
         f"{args.keys} keys, trigger {args.trigger_ms} ms, modes {'/'.join(config.modes)}; "
         f"limits {args.minutes:g} min, {args.shuffles or 'no'} shuffles; "
         f"load average {load_before:.2f} (2 cores)",
@@ -191,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _environment(scratch)
         started = time.perf_counter()
-        spark = _session(args.master, args.executor_memory, scratch)
+        spark = _session(args.master, args.executor_memory, scratch, args.jvm_heaps == "fixed")
         print(f"session started in {time.perf_counter() - started:.1f} s", flush=True)
         result = streaming_soak.run(
             spark, config, str(scratch / "checkpoint"), log=lambda s: print(s, flush=True)
