@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -76,7 +77,17 @@ def _heap_options(memory: str, fixed: bool) -> str:
     (``-Xms`` as ``-Xmx``, ``-XX:+AlwaysPreTouch``): its RSS then grows only with what it keeps
     outside the heap, so its slope reads as a Python process's does. Otherwise G1 grows the heap
     toward ``-Xmx`` as it sees fit, and the RSS with it, for as long as that takes."""
-    return f"-Xms{memory} -XX:+AlwaysPreTouch" if fixed else ""
+    return f"-Xms{_mib(memory)}m -XX:+AlwaysPreTouch" if fixed else ""
+
+
+def _mib(memory: str) -> int:
+    """A Spark memory setting (``512m``, ``1g``, ``1gb``, bare ``512``: MiB) in MiB, as the JVM's
+    ``-Xms`` must be spelled (it reads ``512mb`` as an error and a bare ``512`` as bytes)."""
+    found = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", memory.lower())
+    if found is None:
+        raise SystemExit(f"--executor-memory {memory!r}: expected a Spark memory size such as 512m or 2g")
+    scale = {"k": 1 / 1024, "": 1, "m": 1, "g": 1024, "t": 1024 * 1024}[found[2]]
+    return max(1, int(int(found[1]) * scale))
 
 
 def _session(master: str, executor_memory: str, scratch: Path, fixed_heaps: bool = True) -> Any:

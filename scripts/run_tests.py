@@ -36,7 +36,9 @@ Only the standard library is imported here: the venv's pytest is run as a child.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -45,10 +47,16 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from scripts import matrix
+
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / ".cache" / "test-logs"
 MARKER = "ARROWBEAT_TEST_RUN"  # harness.procs.MARKER: each run draws its own
 NOTHING_SELECTED = 5
+START_FAILED = 127
+"""The exit status given to a run whose command could not be started (as a shell gives it)."""
+NOT_RUN = -1
+"""The status of a run that never started: its lane was interrupted before it."""
 """pytest's exit status when arguments (``-k``, a path) leave a run no test: not a failure,
 unless it is every run's."""
 
@@ -112,8 +120,9 @@ def summary(codes: dict[str, int], reports: Mapping[str, Path | Sequence[Path]])
 
 
 def matrix_reports() -> list[Path]:
-    """The JUnit XML report of each matrix cell (``scripts.matrix`` writes them there)."""
-    return sorted(LOGS.glob("matrix-*.xml"))
+    """The JUnit XML report each matrix cell writes (``scripts.matrix.run``): a cell that ended
+    before pytest wrote one is named in the summary as having none."""
+    return [LOGS / f"matrix-{cell.name}.xml" for cell in matrix.CELLS if not cell.primary]
 
 
 def _options(argv: list[str]) -> tuple[bool, int, list[str]]:
@@ -135,34 +144,52 @@ def _options(argv: list[str]) -> tuple[bool, int, list[str]]:
 
 
 class Lane(threading.Thread):
-    """Commands run one after the other, each logged to its own file; an interrupted lane ends
-    the command it is running."""
+    """Commands run one after the other, each logged to its own file and exit status kept in
+    ``codes``. A command that cannot start gets ``START_FAILED`` and the lane goes on. Each runs
+    in a process group of its own, so ``stop`` (an interrupted ``make test``) ends it and whatever
+    it started (its Spark JVMs): first as Ctrl-C would, so pytest tears its fixtures down."""
 
     def __init__(self, steps: list[tuple[str, Path, list[str]]], env: dict[str, str]) -> None:
         super().__init__(daemon=True)
         self.steps, self.env = steps, env
         self.codes: dict[str, int] = {}
-        self.current: subprocess.Popen[bytes] | None = None
-        self.stopped = False
+        self._current: subprocess.Popen[bytes] | None = None
+        self._stopped = False
+        self._lock = threading.Lock()  # a step starts, or the lane stops: never both at once
 
     def run(self) -> None:
         for name, log_path, command in self.steps:
-            if self.stopped:
-                return
-            with log_path.open("wb") as log:
-                self.current = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=log)
-                self.codes[name] = self.current.wait()
+            with self._lock:
+                if self._stopped:
+                    return
+                try:
+                    with log_path.open("wb") as log:
+                        child = subprocess.Popen(
+                            command, cwd=ROOT, env=self.env, stdout=log, stderr=log, start_new_session=True
+                        )
+                except OSError as exc:
+                    self.codes[name] = START_FAILED
+                    print(f"{name}: could not start {command[0]}: {exc}", file=sys.stderr, flush=True)
+                    continue
+                self._current = child
+            self.codes[name] = child.wait()
 
     def stop(self) -> None:
-        self.stopped = True
-        current = self.current
-        if current is not None and current.poll() is None:
-            current.terminate()
-            current.wait(30)
+        with self._lock:
+            self._stopped = True
+            child = self._current
+        if child is not None and child.poll() is None:
+            for sig, grace_s in ((signal.SIGINT, 60.0), (signal.SIGTERM, 20.0), (signal.SIGKILL, 20.0)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(grace_s)
+                    break
+        self.join(30)
 
 
 def main(argv: list[str]) -> int:
-    matrix, matrix_jobs, argv = _options(argv)
+    with_matrix, matrix_jobs, argv = _options(argv)
     python = str(ROOT / ".venv" / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k != MARKER}
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -187,7 +214,7 @@ def main(argv: list[str]) -> int:
         ("tests without a JVM", LOGS / "no-jvm.log", _pytest(python, "not spark", LOGS / "no-jvm.xml", argv)),
         ("Spark shard 3/3", LOGS / "spark-3.log", shard(3)),
     ]
-    if matrix:
+    if with_matrix:
         command = [python, "-m", "scripts.matrix", "run-all", "--jobs", str(matrix_jobs)]
         third_steps.append(("version matrix", LOGS / "matrix.log", command))
     third = Lane(third_steps, env)
@@ -205,8 +232,8 @@ def main(argv: list[str]) -> int:
                 lane.stop()
     for lane in lanes:
         for name, log_path, _ in lane.steps:
-            if name in lane.codes:
-                codes[name] = lane.codes[name]
+            codes[name] = lane.codes.get(name, NOT_RUN)
+            if log_path.exists() and name in lane.codes:
                 print(f"\n---- {name} ({log_path.relative_to(ROOT)}) ----", flush=True)
                 sys.stdout.write(log_path.read_text(errors="replace"))
     reports["version matrix"] = matrix_reports()
@@ -216,7 +243,7 @@ def main(argv: list[str]) -> int:
     took = time.monotonic() - started
     print(summary(codes, reports), flush=True)
     outcome = ", ".join(f"{name} exit {code}" for name, code in codes.items())
-    print(f"\nprimary cell{' and matrix' if matrix else ''}: {outcome}, {took:.0f}s", flush=True)
+    print(f"\nprimary cell{' and matrix' if with_matrix else ''}: {outcome}, {took:.0f}s", flush=True)
     if all(code == NOTHING_SELECTED for code in codes.values()):
         print("no test selected by these arguments", flush=True)
         return 1

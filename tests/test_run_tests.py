@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from scripts import run_tests
 
@@ -61,12 +64,76 @@ def test_a_module_that_does_not_import_is_named_by_its_file(tmp_path: Path) -> N
 
 def test_the_summary_gives_each_runs_exit_status_and_its_failed_ids(tmp_path: Path) -> None:
     _, report = run_suite(tmp_path)
-    codes = {"tests without a JVM": 1, "Spark shard 1/2": 0, "Spark shard 2/2": 5, "chaos soak": 1}
-    reports = {"tests without a JVM": report, "chaos soak": tmp_path / "missing.xml"}
-    reports |= {name: tmp_path / "unused.xml" for name in ("Spark shard 1/2", "Spark shard 2/2")}
+    codes = {"tests without a JVM": 1, "Spark shard 1/3": 0, "Spark shard 2/3": 5, "chaos soak": 1}
+    reports: dict[str, Path | list[Path]] = {
+        "tests without a JVM": report,
+        "chaos soak": tmp_path / "missing.xml",
+    }
+    reports |= {name: tmp_path / "unused.xml" for name in ("Spark shard 1/3", "Spark shard 2/3")}
     text = run_tests.summary(codes, reports)
     assert "tests without a JVM: exit 1\n  " in text
     assert "  FAILED tests/test_plain.py::test_bad\n" in text
     assert "  FAILED tests/sub/test_nested.py::TestGroup::test_param[2]\n" in text
-    assert "Spark shard 1/2: exit 0\nSpark shard 2/2: exit 5\nchaos soak: exit 1\n" in text
+    assert "Spark shard 1/3: exit 0\nSpark shard 2/3: exit 5\nchaos soak: exit 1\n" in text
     assert "(no report missing.xml: FileNotFoundError; see the run's output)" in text
+
+
+def test_a_run_of_several_reports_names_each_ones_failures_and_a_missing_one(tmp_path: Path) -> None:
+    """The version matrix: one report per cell; a cell that ended before pytest wrote its report
+    is named as having none, not left out."""
+    _, report = run_suite(tmp_path)
+    text = run_tests.summary({"version matrix": 1}, {"version matrix": [report, tmp_path / "matrix-x.xml"]})
+    assert "  FAILED tests/test_plain.py::test_bad\n" in text
+    assert "(no report matrix-x.xml: FileNotFoundError" in text
+
+
+def test_a_lane_step_that_cannot_start_fails_and_the_lane_goes_on(tmp_path: Path) -> None:
+    """A command that cannot be started (here: no such program) is a failed run, never a
+    silently missing one, and the runs after it in its lane still run."""
+    steps = [
+        ("missing", tmp_path / "missing.log", [str(tmp_path / "no-such-program")]),
+        ("after", tmp_path / "after.log", [sys.executable, "-c", "print('ran')"]),
+    ]
+    lane = run_tests.Lane(steps, {})
+    lane.start()
+    lane.join(60)
+    assert lane.codes == {"missing": run_tests.START_FAILED, "after": 0}
+    assert (tmp_path / "after.log").read_text().strip() == "ran"
+
+
+def test_a_stopped_lane_ends_its_run_and_starts_no_other(tmp_path: Path) -> None:
+    """An interrupted ``make test``: the lane's running command (and its process group) ends, and
+    the steps after it never start (the summary counts them ``NOT_RUN``)."""
+    started = tmp_path / "started"
+    sleeper = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(120)"
+    steps = [
+        ("long", tmp_path / "long.log", [sys.executable, "-c", sleeper]),
+        ("next", tmp_path / "next.log", [sys.executable, "-c", "pass"]),
+    ]
+    lane = run_tests.Lane(steps, {})
+    lane.start()
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists()
+    lane.stop()
+    assert not lane.is_alive()
+    assert lane.codes.get("long", 0) != 0 and "next" not in lane.codes
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["-k", "x"], (False, 1, ["-k", "x"])),
+        (["--matrix", "-x"], (True, 1, ["-x"])),
+        (["--matrix", "--matrix-jobs", "3"], (True, 3, [])),
+    ],
+)
+def test_options(argv: list[str], expected: tuple[bool, int, list[str]]) -> None:
+    assert run_tests._options(argv) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "two", None])
+def test_a_bad_matrix_jobs_value_is_named(value: str | None) -> None:
+    with pytest.raises(SystemExit, match="--matrix-jobs"):
+        run_tests._options(["--matrix-jobs"] + ([value] if value is not None else []))

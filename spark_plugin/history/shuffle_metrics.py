@@ -19,7 +19,7 @@ import pyarrow as pa
 from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.errors import TablePathError
 from spark_plugin.history.storage import TablesLocation, locate, tables_root
-from spark_plugin.history.tables import DEFAULT_RETENTION_S, SHUFFLE_METRICS, open_table
+from spark_plugin.history.tables import DEFAULT_RETENTION_S, SHUFFLE_METRICS, open_table, table_properties
 from spark_plugin.settings.config import from_spark_conf
 
 
@@ -106,7 +106,15 @@ def append_batches(
         path = _opened[key] = open_table(location, SHUFFLE_METRICS, retention_s)
     rows = pa.concat_tables([rows_of(app, shuffle, reports, clock) for app, shuffle, reports in batches])
     try:
-        write_deltalake(path, rows, mode="append", storage_options=location.options())
+        # The table's properties go with every append: they count only when the append creates
+        # the table (removed since this process opened it), which then keeps its retention.
+        write_deltalake(
+            path,
+            rows,
+            mode="append",
+            configuration=table_properties(retention_s),
+            storage_options=location.options(),
+        )
     except Exception as exc:
         _opened.pop(key, None)  # opened again next time: the table may have been removed
         if location.local is not None:

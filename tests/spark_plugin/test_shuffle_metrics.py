@@ -4,6 +4,7 @@ RM reads), when (the injected clock's wall time), and what (one row per task rep
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,17 @@ def test_appends_keep_the_configured_retention_and_open_the_table_once(
     assert opened == [7200.0, 86400.0]
     assert table.metadata().configuration["delta.deletedFileRetentionDuration"] == "interval 86400 seconds"
     assert sorted(table.to_pyarrow_table()["shuffle_id"].to_pylist()) == [0, 1, 2, 9]
+
+
+def test_a_table_removed_while_the_application_runs_comes_back_with_its_retention(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table is opened once per process; removed meanwhile (an operator cleaning up), the
+    next append creates it again, with the application's retention, not delta-rs's defaults."""
+    monkeypatch.setattr(shuffle_metrics, "_opened", {})
+    append_batches(tmp_path, [("app-1", 1, [report("write", 0)])], retention_s=7200.0)
+    shutil.rmtree(tmp_path / "shuffle_metrics")
+    append_batches(tmp_path, [("app-1", 2, [report("write", 0)])], retention_s=7200.0)
+    table = DeltaTable(str(tmp_path / "shuffle_metrics"))
+    assert table.to_pyarrow_table()["shuffle_id"].to_pylist() == [2]
+    assert table.metadata().configuration["delta.logRetentionDuration"] == "interval 7200 seconds"
