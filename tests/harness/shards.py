@@ -35,9 +35,10 @@ SECOND = {
     "tests/spark/test_concurrent_reducers.py": 53,
     "tests/spark/test_connect.py": 60,
     "tests/spark/test_frozen_recovery.py": 30,
-    "tests/spark/test_degraded.py": 227,
+    "tests/spark/test_degraded.py": 163,
     "tests/spark/test_secrets.py": 52,
     "tests/spark/test_launcher_compat.py": 55,
+    "tests/spark/test_tls.py": 32,
 }
 """Modules of the second shard, with their seconds in a full run (the first shard holds about as
 many: the frozen-executor modules, the shuffle cluster's, the shared session's and the rest)."""
