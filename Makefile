@@ -105,10 +105,10 @@ unit: setup-python
 
 # The whole suite on the primary cell and the compatibility subset on every other cell (the
 # launcher's JUnit tests first, a few seconds; then three lanes side by side: two Spark shards, and
-# the JVM-less tests, a third Spark shard and the matrix's cells one after the other; then the chaos
-# soak alone: scripts/run_tests.py).
+# the JVM-less tests then a third Spark shard, each lane ending with its share of the matrix's
+# cells; then the chaos soak alone: scripts/run_tests.py).
 test: setup lint jvm-test docs $(CACHE)/.chromium
-	$(PY) -m scripts.run_tests --matrix --matrix-jobs $(TEST_MATRIX_JOBS)
+	$(PY) -m scripts.run_tests --matrix
 
 # The version matrix's other cells (one venv each under .cache/venvs/, from locks/<cell>.txt), each
 # running the tests marked `compat`, MATRIX_JOBS cells at a time. `make cell CELL=spark-4.3` runs one.
@@ -116,8 +116,6 @@ matrix: setup-jvm
 	$(PYTHON) -m scripts.matrix run-all --jobs $(MATRIX_JOBS)
 
 MATRIX_JOBS ?= 3
-# In `make test` the cells run beside two Spark shards: one at a time.
-TEST_MATRIX_JOBS ?= 1
 CELL ?= spark-4.3
 cell: setup-jvm
 	$(PYTHON) -m scripts.matrix run $(CELL)

@@ -9,8 +9,12 @@ idles through much of each; side by side, they fill each other's waits. Three la
 - the first Spark shard, printing as it goes;
 - the second Spark shard;
 - the JVM-less tests, then the third Spark shard (the installed wheel's modules, which assert no
-  timing), then, with ``--matrix``, the matrix's cells one at a time (``scripts/matrix.py``,
-  ``--matrix-jobs`` at a time; each cell's venv is built first if missing).
+  timing).
+
+With ``--matrix`` each lane then runs its share of the matrix's other cells, one at a time
+(``scripts.matrix run CELL``: the cell's venv, built first if missing, runs the compatibility
+subset; about 40 s each): the lanes end within a minute of each other, and no cell runs beside
+more than two other sessions.
 
 The shards are split by module (``tests/harness/shards.py``). The chaos soak's short form (tests
 marked ``chaos``) runs last and alone: it asserts that no executor is ever falsely timed out while
@@ -28,7 +32,7 @@ report each run writes beside its log (``.cache/test-logs/<run>.xml``; a matrix 
 ``matrix-<cell>.xml``): a failure in a run whose output scrolled by long before is named at the
 end, not only counted.
 
-    python -m scripts.run_tests [--matrix] [--matrix-jobs N] [PYTEST ARGS]
+    python -m scripts.run_tests [--matrix] [PYTEST ARGS]
                                                    extra arguments go to every primary-cell run
 
 Only the standard library is imported here: the venv's pytest is run as a child.
@@ -122,25 +126,22 @@ def summary(codes: dict[str, int], reports: Mapping[str, Path | Sequence[Path]])
 def matrix_reports() -> list[Path]:
     """The JUnit XML report each matrix cell writes (``scripts.matrix.run``): a cell that ended
     before pytest wrote one is named in the summary as having none."""
-    return [LOGS / f"matrix-{cell.name}.xml" for cell in matrix.CELLS if not cell.primary]
+    return [LOGS / f"matrix-{name}.xml" for name in matrix_cells()]
 
 
-def _options(argv: list[str]) -> tuple[bool, int, list[str]]:
-    """``--matrix``, ``--matrix-jobs N`` (default 1: the lane runs beside two Spark shards), and
-    the arguments left for pytest."""
-    matrix, jobs, rest = False, 1, []
-    words = iter(argv)
-    for word in words:
-        if word == "--matrix":
-            matrix = True
-        elif word == "--matrix-jobs":
-            value = next(words, "")
-            if not value.isdigit() or int(value) < 1:
-                raise SystemExit(f"run_tests: --matrix-jobs {value!r}: expected a whole number >= 1")
-            jobs = int(value)
-        else:
-            rest.append(word)
-    return matrix, jobs, rest
+def _options(argv: list[str]) -> tuple[bool, list[str]]:
+    """``--matrix``, and the arguments left for pytest."""
+    return "--matrix" in argv, [word for word in argv if word != "--matrix"]
+
+
+def matrix_cells() -> list[str]:
+    """The matrix's other cells (``scripts.matrix``), in order."""
+    return [cell.name for cell in matrix.CELLS if not cell.primary]
+
+
+def _dealt(cells: list[str], lanes: int) -> list[list[str]]:
+    """The cells dealt out over the lanes, one each in turn, the first to the first lane."""
+    return [cells[k::lanes] for k in range(lanes)]
 
 
 class Lane(threading.Thread):
@@ -189,7 +190,7 @@ class Lane(threading.Thread):
 
 
 def main(argv: list[str]) -> int:
-    with_matrix, matrix_jobs, argv = _options(argv)
+    with_matrix, argv = _options(argv)
     python = str(ROOT / ".venv" / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k != MARKER}
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -209,14 +210,25 @@ def main(argv: list[str]) -> int:
     def shard(k: int) -> list[str]:
         return _pytest(python, spark, LOGS / f"spark-{k}.xml", argv, "--spark-shard", f"{k}/3")
 
-    second = Lane([("Spark shard 2/3", LOGS / "spark-2.log", shard(2))], env)
+    # Each lane ends with its share of the matrix's cells (each builds its venv first, if missing).
+    tails = _dealt(matrix_cells() if with_matrix else [], 3)
+
+    def cells(names: list[str]) -> list[tuple[str, Path, list[str]]]:
+        return [
+            (
+                f"matrix cell {name}",
+                LOGS / f"matrix-{name}.log",
+                [python, "-m", "scripts.matrix", "run", name],
+            )
+            for name in names
+        ]
+
+    second = Lane([("Spark shard 2/3", LOGS / "spark-2.log", shard(2)), *cells(tails[1])], env)
     third_steps = [
         ("tests without a JVM", LOGS / "no-jvm.log", _pytest(python, "not spark", LOGS / "no-jvm.xml", argv)),
         ("Spark shard 3/3", LOGS / "spark-3.log", shard(3)),
+        *cells(tails[2]),
     ]
-    if with_matrix:
-        command = [python, "-m", "scripts.matrix", "run-all", "--jobs", str(matrix_jobs)]
-        third_steps.append(("version matrix", LOGS / "matrix.log", command))
     third = Lane(third_steps, env)
     lanes = (second, third)
     codes: dict[str, int] = {}
@@ -224,6 +236,8 @@ def main(argv: list[str]) -> int:
         for lane in lanes:
             lane.start()
         codes["Spark shard 1/3"] = subprocess.call(shard(1), cwd=ROOT, env=env)
+        for name, _, command in cells(tails[0]):  # printed as it goes, as the first shard is
+            codes[name] = subprocess.call(command, cwd=ROOT, env=env)
         for lane in lanes:
             lane.join()
     finally:
@@ -236,7 +250,7 @@ def main(argv: list[str]) -> int:
             if log_path.exists() and name in lane.codes:
                 print(f"\n---- {name} ({log_path.relative_to(ROOT)}) ----", flush=True)
                 sys.stdout.write(log_path.read_text(errors="replace"))
-    reports["version matrix"] = matrix_reports()
+    reports |= {f"matrix cell {name}": LOGS / f"matrix-{name}.xml" for name in matrix_cells()}
     print(f"\n---- the chaos soak, alone (after {time.monotonic() - started:.0f}s) ----", flush=True)
     chaos = subprocess.call(_pytest(python, "chaos", LOGS / "chaos.xml", argv), cwd=ROOT, env=env)
     codes["chaos soak"] = chaos

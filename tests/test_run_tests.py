@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from scripts import run_tests
 
 SUITE = {
@@ -121,19 +119,15 @@ def test_a_stopped_lane_ends_its_run_and_starts_no_other(tmp_path: Path) -> None
     assert lane.codes.get("long", 0) != 0 and "next" not in lane.codes
 
 
-@pytest.mark.parametrize(
-    ("argv", "expected"),
-    [
-        (["-k", "x"], (False, 1, ["-k", "x"])),
-        (["--matrix", "-x"], (True, 1, ["-x"])),
-        (["--matrix", "--matrix-jobs", "3"], (True, 3, [])),
-    ],
-)
-def test_options(argv: list[str], expected: tuple[bool, int, list[str]]) -> None:
-    assert run_tests._options(argv) == expected
+def test_options() -> None:
+    assert run_tests._options(["-k", "x"]) == (False, ["-k", "x"])
+    assert run_tests._options(["--matrix", "-x"]) == (True, ["-x"])
 
 
-@pytest.mark.parametrize("value", ["0", "two", None])
-def test_a_bad_matrix_jobs_value_is_named(value: str | None) -> None:
-    with pytest.raises(SystemExit, match="--matrix-jobs"):
-        run_tests._options(["--matrix-jobs"] + ([value] if value is not None else []))
+def test_the_matrix_cells_are_dealt_out_over_the_lanes() -> None:
+    """Each lane ends with its share: three cells, one per lane; more wrap round; none, none."""
+    assert run_tests._dealt(["a", "b", "c"], 3) == [["a"], ["b"], ["c"]]
+    assert run_tests._dealt(["a", "b", "c", "d"], 3) == [["a", "d"], ["b"], ["c"]]
+    assert run_tests._dealt([], 3) == [[], [], []]
+    dealt = [cell for lane in run_tests._dealt(run_tests.matrix_cells(), 3) for cell in lane]
+    assert sorted(dealt) == sorted(run_tests.matrix_cells())
