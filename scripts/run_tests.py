@@ -48,7 +48,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from scripts import matrix
@@ -105,21 +105,15 @@ def _test_id(case: ET.Element) -> str:
     return "::".join([file, *filter(None, classes), name])
 
 
-def summary(codes: dict[str, int], reports: Mapping[str, Path | Sequence[Path]]) -> str:
-    """The end of ``make test``'s output: each run's exit status, then its failed test ids (from
-    its report, or its reports: the matrix has one per cell)."""
+def summary(codes: dict[str, int], reports: Mapping[str, Path]) -> str:
+    """The end of ``make test``'s output: each run's exit status, then its failed test ids."""
     lines = ["", "---- every run's exit status and failed tests ----"]
     for name, code in codes.items():
         lines.append(f"{name}: exit {code}")
         if code in (0, NOTHING_SELECTED):
             continue
-        found = reports[name]
-        failed = [
-            line for report in ([found] if isinstance(found, Path) else found) for line in failed_ids(report)
-        ]
-        lines += [
-            f"  {line}" for line in failed or ["(its report names no failed test: see its output above)"]
-        ]
+        failed = failed_ids(reports[name]) or ["(its report names no failed test: see its output above)"]
+        lines += [f"  {line}" for line in failed]
     return "\n".join(lines)
 
 
@@ -196,14 +190,14 @@ def main(argv: list[str]) -> int:
     LOGS.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     spark = "spark and not chaos"
-    reports: dict[str, Path | Sequence[Path]] = {
+    reports: dict[str, Path] = {
         "tests without a JVM": LOGS / "no-jvm.xml",
         "Spark shard 1/3": LOGS / "spark-1.xml",
         "Spark shard 2/3": LOGS / "spark-2.xml",
         "Spark shard 3/3": LOGS / "spark-3.xml",
         "chaos soak": LOGS / "chaos.xml",
     }
-    stale = [*(r for r in reports.values() if isinstance(r, Path)), *matrix_reports()]
+    stale = [*reports.values(), *matrix_reports()]
     for report in stale:
         report.unlink(missing_ok=True)  # a report left by an earlier run must not stand for this one
 

@@ -63,7 +63,7 @@ def test_a_module_that_does_not_import_is_named_by_its_file(tmp_path: Path) -> N
 def test_the_summary_gives_each_runs_exit_status_and_its_failed_ids(tmp_path: Path) -> None:
     _, report = run_suite(tmp_path)
     codes = {"tests without a JVM": 1, "Spark shard 1/3": 0, "Spark shard 2/3": 5, "chaos soak": 1}
-    reports: dict[str, Path | list[Path]] = {
+    reports: dict[str, Path] = {
         "tests without a JVM": report,
         "chaos soak": tmp_path / "missing.xml",
     }
@@ -76,11 +76,12 @@ def test_the_summary_gives_each_runs_exit_status_and_its_failed_ids(tmp_path: Pa
     assert "(no report missing.xml: FileNotFoundError; see the run's output)" in text
 
 
-def test_a_run_of_several_reports_names_each_ones_failures_and_a_missing_one(tmp_path: Path) -> None:
-    """The version matrix: one report per cell; a cell that ended before pytest wrote its report
-    is named as having none, not left out."""
+def test_a_matrix_cell_without_its_report_is_named_beside_the_others_failures(tmp_path: Path) -> None:
+    """A matrix cell that ended before pytest wrote its report is named as having none, not left out."""
     _, report = run_suite(tmp_path)
-    text = run_tests.summary({"version matrix": 1}, {"version matrix": [report, tmp_path / "matrix-x.xml"]})
+    codes = {"tests without a JVM": 1, "matrix cell x": 1}
+    reports = {"tests without a JVM": report, "matrix cell x": tmp_path / "matrix-x.xml"}
+    text = run_tests.summary(codes, reports)
     assert "  FAILED tests/test_plain.py::test_bad\n" in text
     assert "(no report matrix-x.xml: FileNotFoundError" in text
 
