@@ -68,6 +68,10 @@ from heartbeat.wire.transport import bind_server, server_options
 log = logging.getLogger(__name__)
 
 _SEND_QUEUE_LIMIT = 32
+_LAST_WORDS_DEADLINE_S = 1.0
+"""How long the RM's last word to an agent (``kill_host``) may take to write before the stream
+ends without it. A live agent reads it at once; the bound is for one that stopped reading, and
+it does not shrink with the heartbeat interval, so a loaded RM still delivers it."""
 _REFUSAL_LOG_S = 10.0
 
 
@@ -515,8 +519,8 @@ class ResourceManagerServer:
                     task.cancel()
         if status is not None:
             if link.last_words is not None:  # the agent may end its frozen host: said before the end
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(context.write(link.last_words), self.services.interval_s)
+                with contextlib.suppress(Exception):  # bounded for a peer that stopped reading
+                    await asyncio.wait_for(context.write(link.last_words), _LAST_WORDS_DEADLINE_S)
             await context.abort(getattr(grpc.StatusCode, status[0]), status[1])
 
     def _register_proof_ok(self, req: pb.RegisterRequest, rm_nonce: bytes) -> bool:
