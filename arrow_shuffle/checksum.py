@@ -12,9 +12,9 @@ copies (not adversaries: the files are private to the user, ``private_files``, a
 authenticated or under TLS); 32 bits of a well-mixed hash miss a random damage with probability
 2**-32, as a CRC-32 does for all but short bursts.
 
-A map-output segment (one reducer's Arrow IPC stream in a run) is checksummed as it is written
-(``ChecksumSink``, the file Arrow's writer writes through) and verified as it is read
-(``VerifiedSegment``, the file Arrow's reader reads through). Nothing reaches Arrow's decoder
+A map-output segment (one reducer's Arrow IPC messages in a run) is checksummed once written
+(``region_checksums``: read back from the page cache, while Arrow writes natively) and verified as
+it is read (``VerifiedSegment``, the file Arrow's reader reads through). Nothing reaches Arrow's decoder
 before the chunk holding it verified: a damaged length or offset inside a batch decodes into
 arrays that crash their reader later, and no check after decoding can undo that.
 
@@ -76,78 +76,26 @@ def chunk_count(length: int) -> int:
     return -(-length // CHUNK_BYTES)
 
 
-class ChecksumSink:
-    """A binary file that checksums what is written between ``begin()`` and ``end()``.
+def region_checksums(fd: int, offset: int, length: int, scratch: bytearray, where: str) -> list[int]:
+    """The checksums of ``length`` bytes of the file open at ``fd`` from ``offset``: one per
+    ``CHUNK_BYTES``, each chunk read into ``scratch`` (at least ``CHUNK_BYTES`` long; reused, so
+    nothing is allocated per chunk).
 
-    Arrow's writer writes through it (``pa.PythonFile(ChecksumSink(f), mode="w")``): every byte
-    is checksummed as it passes, so a segment costs no second read. Bytes written outside a
-    segment are written unchecked (there are none in a map output)."""
-
-    def __init__(self, raw: Any, enabled: bool = True) -> None:
-        self._raw = raw
-        self.enabled = enabled
-        self._crcs: list[int] | None = None
-        self._chunk = Digest()
-        self._filled = 0
-        """Bytes of the current chunk checksummed so far."""
-
-    def begin(self) -> None:
-        """A segment starts at the current position."""
-        self._crcs, self._chunk, self._filled = [], Digest(), 0
-
-    def end(self) -> list[int]:
-        """The checksums of the segment written since ``begin`` (empty when disabled)."""
-        crcs = self._crcs if self._crcs is not None else []
-        if self._filled:
-            crcs.append(self._chunk.value())
-        self._crcs, self._chunk, self._filled = None, Digest(), 0
-        return crcs if self.enabled else []
-
-    def write(self, data: Any) -> int:
-        if self.enabled and self._crcs is not None:
-            # Arrow's writer hands bytes or a pyarrow Buffer, many per batch (a message's metadata,
-            # padding, each body buffer): most fit in the chunk in hand and are hashed as they
-            # are, without the views and the loop a chunk boundary needs.
-            size = data.nbytes if isinstance(data, memoryview) else len(data)
-            if self._filled + size < CHUNK_BYTES:
-                self._chunk.update(data)
-                self._filled += size
-                written: int = self._raw.write(data)
-                return written
-            view = memoryview(data).cast("B")
-            while view:
-                take = min(len(view), CHUNK_BYTES - self._filled)
-                self._chunk.update(view[:take])
-                self._filled += take
-                view = view[take:]
-                if self._filled == CHUNK_BYTES:
-                    self._crcs.append(self._chunk.value())
-                    self._chunk, self._filled = Digest(), 0
-        written = self._raw.write(data)
-        return written
-
-    def tell(self) -> int:
-        position: int = self._raw.tell()
-        return position
-
-    def flush(self) -> None:
-        self._raw.flush()
-
-    def close(self) -> None:
-        self._raw.close()
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._raw.closed)
-
-    def writable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return False
+    How a map output's writer checksums a segment: Arrow writes it natively (no Python call per
+    buffer), then the segment is read back from the page cache it was just written to, a chunk
+    per call. A file that ends before the region does is a ``CorruptDataError``."""
+    view = memoryview(scratch)
+    crcs = []
+    for start in range(0, length, CHUNK_BYTES):
+        size = min(CHUNK_BYTES, length - start)
+        chunk = view[:size]
+        got = os.preadv(fd, [chunk], offset + start)
+        if got != size:
+            raise CorruptDataError(
+                f"{where}: {got} of {size} bytes read back at {offset + start}: the file is truncated"
+            )
+        crcs.append(digest(chunk))
+    return crcs
 
 
 class VerifiedSegment:

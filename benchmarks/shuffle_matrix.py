@@ -40,7 +40,12 @@ had grown the heaps of Spark's runs before it, and load drifts over a run, so bo
 timed the same way, close together. Each cell prints its ``checksum on/off`` times and
 ``cost = on/off - 1``; ``RESULT checksum_cost_max`` (the worst cell, a fraction: 0.021 is 2.1%) and
 ``RESULT checksum_cost_median``. A cost within the spread of best-of-N here (a few percent) reads as
-"no cost seen", a negative one as noise. ``--no-checksum-cost`` skips the pass.
+"no cost seen", a negative one as noise. Two runs of one setting differ by more than that here,
+so the pass ends with the cost measured where the checksums act (``benchmarks.checksum_cost``:
+one map task's output of each largest input written and read back, on and off, in CPU time):
+``RESULT checksum_task_cost.<keys>.<reducers>`` and ``RESULT checksum_cell_share_max`` (the largest share of
+a cell's arrowbeat time that its map outputs' extra CPU takes on the 2 cores).
+``--no-checksum-cost`` skips the pass.
 
 An ``auto`` column runs the same arrowbeat call with ``path="auto"`` (``spark_plugin.shuffle.driver.route``:
 Spark's exchange below a measured input size, arrowbeat's above): its ratio is Spark / auto, and
@@ -377,7 +382,36 @@ def main() -> None:
         )
         print(f"RESULT checksum_cost_max={max(costs):.3f}")
         print(f"RESULT checksum_cost_median={statistics.median(costs):.3f}")
+        _print_task_costs(cells)
     _print_wide(wide)
+
+
+def _print_task_costs(cells: list[dict[str, Any]]) -> None:
+    """The checksums' cost measured where they act (``benchmarks.checksum_cost``): one map
+    task's output of each largest-rows cell's input written and read back for the cell's
+    reducers (200 at Spark's default partitions: AQE coalesces reduce tasks, not map outputs'
+    segments), on and off, 7 rounds, in this process's CPU time; and the share of the cell that
+    its 8 map outputs' extra CPU is, over the cluster's 2 cores, against the cell's best time
+    with checksums off. Steadier than the applications' times above, whose runs of one setting
+    differ by more than the goal's 3 %."""
+    from benchmarks.checksum_cost import task_cost
+
+    largest = max(c["rows"] for c in cells)
+    shares = []
+    measured: dict[tuple[str, int], Any] = {}
+    for cell in (c for c in cells if c["rows"] == largest):
+        reducers = 200 if cell["partitions"] == "default" else int(cell["partitions"])
+        shape = (cell["keys"], reducers)
+        if shape not in measured:
+            cost = measured[shape] = task_cost(largest, cell["keys"], reducers, 7, verbose=False)
+            print(
+                f"map task of {largest:,} rows / 8, keys={cell['keys']}, {reducers} reducers: write "
+                f"{cost.write:+.3f}, read {cost.read:+.3f}, both {cost.task:+.3f} (spread "
+                f"{cost.task_spread:.3f}), {cost.extra_s * 1000:+.0f} ms CPU per map output"
+            )
+            print(f"RESULT checksum_task_cost.{cell['keys']}.{reducers}={cost.task:.3f}")
+        shares.append(measured[shape].cell_cost(min(cell["checksum_s"]["off"]), 2))
+    print(f"RESULT checksum_cell_share_max={max(shares):.3f}")
 
 
 def _wide_cell(scratch: Any, args: Any, partition_apply: Any, release: Any) -> dict[str, Any]:

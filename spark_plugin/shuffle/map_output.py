@@ -32,6 +32,7 @@ written through.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from arrow_shuffle.checksum import ChecksumSink, VerifiedSegment
+from arrow_shuffle.checksum import CHUNK_BYTES, VerifiedSegment, region_checksums
 from arrow_shuffle.errors import CorruptDataError, ShuffleConfigError, ShuffleError
 from arrow_shuffle.partitioner import hash_rows, key_type_problem
 from arrow_shuffle.private_files import create_private_file, make_private_dir
@@ -113,10 +114,12 @@ class MapOutputWriter:
     again took three; a quarter of it alive at a time.
 
     The file begins with its header (``map_output_format``: the schema, once); one IPC stream
-    writer then writes every segment's batches, its own opening schema message dropped
-    (``_AfterSchema``), so a segment is batch messages only. A schema with dictionary fields
-    (never Spark's: its Arrow conversion makes none) keeps a whole stream per segment, whose
-    batches carry their dictionaries.
+    writer, whose opening schema message is the header's own, then writes every segment's batch
+    messages. Arrow writes them natively into the file (``_OutputFile``): no Python call per
+    buffer, where a writer on a Python file made about nine per batch and one per column buffer
+    (hundreds for a wide schema). A schema with dictionary fields (never Spark's: its Arrow
+    conversion makes none) keeps a whole stream per segment, whose batches carry their
+    dictionaries.
     """
 
     def __init__(
@@ -153,25 +156,26 @@ class MapOutputWriter:
         """Bytes before the first segment: the file's header."""
         try:
             make_private_dir(os.path.dirname(path))  # its parent (the agent's folder): checked by the caller
-            self._sink = ChecksumSink(os.fdopen(create_private_file(path), "wb"), enabled=checksum)
+            self._file = _OutputFile(path, checksum)
         except OSError as exc:
             raise ShuffleError(
                 f"cannot create map output {path}: {exc}; check spark.arrowbeat.shuffle.dir"
             ) from exc
+        self._header = header
+        self._header_checked = False
+        self._batches: pa.ipc.RecordBatchStreamWriter | None = None
+        """The file's one IPC writer (format 2), opened with the first segment; never closed (its
+        end-of-stream marker would follow the last segment for nobody)."""
         try:
-            self._sink.write(header)  # outside every segment: the header has its own checksum
+            # Format 2: the prefix only; the writer's schema message, which it writes before its
+            # first batch, is the header's rest, byte for byte (checked once it is written).
+            self._file.out.write(header if self._streams else header[:PREFIX_BYTES])
         except OSError as exc:
-            self._sink.close()
-            os.unlink(path)
+            self._file.discard()
             raise ShuffleError(
                 f"writing map output {path} failed: {exc}; free disk space or point "
                 "spark.arrowbeat.shuffle.dir elsewhere"
             ) from exc
-        target = self._sink if self._streams else _AfterSchema(self._sink, header[PREFIX_BYTES:])
-        self._file = pa.PythonFile(target, mode="w")
-        self._batches: pa.ipc.RecordBatchStreamWriter | None = None
-        """The file's one IPC writer, opened with the first segment; never closed (its
-        end-of-stream marker would follow the last segment for nobody)."""
 
     @property
     def file_bytes(self) -> int:
@@ -192,14 +196,21 @@ class MapOutputWriter:
     def finish(self) -> list[ReducerOutput]:
         """Write the last run, close the file; the per-reducer segments are final."""
         self._write_run()
-        self._file.close()
+        try:
+            if not self._streams and self._batches is None:  # no rows: the header's rest by hand
+                self._file.out.write(self._header[PREFIX_BYTES:])
+            self._check_header()
+            self._file.close()
+        except OSError as exc:
+            raise ShuffleError(
+                f"writing map output {self.path} failed: {exc}; free disk space or point "
+                "spark.arrowbeat.shuffle.dir elsewhere"
+            ) from exc
         return self.outputs
 
     def abort(self) -> None:
         self._held, self._routes = [], []
-        self._file.close()
-        if os.path.exists(self.path):
-            os.unlink(self.path)
+        self._file.discard()
 
     def _write_run(self) -> int:
         """Writes the held rows as one run; returns its bytes.
@@ -229,13 +240,15 @@ class MapOutputWriter:
                     reducer = int(reducers[next_reducer])
                     upto = min(int(ends[reducer]), last)
                     if segment is None:
-                        segment = _SegmentWriter(self._sink, self._stream())
+                        segment = self._segment()
                     segment.write(piece.slice(at - first, upto - at))
                     at = upto
                     if upto == ends[reducer]:
                         written += segment.close(self.outputs[reducer])
                         segment, next_reducer = None, next_reducer + 1
                 del piece  # before the next piece is taken
+            self._file.settle()
+            self._check_header()
         except OSError as exc:
             raise ShuffleError(
                 f"writing map output {self.path} failed: {exc}; free disk space or point "
@@ -243,74 +256,117 @@ class MapOutputWriter:
             ) from exc
         return written
 
-    def _stream(self) -> tuple[pa.ipc.RecordBatchStreamWriter, bool]:
-        """The writer of the next segment's batches, and whether the segment closes it."""
-        if self._streams:  # a stream of its own, schema and dictionaries included
-            return pa.ipc.new_stream(self._file, self.schema, options=WRITE_OPTIONS), True
-        if self._batches is None:
-            self._batches = pa.ipc.new_stream(self._file, self.schema, options=WRITE_OPTIONS)
-        return self._batches, False
+    def _segment(self) -> _SegmentWriter:
+        """The writer of the next segment: on the file's own IPC writer (format 2), or a stream
+        of the segment's own (``FLAG_STREAMS``)."""
+        out = self._file.out
+        if self._streams:
+            own = pa.ipc.new_stream(out, self.schema, options=WRITE_OPTIONS)
+            return _SegmentWriter(self._file, own, True)
+        if self._batches is None:  # its first batch comes after its schema message: the header's rest
+            self._batches = pa.ipc.new_stream(out, self.schema, options=WRITE_OPTIONS)
+            return _SegmentWriter(self._file, self._batches, False, self.header_bytes)
+        return _SegmentWriter(self._file, self._batches, False)
+
+    def _check_header(self) -> None:
+        """Once: the file begins with the header (Arrow's writer wrote the schema message it holds)."""
+        if not self._header_checked:
+            self._file.check_header(self._header)
+            self._header_checked = True
 
 
-class _AfterSchema:
-    """The file as the IPC writer sees it: the schema message the writer opens its stream with is
-    checked and dropped (the header holds the same bytes), everything after it passed on.
+_WRITE_BUFFER = 256 << 10
+"""Bytes Arrow gathers before a write to the file: its many small writes per batch (a message's
+prefix, metadata, each body buffer) become one system call."""
 
-    The writer writes a schema message before its first batch, which a segment must not hold;
-    Arrow has no writer without it. Once it has passed, ``write`` is the sink's own: no Python
-    call more per write than before. A writer of a whole stream per segment (``FLAG_STREAMS``)
-    writes through ``ChecksumSink`` itself (the header says its segments begin with a schema)."""
 
-    def __init__(self, sink: ChecksumSink, schema_message: bytes) -> None:
-        self._sink = sink
-        self._skip = memoryview(schema_message)
-        self.write: Any = self._dropping
+class _OutputFile:
+    """A map output file as Arrow writes it: natively, through a small buffer; each segment's
+    checksums computed once it is written, by reading it back from the page cache
+    (``region_checksums``), a chunk per call.
 
-    def _dropping(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        take = min(len(view), len(self._skip))
-        if view[:take] != self._skip[:take]:
-            raise ShuffleError("Arrow's IPC writer began its stream with other bytes than the schema message")
-        self._skip = self._skip[take:]
-        if not self._skip:
-            self.write = self._sink.write
-        if take < len(view):
-            self._sink.write(view[take:])
-        return len(view)
+    The file is created private (0600, ``O_EXCL | O_NOFOLLOW``: never an existing file or a
+    planted symlink) and then opened by name for Arrow, which cannot take a descriptor, in the
+    private folder it was just created in (0700: nobody else can put anything at that name);
+    the descriptor kept for reading back must be the very file created."""
 
-    def tell(self) -> int:
-        return self._sink.tell()
+    def __init__(self, path: str, checksum: bool) -> None:
+        self.path = path
+        self.checksum = checksum
+        created = create_private_file(path)
+        try:
+            identity = os.fstat(created)
+            self._read_fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        finally:
+            os.close(created)
+        try:
+            opened = os.fstat(self._read_fd)
+            if (opened.st_dev, opened.st_ino) != (identity.st_dev, identity.st_ino):
+                raise ShuffleError(f"map output {path} was replaced as it was created")
+            self.out = pa.BufferedOutputStream(pa.OSFile(path, "w"), _WRITE_BUFFER)
+        except BaseException:
+            os.close(self._read_fd)
+            raise
+        self._scratch: bytearray | None = None
+        self._unsettled: list[tuple[int, int, list[int]]] = []
+        self._closed = False
 
-    def flush(self) -> None:
-        self._sink.flush()
+    def checksums(self, offset: int, length: int) -> list[int]:
+        """The checksums of the segment written at ``offset``: filled in by ``settle`` (none when
+        checksums are off), so a run's segments are read back after one flush, not one each."""
+        crcs: list[int] = []
+        if self.checksum and length:
+            self._unsettled.append((offset, length, crcs))
+        return crcs
+
+    def settle(self) -> None:
+        """Every segment written since the last call gets its checksums."""
+        if not self._unsettled:
+            return
+        self.out.flush()
+        if self._scratch is None:
+            self._scratch = bytearray(CHUNK_BYTES)
+        where = f"map output {self.path}"
+        for offset, length, crcs in self._unsettled:
+            crcs.extend(region_checksums(self._read_fd, offset, length, self._scratch, where))
+        self._unsettled.clear()
+
+    def check_header(self, header: bytes) -> None:
+        """The header as written must be ``header``: Arrow's writer wrote its schema message."""
+        self.out.flush()
+        if os.pread(self._read_fd, len(header), 0) != header:
+            raise ShuffleError(
+                f"map output {self.path}: Arrow's IPC writer began its stream with other bytes than "
+                "the header's schema message"
+            )
 
     def close(self) -> None:
-        self._sink.close()
+        if not self._closed:
+            self._closed = True
+            try:
+                self.out.close()  # and the file under it
+            finally:
+                os.close(self._read_fd)
 
-    @property
-    def closed(self) -> bool:
-        return self._sink.closed
-
-    def writable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return False
+    def discard(self) -> None:
+        """Close and remove the file, whatever closing says (a full disk)."""
+        with contextlib.suppress(OSError):
+            self.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
 
 class _SegmentWriter:
     """One reducer's batches in a run, written from one or more pieces of the sorted rows."""
 
-    def __init__(self, sink: ChecksumSink, stream: tuple[pa.ipc.RecordBatchStreamWriter, bool]) -> None:
-        # The file's own position: Arrow's ``PythonFile`` counts what it was handed, which
-        # includes the schema message ``_AfterSchema`` dropped and not the header.
-        self.offset = sink.tell()
-        self.sink = sink
-        sink.begin()
-        self.stream, self._own = stream
+    def __init__(
+        self, file: _OutputFile, stream: pa.ipc.RecordBatchStreamWriter, own: bool, offset: int | None = None
+    ) -> None:
+        """``own``: the segment is the whole ``stream`` (closed with it); ``offset``: where its
+        first batch will be, when the stream writes something before it."""
+        self.offset: int = file.out.tell() if offset is None else offset
+        self.file = file
+        self.stream, self._own = stream, own
         self.batches = 0
         self.rows = 0
 
@@ -325,8 +381,8 @@ class _SegmentWriter:
         """Ends the segment and records it as ``out``'s next segment; returns its bytes."""
         if self._own:
             self.stream.close()
-        size = self.sink.tell() - self.offset
-        out.segments.append((self.offset, size, self.sink.end()))
+        size: int = self.file.out.tell() - self.offset
+        out.segments.append((self.offset, size, self.file.checksums(self.offset, size)))
         out.bytes += size
         out.batches += self.batches
         out.rows += self.rows

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 
 from arrow_shuffle import CorruptDataError
-from arrow_shuffle.checksum import ChecksumSink, digest
+from arrow_shuffle.checksum import CHUNK_BYTES, digest, region_checksums
 from spark_plugin.shuffle.map_output import MapOutputWriter, ReducerOutput, read_segments, route
 from spark_plugin.shuffle.map_output_format import MAGIC, PREFIX_BYTES, VERSION, encode_header, read_header
 
@@ -117,6 +117,27 @@ def test_many_runs_and_segments_round_trip_with_the_schema_once(tmp_path: Path, 
     assert ends[-1][1] == len(content) and all(offset % 8 == 0 for offset, _ in ends)
 
 
+def test_a_segment_is_the_batch_messages_arrows_stream_writer_writes(tmp_path: Path) -> None:
+    """Each batch is serialized on its own (``RecordBatch.serialize``), not through a stream
+    writer: a segment must still be byte for byte what Arrow's stream writer writes after its
+    schema message, so any IPC reader given the header's schema reads it as a stream."""
+    path = str(tmp_path / "m.arrows")
+    batches = [mixed(700, start) for start in range(0, 7000, 700)]
+    _, outputs = write(path, MIXED, batches, 5, 128 << 10)
+    content = Path(path).read_bytes()
+    schema_message = encode_header(MIXED, False)[PREFIX_BYTES:]
+    for output in outputs:
+        for offset, length, _ in output.segments:
+            segment = content[offset : offset + length]
+            decoded = list(pa.ipc.open_stream(schema_message + segment))
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, MIXED) as writer:
+                for batch in decoded:
+                    writer.write_batch(batch)
+            stream = sink.getvalue().to_pybytes()
+            assert stream == schema_message + segment + b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
 def test_reducers_without_rows_and_empty_segments_read_nothing(tmp_path: Path) -> None:
     path = str(tmp_path / "m.arrows")
     batches = [mixed(3)]
@@ -128,6 +149,7 @@ def test_reducers_without_rows_and_empty_segments_read_nothing(tmp_path: Path) -
     none_at_all = str(tmp_path / "none.arrows")
     nothing, outputs = write(none_at_all, MIXED, [], 4, 1 << 30)
     assert os.path.getsize(none_at_all) == nothing.header_bytes and all(o.rows == 0 for o in outputs)
+    assert list(read_segments(none_at_all, [], schema=MIXED)) == []  # a whole header, verified
 
 
 def test_dictionary_columns_keep_a_stream_per_segment(tmp_path: Path) -> None:
@@ -206,21 +228,29 @@ def test_two_hundred_columns_for_two_hundred_reducers_is_the_arrow_data_and_a_he
 
 def legacy_file(path: str, schema: pa.Schema, tables: Sequence[pa.Table]) -> tuple[str, list[list[Any]]]:
     """A file of format 1 as the previous ``MapOutputWriter`` wrote it: one run, each reducer's
-    rows a whole IPC stream (schema, batches, end) checksummed as it is written."""
-    sink = ChecksumSink(open(path, "wb"))  # noqa: SIM115 (closed with the PythonFile over it)
-    file = pa.PythonFile(sink, mode="w")
+    rows a whole IPC stream (schema, batches, end) with its checksums."""
+    positions: list[tuple[int, int] | None] = []
+    with pa.OSFile(path, "w") as file:
+        for table in tables:
+            if table.num_rows == 0:
+                positions.append(None)
+                continue
+            offset = file.tell()
+            with pa.ipc.new_stream(file, schema) as stream:
+                for batch in table.to_batches(max_chunksize=16384):
+                    stream.write_batch(batch)
+            positions.append((offset, file.tell() - offset))
     segments: list[list[Any]] = []
-    for table in tables:
-        if table.num_rows == 0:
-            segments.append([])
-            continue
-        offset = file.tell()
-        sink.begin()
-        with pa.ipc.new_stream(file, schema) as stream:
-            for batch in table.to_batches(max_chunksize=16384):
-                stream.write_batch(batch)
-        segments.append([[offset, file.tell() - offset, sink.end()]])
-    file.close()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for position in positions:
+            if position is None:
+                segments.append([])
+            else:
+                crcs = region_checksums(fd, *position, bytearray(CHUNK_BYTES), path)
+                segments.append([[*position, crcs]])
+    finally:
+        os.close(fd)
     return path, segments
 
 
