@@ -189,6 +189,35 @@ def test_past_the_sort_unit_the_groups_come_back_a_memory_bucket_at_a_time(spill
     assert not any(spill_root.iterdir())
 
 
+def test_small_arriving_batches_are_bucketed_together_not_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reduce task reads a segment per map output, partition and run (often a thousand rows or
+    fewer): they are gathered up to ``SPLIT_BYTES`` and split together, since a split per batch
+    costs a hash, a sort and a ``take`` per bucket of each. Same rows, same buckets."""
+    keys: list[int | None] = [None if i % 101 == 0 else (i * 7919) % 997 for i in range(40_000)]
+    data = batches(keys, rows_per_batch=50, schema=INT_SCHEMA)
+    whole = pa.Table.from_batches(data)
+    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 4)
+    splits: list[int] = []
+    split = reduce_spill.split_by_bucket
+
+    def counted(batch: pa.RecordBatch, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        splits.append(batch.num_rows)
+        return split(batch, *args, **kwargs)
+
+    monkeypatch.setattr(reduce_spill, "split_by_bucket", counted)
+    tables = list(
+        released_rows(iter(data), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=whole.nbytes // 8)
+    )
+    assert len(data) == 800 and 4 <= len(splits) <= 6, splits  # one split per quarter of the rows
+    assert rows_of(tables) == rows_of([whole])
+    seen: set[int | None] = set()
+    for table in tables:
+        groups = {g["k"][0].as_py() for g in iter_groups(table, ["k"])}
+        assert not groups & seen
+        seen |= groups
+    assert len(seen) == 998
+
+
 def test_string_keys_past_the_sort_unit_stay_one_table() -> None:
     """A key hashed by a Python call per distinct value is not bucketed in memory (hashing would
     cost more than the sorted copy saves): past the sort unit, still one table."""
