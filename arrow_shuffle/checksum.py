@@ -32,7 +32,7 @@ from typing import Any
 
 import xxhash
 
-from arrow_shuffle.errors import CorruptDataError
+from arrow_shuffle.errors import CorruptDataError, ShuffleError
 
 CHUNK_BYTES = 1 << 20
 """Bytes covered by one checksum (the last chunk of a segment may be shorter)."""
@@ -83,17 +83,15 @@ def region_checksums(fd: int, offset: int, length: int, scratch: bytearray, wher
 
     How a map output's writer checksums a segment: Arrow writes it natively (no Python call per
     buffer), then the segment is read back from the page cache it was just written to, a chunk
-    per call. A file that ends before the region does is a ``CorruptDataError``."""
+    per call. A file that ends before the region does is a ``ShuffleError``."""
     view = memoryview(scratch)
     crcs = []
     for start in range(0, length, CHUNK_BYTES):
         size = min(CHUNK_BYTES, length - start)
         chunk = view[:size]
         got = os.preadv(fd, [chunk], offset + start)
-        if got != size:
-            raise CorruptDataError(
-                f"{where}: {got} of {size} bytes read back at {offset + start}: the file is truncated"
-            )
+        if got != size:  # the writer's own file, just written: an I/O fault, not damage to recompute
+            raise ShuffleError(f"{where}: {got} of {size} bytes read back at {offset + start}")
         crcs.append(digest(chunk))
     return crcs
 

@@ -280,33 +280,70 @@ _WRITE_BUFFER = 256 << 10
 prefix, metadata, each body buffer) become one system call."""
 
 
+_FD_DIR = "/proc/self/fd"
+
+
+def _open_for_arrow(created: int, path: str) -> tuple[int, pa.NativeFile]:
+    """A read descriptor and Arrow's file, both on the very file ``created`` is open on.
+
+    Arrow opens files by name only. On Linux both are opened through ``/proc/self/fd/N``, the
+    open file itself whatever its name points at by then; the descriptor Arrow opened is then
+    made non-inheritable, as Python makes its own (a program a task starts must not hold a
+    shuffle file open). Elsewhere both go by name, in the private folder the file was just
+    created in (0700: nobody else can put anything at that name), the read descriptor checked
+    to be the created inode."""
+    if os.path.isdir(_FD_DIR):
+        own = os.path.join(_FD_DIR, str(created))
+        read_fd = os.open(own, os.O_RDONLY)
+        try:
+            raw = pa.OSFile(own, "w")
+            created_stat = os.fstat(created)
+            inode = (created_stat.st_dev, created_stat.st_ino)
+            for name in os.listdir(_FD_DIR):  # Arrow's: the one on this file that is not ours
+                with contextlib.suppress(OSError, ValueError):
+                    fd = int(name)
+                    found = os.fstat(fd)
+                    if fd not in (created, read_fd) and (found.st_dev, found.st_ino) == inode:
+                        os.set_inheritable(fd, False)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        return read_fd, raw
+    identity = os.fstat(created)
+    read_fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        opened = os.fstat(read_fd)
+        if (opened.st_dev, opened.st_ino) != (identity.st_dev, identity.st_ino):
+            raise ShuffleError(f"map output {path} was replaced as it was created")
+        return read_fd, pa.OSFile(path, "w")
+    except BaseException:
+        os.close(read_fd)
+        raise
+
+
 class _OutputFile:
     """A map output file as Arrow writes it: natively, through a small buffer; each segment's
     checksums computed once it is written, by reading it back from the page cache
     (``region_checksums``), a chunk per call.
 
     The file is created private (0600, ``O_EXCL | O_NOFOLLOW``: never an existing file or a
-    planted symlink) and then opened by name for Arrow, which cannot take a descriptor, in the
-    private folder it was just created in (0700: nobody else can put anything at that name);
-    the descriptor kept for reading back must be the very file created."""
+    planted symlink); Arrow and the read-back then open that very file (``_open_for_arrow``)."""
 
     def __init__(self, path: str, checksum: bool) -> None:
         self.path = path
         self.checksum = checksum
         created = create_private_file(path)
         try:
-            identity = os.fstat(created)
-            self._read_fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            self._read_fd, raw = _open_for_arrow(created, path)
+        except ShuffleError:  # the name is no longer our file: not ours to remove
+            raise
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # created a moment ago: no empty file left behind
+            raise
         finally:
             os.close(created)
-        try:
-            opened = os.fstat(self._read_fd)
-            if (opened.st_dev, opened.st_ino) != (identity.st_dev, identity.st_ino):
-                raise ShuffleError(f"map output {path} was replaced as it was created")
-            self.out = pa.BufferedOutputStream(pa.OSFile(path, "w"), _WRITE_BUFFER)
-        except BaseException:
-            os.close(self._read_fd)
-            raise
+        self.out = pa.BufferedOutputStream(raw, _WRITE_BUFFER)
         self._scratch: bytearray | None = None
         self._unsettled: list[tuple[int, int, list[int]]] = []
         self._closed = False

@@ -269,6 +269,13 @@ class _MemoryBuckets:
         self._gathered_bytes = [0 for _ in sides]
 
     def write(self, side: int, batch: pa.RecordBatch) -> None:
+        if (
+            batch.nbytes >= SPLIT_BYTES
+        ):  # large enough alone: gathered beside others, it would be copied once more
+            self._split(side)
+            self._gathered[side].append(batch)
+            self._split(side)
+            return
         self._gathered[side].append(batch)
         self._gathered_bytes[side] += batch.nbytes
         if self._gathered_bytes[side] >= SPLIT_BYTES:

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from arrow_shuffle import CorruptDataError
+from arrow_shuffle import CorruptDataError, ShuffleError
 from arrow_shuffle.checksum import CHUNK_BYTES, digest, region_checksums
 from spark_plugin.shuffle.map_output import MapOutputWriter, ReducerOutput, read_segments, route
 from spark_plugin.shuffle.map_output_format import MAGIC, PREFIX_BYTES, VERSION, encode_header, read_header
@@ -118,9 +118,9 @@ def test_many_runs_and_segments_round_trip_with_the_schema_once(tmp_path: Path, 
 
 
 def test_a_segment_is_the_batch_messages_arrows_stream_writer_writes(tmp_path: Path) -> None:
-    """Each batch is serialized on its own (``RecordBatch.serialize``), not through a stream
-    writer: a segment must still be byte for byte what Arrow's stream writer writes after its
-    schema message, so any IPC reader given the header's schema reads it as a stream."""
+    """The file's one IPC writer writes every segment, its schema message being the header's
+    rest: a segment must be byte for byte what Arrow's stream writer writes after its schema
+    message, so any IPC reader given the header's schema reads it as a stream."""
     path = str(tmp_path / "m.arrows")
     batches = [mixed(700, start) for start in range(0, 7000, 700)]
     _, outputs = write(path, MIXED, batches, 5, 128 << 10)
@@ -136,6 +136,41 @@ def test_a_segment_is_the_batch_messages_arrows_stream_writer_writes(tmp_path: P
                     writer.write_batch(batch)
             stream = sink.getvalue().to_pybytes()
             assert stream == schema_message + segment + b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="descriptors are listed through /proc")
+def test_no_descriptor_of_a_map_output_is_inherited_by_programs_a_task_starts(tmp_path: Path) -> None:
+    """Arrow opens the file by name, with a descriptor Python did not make: it is made
+    non-inheritable as Python's own are, so a program a task starts holds no shuffle file."""
+    path = str(tmp_path / "m.arrows")
+    writer = MapOutputWriter(path, MIXED, ["k"], 3, 1 << 20)
+    try:
+        writer.write(mixed(100))
+        ours = [
+            int(fd)
+            for fd in os.listdir("/proc/self/fd")
+            if os.path.realpath(f"/proc/self/fd/{fd}") == os.path.realpath(path)
+        ]
+        assert len(ours) == 2  # Arrow's, and the one the checksums read back through
+        assert not any(os.get_inheritable(fd) for fd in ours)
+    finally:
+        writer.finish()
+
+
+def test_a_map_output_that_cannot_be_opened_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Created, then Arrow's open fails (out of descriptors, say): a ``ShuffleError`` naming the
+    key to check, and no empty file left under the shuffle dir."""
+
+    def no_descriptors(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(pa, "OSFile", no_descriptors)
+    path = tmp_path / "m.arrows"
+    with pytest.raises(ShuffleError, match=r"Too many open files.*spark\.arrowbeat\.shuffle\.dir"):
+        MapOutputWriter(str(path), MIXED, ["k"], 3, 1 << 20)
+    assert not path.exists()
 
 
 def test_reducers_without_rows_and_empty_segments_read_nothing(tmp_path: Path) -> None:

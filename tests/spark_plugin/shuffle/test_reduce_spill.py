@@ -218,6 +218,30 @@ def test_small_arriving_batches_are_bucketed_together_not_one_by_one(monkeypatch
     assert len(seen) == 998
 
 
+def test_a_large_arriving_batch_is_split_alone_not_joined_to_the_gathered_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Joining a batch of ``SPLIT_BYTES`` or more to the gathered ones would copy it once more:
+    what was gathered is split first, then the large batch on its own."""
+    small = batches([i % 997 for i in range(3_000)], rows_per_batch=100, schema=INT_SCHEMA)
+    large = batches([i % 997 for i in range(3_000, 23_000)], rows_per_batch=20_000, schema=INT_SCHEMA)
+    whole = pa.Table.from_batches(small + large)
+    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", large[0].nbytes)
+    splits: list[int] = []
+    split = reduce_spill.split_by_bucket
+
+    def counted(batch: pa.RecordBatch, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        splits.append(batch.num_rows)
+        return split(batch, *args, **kwargs)
+
+    monkeypatch.setattr(reduce_spill, "split_by_bucket", counted)
+    tables = list(
+        released_rows(iter(small + large), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=1)
+    )
+    assert splits == [3_000, 20_000], splits
+    assert rows_of(tables) == rows_of([whole])
+
+
 def test_string_keys_past_the_sort_unit_stay_one_table() -> None:
     """A key hashed by a Python call per distinct value is not bucketed in memory (hashing would
     cost more than the sorted copy saves): past the sort unit, still one table."""
