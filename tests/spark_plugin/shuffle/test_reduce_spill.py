@@ -189,14 +189,8 @@ def test_past_the_sort_unit_the_groups_come_back_a_memory_bucket_at_a_time(spill
     assert not any(spill_root.iterdir())
 
 
-def test_small_arriving_batches_are_bucketed_together_not_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A reduce task reads a segment per map output, partition and run (often a thousand rows or
-    fewer): they are gathered up to ``SPLIT_BYTES`` and split together, since a split per batch
-    costs a hash, a sort and a ``take`` per bucket of each. Same rows, same buckets."""
-    keys: list[int | None] = [None if i % 101 == 0 else (i * 7919) % 997 for i in range(40_000)]
-    data = batches(keys, rows_per_batch=50, schema=INT_SCHEMA)
-    whole = pa.Table.from_batches(data)
-    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 4)
+def counted_splits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of every batch ``split_by_bucket`` is handed from now on, in order."""
     splits: list[int] = []
     split = reduce_spill.split_by_bucket
 
@@ -205,6 +199,18 @@ def test_small_arriving_batches_are_bucketed_together_not_one_by_one(monkeypatch
         return split(batch, *args, **kwargs)
 
     monkeypatch.setattr(reduce_spill, "split_by_bucket", counted)
+    return splits
+
+
+def test_small_arriving_batches_are_bucketed_together_not_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reduce task reads a segment per map output, partition and run (often a thousand rows or
+    fewer): they are gathered up to ``SPLIT_BYTES`` and split together, since a split per batch
+    costs a hash, a sort and a ``take`` per bucket of each. Same rows, same buckets."""
+    keys: list[int | None] = [None if i % 101 == 0 else (i * 7919) % 997 for i in range(40_000)]
+    data = batches(keys, rows_per_batch=50, schema=INT_SCHEMA)
+    whole = pa.Table.from_batches(data)
+    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 4)
+    splits = counted_splits(monkeypatch)
     tables = list(
         released_rows(iter(data), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=whole.nbytes // 8)
     )
@@ -227,14 +233,7 @@ def test_a_large_arriving_batch_is_split_alone_not_joined_to_the_gathered_ones(
     large = batches([i % 997 for i in range(3_000, 23_000)], rows_per_batch=20_000, schema=INT_SCHEMA)
     whole = pa.Table.from_batches(small + large)
     monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", large[0].nbytes)
-    splits: list[int] = []
-    split = reduce_spill.split_by_bucket
-
-    def counted(batch: pa.RecordBatch, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        splits.append(batch.num_rows)
-        return split(batch, *args, **kwargs)
-
-    monkeypatch.setattr(reduce_spill, "split_by_bucket", counted)
+    splits = counted_splits(monkeypatch)
     tables = list(
         released_rows(iter(small + large), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=1)
     )
