@@ -187,6 +187,12 @@ def lock(c: Cell) -> None:
     print(f"matrix: wrote {c.lock.relative_to(ROOT)}")
 
 
+def junit_report(cell: str) -> Path:
+    """The JUnit XML report a cell's run writes, from which ``make test``'s summary reads its
+    failed test ids (``scripts/run_tests.py``)."""
+    return ROOT / ".cache" / "test-logs" / f"matrix-{cell}.xml"
+
+
 def run(c: Cell, pytest_args: list[str]) -> int:
     """The compatibility subset in ``c``'s venv; prints what the cell is and how long it took."""
     python = venv(c) / "bin" / "python"
@@ -206,13 +212,7 @@ def run(c: Cell, pytest_args: list[str]) -> int:
     env = {**os.environ, "PYSPARK_PYTHON": str(python), "PYSPARK_DRIVER_PYTHON": str(python)}
     env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
     started = time.monotonic()
-    # The report ``make test``'s summary reads the cell's failed test ids from (scripts/run_tests.py).
-    report = [
-        "--junitxml",
-        str(ROOT / ".cache" / "test-logs" / f"matrix-{c.name}.xml"),
-        "-o",
-        "junit_family=xunit1",
-    ]
+    report = ["--junitxml", str(junit_report(c.name)), "-o", "junit_family=xunit1"]
     args = pytest_args or ["-q", "-m", "compat", *report, *COMPAT_TESTS]
     done = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT, env=env)
     print(

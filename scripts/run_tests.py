@@ -117,12 +117,6 @@ def summary(codes: dict[str, int], reports: Mapping[str, Path]) -> str:
     return "\n".join(lines)
 
 
-def matrix_reports() -> list[Path]:
-    """The JUnit XML report each matrix cell writes (``scripts.matrix.run``): a cell that ended
-    before pytest wrote one is named in the summary as having none."""
-    return [LOGS / f"matrix-{name}.xml" for name in matrix_cells()]
-
-
 def _options(argv: list[str]) -> tuple[bool, list[str]]:
     """``--matrix``, and the arguments left for pytest."""
     return "--matrix" in argv, [word for word in argv if word != "--matrix"]
@@ -196,9 +190,10 @@ def main(argv: list[str]) -> int:
         "Spark shard 2/3": LOGS / "spark-2.xml",
         "Spark shard 3/3": LOGS / "spark-3.xml",
         "chaos soak": LOGS / "chaos.xml",
+        # A cell that ends before pytest writes its report is named in the summary as having none.
+        **{f"matrix cell {name}": matrix.junit_report(name) for name in matrix_cells()},
     }
-    stale = [*reports.values(), *matrix_reports()]
-    for report in stale:
+    for report in reports.values():
         report.unlink(missing_ok=True)  # a report left by an earlier run must not stand for this one
 
     def shard(k: int) -> list[str]:
@@ -244,7 +239,6 @@ def main(argv: list[str]) -> int:
             if log_path.exists() and name in lane.codes:
                 print(f"\n---- {name} ({log_path.relative_to(ROOT)}) ----", flush=True)
                 sys.stdout.write(log_path.read_text(errors="replace"))
-    reports |= {f"matrix cell {name}": LOGS / f"matrix-{name}.xml" for name in matrix_cells()}
     print(f"\n---- the chaos soak, alone (after {time.monotonic() - started:.0f}s) ----", flush=True)
     chaos = subprocess.call(_pytest(python, "chaos", LOGS / "chaos.xml", argv), cwd=ROOT, env=env)
     codes["chaos soak"] = chaos
