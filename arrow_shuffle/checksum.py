@@ -1,6 +1,6 @@
 """The project's checksum, and checksums of stored shuffle bytes: one per fixed-size chunk of a segment.
 
-The checksum (``digest``, ``Digest``) is XXH3's 64-bit hash, of which the low 32 bits are kept
+The checksum (``digest``, ``digest_parts``) is XXH3's 64-bit hash, of which the low 32 bits are kept
 (``xxhash``, a maintained binding of the reference C library, with wheels for every supported
 Python and platform): the network frames (``frames``) and the map-output segments use it alike.
 Why XXH3 and not zlib's CRC-32: measured here, on the project's 2-core test machine, XXH3 hashes
@@ -54,21 +54,6 @@ def digest_parts(parts: Iterable[Any]) -> int:
     for part in parts:
         state.update(part)
     return int(state.intdigest()) & MASK
-
-
-class Digest:
-    """A checksum fed piece by piece (``update``), read with ``value``."""
-
-    __slots__ = ("_state",)
-
-    def __init__(self) -> None:
-        self._state = xxhash.xxh3_64()
-
-    def update(self, data: Any) -> None:
-        self._state.update(data)
-
-    def value(self) -> int:
-        return int(self._state.intdigest()) & MASK
 
 
 def chunk_count(length: int) -> int:

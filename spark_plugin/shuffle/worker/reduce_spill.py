@@ -269,13 +269,8 @@ class _MemoryBuckets:
         self._gathered_bytes = [0 for _ in sides]
 
     def write(self, side: int, batch: pa.RecordBatch) -> None:
-        if (
-            batch.nbytes >= SPLIT_BYTES
-        ):  # large enough alone: gathered beside others, it would be copied once more
+        if batch.nbytes >= SPLIT_BYTES:  # split alone: joined to the gathered ones, copied once more
             self._split(side)
-            self._gathered[side].append(batch)
-            self._split(side)
-            return
         self._gathered[side].append(batch)
         self._gathered_bytes[side] += batch.nbytes
         if self._gathered_bytes[side] >= SPLIT_BYTES:
@@ -290,9 +285,9 @@ class _MemoryBuckets:
         gathered, self._gathered[side], self._gathered_bytes[side] = self._gathered[side], [], 0
         if not gathered:
             return
-        batch = gathered[0] if len(gathered) == 1 else pa.Table.from_batches(gathered).combine_chunks()
-        del gathered
-        for rows in batch.to_batches() if isinstance(batch, pa.Table) else [batch]:
+        if len(gathered) > 1:  # one batch of them all; the pieces are dropped with the old list
+            gathered = pa.Table.from_batches(gathered).combine_chunks().to_batches()
+        for rows in gathered:
             for bucket, own, _ in split_by_bucket(rows, self._sides[side].keys, level=0, own_copies=True):
                 self._rows[side][bucket].append(own)
 
