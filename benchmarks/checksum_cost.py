@@ -52,13 +52,14 @@ import pyarrow as pa
 from spark_plugin.shuffle.map_output import MapOutputWriter, ReducerOutput, read_segments
 
 INPUT_PARTITIONS = 8
-"""The matrix's input partitions: a cell's map tasks."""
+"""A matrix cell's input partitions, hence its map tasks (``shuffle_matrix`` builds its inputs
+with this and ``KEYS``, defined here so that both benchmarks measure one shape)."""
 SPARK_BATCH_ROWS = 10_000
 """``spark.sql.execution.arrow.maxRecordsPerBatch``'s default: the batches a map task is fed."""
 MAP_MEMORY = 8 << 20
 """``spark.arrowbeat.shuffle.mapMemory``'s default."""
 KEYS = 5003
-"""The matrix's key count."""
+"""A matrix cell's key count."""
 
 
 def map_input(rows: int, keys: str, seed: int = 7) -> list[pa.RecordBatch]:

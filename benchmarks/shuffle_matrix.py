@@ -94,13 +94,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from benchmarks.checksum_cost import INPUT_PARTITIONS, KEYS
 from benchmarks.e2e_pandas import count_rows
 from benchmarks.shuffle_vs_spark import PeakMemory
 from harness.env import prepare
 from harness.procs import ours, wait_until
 from harness.session import build_session, stop_session
 
-KEYS = 5003
 SUMMARY = "k int, n bigint, sx double"
 PARTIAL = "rows bigint, sx double"
 
@@ -544,10 +544,10 @@ def _floor(df: Any) -> Any:
 
 
 def _cached_input(spark: Any, rows: int, keys: str) -> Any:
-    """A cell's input, cached and counted: ``rows`` rows in 8 partitions of an int key (``keys``:
-    uniform or hot), a double and a unicode string with nulls."""
+    """A cell's input, cached and counted: ``rows`` rows in ``INPUT_PARTITIONS`` (8) partitions
+    of an int key (``keys``: uniform or hot), a double and a unicode string with nulls."""
     df = (
-        spark.range(0, rows, numPartitions=8)
+        spark.range(0, rows, numPartitions=INPUT_PARTITIONS)
         .selectExpr(
             f"{key_expr(keys)} AS k",
             "cast(id % 1000 AS double) * 0.5 AS x",
