@@ -3,14 +3,12 @@ registration being served and only while the host is unhealthy (issue 37)."""
 
 from __future__ import annotations
 
-import queue
+import functools
 import threading
-import time
 
-from heartbeat import AgentCore, AgentThread, EventKind, ExecutorEvent, HeartbeatServices, ManualScheduler
-from heartbeat.rm.server import ResourceManagerServer
+from heartbeat import AgentCore, AgentThread, EventKind, HeartbeatServices, ManualScheduler
 
-from .fakes import FakeRmLink
+from .fakes import Collector, FakeRmLink, served_rm
 
 EPOCH, INSTANCE = "epoch-1", "instance-1"
 
@@ -76,49 +74,38 @@ def test_over_grpc_the_rms_last_word_reaches_a_frozen_agents_judge() -> None:
     as untrusted and, rightly, acts on nothing; the host then recovers, registers again and
     freezes again, so the test judges the first timeout the RM trusts."""
     svc = HeartbeatServices(interval_s=0.2, timeout_s=1.0)
-    rm = ResourceManagerServer(svc, secret="s" * 32, kill_frozen_hosts=True)
-    events: queue.Queue[ExecutorEvent] = queue.Queue()
-    rm.subscribe(lambda event: events.put(event) if isinstance(event, ExecutorEvent) else None)
-    address = rm.start()
-    healthy, asked = [True], Collected()
-    agent = AgentThread(
-        address,
-        "s" * 32,
-        executor_id="1",
-        services=svc,
-        is_healthy=lambda: healthy[0],
-        on_kill_host=asked.add,
-    )
-    untrusted: list[str] = []
-    try:
-        agent.start()
-        for _ in range(3):
-            next_event(events, {EventKind.REGISTERED, EventKind.REREGISTERED}, agent.error)
-            healthy[0] = False
-            timeout = next_event(events, {EventKind.HEARTBEAT_TIMEOUT}, "")
-            if timeout.trusted:
-                break
-            untrusted.append(timeout.detail)
-            healthy[0] = True
-        else:
-            raise AssertionError(f"the RM trusted none of its timeouts: {untrusted}")
-        assert asked.wait(10) == ["no heartbeat for 1 s"]
-    finally:
-        agent.stop(timeout_s=1.0)
-        rm.stop()
-
-
-def next_event(events: queue.Queue[ExecutorEvent], kinds: set[EventKind], context: object) -> ExecutorEvent:
-    """The next event of one of ``kinds`` within 10 s (others skipped)."""
-    deadline = time.monotonic() + 10.0
-    while (left := deadline - time.monotonic()) > 0:
+    with served_rm(svc, "s" * 32, kill_frozen_hosts=True) as (_, address, events):
+        healthy, asked = [True], Collected()
+        agent = AgentThread(
+            address,
+            "s" * 32,
+            executor_id="1",
+            services=svc,
+            is_healthy=lambda: healthy[0],
+            on_kill_host=asked.add,
+        )
+        untrusted: list[str] = []
         try:
-            event = events.get(timeout=left)
-        except queue.Empty:
-            break
-        if event.kind in kinds:
-            return event
-    raise AssertionError(f"no {sorted(k.value for k in kinds)} event within 10 s ({context})")
+            agent.start()
+            for attempt in range(1, 4):
+                registered = events.wait_for(functools.partial(has_registered, events, attempt), 10)
+                assert registered, f"registration {attempt} within 10 s ({agent.error})"
+                healthy[0] = False
+                timeout = events.wait_event(EventKind.HEARTBEAT_TIMEOUT, "1", 10, count=attempt)
+                if timeout.trusted:
+                    break
+                untrusted.append(timeout.detail)
+                healthy[0] = True
+            else:
+                raise AssertionError(f"the RM trusted none of its timeouts: {untrusted}")
+            assert asked.wait(10) == ["no heartbeat for 1 s"]
+        finally:
+            agent.stop(timeout_s=1.0)
+
+
+def has_registered(events: Collector, times: int) -> bool:
+    """Has executor 1 registered ``times`` times (again after each dropped registration)?"""
+    return len(events.find(EventKind.REGISTERED, "1") + events.find(EventKind.REREGISTERED, "1")) >= times
 
 
 class Collected:
