@@ -53,8 +53,12 @@ class Commands:
         draft.write_text(command)
         draft.rename(self.directory / str(self._sent))
 
-    def go(self) -> None:
-        (self.directory / "go").touch()
+    def hold(self, name: str) -> None:
+        """Two tasks that keep the executors they run on busy until ``go(name)``."""
+        self.send(f"hold {name}")
+
+    def go(self, name: str) -> None:
+        (self.directory / name).touch()
 
 
 def recorded(tables: Path, executor_id: str, kind: str) -> list[dict[str, Any]]:
@@ -98,11 +102,16 @@ def allocation(scratch: Path) -> Iterator[Allocation]:
     )
     try:
         address = app.wait_for("APP-READY ", timeout_s=180)["rm_address"]
-        # The two initial executors register, sit idle and are released by Spark.
+        # The two initial executors register, then sit idle and are released by Spark. Each is
+        # kept busy until its agent has registered: on a loaded machine an agent can take longer
+        # to start than the 2 s idle timeout, and Spark would rightly release its executor first.
+        commands.hold("first-go")
         assert wait_until(lambda: len(ids_with(result.tables, "REGISTERED")) >= 2, GENEROUS_S), rows(
             result.tables, "executor_events"
         )
         result.first = ids_with(result.tables, "REGISTERED")
+        commands.go("first-go")
+        app.wait_for("HOLD-DONE ", timeout_s=180)
         assert wait_until(
             lambda: (
                 result.first
@@ -113,7 +122,7 @@ def allocation(scratch: Path) -> Iterator[Allocation]:
         result.view_after_idle = {e.executor_id: e.state for e in list_executors(address, SECRET)}
 
         # A job brings new executors; one is SIGKILLed while its task runs.
-        commands.send("hold")
+        commands.hold("second-go")
         assert wait_until(
             lambda: len(ids_with(result.tables, "REGISTERED") - result.first) >= 1, GENEROUS_S
         ), rows(result.tables, "executor_events")
@@ -132,7 +141,7 @@ def allocation(scratch: Path) -> Iterator[Allocation]:
         assert wait_until(lambda: recorded(result.tables, result.killed, "SPARK_LOST"), GENEROUS_S), rows(
             result.tables, "executor_events"
         )
-        commands.go()
+        commands.go("second-go")
         app.wait_for("HOLD-DONE ", timeout_s=180)
         result.second = ids_with(result.tables, "REGISTERED") - result.first
         survivors = result.second - {result.killed}

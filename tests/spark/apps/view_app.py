@@ -2,10 +2,10 @@
 
 ``view_app.py COMMANDS_DIR``. Prints ``APP-READY {json}`` (RM address), then runs the commands
 the test writes as files ``1``, ``2``, ... in COMMANDS_DIR (spark-submit does not hand its stdin
-to the Python driver): ``job`` runs a short job and prints ``JOB-DONE {json}``; ``hold`` starts,
-in the background, a job of two tasks that wait for the file ``go`` in COMMANDS_DIR (executors
-busy until then: dynamic allocation asks for them and keeps them) and prints ``HOLD-DONE {json}``
-when it ends; ``stop`` stops the session.
+to the Python driver): ``job`` runs a short job and prints ``JOB-DONE {json}``; ``hold NAME``
+starts, in the background, a job of two tasks that wait for the file NAME in COMMANDS_DIR
+(executors busy until then: dynamic allocation asks for them and keeps them) and prints
+``HOLD-DONE {json}`` when it ends; ``stop`` stops the session.
 """
 
 from __future__ import annotations
@@ -43,28 +43,28 @@ def commands(directory: Path) -> Iterator[str]:
 
 def main() -> int:
     directory = Path(sys.argv[1])
-    go = str(directory / "go")
     spark = SparkSession.builder.getOrCreate()
     sc = spark.sparkContext
     print(
         "APP-READY " + json.dumps({"rm_address": sc.getConf().get("spark.arrowbeat.rm.address")}), flush=True
     )
 
-    def hold() -> None:
+    def hold(go: str) -> None:
         total = sc.parallelize(range(2), 2).map(lambda x: wait_for(go, x)).sum()
         print("HOLD-DONE " + json.dumps({"sum": total}), flush=True)
 
-    holder = None
+    holders: list[threading.Thread] = []
     for command in commands(directory):
         if command == "job":
             total = sc.parallelize(range(100), 2).map(lambda x: x * 2).sum()
             print("JOB-DONE " + json.dumps({"sum": total}), flush=True)
-        elif command == "hold":
-            holder = threading.Thread(target=hold, daemon=True)
-            holder.start()
+        elif command.startswith("hold "):
+            go = str(directory / command.removeprefix("hold "))
+            holders.append(threading.Thread(target=hold, args=(go,), daemon=True))
+            holders[-1].start()
         elif command == "stop":
             break
-    if holder is not None:
+    for holder in holders:
         holder.join(300)
     spark.stop()
     return 0
