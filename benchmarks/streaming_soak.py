@@ -8,9 +8,11 @@ turns, each shuffle released and its answer compared with Spark's ``groupBy("k")
 same batch. After each batch (at most once every ``--sample-s``) the RSS and open descriptors of
 the Python driver, the driver JVM, arrowbeat's driver-side process, every executor JVM, agent,
 Python daemon and Python worker are sampled. Growth is measured after a warm-up, over the second
-half of the shuffles: RSS as the least-squares slope of its floor (the lowest sample of each
-eighth of the window: what a process keeps raises it, a task's memory not yet given back does
-not) in MiB per 1,000 shuffles, the slope over every sample beside it, descriptors as the
+half of the shuffles: RSS as the Theil-Sen slope (the median of every pair's slope) of its floor
+(the lowest sample of each eighth of the window: what a process keeps raises it, a task's memory
+not yet given back does not) in MiB per 1,000 shuffles, the least-squares slopes of the floor and
+of every sample beside it (a one-off step, such as a JVM's pool of threads made once, tilts the
+least-squares floor slope; a leak moves all three), descriptors as the
 change between the window's first and last samples (medians of five). A process that did not live
 through most of that window (a replaced worker) gets no figure; it is listed. A JVM's RSS also
 grows while its heap fills up to its working size, which is not a leak: so by default
@@ -149,7 +151,12 @@ def report(result: streaming_soak.SoakResult, load: tuple[float, float]) -> None
     print(f"\nper process, after the warm-up (shuffles {result.shuffles // 2}-{result.shuffles}):")
     for g in rows:
         per = "-" if g.rss_mib_per_1k is None else f"{g.rss_mib_per_1k:+8.2f}"
-        every = "" if g.rss_all_mib_per_1k is None else f" (every sample {g.rss_all_mib_per_1k:+.2f})"
+        every = (
+            ""
+            if g.rss_all_mib_per_1k is None or g.rss_floor_ls_mib_per_1k is None
+            else f" (least squares: floor {g.rss_floor_ls_mib_per_1k:+.2f}, "
+            f"every sample {g.rss_all_mib_per_1k:+.2f})"
+        )
         fds = "-" if g.fds_growth is None else f"{g.fds_growth:+d}"
         print(
             f"  {g.label:48s} RSS {g.rss_start_mib:7.1f} -> {g.rss_end_mib:7.1f} MiB, "

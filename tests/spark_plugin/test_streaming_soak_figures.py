@@ -9,7 +9,7 @@ from array import array
 import pytest
 
 from spark_plugin.jobs import streaming_soak
-from spark_plugin.jobs.streaming_soak import Series, SoakResult, growth, slope
+from spark_plugin.jobs.streaming_soak import Series, SoakResult, growth, median_slope, slope
 
 MIB = 2**20
 
@@ -30,6 +30,32 @@ def test_slope_is_least_squares_and_refuses_too_few_points() -> None:
     assert slope([(0, 0.0), (1, 1.0), (2, 0.0), (3, 1.0)]) == pytest.approx(0.2)  # noise: a small slope
     assert slope([(0, 1.0), (1, 2.0)]) is None
     assert slope([(5, 1.0), (5, 2.0), (5, 3.0)]) is None
+
+
+def test_median_slope_is_theil_sen_and_refuses_too_few_points() -> None:
+    assert median_slope([(0, 1.0), (1, 3.0), (2, 5.0), (3, 7.0)]) == pytest.approx(2.0)
+    # one outlier moves a least-squares slope, not the median of the pairs' slopes
+    assert median_slope([(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0), (4, 4.0)]) == pytest.approx(1.0)
+    assert median_slope([(0, 1.0), (1, 2.0)]) is None
+    assert median_slope([(5, 1.0), (5, 2.0), (5, 3.0)]) is None
+
+
+def test_a_one_off_step_in_the_floor_is_not_read_as_a_slope_and_a_leak_still_is() -> None:
+    """The long soak's driver JVM: flat, one 21 MiB step a fifth into the window (a pool of
+    threads made once), flat again. The least-squares slope of its floor reads a leak."""
+
+    def stepped(leak_mib_per_shuffle: float) -> Series:
+        s = Series("driver JVM", "driver JVM")
+        for n in range(0, 10_001, 20):
+            step = 21.0 if n >= 6_000 else 0.0
+            s.add(n, int((1_536 + step + leak_mib_per_shuffle * n) * MIB), 400)
+        return s
+
+    (flat,) = growth(_result(10_000, stepped(0.0)))
+    assert flat.rss_floor_ls_mib_per_1k is not None and flat.rss_floor_ls_mib_per_1k > 3.0
+    assert flat.rss_mib_per_1k == pytest.approx(0.0, abs=0.01)
+    (leaking,) = growth(_result(10_000, stepped(0.003)))
+    assert leaking.rss_mib_per_1k == pytest.approx(3.0, abs=0.01)
 
 
 def test_growth_is_measured_after_the_warm_up_only() -> None:
