@@ -104,7 +104,12 @@ def test_a_stopped_lane_ends_its_run_and_starts_no_other(tmp_path: Path) -> None
     """An interrupted ``make test``: the lane's running command (and its process group) ends, and
     the steps after it never start (the summary counts them ``NOT_RUN``)."""
     started = tmp_path / "started"
-    sleeper = f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(120)"
+    # Python keeps SIGINT ignored when it starts ignored (a make run in the background), and the
+    # lane's SIGINT then waits out its 60 s grace: the child takes the interrupt as a shell's would.
+    sleeper = (
+        "import pathlib, signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"pathlib.Path({str(started)!r}).touch(); time.sleep(120)"
+    )
     steps = [
         ("long", tmp_path / "long.log", [sys.executable, "-c", sleeper]),
         ("next", tmp_path / "next.log", [sys.executable, "-c", "pass"]),

@@ -10,10 +10,10 @@ A module is in the second or third shard when ``SECOND`` or ``THIRD`` lists it (
 for the whole module in a full run on this 2-core machine, so the lists can be balanced again as
 the suite changes); every other module, including a new one, is in the first. The third shard
 runs after the JVM-less tests, beside the first two, so it holds what is not sensitive to a busy
-machine (building and installing wheels and packed environments). Modules that share one
-application (``BUNDLED``: the shared session, the shuffle cluster, the frozen-executor runs, the
-installed wheel) must be in the same shard, or the application would start once in each:
-collection fails naming them.
+machine (building and installing wheels and packed environments), and what balances the lanes.
+Modules that share one application (``BUNDLED``: the shared session, the shuffle cluster, the
+frozen-executor runs, the installed wheel) must be in the same shard, or the application would
+start once in each: collection fails naming them.
 """
 
 from __future__ import annotations
@@ -27,27 +27,28 @@ BUNDLED = ("spark_local", "shuffle_cluster", "frozen_run", "frozen_kill_run", "i
 """Fixtures whose one application (or wheel) serves every module that uses it
 (``tests/spark/conftest.py``, ``tests/installed.py``)."""
 SECOND = {
-    "tests/spark/test_standalone.py": 145,
-    "tests/spark/test_stuck_tasks.py": 90,
-    "tests/spark/test_spark_view.py": 58,
-    "tests/spark/test_agent_restart.py": 68,
-    "tests/compat/test_spark_versions.py": 65,
-    "tests/spark/test_concurrent_reducers.py": 53,
-    "tests/spark/test_connect.py": 60,
-    "tests/spark/test_frozen_recovery.py": 30,
-    "tests/spark/test_degraded.py": 163,
-    "tests/spark/test_secrets.py": 52,
-    "tests/spark/test_launcher_compat.py": 55,
-    "tests/spark/test_tls.py": 32,
+    "tests/spark/test_standalone.py": 186,
+    "tests/spark/test_degraded.py": 150,
+    "tests/spark/test_stuck_tasks.py": 131,
+    "tests/spark/test_agent_restart.py": 63,
+    "tests/spark/test_spark_view.py": 59,
+    "tests/compat/test_spark_versions.py": 58,
+    "tests/spark/test_concurrent_reducers.py": 49,
+    "tests/spark/test_frozen_recovery.py": 44,
+    "tests/spark/test_connect.py": 44,
+    "tests/spark/test_launcher_compat.py": 37,
+    "tests/spark/test_secrets.py": 35,
 }
 """Modules of the second shard, with their seconds in a full run (the first shard holds about as
 many: the frozen-executor modules, the shuffle cluster's, the shared session's and the rest)."""
 THIRD = {
-    "tests/spark/test_packed_env.py": 159,
-    "tests/test_wheel.py": 75,
-    "tests/spark/test_dev_install_takeover.py": 26,
+    "tests/spark/test_packed_env.py": 208,
+    "tests/test_wheel.py": 116,
+    "tests/spark/test_tls.py": 42,
+    "tests/spark/test_dev_install_takeover.py": 22,
 }
-"""Modules of the third shard: the installed wheel's (pip and venv-pack work, no timing asserted)."""
+"""Modules of the third shard: the installed wheel's (pip and venv-pack work, no timing asserted),
+and the TLS module, which balances the lanes (its lane runs the JVM-less tests first)."""
 SHARDS = 3
 TESTS = Path(__file__).resolve().parent.parent
 
