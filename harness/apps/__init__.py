@@ -1,7 +1,8 @@
 """Spark applications that tests and benchmarks both submit: ``hold_app.py`` (a job, then a hold
 until a go file appears), ``timed_job_app.py`` (jobs of timed tasks, each started by a go file,
 marking where and when each attempt ran) and ``GcPause.java`` (long full collections on demand,
-for GC pauses)."""
+for GC pauses); ``warm.py`` is the start such applications make before they say they are ready
+(every executor registered, each with a started Python worker)."""
 
 from __future__ import annotations
 

@@ -38,6 +38,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from harness.apps.warm import jvm_pid, warm_executors
+
 WAIT_S = 900.0
 """How long the application waits for a go file before it gives up (a run left behind)."""
 
@@ -51,27 +53,11 @@ def units_of(job: str, partition: int) -> int:
     return 3 if partition % 7 == 3 else 1
 
 
-def jvm_pid() -> int:
-    """The executor JVM running this Python worker (its nearest ``java`` ancestor), else 0."""
-    import psutil
-
-    for parent in psutil.Process().parents():
-        if parent.name() == "java":
-            return parent.pid
-    return 0
-
-
 def write_mark(path: Path, fields: dict[str, Any]) -> None:
     """Written whole, then renamed: a reader never sees half a mark."""
     partial = path.with_suffix(path.suffix + ".part")
     partial.write_text(json.dumps(fields))
     os.replace(partial, path)
-
-
-def warm_pid(_: int) -> int:
-    """A warm-up task: long enough for both executors to get one; its JVM's pid."""
-    time.sleep(0.3)
-    return jvm_pid()
 
 
 def timed_steps(
@@ -137,12 +123,7 @@ def main() -> int:
     folder = Path(args.folder)
     spark = SparkSession.builder.appName("arrowbeat-job-recovery").getOrCreate()
     sc = spark.sparkContext
-    deadline = time.monotonic() + 180
-    while sc._jsc.sc().getExecutorIds().size() < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    pids: set[int] = set()
-    while len(pids) < 2 and time.monotonic() < deadline:  # both executors have a warm Python worker
-        pids |= set(sc.parallelize(range(4), 4).map(warm_pid).collect())
+    pids = warm_executors(sc, 2, timeout_s=180)
     print("APP-READY " + json.dumps({"jvm_pids": sorted(pids), "app_id": sc.applicationId}), flush=True)
     for job in [j for j in args.plan.split(",") if j]:
         print("JOB-WAIT " + json.dumps({"name": job}), flush=True)

@@ -20,25 +20,12 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from harness.apps.warm import warm_executors
+
 PARTITIONS = 6
 HOT_FACTOR = 8
 ROUNDS = 1_500_000
 """Python loop rounds of a light partition (about 0.1-0.3 s here)."""
-
-
-def jvm_pid() -> int:
-    """The executor JVM running this Python worker (its nearest ``java`` ancestor), else 0."""
-    import psutil
-
-    for parent in psutil.Process().parents():
-        if parent.name() == "java":
-            return parent.pid
-    return 0
-
-
-def warm_pid(_: int) -> int:
-    time.sleep(0.3)
-    return jvm_pid()
 
 
 def skewed_work(index: int, rows: Iterable[int]) -> Iterator[int]:
@@ -71,12 +58,7 @@ def main() -> int:
     args = parser.parse_args()
     spark = SparkSession.builder.appName("arrowbeat-degraded").getOrCreate()
     sc = spark.sparkContext
-    deadline = time.monotonic() + 120
-    while sc._jsc.sc().getExecutorIds().size() < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    pids: set[int] = set()
-    while len(pids) < 2 and time.monotonic() < deadline:  # both executors have a warm Python worker
-        pids |= set(sc.parallelize(range(4), 4).map(warm_pid).collect())
+    pids = warm_executors(sc, 2, timeout_s=120)
     print("APP-READY " + json.dumps({"jvm_pids": sorted(pids)}), flush=True)
     began, jobs, told = time.monotonic(), 0, False
     stop, give_up = Path(args.stop), time.monotonic() + 600
