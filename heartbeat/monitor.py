@@ -3,6 +3,12 @@
 States are one-way: RUNNING -> TIMEOUT | UNREACHABLE | CANCELED, changed only by compare-and-set,
 so a timeout or an unreachable notification fires at most once and ``cancel`` is idempotent.
 
+A timeout judges only a silence its owner vouches for: the owner's vetting hook
+(:meth:`HeartbeatMonitor.set_vetting`, e.g. the RM's ``rm.trust``: did it send its requests
+steadily over the silence?) may veto it, and the silence then counts again from that check, so the
+target gets a whole timeout of the owner's own awake time: a target that stays silent is timed
+out one timeout later, on evidence that is its own.
+
 The timer is lazy: a heartbeat only moves the deadline, and the timer, when it fires early,
 re-arms itself for the remainder. That keeps the per-heartbeat cost to a store instead of a
 cancel-and-reschedule, which matters with thousands of targets per RM. Deadlines are readings
@@ -13,6 +19,7 @@ of the injected clock's ``monotonic()``, and the timer comes from the injected s
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -22,9 +29,18 @@ from heartbeat.listener import HeartbeatListener
 from heartbeat.scheduler import Cancellable, Scheduler
 from heartbeat.target import HeartbeatTarget
 
+log = logging.getLogger(__name__)
+
 O = TypeVar("O")  # noqa: E741
 
 RPC_FAILURE_DETECTION_DISABLED = -1
+
+Vetting = Callable[[float, float], bool]
+"""``(since, now) -> trusted``: whether the owner's own view of that silence can be believed."""
+
+
+def _vouched(since: float, now: float) -> bool:
+    return True
 
 
 class MonitorState(enum.Enum):
@@ -60,8 +76,24 @@ class HeartbeatMonitor(Generic[O]):
         self._state = MonitorState.RUNNING
         self._failures = 0
         self._last_heartbeat: float | None = None
+        self._vetting: Vetting = _vouched
+        self.checks_skipped = 0
+        """Checks that judged nothing: vetoed by the vetting hook (or, for phi, run late)."""
         self._deadline = clock.monotonic() + timeout_s
         self._timer: Cancellable | None = scheduler.schedule(timeout_s, self._on_timer)
+
+    def set_vetting(self, vetting: Vetting) -> None:
+        """The owner's check of a silence before it counts (see the module doc)."""
+        self._vetting = vetting
+
+    def _vetted(self, since: float, now: float) -> bool:
+        """The vetting hook's word on the silence from ``since`` to ``now``; one that fails
+        judges nothing."""
+        try:
+            return bool(self._vetting(since, now))
+        except Exception:
+            log.exception("vetting the silence of %s failed: judged nothing", self.target_id)
+            return False
 
     @property
     def state(self) -> MonitorState:
@@ -126,9 +158,25 @@ class HeartbeatMonitor(Generic[O]):
         with self._lock:
             if self._state is not MonitorState.RUNNING:
                 return
-            remaining = self._deadline - self._clock.monotonic()
-            if remaining > 0:
-                self._timer = self._scheduler.schedule(remaining, self._on_timer)
+            self._timer = None  # this one fired: whoever re-arms sets the next
+            now = self._clock.monotonic()
+            deadline = self._deadline
+            if deadline > now:
+                self._timer = self._scheduler.schedule(deadline - now, self._on_timer)
                 return
-        if self._transition(MonitorState.TIMEOUT):
+        if not self._vetted(deadline - self._timeout_s, now):
+            with self._lock:
+                if self._state is not MonitorState.RUNNING:
+                    return
+                if self._deadline == deadline:  # no heartbeat meanwhile: the silence counts from now
+                    self.checks_skipped += 1
+                    self._deadline = now + self._timeout_s
+                self._timer = self._scheduler.schedule(self._deadline - now, self._on_timer)
+            return
+        # Only if no heartbeat came while the silence was vetted (compared under the lock).
+        if self._transition(MonitorState.TIMEOUT, still=lambda: self._deadline == deadline):
             self._listener.notify_heartbeat_timeout(self.target_id)
+            return
+        with self._lock:  # a heartbeat came meanwhile: not silent any more, watch on
+            if self._state is MonitorState.RUNNING and self._timer is None:
+                self._timer = self._scheduler.schedule(self._deadline - now, self._on_timer)

@@ -13,8 +13,9 @@ Nothing is judged on evidence that may be the observer's own silence:
 * the local-pause guard: a check that runs more than ``late_check_s`` after it was due judges
   nothing (the observer, not the target, may have been paused); the silence then counts from that
   late check, so the target gets a whole margin of the observer's own awake time;
-* the vetting hook (:meth:`PhiMonitor.set_vetting`): the owner's own check of the window, e.g. the
-  RM's ``rm.trust`` (did it send its requests steadily meanwhile?); a veto judges nothing either;
+* the vetting hook (``HeartbeatMonitor.set_vetting``, which the timeout passes too): the owner's
+  own check of the window, e.g. the RM's ``rm.trust`` (did it send its requests steadily
+  meanwhile?); a veto judges nothing either;
 * no judgement before the first heartbeat: until then only the timeout applies.
 
 Same clock and scheduler as the plain monitor, so a ``ManualScheduler`` drives it in tests.
@@ -22,24 +23,18 @@ Same clock and scheduler as the plain monitor, so a ``ManualScheduler`` drives i
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from arrowbeat_base.clock import Clock
 from heartbeat.listener import HeartbeatListener
-from heartbeat.monitor import RPC_FAILURE_DETECTION_DISABLED, HeartbeatMonitor, MonitorState
+from heartbeat.monitor import RPC_FAILURE_DETECTION_DISABLED, HeartbeatMonitor, MonitorState, Vetting
 from heartbeat.phi_accrual import PhiAccrual, PhiSettings
 from heartbeat.scheduler import Cancellable, Scheduler
 from heartbeat.target import HeartbeatTarget
 
-log = logging.getLogger(__name__)
-
 O = TypeVar("O")  # noqa: E741
-
-Vetting = Callable[[float, float], bool]
-"""``(since, now) -> trusted``: whether the owner's own view of that silence can be believed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +70,7 @@ class PhiMonitor(HeartbeatMonitor[O]):
     ) -> None:
         super().__init__(target_id, target, listener, clock, scheduler, timeout_s, rpc_failure_threshold)
         self._history = PhiAccrual(phi)
-        self._vetting: Vetting = lambda since, now: True
         self.suspicion: Suspicion | None = None
-        self.checks_skipped = 0
-        """Checks that judged nothing: late (the observer paused) or vetoed by the vetting hook."""
         self._last_arrival: float | None = None
         self._since = clock.monotonic()  # where the silence being judged starts
         self._check_due = self._since + self._history.suspect_after_s()
@@ -87,10 +79,6 @@ class PhiMonitor(HeartbeatMonitor[O]):
     @property
     def history(self) -> PhiAccrual:
         return self._history
-
-    def set_vetting(self, vetting: Vetting) -> None:
-        """The owner's check of a silence before it counts (see the module doc)."""
-        self._vetting = vetting
 
     def report_heartbeat(self) -> None:
         super().report_heartbeat()
@@ -139,12 +127,7 @@ class PhiMonitor(HeartbeatMonitor[O]):
             suspicion = Suspicion(
                 self._history.phi(silent), silent, self._history.mean_s, self._history.std_s
             )
-        try:
-            trusted = self._vetting(since, now)
-        except Exception:  # a vetting that fails judges nothing, and the checks go on
-            log.exception("vetting the silence of %s failed: judged nothing", self.target_id)
-            trusted = False
-        if not trusted:
+        if not self._vetted(since, now):
             with self._lock:
                 if self._state is MonitorState.RUNNING:
                     self._skip(now)

@@ -21,9 +21,12 @@ executor whose registration ended by any other way gets the same grace as a new 
 ``within_s``: the driver gives the startup timeout plus the heartbeat timeout) to have an agent
 registered again, else it is reported UNMONITORED ("no agent registered again within ...").
 
-With the phi detector (``HeartbeatServices.phi``) each registration's monitor also suspects a
-silent agent early (``phi_monitor``); a suspicion passes the same check as a timeout before it
-counts (``rm.trust``: the RM asked steadily over the silence, else it judges nothing) and is
+A timeout counts only if the RM asked the agent steadily over its silence (``rm.trust``, each
+monitor's vetting): after the RM's own stall (its process paused or starved, so every agent looks
+silent) the monitors judge nothing and watch again from then, so an agent that really stopped is
+timed out one timeout later, on evidence of its own, and a healthy one never loses its
+registration. With the phi detector (``HeartbeatServices.phi``) each registration's monitor also
+suspects a silent agent early (``phi_monitor``); a suspicion passes the same check and is
 recorded as ``HEARTBEAT_TIMEOUT`` with its phi and the agent's interval statistics.
 
 All methods are meant to run on one thread (the server's loop); a lock still guards the table
@@ -46,7 +49,6 @@ from heartbeat.events import Event, EventKind, ExecutorEvent, HeartbeatRecord
 from heartbeat.executor_info import ExecutorInfo
 from heartbeat.monitor import HeartbeatMonitor
 from heartbeat.payload import Payload
-from heartbeat.phi_monitor import PhiMonitor
 from heartbeat.rm.trust import trusted_timeout
 from heartbeat.scheduler import Cancellable, Scheduler
 from heartbeat.services import HeartbeatServices
@@ -228,8 +230,8 @@ class ResourceManagerCore:
             instance_id = uuid.uuid4().hex
             target = _AgentTarget(link, self.epoch, instance_id, self._clock)
             monitor = self._sender.monitor_target(executor_id, target)
-            if isinstance(monitor, PhiMonitor):  # a suspicion passes the timeout's trust check first
-                monitor.set_vetting(self._trust_check(target))
+            # a timeout, or a phi suspicion, counts only if the RM asked steadily over the silence
+            monitor.set_vetting(self._trust_check(executor_id, target))
             self._registrations[executor_id] = _Registration(
                 executor_id, host, instance_id, target, monitor, registered_at=now_wall, pid=pid
             )
@@ -390,15 +392,26 @@ class ResourceManagerCore:
 
     # ---- HeartbeatListener ----------------------------------------------------------------
 
-    def _trust_check(self, target: _AgentTarget) -> Callable[[float, float], bool]:
-        """The phi monitor's vetting: a silence from ``since`` to ``now`` counts only if the RM
-        asked the agent steadily over it (``rm.trust``, as for a timeout)."""
+    def _trust_check(self, executor_id: str, target: _AgentTarget) -> Callable[[float, float], bool]:
+        """A monitor's vetting: a silence from ``since`` to ``now`` counts only if the RM asked the
+        agent steadily over it (``rm.trust``). A veto is the RM's own stall (its process paused or
+        starved): the monitor watches again from now, and a WARNING says so, as nothing is
+        recorded for the executor (its silence was not its own)."""
         interval = self.services.interval_s
 
         def trusted(since: float, now: float) -> bool:
-            return trusted_timeout(tuple(target.sent.values()), since, now, interval, max(now - since, 1e-9))[
-                0
-            ]
+            ok, stall = trusted_timeout(
+                tuple(target.sent.values()), since, now, interval, max(now - since, 1e-9)
+            )
+            if not ok:
+                log.warning(
+                    "executor %s: a silence of %.2f s not judged: the RM itself sent no request for "
+                    "%.2f s (its own stall); watching it again",
+                    executor_id,
+                    now - since,
+                    stall,
+                )
+            return ok
 
         return trusted
 

@@ -2,9 +2,12 @@
 
 The RM is the heartbeat sender: an agent can only answer the requests it was sent. If the RM's
 own loop stalled (its process was paused, starved of CPU, or blocked), it sent nothing for a
-while and its monitors' timers fire late: every agent then looks silent. Such a timeout is still
-recorded, but nothing acts on it (no kill of the executor, no kill of its JVM): a check that ran
-late judges nothing. Pure: the times are readings of the RM's monotonic clock.
+while and its monitors' timers fire late: every agent then looks silent. Such a silence judges
+nothing: the monitor's vetting (``HeartbeatMonitor.set_vetting``) vetoes it, the agent keeps its
+registration and its silence counts again from then, so one that really stopped is timed out a
+timeout later, on evidence of its own, and then acted on. ``notify_heartbeat_timeout`` checks
+again (a timeout that still fails it is recorded untrusted and acted on by nothing). Pure: the
+times are readings of the RM's monotonic clock.
 """
 
 from __future__ import annotations

@@ -349,8 +349,8 @@ OPTIONS: tuple[Option, ...] = (
         "record or kill",
         "What a heartbeat timeout does besides being recorded: `kill` asks Spark to kill and "
         "replace the executor and tells Spark's scheduler it is lost (its running tasks rerun at "
-        "once), and the executor's agent SIGKILLs its JVM if it finds it stopped; a timeout the "
-        "RM's own stall explains is only recorded.",
+        "once), and the executor's agent SIGKILLs its JVM if it finds it stopped; a silence the "
+        "RM's own stall explains is not judged (watched again from then).",
         _choice("record", "kill"),
     ),
     Option(

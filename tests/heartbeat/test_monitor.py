@@ -95,3 +95,48 @@ def test_cancel_after_timeout_keeps_the_timeout_state() -> None:
     assert monitor.state is MonitorState.TIMEOUT
     monitor.report_heartbeat()
     assert monitor.last_heartbeat is None, "a heartbeat after the timeout is not applied"
+
+
+def test_a_vetoed_silence_judges_nothing_and_counts_again_from_the_check() -> None:
+    """The owner's vetting sees the window ``(since, now)``; a veto re-arms a whole timeout."""
+    monitor, listener, scheduler = make()
+    asked: list[tuple[float, float]] = []
+
+    def veto_first(since: float, now: float) -> bool:
+        asked.append((since, now))
+        return len(asked) > 1
+
+    monitor.set_vetting(veto_first)
+    scheduler.advance(TIMEOUT)
+    assert listener.timeouts == [] and monitor.state is MonitorState.RUNNING
+    assert asked == [(0.0, TIMEOUT)] and monitor.checks_skipped == 1
+    scheduler.advance(TIMEOUT - 1.0)
+    assert listener.timeouts == []
+    scheduler.advance(1.0)
+    assert asked[1] == (TIMEOUT, 2 * TIMEOUT) and listener.timeouts == ["t1"]
+
+
+def test_a_heartbeat_that_comes_while_the_silence_is_vetted_keeps_the_target_alive() -> None:
+    monitor, listener, scheduler = make()
+
+    def heartbeat_arrives(since: float, now: float) -> bool:
+        monitor.report_heartbeat()  # as from another thread, between the check and the verdict
+        return True
+
+    monitor.set_vetting(heartbeat_arrives)
+    scheduler.advance(TIMEOUT)
+    assert listener.timeouts == [] and monitor.state is MonitorState.RUNNING
+    monitor.set_vetting(lambda since, now: True)
+    scheduler.advance(TIMEOUT)  # still watched: the next silence of a timeout ends it
+    assert listener.timeouts == ["t1"]
+
+
+def test_a_vetting_that_raises_judges_nothing() -> None:
+    monitor, listener, scheduler = make()
+
+    def broken(since: float, now: float) -> bool:
+        raise RuntimeError("no view of the window")
+
+    monitor.set_vetting(broken)
+    scheduler.advance(3 * TIMEOUT)
+    assert listener.timeouts == [] and monitor.checks_skipped == 3

@@ -47,12 +47,15 @@ class Rm:
             self.core.receive_heartbeat("1", epoch, instance, seq, Payload())
         self.link.sent.clear()
 
-    def timeout(self) -> ExecutorEvent:
-        [event] = [
+    def timeouts(self) -> list[ExecutorEvent]:
+        return [
             e
             for e in self.events.events
             if isinstance(e, ExecutorEvent) and e.kind is EventKind.HEARTBEAT_TIMEOUT
         ]
+
+    def timeout(self) -> ExecutorEvent:
+        [event] = self.timeouts()
         return event
 
 
@@ -67,16 +70,34 @@ def test_a_silent_agent_asked_steadily_is_timed_out_trusted_and_asked_to_end_its
     assert rm.link.closed is not None and rm.link.closed[0] == "NOT_FOUND"
 
 
-def test_a_timeout_the_rms_own_stall_explains_is_recorded_but_never_acted_on() -> None:
+def test_a_silence_the_rms_own_stall_explains_is_not_judged_and_the_agent_keeps_its_registration() -> None:
     rm = Rm()
     rm.scheduler.advance(1.0)
     rm.answer()
     rm.scheduler.clock.jump(2.5)  # the RM's loop ran nothing for 2.5 s: no request went out
     rm.scheduler.advance(0.0)  # its overdue sweeps and the monitor's timer run late, at once
+    assert not rm.timeouts() and rm.link.kill_asked == [] and rm.link.closed is None
+    assert [(e.executor_id, e.state) for e in rm.core.executors()] == [("1", "RUNNING")]
+    for _ in range(8):  # the agent answers the RM's requests again: nothing is ever judged
+        rm.scheduler.advance(0.5)
+        rm.answer()
+    assert not rm.timeouts() and [e.state for e in rm.core.executors()] == ["RUNNING"]
+
+
+def test_an_agent_still_silent_after_the_rms_stall_is_timed_out_trusted_one_timeout_later() -> None:
+    """The silence counts again from the late check (3.5 s), so the trusted timeout comes at 5.5 s
+    (the timeout is 2 s), and is acted on."""
+    rm = Rm()
+    rm.scheduler.advance(1.0)
+    rm.answer()
+    rm.scheduler.clock.jump(2.5)
+    rm.scheduler.advance(0.0)
+    rm.scheduler.advance(1.9)  # the RM asks steadily now; the agent answers nothing
+    assert not rm.timeouts()
+    rm.scheduler.advance(0.2)
     event = rm.timeout()
-    assert not event.trusted
-    assert "not acted on: the RM itself sent no request for 2.00 s" in event.detail, "(over the window)"
-    assert rm.link.kill_asked == []
+    assert event.trusted and "not acted on" not in event.detail
+    assert rm.link.kill_asked == [(rm.core.epoch, rm.reg.instance_id, "no heartbeat for 2 s")]
 
 
 def test_without_kill_mode_a_trusted_timeout_asks_nothing_of_the_agent() -> None:
