@@ -73,9 +73,6 @@ class ExecutorEvent:
     instance_id: str
     ts: float
     detail: str = ""
-    trusted: bool = True
-    """False for a heartbeat timeout the RM's own stall may explain (``rm.trust``): recorded, but
-    nothing may act on it."""
 
 
 @dataclass(frozen=True, slots=True)

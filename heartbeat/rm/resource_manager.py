@@ -24,10 +24,11 @@ registered again, else it is reported UNMONITORED ("no agent registered again wi
 A timeout counts only if the RM asked the agent steadily over its silence (``rm.trust``, each
 monitor's vetting): after the RM's own stall (its process paused or starved, so every agent looks
 silent) the monitors judge nothing and watch again from then, so an agent that really stopped is
-timed out one timeout later, on evidence of its own, and a healthy one never loses its
-registration. With the phi detector (``HeartbeatServices.phi``) each registration's monitor also
-suspects a silent agent early (``phi_monitor``); a suspicion passes the same check and is
-recorded as ``HEARTBEAT_TIMEOUT`` with its phi and the agent's interval statistics.
+timed out one timeout later, on evidence of its own, and a healthy one does not lose its
+registration to the RM's stall. With the phi detector (``HeartbeatServices.phi``) each
+registration's monitor also suspects a silent agent early (``phi_monitor``); a suspicion passes
+the same check and is recorded as ``HEARTBEAT_TIMEOUT`` with its phi and the agent's interval
+statistics.
 
 All methods are meant to run on one thread (the server's loop); a lock still guards the table
 so ``executors()`` can be read from any thread.
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from arrowbeat_base.clock import Clock
+from arrowbeat_base.rate_log import RateLog
 from heartbeat.errors import StaleEpochError, StaleInstanceError, UnknownExecutorError
 from heartbeat.events import Event, EventKind, ExecutorEvent, HeartbeatRecord
 from heartbeat.executor_info import ExecutorInfo
@@ -58,6 +60,8 @@ log = logging.getLogger(__name__)
 
 RM_ID = "resource-manager"
 _MAX_OUTSTANDING = 64
+_STALL_LOG_S = 10.0
+"""At most one WARNING per this many seconds tells of silences the RM's own stall vetoed."""
 
 
 class EventSink(Protocol):
@@ -93,12 +97,16 @@ class _AgentTarget:
         self._clock = clock
         self._seq = 0
         self.sent: dict[int, float] = {}
+        """Unanswered requests by number: when each left (the newest ``_MAX_OUTSTANDING``)."""
+        self.dropped_at: float | None = None
+        """When the newest request dropped from ``sent`` left: the RM was sending then, so no
+        stall of its own reaches back past it (``sent`` alone would show one to a long timeout)."""
 
     def request_heartbeat(self, request_origin: str, payload: None) -> None:
         self._seq += 1
         self.sent[self._seq] = self._clock.monotonic()
         if len(self.sent) > _MAX_OUTSTANDING:
-            del self.sent[next(iter(self.sent))]
+            self.dropped_at = self.sent.pop(next(iter(self.sent)))
         self.link.send_heartbeat_request(self._epoch, self._instance_id, self._seq)
 
     def receive_heartbeat(self, heartbeat_origin: str, payload: None) -> None:
@@ -159,6 +167,7 @@ class ResourceManagerCore:
         agent it may end its host if that is frozen (``AgentLink.ask_kill_host``)."""
         self.services = services
         self._kill_frozen_hosts = kill_frozen_hosts
+        self._stall_log = RateLog(log, _STALL_LOG_S, clock)
         self.epoch = epoch or uuid.uuid4().hex
         self._clock = clock
         self._bus = bus
@@ -393,55 +402,47 @@ class ResourceManagerCore:
     # ---- HeartbeatListener ----------------------------------------------------------------
 
     def _trust_check(self, executor_id: str, target: _AgentTarget) -> Callable[[float, float], bool]:
-        """A monitor's vetting: a silence from ``since`` to ``now`` counts only if the RM asked the
-        agent steadily over it (``rm.trust``). A veto is the RM's own stall (its process paused or
-        starved): the monitor watches again from now, and a WARNING says so, as nothing is
-        recorded for the executor (its silence was not its own)."""
+        """A monitor's vetting, the one judge of a silence: from ``since`` to ``now`` it counts
+        only if the RM asked the agent steadily over it (``rm.trust``). A veto is the RM's own
+        stall (its process paused or starved): the monitor watches again from now. A stall vetoes
+        every agent's silence at once, so one WARNING per ``_STALL_LOG_S`` tells of them (each
+        at DEBUG)."""
         interval = self.services.interval_s
 
         def trusted(since: float, now: float) -> bool:
+            if target.dropped_at is not None:
+                since = max(since, target.dropped_at)
             ok, stall = trusted_timeout(
                 tuple(target.sent.values()), since, now, interval, max(now - since, 1e-9)
             )
             if not ok:
-                log.warning(
-                    "executor %s: a silence of %.2f s not judged: the RM itself sent no request for "
-                    "%.2f s (its own stall); watching it again",
-                    executor_id,
-                    now - since,
-                    stall,
+                message = (
+                    "executor %s: a silence of %.2f s not judged: the RM itself sent no request "
+                    "for %.2f s (its own stall); watching it again"
                 )
+                silent = now - since
+                if not self._stall_log.log("stall", logging.WARNING, message, executor_id, silent, stall):
+                    log.debug(message, executor_id, silent, stall)
             return ok
 
         return trusted
 
     def notify_heartbeat_timeout(self, target_id: str) -> None:
+        """A silence the monitor's vetting (``_trust_check``) judged the agent's own."""
         registration = self._registrations.get(target_id)
         if registration is not None and registration.state == "RUNNING":
-            timeout = self.services.timeout_s
-            silence = f"no heartbeat for {timeout:g} s"
+            silence = f"no heartbeat for {self.services.timeout_s:g} s"
             suspicion = getattr(registration.monitor, "suspicion", None)  # PhiMonitor's, if it fired
-            if suspicion is not None:  # judged over the silence the suspicion saw
-                timeout, silence = suspicion.silent_s, suspicion.describe()
-            trusted, stall = trusted_timeout(
-                tuple(registration.target.sent.values()),  # a snapshot: answers pop from it
-                registration.monitor.last_heartbeat,
-                self._clock.monotonic(),
-                self.services.interval_s,
-                timeout,
-            )
-            detail = silence
-            if not trusted:
-                detail += f"; not acted on: the RM itself sent no request for {stall:.2f} s (its own stall)"
-            elif self._kill_frozen_hosts:
+            if suspicion is not None:
+                silence = suspicion.describe()
+            if self._kill_frozen_hosts:
                 registration.target.link.ask_kill_host(self.epoch, registration.instance_id, silence)
             self._end(
                 registration,
                 "TIMEOUT",
                 EventKind.HEARTBEAT_TIMEOUT,
-                detail,
+                silence,
                 ("NOT_FOUND", "heartbeat timeout: the RM dropped this registration; register again"),
-                trusted=trusted,
             )
 
     def notify_target_unreachable(self, target_id: str) -> None:
@@ -523,8 +524,6 @@ class ResourceManagerCore:
         kind: EventKind,
         detail: str,
         close: tuple[str, str] | None,
-        *,
-        trusted: bool = True,
     ) -> None:
         with self._lock:
             if registration.state != "RUNNING":
@@ -537,9 +536,7 @@ class ResourceManagerCore:
         self._sender.unmonitor_if(registration.executor_id, registration.monitor)
         if close is not None:
             registration.target.link.close(*close)
-        self._emit(
-            kind, registration.executor_id, registration.host, registration.instance_id, detail, trusted
-        )
+        self._emit(kind, registration.executor_id, registration.host, registration.instance_id, detail)
         self._await_agent(registration.executor_id, registration.host, f"{kind.value} ({detail})")
 
     def _await_agent(self, executor_id: str, host: str, after: str) -> None:
@@ -603,11 +600,8 @@ class ResourceManagerCore:
         host: str,
         instance_id: str,
         detail: str,
-        trusted: bool = True,
     ) -> None:
         if self._stopped:
             return
         log.info("executor %s (%s) %s %s", executor_id, instance_id, kind.value, detail)
-        self._bus.publish(
-            ExecutorEvent(kind, executor_id, host, instance_id, self._clock.time(), detail, trusted)
-        )
+        self._bus.publish(ExecutorEvent(kind, executor_id, host, instance_id, self._clock.time(), detail))

@@ -5,9 +5,8 @@ own loop stalled (its process was paused, starved of CPU, or blocked), it sent n
 while and its monitors' timers fire late: every agent then looks silent. Such a silence judges
 nothing: the monitor's vetting (``HeartbeatMonitor.set_vetting``) vetoes it, the agent keeps its
 registration and its silence counts again from then, so one that really stopped is timed out a
-timeout later, on evidence of its own, and then acted on. ``notify_heartbeat_timeout`` checks
-again (a timeout that still fails it is recorded untrusted and acted on by nothing). Pure: the
-times are readings of the RM's monotonic clock.
+timeout later, on evidence of its own. That vetting is the one judge: a timeout the RM records is
+one it trusts. Pure: the times are readings of the RM's monotonic clock.
 """
 
 from __future__ import annotations

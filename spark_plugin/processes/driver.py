@@ -203,14 +203,7 @@ class EventRouter:
                 except Exception:  # a view must not stop the history (as on the bus)
                     log.exception("derived-event watcher %r raised; it stays", watcher)
         if self._kill is not None and event.kind in (EventKind.HEARTBEAT_TIMEOUT, EventKind.UNREACHABLE):
-            if not event.trusted:  # the RM's own stall may explain it: a late check judges nothing
-                log.warning(
-                    "not asking Spark to kill executor %s: %s",
-                    wire_text(event.executor_id, MAX_ID_CHARS),
-                    wire_text(event.detail),
-                )
-                return
-            self._act(event.executor_id)
+            self._act(event.executor_id)  # a silence the RM's own stall explains is no timeout
 
     def _act(self, executor_id: str) -> None:
         """The kill now, or (``kill_after_s``) once the silence lasted the full timeout."""

@@ -3,12 +3,11 @@ registration being served and only while the host is unhealthy (issue 37)."""
 
 from __future__ import annotations
 
-import functools
 import threading
 
 from heartbeat import AgentCore, AgentThread, EventKind, HeartbeatServices, ManualScheduler
 
-from .fakes import Collector, FakeRmLink, served_rm
+from .fakes import FakeRmLink, served_rm
 
 EPOCH, INSTANCE = "epoch-1", "instance-1"
 
@@ -69,10 +68,9 @@ def test_an_unhealthy_agent_stays_silent_but_keeps_its_session_while_the_rm_asks
 
 
 def test_over_grpc_the_rms_last_word_reaches_a_frozen_agents_judge() -> None:
-    """A timeout the RM trusts carries its last word to the frozen host's judge. On a loaded
-    machine the RM's own loop may stall past its bound (``rm.trust``): that timeout is recorded
-    as untrusted and, rightly, acts on nothing; the host then recovers, registers again and
-    freezes again, so the test judges the first timeout the RM trusts."""
+    """A timeout carries the RM's last word to the frozen host's judge. On a loaded machine the
+    RM's own loop may stall past its bound (``rm.trust``): that silence judges nothing and counts
+    again from then, so the timeout comes later, but it comes, and the registration stays."""
     svc = HeartbeatServices(interval_s=0.2, timeout_s=1.0)
     with served_rm(svc, "s" * 32, kill_frozen_hosts=True) as (_, address, events):
         healthy, asked = [True], Collected()
@@ -84,28 +82,14 @@ def test_over_grpc_the_rms_last_word_reaches_a_frozen_agents_judge() -> None:
             is_healthy=lambda: healthy[0],
             on_kill_host=asked.add,
         )
-        untrusted: list[str] = []
         try:
             agent.start()
-            for attempt in range(1, 4):
-                registered = events.wait_for(functools.partial(has_registered, events, attempt), 10)
-                assert registered, f"registration {attempt} within 10 s ({agent.error})"
-                healthy[0] = False
-                timeout = events.wait_event(EventKind.HEARTBEAT_TIMEOUT, "1", 10, count=attempt)
-                if timeout.trusted:
-                    break
-                untrusted.append(timeout.detail)
-                healthy[0] = True
-            else:
-                raise AssertionError(f"the RM trusted none of its timeouts: {untrusted}")
+            assert events.wait_for(lambda: bool(events.find(EventKind.REGISTERED, "1")), 10), agent.error
+            healthy[0] = False
+            events.wait_event(EventKind.HEARTBEAT_TIMEOUT, "1", 10)
             assert asked.wait(10) == ["no heartbeat for 1 s"]
         finally:
             agent.stop(timeout_s=1.0)
-
-
-def has_registered(events: Collector, times: int) -> bool:
-    """Has executor 1 registered ``times`` times (again after each dropped registration)?"""
-    return len(events.find(EventKind.REGISTERED, "1") + events.find(EventKind.REREGISTERED, "1")) >= times
 
 
 class Collected:
