@@ -63,7 +63,6 @@ class ModeRun:
     mode: str
     trials: list[Trial] = field(default_factory=list)
     false_timeouts: int = 0
-    false_untrusted: int = 0
     false_in_storm: int = 0
     pauses_ms: list[int] = field(default_factory=list)
     idle_cpu: dict[str, float] = field(default_factory=dict)
@@ -238,7 +237,6 @@ def _score(run: ModeRun, events: list[dict[str, Any]], storm_from: float, storm_
     for index, row in enumerate(events):
         if row["event"] in LOSSES and index not in explained:
             run.false_timeouts += 1
-            run.false_untrusted += "not acted on" in (row["detail"] or "")
             run.false_in_storm += storm_from <= row["ts"].timestamp() <= storm_to
             run.false_details.append(f"{row['executor_id']} {row['event']} {row['detail']}")
 
@@ -252,8 +250,8 @@ def report(runs: list[ModeRun], hogs: int) -> None:
         print(
             f"{run.mode}: {len(run.trials)} freezes, detection p50 {run.percentile(0.5):.3f} s, "
             f"p99 {run.percentile(0.99):.3f} s, max {run.percentile(1.0):.3f} s, missed {missed}; "
-            f"false timeouts {run.false_timeouts} ({run.false_in_storm} in the storm, "
-            f"{run.false_untrusted} not acted on); storm: {len(pauses)} full GCs, median {median} ms, "
+            f"false timeouts {run.false_timeouts} ({run.false_in_storm} in the storm); "
+            f"storm: {len(pauses)} full GCs, median {median} ms, "
             f"longest {longest} ms, {hogs} CPU hogs on {os.cpu_count()} cores; idle CPU: RM "
             f"{run.idle_cpu.get('rm', math.nan):.1f}%, agents {run.idle_cpu.get('agents', math.nan):.1f}% "
             f"of a core; load {', '.join(f'{x:.1f}' for x in run.loads)}",
