@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import uuid
 from collections.abc import Callable, Iterable
@@ -59,7 +60,9 @@ from heartbeat.wire.text import MAX_REASON_CHARS, check_text, clean_reason, exce
 log = logging.getLogger(__name__)
 
 RM_ID = "resource-manager"
-_MAX_OUTSTANDING = 64
+_MIN_OUTSTANDING, _MAX_OUTSTANDING = 64, 4096
+"""Bounds on the unanswered request times kept per agent: enough for two timeouts of requests
+(``_outstanding``), so a stall anywhere in a silence stays in view of the trust check."""
 _STALL_LOG_S = 10.0
 """At most one WARNING per this many seconds tells of silences the RM's own stall vetoed."""
 
@@ -90,22 +93,26 @@ class AgentLink(Protocol):
 class _AgentTarget:
     """``HeartbeatTarget`` for one registration: numbers requests and remembers when they left."""
 
-    def __init__(self, link: AgentLink, epoch: str, instance_id: str, clock: Clock) -> None:
+    def __init__(
+        self, link: AgentLink, epoch: str, instance_id: str, clock: Clock, keep: int = _MIN_OUTSTANDING
+    ) -> None:
         self.link = link
         self._epoch = epoch
         self._instance_id = instance_id
         self._clock = clock
         self._seq = 0
+        self._keep = keep
         self.sent: dict[int, float] = {}
-        """Unanswered requests by number: when each left (the newest ``_MAX_OUTSTANDING``)."""
+        """Unanswered requests by number: when each left (the newest ``keep``)."""
         self.dropped_at: float | None = None
-        """When the newest request dropped from ``sent`` left: the RM was sending then, so no
-        stall of its own reaches back past it (``sent`` alone would show one to a long timeout)."""
+        """When the newest request dropped from ``sent`` left: the RM was sending then. Only a
+        silence longer than ``keep`` requests reaches it, and the trust check then judges from it
+        (else a silence would look, at its start, like a stall of the RM's and be vetoed forever)."""
 
     def request_heartbeat(self, request_origin: str, payload: None) -> None:
         self._seq += 1
         self.sent[self._seq] = self._clock.monotonic()
-        if len(self.sent) > _MAX_OUTSTANDING:
+        if len(self.sent) > self._keep:
             self.dropped_at = self.sent.pop(next(iter(self.sent)))
         self.link.send_heartbeat_request(self._epoch, self._instance_id, self._seq)
 
@@ -168,6 +175,8 @@ class ResourceManagerCore:
         self.services = services
         self._kill_frozen_hosts = kill_frozen_hosts
         self._stall_log = RateLog(log, _STALL_LOG_S, clock)
+        two_timeouts = math.ceil(2 * services.timeout_s / services.interval_s) + 2  # requests
+        self._outstanding = min(_MAX_OUTSTANDING, max(_MIN_OUTSTANDING, two_timeouts))
         self.epoch = epoch or uuid.uuid4().hex
         self._clock = clock
         self._bus = bus
@@ -237,7 +246,7 @@ class ResourceManagerCore:
                     old_link.close("FAILED_PRECONDITION", "this stream was replaced by a resumed one")
                 return Registered(self.epoch, current.instance_id, resumed=True)
             instance_id = uuid.uuid4().hex
-            target = _AgentTarget(link, self.epoch, instance_id, self._clock)
+            target = _AgentTarget(link, self.epoch, instance_id, self._clock, self._outstanding)
             monitor = self._sender.monitor_target(executor_id, target)
             # a timeout, or a phi suspicion, counts only if the RM asked steadily over the silence
             monitor.set_vetting(self._trust_check(executor_id, target))
@@ -418,7 +427,8 @@ class ResourceManagerCore:
             if not ok:
                 message = (
                     "executor %s: a silence of %.2f s not judged: the RM itself sent no request "
-                    "for %.2f s (its own stall); watching it again"
+                    "for %.2f s (its own stall); watching it again (other executors' silences over "
+                    "a stall are logged at DEBUG)"
                 )
                 silent = now - since
                 if not self._stall_log.log("stall", logging.WARNING, message, executor_id, silent, stall):
@@ -431,7 +441,12 @@ class ResourceManagerCore:
         """A silence the monitor's vetting (``_trust_check``) judged the agent's own."""
         registration = self._registrations.get(target_id)
         if registration is not None and registration.state == "RUNNING":
-            silence = f"no heartbeat for {self.services.timeout_s:g} s"
+            timeout, last = self.services.timeout_s, registration.monitor.last_heartbeat
+            silent = None if last is None else self._clock.monotonic() - last
+            if silent is not None and silent >= 1.5 * timeout:  # judging was put off by a stall
+                silence = f"no heartbeat for {silent:.1f} s"
+            else:
+                silence = f"no heartbeat for {timeout:g} s"
             suspicion = getattr(registration.monitor, "suspicion", None)  # PhiMonitor's, if it fired
             if suspicion is not None:
                 silence = suspicion.describe()

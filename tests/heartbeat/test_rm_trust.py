@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from heartbeat import EventKind, ExecutorEvent, HeartbeatServices, ManualScheduler, Payload
-from heartbeat.rm.resource_manager import ResourceManagerCore
+from heartbeat.rm.resource_manager import ResourceManagerCore, _AgentTarget
 from heartbeat.rm.trust import own_stall_s, trusted_timeout
 
 from .fakes import EventList, FakeLink
@@ -100,7 +100,8 @@ def test_an_agent_still_silent_after_the_rms_stall_is_timed_out_trusted_one_time
     rm.scheduler.advance(0.2)
     event = rm.timeout()
     assert "not acted on" not in event.detail
-    assert rm.link.kill_asked == [(rm.core.epoch, rm.reg.instance_id, "no heartbeat for 2 s")]
+    # its detail is the silence since its last answer (1 s), not the timeout's 2 s
+    assert rm.link.kill_asked == [(rm.core.epoch, rm.reg.instance_id, "no heartbeat for 4.5 s")]
 
 
 def test_a_dead_agent_is_timed_out_when_the_timeout_spans_more_requests_than_the_rm_keeps() -> None:
@@ -126,6 +127,48 @@ def test_a_frozen_agent_is_acted_on_when_the_rm_stalled_under_its_bound_near_the
     rm.scheduler.advance(0.0)
     assert len(rm.timeouts()) == 1 and len(rm.link.kill_asked) == 1
     assert [e.state for e in rm.core.executors()] == ["TIMEOUT"]
+
+
+def test_a_stall_early_in_a_long_silence_stays_in_view_of_the_trust_check() -> None:
+    """0.1 s / 60 s: 600 requests to a timeout, all kept (two timeouts' worth). The RM stalls for
+    40 s inside the agent's silence, more than half of it: not judged at 60 s, judged at 120 s."""
+    rm = Rm(services=HeartbeatServices(interval_s=0.1, timeout_s=60.0, rpc_failure_threshold=3))
+    rm.scheduler.advance(5.0)  # silent from 0 s
+    rm.scheduler.clock.jump(40.0)
+    rm.scheduler.advance(0.0)
+    rm.scheduler.advance(16.0)  # 61 s
+    assert not rm.timeouts() and rm.link.kill_asked == []
+    rm.scheduler.advance(59.9)  # 120.9 s: a whole timeout of requests since the veto
+    [event] = rm.timeouts()
+    assert event.detail.startswith("no heartbeat for 12"), event.detail  # the silence, not 60 s
+
+
+def test_requests_dropped_past_the_bound_still_count_as_the_rm_sending() -> None:
+    clock = ManualScheduler().clock
+    target = _AgentTarget(FakeLink(), "e", "i", clock, keep=4)
+    for _ in range(10):
+        clock.jump(1.0)
+        target.request_heartbeat("rm", None)
+    assert list(target.sent.values()) == [7.0, 8.0, 9.0, 10.0] and target.dropped_at == 6.0
+
+
+def test_a_request_that_raises_stops_no_other_request_and_counts_as_a_failed_rpc() -> None:
+    class Raising(FakeLink):
+        def send_heartbeat_request(self, epoch: str, instance_id: str, seq: int) -> None:
+            raise RuntimeError("a bug in one link")
+
+    scheduler, events = ManualScheduler(), EventList()
+    core = ResourceManagerCore(SERVICES, scheduler.clock, scheduler, events, spread=1)
+    core.start()
+    good, bad = FakeLink(), Raising()
+    core.register("good", "h", good)
+    core.register("bad", "h", bad)
+    for _ in range(4):
+        scheduler.advance(0.5)
+        for epoch, instance, seq in good.sent:
+            core.receive_heartbeat("good", epoch, instance, seq, Payload())
+        good.sent.clear()
+    assert {e.executor_id: e.state for e in core.executors()} == {"good": "RUNNING", "bad": "UNREACHABLE"}
 
 
 def test_one_warning_tells_of_a_stall_however_many_silences_it_vetoes(
