@@ -350,13 +350,17 @@ def _regrouped(
     plan: ShufflePlan, handle: ShuffleHandle, statuses: DataFrame, groups: list[range]
 ) -> tuple[DataFrame, int]:
     """The status rows re-routed so that task ``t`` reads the reduce partitions of ``groups[t]``
-    (a JVM projection: no stage of its own), and the number of tasks."""
+    (a JVM projection: no stage of its own), and the number of tasks.
+
+    The per-reducer keys are one SQL array literal, parsed once: built as columns, each key cost
+    a ``lit`` of several py4j calls (0.15 s for 200 reducers, between the map job and the reduce
+    job)."""
     from pyspark.sql import functions as F
 
     keys = route_keys(len(groups))
-    per_reducer = [keys[task] for task, group in enumerate(groups) for _ in group]
     handle.groups = groups
-    rk = F.element_at(F.array(*[F.lit(k) for k in per_reducer]), F.col("reduce") + 1).cast("bigint")
+    literal = ", ".join(str(int(keys[task])) for task, group in enumerate(groups) for _ in group)
+    rk = F.expr(f"CAST(element_at(array({literal}), `reduce` + 1) AS BIGINT)")
     return statuses.withColumn("rk", rk), len(groups)
 
 
