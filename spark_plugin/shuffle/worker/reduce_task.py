@@ -81,7 +81,12 @@ def _worker_pool(segments: int, size: int) -> NetworkBufferPool:
 
 
 def statuses_by_reducer(batches: Iterable[pa.RecordBatch]) -> dict[int, list[dict[str, Any]]]:
-    """The status rows this task received, per reduce partition, one per map partition."""
+    """The status rows this task received, per reduce partition, one per map partition.
+
+    Spark serves one output per map partition of the exchange that brings them, so a second row
+    of one (reduce, map) naming another file is two map outputs under one map index (two map
+    partitions evaluated in one task, say, which takes its partition id as their index): keeping
+    either would drop the other's rows without a word, so it fails the task, naming both files."""
     received = list(batches)
     if not received:
         return {}
@@ -94,7 +99,14 @@ def statuses_by_reducer(batches: Iterable[pa.RecordBatch]) -> dict[int, list[dic
     rows = table.to_pylist()
     found: dict[int, dict[int, dict[str, Any]]] = defaultdict(dict)
     for row in rows:
-        found[row["reduce"]].setdefault(row["map"], row)  # Spark tracks one output per map
+        kept = found[row["reduce"]].setdefault(row["map"], row)
+        if kept["path"] != row["path"]:
+            raise ShuffleError(
+                f"reduce partition {row['reduce']}: two map outputs claim map partition {row['map']} "
+                f"({kept['path']}, attempt {kept['attempt']}, and {row['path']}, attempt "
+                f"{row['attempt']}): a shuffle's map partitions must have distinct indices; reading "
+                "one would lose the other's rows (a bug in how this shuffle was planned)"
+            )
     return {r: sorted(m.values(), key=lambda s: s["map"]) for r, m in found.items()}
 
 

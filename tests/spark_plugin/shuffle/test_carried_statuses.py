@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 from arrow_shuffle import MapOutputLostError
+from arrow_shuffle.errors import ShuffleError
 from spark_plugin.shuffle.agent.service import MapOutputService
 from spark_plugin.shuffle.map_output import MapOutputWriter
 from spark_plugin.shuffle.plan import CARRIER_SCHEMA, STATUS_SCHEMA, ShufflePlan
@@ -185,3 +186,35 @@ def test_carry_function_stamps_rows_with_the_executor_that_shuffles_them(tmp_pat
         assert (row["executor"], row["carrier"], row["carrier_host"]) == ("1", "9", here.control_address[0])
     finally:
         here.close()
+
+
+def _status(reduce: int, map_index: int, path: str, attempt: str = "1.2.0") -> dict[str, Any]:
+    return {
+        "rk": 0,
+        "reduce": reduce,
+        "map": map_index,
+        "attempt": attempt,
+        "executor": "1",
+        "host": "h",
+        "data_port": 1,
+        "control_port": 2,
+        "path": path,
+        "segments": "[]",
+        "bytes": 10,
+        "batches": 1,
+        "rows": 1,
+        "spill_bytes": 0,
+        "seconds": 0.0,
+    }
+
+
+def test_two_map_outputs_under_one_map_index_fail_the_reducer_naming_both() -> None:
+    """Two map partitions evaluated in one task both take its partition id: the reducer must not
+    keep one and drop the other's rows (a coalesce below the status exchange did exactly that)."""
+    rows = [_status(0, 0, "/s/m0-2.8.0-a.arrows", "2.8.0"), _status(0, 1, "/s/m1-1.2.0-b.arrows")]
+    rows.append(_status(0, 0, "/s/m0-2.8.0-c.arrows", "2.8.0"))
+    batch = pa.RecordBatch.from_pylist(rows, schema=STATUS_SCHEMA)
+    with pytest.raises(ShuffleError, match=r"two map outputs claim map partition 0 .*m0-2.8.0-a.*m0-2.8.0-c"):
+        statuses_by_reducer([batch])
+    same = pa.RecordBatch.from_pylist([rows[0], rows[1], rows[0]], schema=STATUS_SCHEMA)
+    assert [s["map"] for s in statuses_by_reducer([same])[0]] == [0, 1]  # one output, seen twice
