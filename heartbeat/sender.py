@@ -84,27 +84,24 @@ class HeartbeatManagerSender(HeartbeatManager[I, O]):
         with self._lock:
             due = list(self._slices[self._tick % len(self._slices)].values())
         self._tick += 1
-        try:
-            for monitor in due:
-                try:
-                    self._request(monitor)
-                except Exception:  # one target's failure must not stop the requests to all
-                    log.exception("heartbeat request to %s failed", monitor.target_id)
-                    monitor.report_rpc_failure()
-        finally:
-            # Schedule against the planned start so the period does not drift with callback cost.
-            next_at = self._started_at + self._tick * self._step_s
-            if not self._stopped:
-                self._timer = self._scheduler.schedule(max(0.0, next_at - self._clock.monotonic()), self._run)
+        for monitor in due:
+            self._request(monitor)
+        # Schedule against the planned start so the period does not drift with callback cost.
+        next_at = self._started_at + self._tick * self._step_s
+        if not self._stopped:
+            self._timer = self._scheduler.schedule(max(0.0, next_at - self._clock.monotonic()), self._run)
 
     def _request(self, monitor: HeartbeatMonitor[O]) -> None:
         if not monitor.is_running():
             return
-        payload = self._listener.retrieve_payload(monitor.target_id)
         try:
+            payload = self._listener.retrieve_payload(monitor.target_id)
             monitor.target.request_heartbeat(self.own_id, payload)
         except HeartbeatRpcError as exc:
             log.debug("heartbeat request to %s failed: %s", monitor.target_id, exc)
+            monitor.report_rpc_failure()
+        except Exception:  # a bug in one target must not end the sweep for every other
+            log.exception("heartbeat request to %s failed", monitor.target_id)
             monitor.report_rpc_failure()
         else:
             monitor.report_rpc_success()
