@@ -1,6 +1,8 @@
 """A spark-submit application driven by command files, for ``test_spark_view``.
 
-``view_app.py COMMANDS_DIR``. Prints ``APP-READY {json}`` (RM address), then runs the commands
+``view_app.py COMMANDS_DIR [FIRST_HOLD]``. With FIRST_HOLD, starts ``hold FIRST_HOLD`` as soon as
+the session is up, before its executors register (so none of them is ever idle before it runs a
+task). Prints ``APP-READY {json}`` (RM address), then runs the commands
 the test writes as files ``1``, ``2``, ... in COMMANDS_DIR (spark-submit does not hand its stdin
 to the Python driver): ``job`` runs a short job and prints ``JOB-DONE {json}``; ``hold NAME``
 starts, in the background, a job of two tasks that wait for the file NAME in COMMANDS_DIR
@@ -45,23 +47,27 @@ def main() -> int:
     directory = Path(sys.argv[1])
     spark = SparkSession.builder.getOrCreate()
     sc = spark.sparkContext
-    print(
-        "APP-READY " + json.dumps({"rm_address": sc.getConf().get("spark.arrowbeat.rm.address")}), flush=True
-    )
+    holders: list[threading.Thread] = []
 
     def hold(go: str) -> None:
         total = sc.parallelize(range(2), 2).map(lambda x: wait_for(go, x)).sum()
         print("HOLD-DONE " + json.dumps({"sum": total}), flush=True)
 
-    holders: list[threading.Thread] = []
+    def start_hold(name: str) -> None:
+        holders.append(threading.Thread(target=hold, args=(str(directory / name),), daemon=True))
+        holders[-1].start()
+
+    if len(sys.argv) > 2:
+        start_hold(sys.argv[2])
+    print(
+        "APP-READY " + json.dumps({"rm_address": sc.getConf().get("spark.arrowbeat.rm.address")}), flush=True
+    )
     for command in commands(directory):
         if command == "job":
             total = sc.parallelize(range(100), 2).map(lambda x: x * 2).sum()
             print("JOB-DONE " + json.dumps({"sum": total}), flush=True)
         elif command.startswith("hold "):
-            go = str(directory / command.removeprefix("hold "))
-            holders.append(threading.Thread(target=hold, args=(go,), daemon=True))
-            holders[-1].start()
+            start_hold(command.removeprefix("hold "))
         elif command == "stop":
             break
     for holder in holders:
