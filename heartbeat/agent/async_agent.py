@@ -59,6 +59,15 @@ from heartbeat.wire.transport import ChannelOptions, aio_channel
 
 log = logging.getLogger(__name__)
 
+
+class _ProvenRefusal(Exception):
+    """A registration refusal the RM proved (``AsyncAgent._refusal``): ``error`` is final."""
+
+    def __init__(self, error: HeartbeatError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 __all__ = ["AsyncAgent"]
 
 
@@ -259,6 +268,8 @@ class AsyncAgent:
         except BaseException as exc:
             call.cancel()
             await channel.close(None)
+            if isinstance(exc, _ProvenRefusal):
+                raise exc.error from None
             if isinstance(exc, grpc.aio.AioRpcError):
                 raise self._unproven(error_for_status(status_name(exc.code()), exc.details())) from None
             if isinstance(exc, HeartbeatError):
@@ -299,7 +310,17 @@ class AsyncAgent:
             resume_instance_id=register.resume_instance_id,
         )
         await call.write(pb.AgentMessage(register=register))
-        reply = (await self._read_rm_message(call, "registered")).registered
+        try:
+            message = await call.read()
+        except grpc.aio.AioRpcError as exc:  # refused
+            raise self._refusal(
+                status_name(exc.code()), exc.details() or "", challenge.rm_nonce, register
+            ) from None
+        if message is EOF:
+            raise self._refusal(
+                status_name(await call.code()), await call.details() or "", challenge.rm_nonce, register
+            )
+        reply = self._expected(cast(pb.RmMessage, message), "registered").registered
         expected = _auth.rm_proof(
             self._secret,
             rm_nonce=challenge.rm_nonce,
@@ -323,11 +344,33 @@ class AsyncAgent:
         message = await call.read()
         if message is EOF:
             raise error_for_status(status_name(await call.code()), await call.details())
-        rm_message = cast(pb.RmMessage, message)
+        return self._expected(cast(pb.RmMessage, message), expected)
+
+    @staticmethod
+    def _expected(rm_message: pb.RmMessage, expected: str) -> pb.RmMessage:
         kind = rm_message.WhichOneof("body")
         if kind != expected:
             raise HeartbeatRpcError(f"expected `{expected}` from the RM, got {kind!r}")
         return rm_message
+
+    def _refusal(
+        self, status: str | None, details: str, rm_nonce: bytes, register: pb.RegisterRequest
+    ) -> BaseException:
+        """The RM's refusal of ``register``: final (``_ProvenRefusal``) only when it says that a
+        newer registration replaced the one we resume and proves it (``auth.replaced_proof_ok``);
+        any other refusal before the RM proved itself is judged by ``_unproven``."""
+        proven, text = _auth.replaced_proof_ok(
+            self._secret,
+            details,
+            rm_nonce=rm_nonce,
+            agent_nonce=register.agent_nonce,
+            executor_id=register.executor_id,
+            resumed=register.resume_instance_id,
+        )
+        error = error_for_status(status, text)
+        if proven and isinstance(error, RegistrationReplacedError):
+            return _ProvenRefusal(error)
+        return error
 
     def _unproven(self, error: HeartbeatError) -> HeartbeatError:
         """A refusal before the RM proved itself: never final (a port squatter could send any).

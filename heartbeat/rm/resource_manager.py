@@ -134,6 +134,12 @@ class _Registration:
     payload: Payload | None = None
     pid: int = 0
     extra: dict[str, str] = field(default_factory=dict)
+    replaced: tuple[str, ...] = ()
+    """Instances this registration replaced while they ran (and those they had replaced), newest
+    first, at most ``_REPLACED_KEPT``: an agent that resumes one of them is refused, not let in."""
+
+
+_REPLACED_KEPT = 8
 
 
 @dataclass
@@ -245,14 +251,35 @@ class ResourceManagerCore:
                 if old_link is not link:
                     old_link.close("FAILED_PRECONDITION", "this stream was replaced by a resumed one")
                 return Registered(self.epoch, current.instance_id, resumed=True)
+            if (
+                current is not None
+                and current.state == "RUNNING"
+                and resume_epoch == self.epoch
+                and resume_instance_id in current.replaced
+            ):
+                # A replaced agent that did not hear why (its stream ended with another status:
+                # gRPC's client can report a write that races the RM's ALREADY_EXISTS as
+                # INTERNAL) must not replace the newer one back.
+                raise StaleInstanceError(self._replaced_detail(executor_id, resume_instance_id, current))
             instance_id = uuid.uuid4().hex
             target = _AgentTarget(link, self.epoch, instance_id, self._clock, self._outstanding)
             monitor = self._sender.monitor_target(executor_id, target)
             # a timeout, or a phi suspicion, counts only if the RM asked steadily over the silence
             monitor.set_vetting(self._trust_check(executor_id, target))
-            self._registrations[executor_id] = _Registration(
-                executor_id, host, instance_id, target, monitor, registered_at=now_wall, pid=pid
+            replaced: tuple[str, ...] = ()
+            if current is not None and current.state == "RUNNING":
+                replaced = (current.instance_id, *current.replaced)[:_REPLACED_KEPT]
+            registration = _Registration(
+                executor_id,
+                host,
+                instance_id,
+                target,
+                monitor,
+                registered_at=now_wall,
+                pid=pid,
+                replaced=replaced,
             )
+            self._registrations[executor_id] = registration
             seen = executor_id in self._seen
             if executor_id in self._forgotten:  # back in the table: remembered there again
                 del self._forgotten[executor_id]
@@ -267,9 +294,7 @@ class ResourceManagerCore:
             # newer one in turn (two live agents given one executor id would flap forever).
             current.state = "REPLACED"
             current.target.link.close(
-                "ALREADY_EXISTS",
-                f"registration {current.instance_id} of executor {executor_id!r} was replaced by a newer "
-                f"one (instance {instance_id}, host {host or '?'}, pid {pid or '?'})",
+                "ALREADY_EXISTS", self._replaced_detail(executor_id, current.instance_id, registration)
             )
         detail = "" if current is None else f"replaces instance {current.instance_id}"
         if expected is not None and expected.unmonitored:
@@ -516,6 +541,13 @@ class ResourceManagerCore:
         return self._sender.last_heartbeat_from(executor_id)
 
     # ---- internals ------------------------------------------------------------------------
+
+    @staticmethod
+    def _replaced_detail(executor_id: str, instance_id: str, newer: _Registration) -> str:
+        return (
+            f"registration {instance_id} of executor {executor_id!r} was replaced by a newer one "
+            f"(instance {newer.instance_id}, host {newer.host or '?'}, pid {newer.pid or '?'})"
+        )
 
     def _live(self, executor_id: str, epoch: str, instance_id: str) -> _Registration:
         if epoch != self.epoch:

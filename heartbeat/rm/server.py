@@ -42,6 +42,7 @@ from heartbeat.errors import (
     HeartbeatRpcError,
     MalformedMessageError,
     ProtocolVersionError,
+    StaleInstanceError,
 )
 from heartbeat.events import EventBus, EventKind, Subscriber
 from heartbeat.executor_info import ExecutorInfo
@@ -476,6 +477,16 @@ class ResourceManagerServer:
             registered = core.register(
                 req.executor_id, req.host, link, req.resume_epoch, req.resume_instance_id, pid=req.pid
             )
+        except StaleInstanceError as exc:  # it resumes a replaced instance: proven, so it is final
+            details = _auth.with_replaced_proof(
+                self._secret,
+                str(exc),
+                rm_nonce=rm_nonce,
+                agent_nonce=req.agent_nonce,
+                executor_id=req.executor_id,
+                resumed=req.resume_instance_id,
+            )
+            await self._refuse(context, _cause(exc), _code(exc), details)
         except HeartbeatProtocolError as exc:
             await self._refuse(context, _cause(exc), _code(exc), str(exc))
         executor_id = req.executor_id

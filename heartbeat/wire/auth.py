@@ -47,6 +47,7 @@ MAX_TOKEN_CHARS = 2 * (CHALLENGE_BYTES + MAX_NONCE_BYTES + MAC_BYTES) + 2
 _LABEL = f"arrowbeat.heartbeat.v{PROTOCOL_VERSION}/".encode()
 _AGENT_REGISTER = _LABEL + b"agent-register"
 _RM_REGISTERED = _LABEL + b"rm-registered"
+_RM_REPLACED = _LABEL + b"rm-replaced"
 _CALL = _LABEL + b"call"
 _CALL_REPLY = _LABEL + b"call-reply"
 _CHALLENGE = _LABEL + b"challenge"
@@ -170,6 +171,32 @@ def rm_proof(
         timeout_ms,
         resumed,
     )
+
+
+_REPLACED_PROOF = re.compile(r" \[rm-proof ([0-9a-f]{64})\]$")
+
+
+def with_replaced_proof(
+    secret: SharedSecret, details: str, *, rm_nonce: bytes, agent_nonce: bytes, executor_id: str, resumed: str
+) -> str:
+    """A refusal of a registration that resumes ``resumed``, an instance a newer registration
+    replaced, with the RM's proof appended: the agent may take it as final only if it checks (a port
+    squatter must not be able to stop agents for good with a bare status)."""
+    tag = secret.mac(_RM_REPLACED, agent_nonce, rm_nonce, executor_id, resumed)
+    return f"{details} [rm-proof {tag.hex()}]"
+
+
+def replaced_proof_ok(
+    secret: SharedSecret, details: str, *, rm_nonce: bytes, agent_nonce: bytes, executor_id: str, resumed: str
+) -> tuple[bool, str]:
+    """Does ``details`` end with the RM's proof for this refusal (``with_replaced_proof``)? Also
+    ``details`` without the proof, for the message."""
+    found = _REPLACED_PROOF.search(details)
+    if found is None:
+        return False, details
+    text = details[: found.start()]
+    tag = bytes.fromhex(found.group(1))
+    return secret.verify(tag, _RM_REPLACED, agent_nonce, rm_nonce, executor_id, resumed), text
 
 
 # ---- unary calls --------------------------------------------------------------------------

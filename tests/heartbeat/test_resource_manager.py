@@ -136,6 +136,34 @@ def test_second_registration_makes_the_first_stale() -> None:
     assert rm.core.executors()[0].payload is None, "the stale heartbeat was not applied"
 
 
+def test_resuming_a_replaced_instance_is_refused_while_the_newer_one_runs() -> None:
+    """The replaced agent may not have heard why (its stream ended another way) and registers
+    again resuming its instance: it must not replace the newer one back. Once the newer one has
+    ended, the same request registers: nobody is displaced."""
+    rm = Rm()
+    old = rm.core.register("1", "h", FakeLink())
+    new_link = FakeLink()
+    new = rm.core.register("1", "h2", new_link, pid=4242)
+    with pytest.raises(
+        StaleInstanceError, match=f"{old.instance_id}.*replaced by a newer one.*{new.instance_id}"
+    ):
+        rm.core.register("1", "h", FakeLink(), rm.core.epoch, old.instance_id)
+    assert new_link.closed is None
+    [running] = rm.core.executors()
+    assert running.instance_id == new.instance_id and running.state == "RUNNING"
+    # A third agent replaces the second: resuming either earlier instance is refused.
+    third = rm.core.register("1", "h3", FakeLink())
+    for resumed in (old.instance_id, new.instance_id):
+        with pytest.raises(StaleInstanceError):
+            rm.core.register("1", "h", FakeLink(), rm.core.epoch, resumed)
+    # An unknown instance is a new registration, as before (an agent that outlived an RM restart).
+    assert not rm.core.register("2", "h", FakeLink(), rm.core.epoch, "some-other-instance").resumed
+    rm.core.unregister("1", rm.core.epoch, third.instance_id)
+    back = rm.core.register("1", "h", FakeLink(), rm.core.epoch, old.instance_id)
+    assert not back.resumed and back.instance_id not in (old.instance_id, new.instance_id)
+    assert [k for k, _ in rm.events.kinds()].count(EventKind.REREGISTERED) == 3
+
+
 def test_stale_epoch_and_unknown_executor_are_rejected() -> None:
     rm = Rm()
     reg = rm.core.register("1", "h", FakeLink())

@@ -641,3 +641,35 @@ def test_the_agent_trusts_no_epoch_before_the_rm_s_proof() -> None:
     assert seen == [0]
     assert isinstance(agent.error, RegistrationTimeoutError)
     assert isinstance(agent.error.last_error, HeartbeatAuthenticationError)
+
+
+def test_a_replaced_refusal_is_final_only_with_the_rms_proof_for_this_attempt() -> None:
+    """An agent stops for good on ALREADY_EXISTS at registration only if the refusal carries the
+    RM's MAC over both of this attempt's nonces and what it resumed: a squatter, or a proof
+    replayed from another attempt, cannot stop it."""
+    secret = _auth.SharedSecret(SECRET)
+    rm_nonce, agent_nonce = _auth.new_nonce(), _auth.new_nonce()
+    text = "replaced by a newer one"
+
+    def check(
+        details: str,
+        key: _auth.SharedSecret = secret,
+        rm: bytes = rm_nonce,
+        agent: bytes = agent_nonce,
+        resumed: str = "abc",
+    ) -> tuple[bool, str]:
+        return _auth.replaced_proof_ok(
+            key, details, rm_nonce=rm, agent_nonce=agent, executor_id="3", resumed=resumed
+        )
+
+    details = _auth.with_replaced_proof(
+        secret, text, rm_nonce=rm_nonce, agent_nonce=agent_nonce, executor_id="3", resumed="abc"
+    )
+    assert check(details) == (True, text)
+    assert not check(details, rm=_auth.new_nonce())[0]
+    assert not check(details, agent=_auth.new_nonce())[0]
+    assert not check(details, resumed="abd")[0]
+    assert not check(details, key=_auth.SharedSecret("another application's secret"))[0]
+    assert check(text) == (False, text)  # a bare status, as a squatter sends
+    forged = details[:-3] + ("0" if details[-3] != "0" else "1") + details[-2:]
+    assert not check(forged)[0]
