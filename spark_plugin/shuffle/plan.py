@@ -50,13 +50,20 @@ STATUS_DDL = (
 
 
 CARRIER_SCHEMA = pa.schema(
-    [("carrier", pa.string()), ("carrier_host", pa.string()), ("carrier_port", pa.int32())]
+    [
+        ("carrier", pa.string()),
+        ("carrier_host", pa.string()),
+        ("carrier_port", pa.int32()),
+        ("map_stage", pa.int64()),
+    ]
 )
 """Where a status row was shuffled from (``carry_function``): the executor, and its agent's host and
-control port. Absent, the row was shuffled by the map task itself, from the executor it names."""
+control port; and the stage of the map job that wrote the shuffle (a row whose attempt names a later
+stage was written by a recomputation). Absent, the row was shuffled by the map task itself, from
+the executor it names."""
 
 
-CARRIED_DDL = STATUS_DDL + ", carrier string, carrier_host string, carrier_port int"
+CARRIED_DDL = STATUS_DDL + ", carrier string, carrier_host string, carrier_port int, map_stage bigint"
 
 
 @dataclass(frozen=True)

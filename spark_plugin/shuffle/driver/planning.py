@@ -308,7 +308,7 @@ def _eager_map_side(
         settings = settings_from_sql_conf(_sql_conf(session), lambda: default_parallelism(session))
     statuses = statuses.persist(StorageLevel.MEMORY_AND_DISK)
     handle.persisted = statuses
-    columns = list(REPORT_COLUMNS) if handle.connect else ["reduce", "bytes"]
+    columns = list(REPORT_COLUMNS) if handle.connect else ["reduce", "attempt", "bytes"]
     try:
         # One stage: the map tasks themselves, their (map, reduce) rows collected as they are
         # cached (an aggregation would add a shuffle and a stage for a few thousand numbers).
@@ -323,7 +323,14 @@ def _eager_map_side(
         statuses, tasks = _coalesced(plan, handle, statuses, table, settings)
     # Spark shuffles a cached partition from wherever it reads it, off its owner once the locality
     # wait runs out: stamped, rows carried off their owner go with it if it loses its outputs.
-    return statuses.mapInArrow(carry_function(plan), CARRIED_DDL), tasks
+    return statuses.mapInArrow(carry_function(plan, map_stage_of(table)), CARRIED_DDL), tasks
+
+
+def map_stage_of(table: pa.Table) -> int:
+    """The stage the map job ran as: the first of its status rows' attempts (``stage.task.attempt``;
+    a map task retried within the job keeps its stage)."""
+    stages = [int(str(a).split(".", 1)[0]) for a in table.column("attempt").to_pylist() if a]
+    return min(stages, default=-1)
 
 
 def _coalesced(

@@ -133,16 +133,20 @@ def map_function(
 
 
 def carry_function(
-    plan: ShufflePlan, clock: Clock = SYSTEM_CLOCK
+    plan: ShufflePlan, map_stage: int, clock: Clock = SYSTEM_CLOCK
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """Stamps persisted status rows with the executor that shuffles them (``CARRIER_SCHEMA``).
+    """Stamps persisted status rows with the executor that shuffles them, and with ``map_stage``, the
+    stage the map job ran as (``CARRIER_SCHEMA``).
 
     An adaptive shuffle's status rows are cached where their map task ran, and Spark shuffles a
     cached partition from wherever it reads it: off its owner when the locality wait runs out. The
     rows are then held by an executor that does not hold their files, and replacing the owner
     (lost outputs) leaves them behind, stale, for every retry. Stamped, a reducer that finds the
     outputs lost tells the carrier too (``lost_outputs``), whose replacement is the fetch failure
-    that has Spark recompute them."""
+    that has Spark recompute them.
+
+    The map stage is what tells a reduce task which outputs a recomputation wrote: from its rows
+    alone it cannot, when every row it receives was recomputed (owner and carrier both replaced)."""
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         me: AgentInfo | None = None
@@ -155,6 +159,7 @@ def carry_function(
                 pa.array([me.executor_id] * n, pa.string()),
                 pa.array([me.host] * n, pa.string()),
                 pa.array([me.control_port] * n, pa.int32()),
+                pa.array([map_stage] * n, pa.int64()),
             ]
             schema = pa.schema([*STATUS_SCHEMA, *CARRIER_SCHEMA])
             yield pa.RecordBatch.from_arrays(

@@ -110,6 +110,22 @@ def statuses_by_reducer(batches: Iterable[pa.RecordBatch]) -> dict[int, list[dic
     return {r: sorted(m.values(), key=lambda s: s["map"]) for r, m in found.items()}
 
 
+def recomputed_outputs(statuses: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """``(map partition, attempt)`` of the statuses a recomputation wrote.
+
+    One query runs its map stage once; a map status from a later stage is a recomputation (Spark
+    reran the lost partitions after a fetch failure). Rows carried from a cache name the map job's
+    stage (``map_stage``): every row one task receives may have been recomputed, and the earliest
+    of them is then no guide."""
+    stamped = [s["map_stage"] for s in statuses if s.get("map_stage") is not None]
+    first_stage = min(stamped) if stamped else min(_stage(s) for s in statuses)
+    return sorted({(s["map"], s["attempt"]) for s in statuses if _stage(s) > first_stage})
+
+
+def _stage(status: dict[str, Any]) -> int:
+    return int(status["attempt"].split(".", 1)[0])
+
+
 def read_partitions(
     plan: ShufflePlan,
     by_reducer: dict[int, list[dict[str, Any]]],
@@ -124,12 +140,7 @@ def read_partitions(
     schema = plan.schema
     reducers = sorted(by_reducer)
     statuses = [s for r in reducers for s in by_reducer[r]]
-    # One query runs its map stage once; a map status from a later stage is a recomputation
-    # (Spark resubmitted the lost partitions after a fetch failure).
-    first_stage = min(int(s["attempt"].split(".")[0]) for s in statuses)
-    stats.recomputed = sorted(
-        {(s["map"], s["attempt"]) for s in statuses if int(s["attempt"].split(".")[0]) > first_stage}
-    )
+    stats.recomputed = recomputed_outputs(statuses)
     from_files: list[dict[str, Any]] = []
     streamed: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for s in statuses:

@@ -28,7 +28,7 @@ from spark_plugin.shuffle.plan import CARRIER_SCHEMA, STATUS_SCHEMA, ShufflePlan
 from spark_plugin.shuffle.worker.agent_client import MapOutputClient
 from spark_plugin.shuffle.worker.map_task import carry_function
 from spark_plugin.shuffle.worker.output_recovery import lost_outputs, stale_carriers
-from spark_plugin.shuffle.worker.reduce_task import statuses_by_reducer
+from spark_plugin.shuffle.worker.reduce_task import recomputed_outputs, statuses_by_reducer
 
 SECRET = "carried-statuses-secret-0123456789"
 SCHEMA = pa.schema([("k", pa.int64())])
@@ -178,9 +178,10 @@ def test_carry_function_stamps_rows_with_the_executor_that_shuffles_them(tmp_pat
             ],
             schema=STATUS_SCHEMA,
         )
-        [out] = list(carry_function(plan(6, str(tmp_path)))([cached]))
+        [out] = list(carry_function(plan(6, str(tmp_path)), map_stage=1)([cached]))
         assert out.schema.names == [*STATUS_SCHEMA.names, *CARRIER_SCHEMA.names]
         assert set(out.column("carrier").to_pylist()) == {"9"}
+        assert set(out.column("map_stage").to_pylist()) == {1}
         assert set(out.column("carrier_port").to_pylist()) == {here.control_address[1]}
         [row, *_] = statuses_by_reducer([out])[0]
         assert (row["executor"], row["carrier"], row["carrier_host"]) == ("1", "9", here.control_address[0])
@@ -218,3 +219,16 @@ def test_two_map_outputs_under_one_map_index_fail_the_reducer_naming_both() -> N
         statuses_by_reducer([batch])
     same = pa.RecordBatch.from_pylist([rows[0], rows[1], rows[0]], schema=STATUS_SCHEMA)
     assert [s["map"] for s in statuses_by_reducer([same])[0]] == [0, 1]  # one output, seen twice
+
+
+def test_outputs_of_a_later_stage_are_recomputed_even_when_every_row_is() -> None:
+    """Uncarried rows: the earliest stage among them is the map job's. Carried rows name it: when
+    owner and carrier were both replaced, every row a reducer gets is a recomputation's, and the
+    earliest of them is not the map job's stage."""
+    first, again = _status(0, 0, "/s/a", "1.2.0"), _status(0, 1, "/s/b", "5.9.0")
+    assert recomputed_outputs([first, again]) == [(1, "5.9.0")]
+    all_again = [_status(0, 0, "/s/c", "5.8.0"), _status(0, 1, "/s/d", "5.9.0")]
+    assert recomputed_outputs(all_again) == []  # nothing tells them apart unstamped
+    carried = [{**s, "map_stage": 1} for s in all_again]
+    assert recomputed_outputs(carried) == [(0, "5.8.0"), (1, "5.9.0")]
+    assert recomputed_outputs([{**first, "map_stage": 1}]) == []
