@@ -45,10 +45,12 @@ THIRD = {
     "tests/spark/test_packed_env.py": 208,
     "tests/test_wheel.py": 116,
     "tests/spark/test_tls.py": 42,
+    "tests/spark/test_local_dirs.py": 33,
     "tests/spark/test_dev_install_takeover.py": 22,
 }
 """Modules of the third shard: the installed wheel's (pip and venv-pack work, no timing asserted),
-and the TLS module, which balances the lanes (its lane runs the JVM-less tests first)."""
+and the TLS and local-dirs modules, which balance the lanes (its lane runs the JVM-less tests
+first; a fresh clone's lanes were 966, 920 and 474 + 431 s without local-dirs)."""
 SHARDS = 3
 TESTS = Path(__file__).resolve().parent.parent
 
