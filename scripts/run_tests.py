@@ -12,11 +12,9 @@ idles through much of each; side by side, they fill each other's waits. Three la
   timing).
 
 With ``--matrix`` each lane then runs its share of the matrix's other cells, one at a time
-(``scripts.matrix run CELL``: the cell's venv runs the compatibility subset; about 40 s each): the
-lanes end within a minute of each other, and no cell runs beside more than two other sessions.
-The cells' venvs are built (when missing or out of date) from the start, one at a time at the
-lowest CPU priority (``Prebuild``), in the time the tests spend waiting: built at the lanes' ends,
-they cost a fresh clone about a minute of pip each there.
+(``scripts.matrix run CELL``: the cell's venv, built first if missing, runs the compatibility
+subset; about 40 s each): the lanes end within a minute of each other, and no cell runs beside
+more than two other sessions.
 
 The shards are split by module (``tests/harness/shards.py``). The chaos soak's short form (tests
 marked ``chaos``) runs last and alone: it asserts that no executor is ever falsely timed out while
@@ -140,16 +138,9 @@ class Lane(threading.Thread):
     in a process group of its own, so ``stop`` (an interrupted ``make test``) ends it and whatever
     it started (its Spark JVMs): first as Ctrl-C would, so pytest tears its fixtures down."""
 
-    def __init__(
-        self,
-        steps: list[tuple[str, Path, list[str]]],
-        env: dict[str, str],
-        cells_after: threading.Thread | None = None,
-    ) -> None:
-        """``cells_after``: a thread the lane's matrix cells wait for (``Prebuild``)."""
+    def __init__(self, steps: list[tuple[str, Path, list[str]]], env: dict[str, str]) -> None:
         super().__init__(daemon=True)
         self.steps, self.env = steps, env
-        self.cells_after = cells_after
         self.codes: dict[str, int] = {}
         self._current: subprocess.Popen[bytes] | None = None
         self._stopped = False
@@ -157,8 +148,6 @@ class Lane(threading.Thread):
 
     def run(self) -> None:
         for name, log_path, command in self.steps:
-            if name.startswith("matrix cell") and self.cells_after is not None:
-                self.cells_after.join()
             with self._lock:
                 if self._stopped:
                     return
@@ -186,26 +175,6 @@ class Lane(threading.Thread):
                     child.wait(grace_s)
                     break
         self.join(30)
-
-
-class Prebuild(threading.Thread):
-    """The matrix cells' venvs, built one after the other at the lowest CPU priority while the
-    tests run (``scripts.matrix venv``: nothing when a cell's is up to date), so that the lanes
-    find them ready instead of each spending a minute of pip at its end. A failed build is left to
-    the cell's own run, which builds again and fails naming it."""
-
-    def __init__(self, python: str, cells: list[str], env: dict[str, str]) -> None:
-        super().__init__(daemon=True)
-        self.python, self.cells, self.env = python, cells, env
-
-    def run(self) -> None:
-        with (LOGS / "matrix-venvs.log").open("wb") as log:
-            for name in self.cells:
-                command = ["nice", "-n", "19", self.python, "-m", "scripts.matrix", "venv", name]
-                try:
-                    subprocess.run(command, cwd=ROOT, env=self.env, stdout=log, stderr=log, check=False)
-                except OSError as exc:
-                    log.write(f"{name}: could not start the build: {exc}\n".encode())
 
 
 def main(argv: list[str]) -> int:
@@ -243,24 +212,19 @@ def main(argv: list[str]) -> int:
             for name in names
         ]
 
-    prebuild = Prebuild(python, matrix_cells(), env) if with_matrix else None
-    second = Lane([("Spark shard 2/3", LOGS / "spark-2.log", shard(2)), *cells(tails[1])], env, prebuild)
+    second = Lane([("Spark shard 2/3", LOGS / "spark-2.log", shard(2)), *cells(tails[1])], env)
     third_steps = [
         ("tests without a JVM", LOGS / "no-jvm.log", _pytest(python, "not spark", LOGS / "no-jvm.xml", argv)),
         ("Spark shard 3/3", LOGS / "spark-3.log", shard(3)),
         *cells(tails[2]),
     ]
-    third = Lane(third_steps, env, prebuild)
+    third = Lane(third_steps, env)
     lanes = (second, third)
     codes: dict[str, int] = {}
     try:
-        if prebuild is not None:
-            prebuild.start()
         for lane in lanes:
             lane.start()
         codes["Spark shard 1/3"] = subprocess.call(shard(1), cwd=ROOT, env=env)
-        if prebuild is not None:
-            prebuild.join()
         for name, _, command in cells(tails[0]):  # printed as it goes, as the first shard is
             codes[name] = subprocess.call(command, cwd=ROOT, env=env)
         for lane in lanes:

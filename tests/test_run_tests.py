@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -99,35 +98,6 @@ def test_a_lane_step_that_cannot_start_fails_and_the_lane_goes_on(tmp_path: Path
     lane.join(60)
     assert lane.codes == {"missing": run_tests.START_FAILED, "after": 0}
     assert (tmp_path / "after.log").read_text().strip() == "ran"
-
-
-def test_a_lanes_matrix_cells_wait_for_the_prebuild_and_its_shard_does_not(tmp_path: Path) -> None:
-    """The cells' venvs are built beside the tests: a lane's shard starts at once, its cells only
-    once the build is over (a cell run while its venv is being built would build it twice)."""
-    release = threading.Event()
-    built: list[float] = []
-
-    def build() -> None:
-        release.wait(60)
-        built.append(time.monotonic())
-
-    prebuild = threading.Thread(target=build)
-    stamp = "import time, pathlib, sys; pathlib.Path(sys.argv[1]).write_text(repr(time.monotonic()))"
-    steps = [
-        ("Spark shard 9/9", tmp_path / "s.log", [sys.executable, "-c", stamp, str(tmp_path / "shard")]),
-        ("matrix cell x", tmp_path / "c.log", [sys.executable, "-c", stamp, str(tmp_path / "cell")]),
-    ]
-    lane = run_tests.Lane(steps, {}, prebuild)
-    prebuild.start()
-    lane.start()
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "shard").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert (tmp_path / "shard").exists() and not built
-    release.set()
-    lane.join(60)
-    assert lane.codes == {"Spark shard 9/9": 0, "matrix cell x": 0}
-    assert float((tmp_path / "cell").read_text()) >= built[0]
 
 
 def test_a_stopped_lane_ends_its_run_and_starts_no_other(tmp_path: Path) -> None:
