@@ -3,8 +3,9 @@
 Every measurement runs producer and consumer in separate processes (multiprocessing spawn) on
 loopback, moving the same number of bytes in 1 MiB buffers:
 
-* ``raw_tcp``: plain sockets, ``sendall`` from one reused buffer, ``recv_into`` one reused buffer:
-  the ceiling for any framed protocol on this machine.
+* ``raw_tcp``: plain sockets, ``sendall`` from one reused buffer, ``recv_into`` one reused buffer
+  with ``MSG_WAITALL`` (as the channel reads a payload): the ceiling for any framed protocol on
+  this machine.
 * ``channel``: the engine end to end with credits on: ``RecordWriter`` -> ``ResultPartition`` ->
   ``PartitionServer`` -> ``RemoteInputChannel`` -> ``InputGate`` yielding decoded record batches.
 * ``flight``: pyarrow Flight ``do_exchange`` with credits flowing back on the same stream
@@ -123,7 +124,11 @@ def _raw_receiver(total: int, out: Connection, port_out: Connection) -> None:
     start = time.perf_counter()
     cpu, user, switches = time.process_time(), _user_s(), _switches()
     while got < total:
-        n = sock.recv_into(view)
+        # MSG_WAITALL, as the channel's receiver reads a payload: one system call per buffer. A
+        # plain recv_into returns each piece as it lands, and on loopback this baseline then swung
+        # between 5 and 1.5 GB/s from one round to the next (9,700 wake-ups per GiB in the slow
+        # ones), which made channel_vs_raw's spread the baseline's, not the channel's.
+        n = sock.recv_into(view, 0, socket.MSG_WAITALL)
         if n == 0:
             break
         got += n
