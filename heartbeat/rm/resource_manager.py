@@ -269,6 +269,10 @@ class ResourceManagerCore:
             replaced: tuple[str, ...] = ()
             if current is not None and current.state == "RUNNING":
                 replaced = (current.instance_id, *current.replaced)[:_REPLACED_KEPT]
+            elif current is not None and resume_instance_id == current.instance_id:
+                # The same agent back after its registration ended (a timeout): what it had
+                # replaced stays refused, or an older agent let in now would replace it in turn.
+                replaced = current.replaced
             registration = _Registration(
                 executor_id,
                 host,

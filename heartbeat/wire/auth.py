@@ -190,13 +190,15 @@ def replaced_proof_ok(
     secret: SharedSecret, details: str, *, rm_nonce: bytes, agent_nonce: bytes, executor_id: str, resumed: str
 ) -> tuple[bool, str]:
     """Does ``details`` end with the RM's proof for this refusal (``with_replaced_proof``)? Also
-    ``details`` without the proof, for the message."""
+    the message: ``details`` without the proof when it checks, as it came otherwise (a proof that
+    does not check stays visible in the log)."""
     found = _REPLACED_PROOF.search(details)
     if found is None:
         return False, details
-    text = details[: found.start()]
     tag = bytes.fromhex(found.group(1))
-    return secret.verify(tag, _RM_REPLACED, agent_nonce, rm_nonce, executor_id, resumed), text
+    if not secret.verify(tag, _RM_REPLACED, agent_nonce, rm_nonce, executor_id, resumed):
+        return False, details
+    return True, details[: found.start()]
 
 
 # ---- unary calls --------------------------------------------------------------------------

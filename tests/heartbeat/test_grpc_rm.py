@@ -317,7 +317,11 @@ def test_an_agent_resuming_a_replaced_registration_is_refused_for_good_and_the_n
         late = submit(_async_agent(address, "dup")).result()
         late.core.registered(replaced.epoch, replaced.instance_id, 1000, 5000)
         started = time.monotonic()
-        submit(late.run()).result(DEADLINE_S)
+        running = submit(late.run())
+        try:
+            running.result(DEADLINE_S)
+        finally:
+            submit(late.stop()).result(DEADLINE_S)  # a late run must not outlive the test
         assert isinstance(late.error, RegistrationReplacedError), late.error
         assert time.monotonic() - started < (RETRY.deadline_s or 0.0)  # final, not retried to the deadline
         assert "replaced by a newer one" in str(late.error) and "rm-proof" not in str(late.error)

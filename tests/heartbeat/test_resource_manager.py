@@ -158,10 +158,17 @@ def test_resuming_a_replaced_instance_is_refused_while_the_newer_one_runs() -> N
             rm.core.register("1", "h", FakeLink(), rm.core.epoch, resumed)
     # An unknown instance is a new registration, as before (an agent that outlived an RM restart).
     assert not rm.core.register("2", "h", FakeLink(), rm.core.epoch, "some-other-instance").resumed
-    rm.core.unregister("1", rm.core.epoch, third.instance_id)
+    # The third one times out and comes back resuming it: what it had replaced stays refused.
+    rm.scheduler.advance(SERVICES.timeout_s * 3)
+    assert rm.core.executors()[0].state != "RUNNING"
+    fourth = rm.core.register("1", "h3", FakeLink(), rm.core.epoch, third.instance_id)
+    assert not fourth.resumed
+    with pytest.raises(StaleInstanceError):
+        rm.core.register("1", "h", FakeLink(), rm.core.epoch, new.instance_id)
+    rm.core.unregister("1", rm.core.epoch, fourth.instance_id)
     back = rm.core.register("1", "h", FakeLink(), rm.core.epoch, old.instance_id)
     assert not back.resumed and back.instance_id not in (old.instance_id, new.instance_id)
-    assert [k for k, _ in rm.events.kinds()].count(EventKind.REREGISTERED) == 3
+    assert [k for k, _ in rm.events.kinds()].count(EventKind.REREGISTERED) == 4
 
 
 def test_stale_epoch_and_unknown_executor_are_rejected() -> None:

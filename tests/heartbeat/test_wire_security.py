@@ -656,10 +656,11 @@ def test_a_replaced_refusal_is_final_only_with_the_rms_proof_for_this_attempt() 
         key: _auth.SharedSecret = secret,
         rm: bytes = rm_nonce,
         agent: bytes = agent_nonce,
+        executor: str = "3",
         resumed: str = "abc",
     ) -> tuple[bool, str]:
         return _auth.replaced_proof_ok(
-            key, details, rm_nonce=rm, agent_nonce=agent, executor_id="3", resumed=resumed
+            key, details, rm_nonce=rm, agent_nonce=agent, executor_id=executor, resumed=resumed
         )
 
     details = _auth.with_replaced_proof(
@@ -669,6 +670,7 @@ def test_a_replaced_refusal_is_final_only_with_the_rms_proof_for_this_attempt() 
     assert not check(details, rm=_auth.new_nonce())[0]
     assert not check(details, agent=_auth.new_nonce())[0]
     assert not check(details, resumed="abd")[0]
+    assert check(details, executor="4") == (False, details)  # kept whole: a bad proof shows
     assert not check(details, key=_auth.SharedSecret("another application's secret"))[0]
     assert check(text) == (False, text)  # a bare status, as a squatter sends
     forged = details[:-3] + ("0" if details[-3] != "0" else "1") + details[-2:]
