@@ -36,6 +36,7 @@ from spark_plugin.shuffle.driver.session import (
 )
 from spark_plugin.shuffle.driver.shuffle_settings import shuffle_settings
 from spark_plugin.shuffle.plan import ShufflePlan, server_transport, unreported
+from spark_plugin.shuffle.worker.map_task import attempt_stage
 from spark_plugin.shuffle.worker.output_recovery import agent_client, release_function
 
 log = logging.getLogger("arrowbeat.shuffle")
@@ -256,7 +257,7 @@ def _stage(attempt: object) -> int:
     """The stage of a materialized map attempt (``stage.taskAttemptId.attemptNumber``); -1 for
     any other (a pipelined one names no stage)."""
     text = str(attempt)
-    return int(text.split(".")[0]) if re.fullmatch(r"\d+\.\d+\.\d+", text) else -1
+    return attempt_stage(text) if re.fullmatch(r"\d+\.\d+\.\d+", text) else -1
 
 
 def _metric_key(report: dict[str, Any]) -> tuple[str, int, str, bool]:

@@ -67,7 +67,13 @@ from spark_plugin.shuffle.driver.shuffle_settings import (
 )
 from spark_plugin.shuffle.map_output import check_keys
 from spark_plugin.shuffle.plan import CARRIED_DDL, STATUS_DDL, ShufflePlan
-from spark_plugin.shuffle.worker.map_task import REPORT_COLUMNS, carry_function, map_function, write_reports
+from spark_plugin.shuffle.worker.map_task import (
+    REPORT_COLUMNS,
+    attempt_stage,
+    carry_function,
+    map_function,
+    write_reports,
+)
 from spark_plugin.shuffle.worker.reduce_task import (
     reduce_function,
 )
@@ -329,7 +335,7 @@ def _eager_map_side(
 def map_stage_of(table: pa.Table) -> int:
     """The stage the map job ran as: the first of its status rows' attempts (``stage.task.attempt``;
     a map task retried within the job keeps its stage)."""
-    stages = [int(str(a).split(".", 1)[0]) for a in table.column("attempt").to_pylist() if a]
+    stages = [attempt_stage(str(a)) for a in table.column("attempt").to_pylist() if a]
     return min(stages, default=-1)
 
 

@@ -45,6 +45,11 @@ def _task() -> tuple[int, str, int]:
     return ctx.partitionId(), f"{ctx.stageId()}.{ctx.taskAttemptId()}.{ctx.attemptNumber()}", ctx.stageId()
 
 
+def attempt_stage(attempt: str) -> int:
+    """The stage id in a map attempt as ``_task`` writes it (``stage.taskAttemptId.attemptNumber``)."""
+    return int(attempt.split(".", 1)[0])
+
+
 # -- map side ------------------------------------------------------------------------------------
 def map_function(
     plan: ShufflePlan,
@@ -197,7 +202,7 @@ def write_reports(statuses: pa.Table) -> list[dict[str, Any]]:
                 "side": "write",
                 "partition": key[0],
                 "attempt": key[1],
-                "stage": int(key[1].split(".")[0]),
+                "stage": attempt_stage(key[1]),
                 "recomputed": False,
                 "executor": row["executor"],
                 "control": [row["host"], int(row["control_port"])],

@@ -43,7 +43,7 @@ from spark_plugin.shuffle.map_output import read_segments
 from spark_plugin.shuffle.plan import CARRIER_SCHEMA, STATUS_SCHEMA, Report, ShufflePlan, client_transport
 from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient, find_agent
 from spark_plugin.shuffle.worker.grouping import Rows, iter_groups
-from spark_plugin.shuffle.worker.map_task import _check_schema, _task
+from spark_plugin.shuffle.worker.map_task import _check_schema, _task, attempt_stage
 from spark_plugin.shuffle.worker.output_recovery import _files_of, _label, damaged_output, keyed, lost_outputs
 from spark_plugin.shuffle.worker.reduce_spill import partition_rows, spilled_bytes
 
@@ -118,12 +118,8 @@ def recomputed_outputs(statuses: list[dict[str, Any]]) -> list[tuple[int, str]]:
     stage (``map_stage``): every row one task receives may have been recomputed, and the earliest
     of them is then no guide."""
     stamped = [s["map_stage"] for s in statuses if s.get("map_stage") is not None]
-    first_stage = min(stamped) if stamped else min(_stage(s) for s in statuses)
-    return sorted({(s["map"], s["attempt"]) for s in statuses if _stage(s) > first_stage})
-
-
-def _stage(status: dict[str, Any]) -> int:
-    return int(status["attempt"].split(".", 1)[0])
+    first_stage = min(stamped) if stamped else min(attempt_stage(s["attempt"]) for s in statuses)
+    return sorted({(s["map"], s["attempt"]) for s in statuses if attempt_stage(s["attempt"]) > first_stage})
 
 
 def read_partitions(
