@@ -37,7 +37,13 @@ from hypothesis import strategies as st
 from arrow_shuffle.errors import ShuffleConfigError
 from arrow_shuffle.partitioner import hash_column, hash_rows, key_type_problem
 from spark_plugin.shuffle.map_output import check_keys, route
-from spark_plugin.shuffle.worker.grouping import _components, _dense_codes, iter_groups
+from spark_plugin.shuffle.worker.grouping import (
+    _components,
+    _dense_codes,
+    _narrow_codes,
+    _sorted_runs,
+    iter_groups,
+)
 
 D = decimal.Decimal
 NULL = ("<null>",)
@@ -303,6 +309,37 @@ def test_groups_hold_exactly_the_rows_spark_calls_equal(name: str) -> None:
     encoded = _dictionary_encoded(column)
     if encoded is not None:
         assert assert_groups_match_equality(pa.table({"k": encoded, "row": table["row"]}), ["k"]) == groups
+
+
+@pytest.mark.parametrize(
+    "kind, low",
+    [
+        (pa.int8(), -128),
+        (pa.int16(), -30_000),
+        (pa.int32(), -(2**31)),
+        (pa.int64(), 2**63 - 65_535),
+        (pa.uint8(), 0),
+        (pa.uint32(), 2**32 - 65_535),
+        (pa.uint64(), 2**64 - 65_535),
+    ],
+)
+def test_integer_keys_of_a_narrow_span_sort_as_arrow_sorts_them(kind: pa.DataType, low: int) -> None:
+    """Keys spanning fewer than 65,535 values are sorted as two-byte codes (numpy's radix sort):
+    the same order as Arrow's stable sort, nulls last, at each end of every integer type; a wider
+    span is Arrow's sort."""
+    rng = np.random.default_rng(7)
+    span = min(65_534, 2 ** (kind.bit_width - (1 if pa.types.is_signed_integer(kind) else 0)) - 1)
+    values = [None if rng.random() < 0.05 else low + int(rng.integers(0, span + 1)) for _ in range(5_000)]
+    values[:2] = [low, low + span]  # both ends of the span present
+    column = pa.array(values, kind)
+    assert _narrow_codes(column) is not None
+    order, starts = _sorted_runs([column], len(column))
+    expected = pc.sort_indices(pa.table({"c": column}), sort_keys=[("c", "ascending")]).to_numpy()
+    assert np.array_equal(order, expected)
+    in_order = column.take(pa.array(order)).to_pylist()
+    assert starts.tolist() == [i == 0 or in_order[i] != in_order[i - 1] for i in range(len(in_order))]
+    if kind.bit_width >= 32:
+        assert _narrow_codes(pa.array([0, 65_535], kind)) is None  # 65,535 apart: Arrow's sort
 
 
 @pytest.mark.parametrize("name", list(POOLS))

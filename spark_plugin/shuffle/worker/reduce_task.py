@@ -45,7 +45,7 @@ from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient,
 from spark_plugin.shuffle.worker.grouping import Rows, iter_groups
 from spark_plugin.shuffle.worker.map_task import _check_schema, _task, attempt_stage
 from spark_plugin.shuffle.worker.output_recovery import _files_of, _label, damaged_output, keyed, lost_outputs
-from spark_plugin.shuffle.worker.reduce_spill import partition_rows, spilled_bytes
+from spark_plugin.shuffle.worker.reduce_spill import held_bytes, partition_rows, spilled_bytes
 
 
 @dataclass
@@ -156,8 +156,8 @@ def read_partitions(
             note_read(path)
         try:
             for batch in read_segments(path, json.loads(s["segments"]), schema=schema):
-                stats.file_bytes += batch.nbytes
-                yield _count(stats, batch)
+                stats.file_bytes += _count(stats, batch)
+                yield batch
         except (OSError, ShuffleError) as exc:
             with contextlib.suppress(ShuffleError):  # without the secret the owner is not told
                 plan = keyed(plan, me)
@@ -200,8 +200,8 @@ def read_partitions(
         gate = InputGate(specs, schema, pool, config, plan.secret, client_transport(plan))
         try:
             for batch in gate:
-                stats.streamed_bytes += batch.nbytes
-                yield _count(stats, batch)
+                stats.streamed_bytes += _count(stats, batch)
+                yield batch
         except ShuffleError as exc:
             lost = [s for items in streamed.values() for s in items]
             raise lost_outputs(
@@ -243,11 +243,13 @@ def _where(label: str, executor: str, items: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def _count(stats: ReadStats, batch: pa.RecordBatch) -> pa.RecordBatch:
+def _count(stats: ReadStats, batch: pa.RecordBatch) -> int:
+    """Count ``batch`` as read; its bytes (``held_bytes``)."""
+    size = held_bytes(batch)
     stats.batches += 1
     stats.rows += batch.num_rows
-    stats.bytes += batch.nbytes
-    return batch
+    stats.bytes += size
+    return size
 
 
 @dataclass

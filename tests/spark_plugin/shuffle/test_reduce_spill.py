@@ -35,7 +35,17 @@ def batches(
 ) -> list[pa.RecordBatch]:
     values = np.arange(len(keys), dtype=np.int64)
     table = pa.table({"k": pa.array(keys, schema.field("k").type), "v": pa.array(values)}, schema=schema)
-    return list(table.to_batches(max_chunksize=rows_per_batch))
+    return decoded(table.to_batches(max_chunksize=rows_per_batch))
+
+
+def decoded(slices: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """``slices`` as a reduce task receives batches: decoded from IPC, each over buffers of its own
+    (``held_bytes`` counts a batch's buffers, and a slice's are its whole table's)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, slices[0].schema) as writer:
+        for batch in slices:
+            writer.write_batch(batch)
+    return list(pa.ipc.open_stream(sink.getvalue()))
 
 
 def released_rows(*args: Any, **kwargs: Any) -> Iterator[pa.Table]:
@@ -316,3 +326,16 @@ def test_spill_roots_are_sparks_local_dirs_else_the_temp_folder(
     assert reduce_spill.spill_roots() == [str(a), str(b)]
     monkeypatch.delenv("SPARK_LOCAL_DIRS")
     assert reduce_spill.spill_roots() == [tempfile.gettempdir()]
+
+
+def test_held_bytes_counts_a_decoded_batch_as_nbytes_does_and_a_slice_by_its_whole_buffers() -> None:
+    """``held_bytes`` (buffer sizes, cheap) stands in for ``nbytes`` (referenced ranges, built as
+    arrays per call) on the batches a reduce task reads: decoded ones, whose buffers are their own."""
+    keys = [None if i % 7 == 0 else f"key-{i % 311}" for i in range(5_000)]
+    read = batches(keys, rows_per_batch=300)
+    assert len(read) == 17
+    for batch in read:
+        assert batch.nbytes <= reduce_spill.held_bytes(batch) <= batch.nbytes + 64  # IPC padding at most
+    whole = pa.Table.from_batches(read).combine_chunks().to_batches()[0]
+    piece = whole.slice(100, 10)
+    assert reduce_spill.held_bytes(piece) == reduce_spill.held_bytes(whole) > piece.nbytes
