@@ -14,6 +14,9 @@ loopback, moving the same number of bytes in 1 MiB buffers:
 * ``tls_channel``: ``channel`` inside TLS (``spark.arrowbeat.ssl.enabled``: the generated EC P-256
   certificate, pinned), measured in the same rounds; ``tls_vs_plain`` is
   ``tls_channel_gbps / channel_gbps`` (medians, as printed): the cost of encrypting streams.
+* ``no_checksum``: ``channel`` with ``spark.arrowbeat.shuffle.checksum`` off on both sides (no
+  XXH3 of each frame's payload), measured in the same rounds: its CPU per side against raw TCP's
+  is what the engine's own work per buffer costs, the rest of ``channel``'s is the checksums'.
 
 ``channel_vs_raw`` is ``channel_gbps / raw_tcp_gbps`` (the medians over rounds, as printed). Each
 round measures raw TCP and the channel back to back, so load from other processes affects both
@@ -179,6 +182,7 @@ def _engine_producer(
     stop: Any,
     report: Any,
     material: Any = None,
+    checksum: bool = True,
 ) -> None:
     from arrow_shuffle import (
         NetworkBufferPool,
@@ -193,6 +197,7 @@ def _engine_producer(
         buffer_size=BUFFER,
         network_memory_bytes=(2 * reducers + 24 + FLOATING) * BUFFER,
         floating_buffers_per_gate=FLOATING,
+        checksum=checksum,
     )
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
     server = PartitionServer(SECRET, APP, config=config, transport=_tls_transport(material, server=True))
@@ -235,7 +240,12 @@ def _tls_transport(material: Any, server: bool) -> Any:
 
 
 def _engine_consumer(
-    reduce_index: int, addresses: list[tuple[str, int]], go: Any, report: Any, material: Any = None
+    reduce_index: int,
+    addresses: list[tuple[str, int]],
+    go: Any,
+    report: Any,
+    material: Any = None,
+    checksum: bool = True,
 ) -> None:
     from arrow_shuffle import InputGate, NetworkBufferPool, PartitionId, RemoteChannelSpec, ShuffleConfig
 
@@ -243,6 +253,7 @@ def _engine_consumer(
         buffer_size=BUFFER,
         network_memory_bytes=(2 * len(addresses) + 16 + FLOATING) * BUFFER,
         floating_buffers_per_gate=FLOATING,
+        checksum=checksum,
     )
     pool = NetworkBufferPool.from_config(config.network_memory_bytes, config.buffer_size)
     schema = _batch_for(BUFFER).schema
@@ -263,10 +274,11 @@ def _engine_consumer(
 
 
 def measure_engine(
-    producers: int, consumers: int, total_per_producer: int, material: Any = None
+    producers: int, consumers: int, total_per_producer: int, material: Any = None, checksum: bool = True
 ) -> dict[str, float]:
     """M x N processes; returns aggregate GB/s (payload bytes over wall time) and peak RSS.
-    With ``material`` (``spark_plugin.settings.tls.TlsMaterial``) every stream runs inside TLS."""
+    With ``material`` (``spark_plugin.settings.tls.TlsMaterial``) every stream runs inside TLS;
+    ``checksum=False`` is ``spark.arrowbeat.shuffle.checksum`` off on both sides."""
     ctx = mp.get_context("spawn")
     go, stop = ctx.Event(), ctx.Event()
     report: Any = ctx.Queue()
@@ -276,13 +288,13 @@ def measure_engine(
         addr_r, addr_w = ctx.Pipe(duplex=False)
         p = ctx.Process(
             target=_engine_producer,
-            args=(m, consumers, total_per_producer, addr_w, go, stop, report, material),
+            args=(m, consumers, total_per_producer, addr_w, go, stop, report, material, checksum),
         )
         p.start()
         procs.append(p)
         addresses.append(addr_r.recv())
     for r in range(consumers):
-        c = ctx.Process(target=_engine_consumer, args=(r, addresses, go, report, material))
+        c = ctx.Process(target=_engine_consumer, args=(r, addresses, go, report, material, checksum))
         c.start()
         procs.append(c)
     time.sleep(0.5)  # let every consumer import and connect-ready before the clock starts
@@ -437,8 +449,9 @@ def main() -> None:
     material = tls.generate_self_signed()  # spark.arrowbeat.ssl.enabled's default certificate
     raw, channel, tls_channel, rss = [], [], [], []
     cpu: dict[str, list[float]] = {
-        k: [] for k in ("raw_rx", "raw_tx", "consumer", "producer", "tls_rx", "tls_tx")
+        k: [] for k in ("raw_rx", "raw_tx", "consumer", "producer", "tls_rx", "tls_tx", "bare_rx", "bare_tx")
     }
+    bare_channel: list[float] = []
     switches: dict[str, list[float]] = {k: [] for k in ("raw_rx", "raw_tx", "consumer", "producer")}
     user: dict[str, list[float]] = {k: [] for k in ("raw_rx", "raw_tx", "consumer", "producer")}
     for i in range(rounds):  # interleaved, so machine noise hits all alike
@@ -450,6 +463,7 @@ def main() -> None:
         )
         engine = measure_engine(1, 1, volume)
         secured = measure_engine(1, 1, volume, material)
+        bare = measure_engine(1, 1, volume, checksum=False)
         # Each side's figures under its name in the round's results (raw TCP: receiver and sender).
         for key, result, side in (
             ("raw_rx", plain, "receiver"),
@@ -462,6 +476,9 @@ def main() -> None:
             user[key].append(result[f"{side}_user_s_per_gib"])
         cpu["tls_rx"].append(secured["consumer_cpu_s_per_gib"])
         cpu["tls_tx"].append(secured["producer_cpu_s_per_gib"])
+        cpu["bare_rx"].append(bare["consumer_cpu_s_per_gib"])
+        cpu["bare_tx"].append(bare["producer_cpu_s_per_gib"])
+        bare_channel.append(bare["gbps"])
         raw.append(raw_gbps)
         channel.append(engine["gbps"])
         tls_channel.append(secured["gbps"])
@@ -470,6 +487,10 @@ def main() -> None:
             f"(vs plain {secured['gbps'] / engine['gbps']:.2f}), CPU s/GiB: "
             f"consumer={secured['consumer_cpu_s_per_gib']:.2f} "
             f"producer={secured['producer_cpu_s_per_gib']:.2f}"
+        )
+        print(
+            f"round {i}: channel without checksums={bare['gbps']:.2f} GB/s, CPU s/GiB: "
+            f"consumer={bare['consumer_cpu_s_per_gib']:.3f} producer={bare['producer_cpu_s_per_gib']:.3f}"
         )
         rss.extend([engine["peak_rss_mib"], plain["peak_rss_mib"]])
         print(
@@ -540,6 +561,14 @@ def main() -> None:
     print(f"RESULT producer_cpu_vs_raw={med['producer'] / med['raw_tx']:.2f}")
     print(f"RESULT tls_consumer_cpu_s_per_gib={med['tls_rx']:.3f}")
     print(f"RESULT tls_producer_cpu_s_per_gib={med['tls_tx']:.3f}")
+    # The same channel with spark.arrowbeat.shuffle.checksum off: what the frames' checksums cost,
+    # apart from what the engine's own work per buffer costs.
+    bare_ratios = [b / r for b, r in zip(bare_channel, raw, strict=True)]
+    print(f"RESULT no_checksum_channel_vs_raw_median={statistics.median(bare_ratios):.3f}")
+    print(f"RESULT no_checksum_consumer_cpu_s_per_gib={med['bare_rx']:.3f}")
+    print(f"RESULT no_checksum_producer_cpu_s_per_gib={med['bare_tx']:.3f}")
+    print(f"RESULT no_checksum_consumer_cpu_vs_raw={med['bare_rx'] / med['raw_rx']:.2f}")
+    print(f"RESULT no_checksum_producer_cpu_vs_raw={med['bare_tx'] / med['raw_tx']:.2f}")
     # What the CPU alone allows where both processes together are bound by the cores (module doc).
     print(
         f"RESULT cpu_bound_ratio={(med['raw_rx'] + med['raw_tx']) / (med['consumer'] + med['producer']):.3f}"
