@@ -28,6 +28,8 @@ Spark this way, arrowbeat's included, takes a cell below its floor, so ``spark /
 the cell's ceiling; ``RESULT min_cell_ceiling_ratio``, ``min_20m_cell_ceiling_ratio``) bounds its
 ratio in that cell on this machine; ``arrowbeat / floor`` is what its shuffle and grouping add.
 The floor is one measurement per input while load moves, so read a ceiling to within that noise.
+Over the 20 M-row ``group`` cells: ``RESULT min_20m_group_ratio`` (the lowest Spark / arrowbeat)
+and ``RESULT max_floor_ratio`` (the highest arrowbeat / floor).
 ``RESULT load_1m`` is the 1-minute load average before and after the run (the run's own included).
 
 The closing figures include what the map-output and frame checksums cost
@@ -358,6 +360,10 @@ def main() -> None:
     print(f"RESULT median_cell_ratio={statistics.median(ratios):.3f}")
     if big_cells:
         print(f"RESULT min_20m_cell_ratio={min(c['ratio'] for c in big_cells):.3f}")
+    big_groups = [c for c in big_cells if c["op"] == "group"]
+    if big_groups:  # issue 39's measures: the 20 M group cells against Spark and against the floor
+        print(f"RESULT min_20m_group_ratio={min(c['ratio'] for c in big_groups):.3f}")
+        print(f"RESULT max_floor_ratio={max(c['arrow_s'] / c['floor_s'] for c in big_groups):.3f}")
     print(
         "peak memory ratio from "
         + ("each side's own application per input" if own else "the shared application (--shared-memory)")
