@@ -312,34 +312,41 @@ def test_groups_hold_exactly_the_rows_spark_calls_equal(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "kind, low",
+    "kind, low, span",
     [
-        (pa.int8(), -128),
-        (pa.int16(), -30_000),
-        (pa.int32(), -(2**31)),
-        (pa.int64(), 2**63 - 65_535),
-        (pa.uint8(), 0),
-        (pa.uint32(), 2**32 - 65_535),
-        (pa.uint64(), 2**64 - 65_535),
+        (pa.int8(), -128, 255),  # the whole type
+        (pa.int16(), -32_768, 65_534),  # from the least value
+        (pa.int16(), -32_767, 65_534),  # to the largest
+        (pa.int32(), -(2**31), 65_534),
+        (pa.int64(), -(2**63), 65_534),
+        (pa.int64(), 2**63 - 65_535, 65_534),
+        (pa.uint8(), 0, 255),
+        (pa.uint16(), 1, 65_534),
+        (pa.uint32(), 2**32 - 65_535, 65_534),
+        (pa.uint64(), 2**64 - 65_535, 65_534),
     ],
 )
-def test_integer_keys_of_a_narrow_span_sort_as_arrow_sorts_them(kind: pa.DataType, low: int) -> None:
+def test_integer_keys_of_a_narrow_span_sort_as_arrow_sorts_them(
+    kind: pa.DataType, low: int, span: int
+) -> None:
     """Keys spanning fewer than 65,535 values are sorted as two-byte codes (numpy's radix sort):
-    the same order as Arrow's stable sort, nulls last, at each end of every integer type; a wider
-    span is Arrow's sort."""
+    the same order as Arrow's stable sort, nulls last, at each end of every integer type, sliced
+    too; one value more is Arrow's sort."""
     rng = np.random.default_rng(7)
-    span = min(65_534, 2 ** (kind.bit_width - (1 if pa.types.is_signed_integer(kind) else 0)) - 1)
     values = [None if rng.random() < 0.05 else low + int(rng.integers(0, span + 1)) for _ in range(5_000)]
     values[:2] = [low, low + span]  # both ends of the span present
-    column = pa.array(values, kind)
-    assert _narrow_codes(column) is not None
-    order, starts = _sorted_runs([column], len(column))
-    expected = pc.sort_indices(pa.table({"c": column}), sort_keys=[("c", "ascending")]).to_numpy()
-    assert np.array_equal(order, expected)
-    in_order = column.take(pa.array(order)).to_pylist()
-    assert starts.tolist() == [i == 0 or in_order[i] != in_order[i - 1] for i in range(len(in_order))]
-    if kind.bit_width >= 32:
-        assert _narrow_codes(pa.array([0, 65_535], kind)) is None  # 65,535 apart: Arrow's sort
+    for column in (pa.array(values, kind), pa.array(values, kind).slice(1, 3_000)):
+        assert _narrow_codes(column) is not None
+        order, starts = _sorted_runs([column], len(column))
+        expected = pc.sort_indices(pa.table({"c": column}), sort_keys=[("c", "ascending")]).to_numpy()
+        assert np.array_equal(order, expected)
+        in_order = column.take(pa.array(order)).to_pylist()
+        assert starts.tolist() == [i == 0 or in_order[i] != in_order[i - 1] for i in range(len(in_order))]
+        table = pa.table({"k": column, "row": pa.array(range(len(column)))})
+        assert_groups_match_equality(table, ["k"])  # through group_bounds, as a reducer groups
+    if kind.bit_width >= 16:  # 65,535 apart: Arrow's sort
+        wide = [-32_768, 32_767] if kind == pa.int16() else [0, 65_535]
+        assert _narrow_codes(pa.array(wide, kind)) is None
 
 
 @pytest.mark.parametrize("name", list(POOLS))

@@ -39,6 +39,7 @@ from spark_plugin.shuffle.worker.grouped_map import (
 )
 from spark_plugin.shuffle.worker.grouping import iter_cogroups
 from spark_plugin.shuffle.worker.reduce_spill import spilled_bytes
+from tests.spark_plugin.shuffle.reduce_inputs import read_as_reducer
 
 
 # -- which form ----------------------------------------------------------------------------------
@@ -262,7 +263,7 @@ def test_a_spilled_partition_gives_every_form_the_same_groups_as_one_in_memory(
 
     for func, api in ((pandas_func, "pandas"), (arrow_func, "arrow")):
         call = call_of(func, api, schema)
-        batches = table.to_batches(max_chunksize=1000)
+        batches = read_as_reducer(table, 1000)
         whole = list(grouped_consumer(call, ["k"], table.schema)(0, iter(batches)))
         before = spilled_bytes()
         spilled = list(grouped_consumer(call, ["k"], table.schema, table.nbytes // 8)(0, iter(batches)))
@@ -286,7 +287,7 @@ def test_a_spilled_cogroup_meets_each_key_of_both_sides_once(
 
     def out(memory: int | None) -> list[dict[str, Any]]:
         consume = cogrouped_consumer(call, ["k"], left.schema, ["key"], right.schema, memory)
-        got = consume(0, iter(left.to_batches(max_chunksize=700)), iter(right.to_batches(max_chunksize=700)))
+        got = consume(0, iter(read_as_reducer(left, 700)), iter(read_as_reducer(right, 700)))
         return sorted(pa.Table.from_batches(list(got)).to_pylist(), key=repr)
 
     whole = out(None)

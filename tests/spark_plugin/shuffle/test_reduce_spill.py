@@ -17,6 +17,7 @@ import pytest
 from spark_plugin.shuffle.worker import reduce_spill
 from spark_plugin.shuffle.worker.grouping import Rows, iter_cogroups, iter_groups
 from spark_plugin.shuffle.worker.reduce_spill import Side, bucket_rows, partition_rows, spilled_bytes
+from tests.spark_plugin.shuffle.reduce_inputs import read_as_reducer
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
 
@@ -35,17 +36,7 @@ def batches(
 ) -> list[pa.RecordBatch]:
     values = np.arange(len(keys), dtype=np.int64)
     table = pa.table({"k": pa.array(keys, schema.field("k").type), "v": pa.array(values)}, schema=schema)
-    return decoded(table.to_batches(max_chunksize=rows_per_batch))
-
-
-def decoded(slices: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
-    """``slices`` as a reduce task receives batches: decoded from IPC, each over buffers of its own
-    (``held_bytes`` counts a batch's buffers, and a slice's are its whole table's)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, slices[0].schema) as writer:
-        for batch in slices:
-            writer.write_batch(batch)
-    return list(pa.ipc.open_stream(sink.getvalue()))
+    return read_as_reducer(table, rows_per_batch)
 
 
 def released_rows(*args: Any, **kwargs: Any) -> Iterator[pa.Table]:
@@ -148,9 +139,10 @@ def test_a_cogroup_over_the_budget_meets_each_key_of_both_sides_in_one_bucket() 
     right_schema = pa.schema([("key", pa.string()), ("w", pa.float64())])
     left = batches([f"key{i % 400}" for i in range(30_000)])
     right_keys = [f"key{i % 600}" for i in range(0, 12_000, 2)]  # even keys, 20 rows each
-    right = pa.table(
+    right_table = pa.table(
         {"key": pa.array(right_keys), "w": pa.array(np.ones(len(right_keys)))}, schema=right_schema
-    ).to_batches(max_chunksize=500)
+    )
+    right = read_as_reducer(right_table, 500)
     budget = pa.Table.from_batches(left).nbytes // 6
     pairs: dict[str, tuple[int, int]] = {}
     buckets = 0
@@ -288,10 +280,11 @@ def test_a_cogroup_past_the_sort_unit_meets_each_key_of_both_sides_in_one_memory
     right_schema = pa.schema([("key", pa.int32()), ("w", pa.float64())])
     left = batches([i % 400 for i in range(30_000)], schema=INT_SCHEMA)
     right_keys = [i % 600 for i in range(0, 12_000, 2)]  # even keys, 20 rows each
-    right = pa.table(
+    right_table = pa.table(
         {"key": pa.array(right_keys, pa.int32()), "w": pa.array(np.ones(len(right_keys)))},
         schema=right_schema,
-    ).to_batches(max_chunksize=500)
+    )
+    right = read_as_reducer(right_table, 500)
     unit = pa.Table.from_batches(left).nbytes // 6
     pairs: dict[int, tuple[int, int]] = {}
     buckets = 0

@@ -1,0 +1,26 @@
+"""Batches as a reduce task receives them, for tests of what it does with them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+
+def decoded(slices: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """``slices`` as a reduce task receives batches: decoded from IPC, each over buffers of its own.
+
+    A reduce task counts what it holds by its batches' buffers (``reduce_spill.held_bytes``), and
+    a slice's buffers are its whole table's: slices of one table would count it once per slice."""
+    if not slices:
+        return []
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, slices[0].schema) as writer:
+        for batch in slices:
+            writer.write_batch(batch)
+    return list(pa.ipc.open_stream(sink.getvalue()))
+
+
+def read_as_reducer(table: pa.Table, rows: int) -> list[pa.RecordBatch]:
+    """``table`` in batches of at most ``rows`` rows, as a reduce task receives them."""
+    return decoded(table.to_batches(max_chunksize=rows))
