@@ -59,6 +59,10 @@ class StreamSender:
         """``clock.monotonic()`` since when data has been queued with no credit to send it, or
         ``None``; the interval goes into ``blocked_on_credit_s`` when the next buffer is sent."""
         self.where = describe(f"{partition.partition_id}#{subpartition}", conn.peer)
+        self._opened_at = clock.monotonic()
+        """When the stream was accepted: the keepalive interval counts from here, not from when the
+        sender thread first runs (a clock that moved on in between, a test's jump say, would leave
+        the first keepalive a whole interval after it, and a clock that then stands still, never)."""
 
     def notify(self) -> None:
         self._wake.put(None)
@@ -74,7 +78,7 @@ class StreamSender:
     def run(self) -> None:
         clock = self._clock
         seq = 0
-        last_send = clock.monotonic()
+        last_send = self._opened_at
         wake = self._wake
         try:
             while True:

@@ -230,6 +230,10 @@ def test_a_keepalive_whose_send_returns_after_a_clock_jump_leaves_the_next_one_d
     )
     try:
         conn = _connected(gate)
+        # The stream accepted (its keepalives count from then) before the clock moves: the
+        # consumer's connection is up once its request is sent, which can be before the server read
+        # it (CI caught that: a jump made first left the first keepalive due only after it).
+        assert wait_until(lambda: server.senders(), DEADLINE_S), "the stream never opened"
         clock.jump(0.5)
         assert wait_until(lambda: conn.heard_at == 0.5, DEADLINE_S), "no keepalive heard"
         clock.jump(0.5)  # the sender is still inside the send of the first keepalive
