@@ -44,7 +44,6 @@ from arrow_shuffle.writer import RecordWriter
 from arrowbeat_base.clock import SYSTEM_CLOCK, Clock
 from spark_plugin.shuffle.plan import Report, ShufflePlan, client_transport, server_transport
 from spark_plugin.shuffle.rendezvous_client import locate, register, unregister
-from spark_plugin.shuffle.worker.reduce_spill import held_bytes
 from spark_plugin.shuffle.worker.reduce_task import ReadStats
 
 log = logging.getLogger(__name__)
@@ -246,9 +245,7 @@ def _reduce(
 
     def counted() -> Iterator[pa.RecordBatch]:
         for b in gate:
-            stats.batches += 1
-            stats.rows += b.num_rows
-            stats.bytes += held_bytes(b)
+            stats.count(b)
             yield b
 
     try:

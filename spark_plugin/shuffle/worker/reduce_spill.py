@@ -215,8 +215,8 @@ def _mapped(path: Path) -> pa.Table:
 
 def bucket_of(hashes: np.ndarray, level: int) -> np.ndarray:
     """The bucket (0 to ``FANOUT - 1``) of each key hash at splitting ``level``, as one byte: a
-    stable sort of bytes is numpy's radix sort (measured: 2.2 M rows in 9 ms, against 80 ms for the
-    same buckets as int64, a merge sort)."""
+    stable sort of bytes is numpy's radix sort (measured: 1 M rows in 2.8 ms and 4 M in 35 ms,
+    against 31 and 165 ms for the same buckets as int64, which numpy sorts by timsort)."""
     salt = np.uint64(0x9E3779B97F4A7C15 * (level + 1) & 0xFFFFFFFFFFFFFFFF)
     return (remix(hashes, salt) % np.uint64(FANOUT)).astype(np.uint8)
 

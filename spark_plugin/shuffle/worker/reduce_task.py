@@ -63,6 +63,14 @@ class ReadStats:
     recomputed: list[tuple[int, str]] = field(default_factory=list)
     """``(map partition, attempt)`` of the map outputs read that were written by a recomputation."""
 
+    def count(self, batch: pa.RecordBatch) -> int:
+        """Count ``batch`` as read; its bytes (``held_bytes``)."""
+        size = held_bytes(batch)
+        self.batches += 1
+        self.rows += batch.num_rows
+        self.bytes += size
+        return size
+
 
 # -- reduce side ---------------------------------------------------------------------------------
 _pool_lock = threading.Lock()
@@ -156,7 +164,7 @@ def read_partitions(
             note_read(path)
         try:
             for batch in read_segments(path, json.loads(s["segments"]), schema=schema):
-                stats.file_bytes += _count(stats, batch)
+                stats.file_bytes += stats.count(batch)
                 yield batch
         except (OSError, ShuffleError) as exc:
             with contextlib.suppress(ShuffleError):  # without the secret the owner is not told
@@ -200,7 +208,7 @@ def read_partitions(
         gate = InputGate(specs, schema, pool, config, plan.secret, client_transport(plan))
         try:
             for batch in gate:
-                stats.streamed_bytes += _count(stats, batch)
+                stats.streamed_bytes += stats.count(batch)
                 yield batch
         except ShuffleError as exc:
             lost = [s for items in streamed.values() for s in items]
@@ -241,15 +249,6 @@ def _where(label: str, executor: str, items: Sequence[dict[str, Any]]) -> str:
         f"{label}: map outputs {maps} on lost executor {executor} "
         f"({items[0]['host']}:{items[0]['control_port']}) are unreachable"
     )
-
-
-def _count(stats: ReadStats, batch: pa.RecordBatch) -> int:
-    """Count ``batch`` as read; its bytes (``held_bytes``)."""
-    size = held_bytes(batch)
-    stats.batches += 1
-    stats.rows += batch.num_rows
-    stats.bytes += size
-    return size
 
 
 @dataclass
