@@ -35,11 +35,18 @@ _WORD_SALT = np.uint64(0x27D4EB2F165667C5)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer of every value, in two arrays reused in place (a temporary per step
+    took a fifth longer on 12 M values: each is fresh memory to fault in)."""
     x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    result: np.ndarray = x ^ (x >> np.uint64(31))
-    return result
+    shifted = x >> np.uint64(30)
+    x ^= shifted
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    np.right_shift(x, np.uint64(27), out=shifted)
+    x ^= shifted
+    x *= np.uint64(0x94D049BB133111EB)
+    np.right_shift(x, np.uint64(31), out=shifted)
+    x ^= shifted
+    return x
 
 
 def _bytes_hash(value: bytes) -> int:
@@ -251,10 +258,13 @@ def _hash_map(column: pa.Array) -> np.ndarray:
 
 def hash_rows(batch: pa.RecordBatch, key_columns: Sequence[str]) -> np.ndarray:
     """Combine the hashes of ``key_columns`` row-wise."""
-    result = np.zeros(batch.num_rows, dtype=np.uint64)
+    result: np.ndarray | None = None
     for name in key_columns:
-        result = _splitmix64(result * np.uint64(31) + hash_column(batch.column(name)))
-    return result
+        hashed = hash_column(batch.column(name))
+        if result is not None:  # the first key's is 0 * 31 + its hash
+            hashed += result * np.uint64(31)
+        result = _splitmix64(hashed)
+    return np.zeros(batch.num_rows, dtype=np.uint64) if result is None else result
 
 
 def remix(hashes: np.ndarray, salt: np.uint64) -> np.ndarray:
