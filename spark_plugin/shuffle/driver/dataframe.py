@@ -167,7 +167,12 @@ def group_apply(
     out_schema = _struct(session, schema)
     out_arrow = to_arrow_schema(out_schema)
     consume = group_consumer(
-        func, plan.key_columns, plan.schema, out_arrow, memory_bytes=plan.reduce_memory_bytes
+        func,
+        plan.key_columns,
+        plan.schema,
+        out_arrow,
+        memory_bytes=plan.reduce_memory_bytes,
+        partitions=plan.num_partitions,
     )
     return _routed_out(_build(df, session, plan, mode, consume, out_schema, adaptive), route)
 

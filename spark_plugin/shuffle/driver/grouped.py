@@ -106,7 +106,9 @@ class GroupedData:
             self.df, self.num_partitions, list(self.keys), self.mode, exact=False, size=self.input_size
         )
         call = _call(func, form, session, schema)
-        consume = grouped_consumer(call, plan.key_columns, plan.schema, plan.reduce_memory_bytes)
+        consume = grouped_consumer(
+            call, plan.key_columns, plan.schema, plan.reduce_memory_bytes, partitions=plan.num_partitions
+        )
         return _build(self.df, session, plan, self.mode, consume, call.out_schema, adaptive)
 
 
@@ -164,6 +166,7 @@ class CoGroupedData:
             right_plan.key_columns,
             right_schema,
             left_plan.reduce_memory_bytes,
+            partitions=left_plan.num_partitions,
         )
         handle = ShuffleHandle(session, left_plan, "materialized")
         report = handle.reporter()

@@ -316,13 +316,18 @@ def _key_text(table: pa.Table, key_columns: Sequence[str]) -> str:
 
 # -- the reduce side -----------------------------------------------------------------------------
 def grouped_consumer(
-    call: GroupedCall, key_columns: Sequence[str], in_schema: pa.Schema, memory_bytes: int | None = None
+    call: GroupedCall,
+    key_columns: Sequence[str],
+    in_schema: pa.Schema,
+    memory_bytes: int | None = None,
+    partitions: int | None = None,
 ) -> Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """``consume(reducer, batches)``: the reducer's rows grouped in Arrow, the function per group;
-    past ``memory_bytes`` a spilled bucket of whole groups at a time (``reduce_spill``)."""
+    past ``memory_bytes`` a spilled bucket of whole groups at a time (``reduce_spill``).
+    ``partitions``: the shuffle's reduce partitions, which bucket a coalesced task's rows."""
 
     def consume(reducer: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for rows in partition_rows(batches, in_schema, key_columns, memory_bytes):
+        for rows in partition_rows(batches, in_schema, key_columns, memory_bytes, partitions=partitions):
             # Gathered a bucket at a time: results may view their group's rows, and holding them
             # past the bucket would keep its sorted copy alive while the next one is sorted.
             yield from _gathered(_bucket_outputs(rows, reducer), call)
@@ -354,9 +359,11 @@ def cogrouped_consumer(
     right_keys: Sequence[str],
     right_schema: pa.Schema,
     memory_bytes: int | None = None,
+    partitions: int | None = None,
 ) -> Callable[[int, Iterator[pa.RecordBatch], Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """``consume(reducer, left batches, right batches)``: the function once per key on either side;
-    past ``memory_bytes`` (both sides together) a spilled bucket of whole keys at a time."""
+    past ``memory_bytes`` (both sides together) a spilled bucket of whole keys at a time
+    (``partitions``: the shuffle's reduce partitions, which bucket a coalesced task's rows)."""
 
     def consume(
         reducer: int, left_batches: Iterator[pa.RecordBatch], right_batches: Iterator[pa.RecordBatch]
@@ -364,7 +371,7 @@ def cogrouped_consumer(
         sides = [Side(left_batches, left_schema, left_keys), Side(right_batches, right_schema, right_keys)]
         outputs = (
             out
-            for left, right in bucket_rows(sides, memory_bytes)
+            for left, right in bucket_rows(sides, memory_bytes, partitions=partitions)
             for lg, rg in iter_cogroups(left.release(), left_keys, right.release(), right_keys)
             for out in run_cogroup(
                 call,

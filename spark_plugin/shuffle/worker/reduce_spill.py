@@ -4,9 +4,10 @@ A grouped call (``group_apply``, the ``applyInPandas``/``applyInArrow`` take-ove
 needs each key group whole, never the whole partition. While a reduce task's rows fit in
 ``SORT_UNIT_BYTES`` they are grouped in memory as one table. Past that, while they fit in
 ``spark.arrowbeat.shuffle.reduceMemory``, they are hash-bucketed in memory as they arrive and
-grouped a bucket at a time, so grouping's sorted copy is a bucket's (keys whose hash needs a
-Python call per value, strings say, stay one table: hashing them would cost more than the copy
-saves). Nothing is written in either case. Past the budget, every row goes to one of ``FANOUT``
+grouped a bucket at a time, so grouping's sorted copy is a bucket's (a coalesced reduce task's
+buckets are its reduce partitions, whose batches move whole: ``_MemoryBuckets``; keys whose hash
+needs a Python call per value, strings say, stay one table: hashing them would cost more than the
+copy saves). Nothing is written in either case. Past the budget, every row goes to one of ``FANOUT``
 bucket files on the executor's local disk by a hash of its key, so all rows of a key share a
 bucket, and the buckets come back one at a time as memory-mapped Arrow IPC files: what a bucket
 holds is file pages the kernel can drop, not the worker's heap. A bucket still larger than the
@@ -86,28 +87,38 @@ def partition_rows(
     keys: Sequence[str],
     memory_bytes: int | None,
     sort_unit_bytes: int = SORT_UNIT_BYTES,
+    partitions: int | None = None,
 ) -> Generator[Rows, None, None]:
     """The partition's rows in sets of whole key groups: one set while they fit in
     ``sort_unit_bytes``, else one per non-empty bucket (from memory within ``memory_bytes``,
-    ``None``: no bound, else from disk). Each is ``Rows``, handed on: nothing here keeps it."""
-    for sides in bucket_rows([Side(batches, schema, keys)], memory_bytes, sort_unit_bytes):
-        yield sides[0]
+    ``None``: no bound, else from disk). Each is ``Rows``, handed on: nothing here keeps it.
+    ``partitions``: the shuffle's reduce partitions, when each batch is likely one's rows
+    (``_MemoryBuckets``)."""
+    sides = [Side(batches, schema, keys)]
+    for rows in bucket_rows(sides, memory_bytes, sort_unit_bytes, partitions):
+        yield rows[0]
 
 
 def bucket_rows(
-    sides: Sequence[Side], memory_bytes: int | None, sort_unit_bytes: int = SORT_UNIT_BYTES
+    sides: Sequence[Side],
+    memory_bytes: int | None,
+    sort_unit_bytes: int = SORT_UNIT_BYTES,
+    partitions: int | None = None,
 ) -> Generator[list[Rows], None, None]:
     """Every side's rows of one set of keys at a time (one ``Rows`` per side, the same keys on
     each): all of it while the sides fit in ``sort_unit_bytes`` together, bucket by bucket from
     memory while they fit in ``memory_bytes`` (``None``: no bound), else bucket by bucket from
     disk. A bucket with rows on one side only has empty ``Rows`` with its columns on the other.
+    With ``partitions`` (the shuffle's reduce partitions) the buckets in memory are those
+    partitions, a batch moved whole where all its rows share one (``_MemoryBuckets``).
 
     One side's rows held as one table past ``sort_unit_bytes`` (keys not bucketed in memory) are
     held as copies of their own: a decoded batch's columns all view its frame's memory, which no
     column of it frees alone, so without the copy the grouping could not drop a column as it
     sorts (a cogroup takes each key's rows from whole tables: no copy for it)."""
     held: list[list[pa.RecordBatch]] = [[] for _ in sides]
-    grouping = len(sides) == 1
+    bucketed = all(map(_vector_hashed, sides))  # past the sort unit, in memory buckets
+    copied = len(sides) == 1 and not bucketed  # past the sort unit, one table of copies
     in_memory: _MemoryBuckets | None = None
     size = 0
     iterators = [iter(side.batches) for side in sides]
@@ -115,7 +126,7 @@ def bucket_rows(
         for batch in batches:
             size += held_bytes(batch)
             if in_memory is None:
-                held[index].append(_owning_copy(batch) if grouping and size > sort_unit_bytes else batch)
+                held[index].append(_owning_copy(batch) if copied and size > sort_unit_bytes else batch)
             else:
                 in_memory.write(index, batch)
             if memory_bytes is not None and size > memory_bytes:
@@ -123,8 +134,8 @@ def bucket_rows(
                     held = in_memory.drain()
                 yield from _spilled(held, iterators, index, sides, memory_bytes)
                 return
-            if in_memory is None and size > sort_unit_bytes and all(map(_vector_hashed, sides)):
-                in_memory = _MemoryBuckets(sides)
+            if in_memory is None and size > sort_unit_bytes and bucketed:
+                in_memory = _MemoryBuckets(sides, partitions, sort_unit_bytes)
                 for i, side_held in enumerate(held):
                     in_memory.write_all(i, side_held)  # emptied as they are bucketed
         batch = None  # held or bucketed now: this frame must not keep the last one's frame alive
@@ -222,14 +233,20 @@ def bucket_of(hashes: np.ndarray, level: int) -> np.ndarray:
 
 
 def split_by_bucket(
-    batch: pa.RecordBatch, keys: Sequence[str], level: int, own_copies: bool = False
+    batch: pa.RecordBatch,
+    keys: Sequence[str],
+    level: int,
+    own_copies: bool = False,
+    hashes: np.ndarray | None = None,
 ) -> Iterator[tuple[int, pa.RecordBatch, np.ndarray]]:
     """``batch``'s rows by the bucket of their key hash at ``level``: each non-empty bucket, its
-    rows and their key hashes. The rows are slices of one reordered copy, or with ``own_copies``
-    a copy per bucket (rows kept in memory: a bucket's memory then goes with the bucket)."""
+    rows and their key hashes (``hashes``: already known, ``hash_rows``'s). The rows are slices of
+    one reordered copy, or with ``own_copies`` a copy per bucket (rows kept in memory: a bucket's
+    memory then goes with the bucket)."""
     if batch.num_rows == 0:
         return
-    hashes = hash_rows(batch, keys)
+    if hashes is None:
+        hashes = hash_rows(batch, keys)
     buckets = bucket_of(hashes, level)
     order = np.argsort(buckets, kind="stable")
     hashes = hashes[order]
@@ -270,21 +287,41 @@ them (0.6 of a task's 0.9 s of CPU on the 20 M-row matrix cells)."""
 
 
 class _MemoryBuckets:
-    """``FANOUT`` lists of rows per side, in memory, each row to the bucket of its key hash (level
-    0, the first on-disk level too): a partition over the sort unit grouped a bucket at a time.
-    Arriving batches are gathered up to ``SPLIT_BYTES`` per side and split together."""
+    """Each side's rows per bucket, in memory: a partition over the sort unit grouped a bucket at a
+    time. Arriving batches are gathered up to ``SPLIT_BYTES`` per side and filed together.
 
-    def __init__(self, sides: Sequence[Side]) -> None:
+    By default the buckets are ``FANOUT`` of the key hash (level 0, the first on-disk level too),
+    each holding copies of its own rows. With ``partitions`` (the shuffle's reduce partitions) they
+    are those partitions, found as the map side routes rows (``map_output.route``): a coalesced
+    reduce task reads a segment per map output, reduce partition and run, so each batch it reads
+    is one partition's rows and moves to its bucket whole, where a split copied every row (a take,
+    and a concatenation before it, then a grouping's sort copied them again). Each gathered set is
+    hashed at once to check that, so a batch of several partitions is split by copies, and rows
+    never meet in a bucket but by their key. A partition that grows past ``sort_unit_bytes`` (a
+    hot key's) is bucketed by hash from then on, as without ``partitions``, its hashes reused."""
+
+    def __init__(
+        self, sides: Sequence[Side], partitions: int | None = None, sort_unit_bytes: int = SORT_UNIT_BYTES
+    ) -> None:
+        if partitions is not None and partitions < 1:
+            raise ValueError(f"cannot bucket rows by {partitions} partitions")
         self._sides = sides
-        self._rows: list[list[list[pa.RecordBatch]]] = [[[] for _ in range(FANOUT)] for _ in sides]
-        self._gathered: list[list[pa.RecordBatch]] = [[] for _ in sides]
+        self._partitions = partitions
+        self._sort_unit_bytes = sort_unit_bytes
+        self._rows: list[dict[int, list[pa.RecordBatch]]] = [{} for _ in sides]
+        self._sizes: dict[int, int] = {}
+        """Bytes held per partition bucket, every side's."""
+        self._within: dict[int, _MemoryBuckets] = {}
+        """Partitions past the sort unit, bucketed by hash (``FANOUT``) within."""
+        self._gathered: list[list[tuple[pa.RecordBatch, np.ndarray | None]]] = [[] for _ in sides]
         self._gathered_bytes = [0 for _ in sides]
 
-    def write(self, side: int, batch: pa.RecordBatch) -> None:
+    def write(self, side: int, batch: pa.RecordBatch, hashes: np.ndarray | None = None) -> None:
+        """Bucket ``batch`` (its rows' ``hash_rows``, when known, are ``hashes``)."""
         size = held_bytes(batch)
         if size >= SPLIT_BYTES:  # split alone: joined to the gathered ones, copied once more
             self._split(side)
-        self._gathered[side].append(batch)
+        self._gathered[side].append((batch, hashes))
         self._gathered_bytes[side] += size
         if self._gathered_bytes[side] >= SPLIT_BYTES:
             self._split(side)
@@ -296,37 +333,83 @@ class _MemoryBuckets:
 
     def _split(self, side: int) -> None:
         gathered, self._gathered[side], self._gathered_bytes[side] = self._gathered[side], [], 0
+        gathered = [(batch, hashes) for batch, hashes in gathered if batch.num_rows]
         if not gathered:
             return
-        if len(gathered) > 1:  # one batch of them all; the pieces are dropped with the old list
-            gathered = pa.Table.from_batches(gathered).combine_chunks().to_batches()
-        for rows in gathered:
-            for bucket, own, _ in split_by_bucket(rows, self._sides[side].keys, level=0, own_copies=True):
-                self._rows[side][bucket].append(own)
+        if self._partitions is not None:
+            self._file_by_partition(side, [batch for batch, _ in gathered])
+            return
+        batches = [batch for batch, _ in gathered]
+        known = [hashes for _, hashes in gathered if hashes is not None]
+        hashes = np.concatenate(known) if len(known) == len(gathered) else None
+        del gathered
+        if len(batches) > 1:  # one batch of them all; the pieces are dropped with the old list
+            batches = pa.Table.from_batches(batches).combine_chunks().to_batches()
+        for rows in batches:  # one, combined
+            split = split_by_bucket(rows, self._sides[side].keys, level=0, own_copies=True, hashes=hashes)
+            for bucket, own, _ in split:
+                self._rows[side].setdefault(bucket, []).append(own)
+
+    def _file_by_partition(self, side: int, gathered: list[pa.RecordBatch]) -> None:
+        """Each batch to the bucket of its rows' partition, whole (no copy) when they all have one;
+        a batch of several partitions is split, each partition's rows a copy of their own."""
+        assert self._partitions is not None
+        hashes = hash_rows(pa.Table.from_batches(gathered), self._sides[side].keys)
+        ids = hashes % np.uint64(self._partitions)
+        starts = np.cumsum([0] + [batch.num_rows for batch in gathered[:-1]])
+        lows, highs = np.minimum.reduceat(ids, starts).tolist(), np.maximum.reduceat(ids, starts).tolist()
+        for batch, start, low, high in zip(gathered, starts.tolist(), lows, highs, strict=True):
+            end = start + batch.num_rows
+            if low == high:
+                self._file(side, low, batch, hashes[start:end])
+                continue
+            order = np.argsort(ids[start:end], kind="stable")
+            values, counts = np.unique(ids[start:end], return_counts=True)
+            taken = 0
+            for partition, count in zip(values.tolist(), counts.tolist(), strict=True):
+                rows = order[taken : taken + count]
+                self._file(side, partition, batch.take(pa.array(rows)), hashes[start:end][rows])
+                taken += count
+
+    def _file(self, side: int, partition: int, batch: pa.RecordBatch, hashes: np.ndarray) -> None:
+        within = self._within.get(partition)
+        if within is not None:
+            within.write(side, batch, hashes)
+            return
+        self._rows[side].setdefault(partition, []).append(batch)
+        self._sizes[partition] = self._sizes.get(partition, 0) + held_bytes(batch)
+        if self._sizes[partition] > self._sort_unit_bytes:  # a hot key's, say: by hash from now on
+            within = self._within[partition] = _MemoryBuckets(self._sides)
+            for i in range(len(self._sides)):
+                within.write_all(i, self._rows[i].pop(partition, []))
 
     def drain(self) -> list[list[pa.RecordBatch]]:
         """Every side's rows so far (bucket after bucket, then those not split yet), no longer held here."""
-        rows, self._rows = self._rows, [[[] for _ in range(FANOUT)] for _ in self._sides]
+        rows, self._rows = self._rows, [{} for _ in self._sides]
+        within, self._within, self._sizes = self._within, {}, {}
         gathered, self._gathered = self._gathered, [[] for _ in self._sides]
         self._gathered_bytes = [0 for _ in self._sides]
-        return [
-            [piece for bucket in side for piece in bucket] + rest
-            for side, rest in zip(rows, gathered, strict=True)
-        ]
+        drained = [[piece for bucket in sorted(side) for piece in side[bucket]] for side in rows]
+        for inner in within.values():
+            for side, pieces in enumerate(inner.drain()):
+                drained[side] += pieces
+        for side, rest in enumerate(gathered):
+            drained[side] += [batch for batch, _ in rest]
+        return drained
 
     def buckets(self) -> Iterator[list[Rows]]:
-        """Each non-empty bucket's rows per side, handed on: a bucket's rows are copies of its own,
-        so once its grouping has sorted them (dropping each column as it goes) and its groups are
-        done, its memory is free, and a hot bucket is held once, not beside its sorted copy."""
+        """Each non-empty bucket's rows per side, handed on: once its grouping has sorted them and
+        its groups are done, nothing here holds them (a hot bucket is held once, not beside its
+        sorted copy). A partition bucketed by hash comes back as its hash buckets."""
         for side in range(len(self._sides)):
             self._split(side)
-        for bucket in range(FANOUT):
-            if any(side[bucket] for side in self._rows):
-                yield [self._hand_over(side, bucket) for side in range(len(self._sides))]
-
-    def _hand_over(self, side: int, bucket: int) -> Rows:
-        pieces, self._rows[side][bucket] = self._rows[side][bucket], []
-        return Rows.of_batches(pieces, self._sides[side].schema)  # empties ``pieces``
+        for bucket in sorted(set(self._within).union(*self._rows)):
+            within = self._within.pop(bucket, None)
+            if within is not None:
+                yield from within.buckets()
+                continue
+            pieces = [self._rows[side].pop(bucket, []) for side in range(len(self._sides))]
+            yield [Rows.of_batches(p, s.schema) for p, s in zip(pieces, self._sides, strict=True)]
 
 
 @dataclass(frozen=True)

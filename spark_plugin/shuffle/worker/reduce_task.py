@@ -396,13 +396,15 @@ def group_consumer(
     out_schema: pa.Schema,
     batch_rows: int = 65536,
     memory_bytes: int | None = None,
+    partitions: int | None = None,
 ) -> Callable[[int, Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """Group the reducer's rows in Arrow and call ``func`` once per group (the hot loop: with
     100k groups a microsecond per group is a tenth of a second, so checks are cheap first). Past
-    ``memory_bytes`` the rows are grouped a spilled bucket at a time (``reduce_spill``)."""
+    ``memory_bytes`` the rows are grouped a spilled bucket at a time (``reduce_spill``);
+    ``partitions``: the shuffle's reduce partitions, which bucket a coalesced task's rows."""
 
     def consume(reducer: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for bucket in partition_rows(batches, in_schema, key_columns, memory_bytes):
+        for bucket in partition_rows(batches, in_schema, key_columns, memory_bytes, partitions=partitions):
             yield from bucket_results(reducer, bucket)
 
     def bucket_results(reducer: int, bucket: Rows) -> Iterator[pa.RecordBatch]:

@@ -14,10 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from spark_plugin.shuffle.map_output import route
 from spark_plugin.shuffle.worker import reduce_spill
 from spark_plugin.shuffle.worker.grouping import Rows, iter_cogroups, iter_groups
 from spark_plugin.shuffle.worker.reduce_spill import Side, bucket_rows, partition_rows, spilled_bytes
-from tests.spark_plugin.shuffle.reduce_inputs import read_as_reducer
+from tests.spark_plugin.shuffle.reduce_inputs import decoded, read_as_reducer
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
 
@@ -276,7 +277,12 @@ def test_memory_buckets_go_to_disk_when_the_budget_is_then_passed(spill_root: Pa
     assert not any(spill_root.iterdir())
 
 
-def test_a_cogroup_past_the_sort_unit_meets_each_key_of_both_sides_in_one_memory_bucket() -> None:
+@pytest.mark.parametrize("partitions", [None, 7])
+def test_a_cogroup_past_the_sort_unit_meets_each_key_of_both_sides_in_one_memory_bucket(
+    partitions: int | None,
+) -> None:
+    """With ``partitions`` too: these batches each hold rows of several partitions, so they are
+    split by partition, and each key of both sides still meets in one bucket."""
     right_schema = pa.schema([("key", pa.int32()), ("w", pa.float64())])
     left = batches([i % 400 for i in range(30_000)], schema=INT_SCHEMA)
     right_keys = [i % 600 for i in range(0, 12_000, 2)]  # even keys, 20 rows each
@@ -293,6 +299,7 @@ def test_a_cogroup_past_the_sort_unit_meets_each_key_of_both_sides_in_one_memory
         [Side(iter(left), INT_SCHEMA, ["k"]), Side(iter(right), right_schema, ["key"])],
         memory_bytes=None,
         sort_unit_bytes=unit,
+        partitions=partitions,
     ):
         buckets += 1
         assert lt.schema == INT_SCHEMA and rt.schema == right_schema
@@ -307,6 +314,121 @@ def test_a_cogroup_past_the_sort_unit_meets_each_key_of_both_sides_in_one_memory
     assert pairs[0] == (75, 20) and pairs[1] == (75, 0) and pairs[500] == (0, 20)
     assert sum(lr for lr, _ in pairs.values()) == 30_000
     assert sum(rr for _, rr in pairs.values()) == 6_000
+
+
+def as_a_reduce_task_reads(
+    keys: Sequence[int | None], partitions: int, maps: int = 4
+) -> list[pa.RecordBatch]:
+    """Rows of ``keys`` as a coalesced reduce task reads them: per map output (``maps`` slices of
+    the rows) a batch per reduce partition, each holding only that partition's rows (routed as
+    the map side routes them), decoded."""
+    table = pa.table(
+        {"k": pa.array(keys, pa.int64()), "v": pa.array(np.arange(len(keys)))}, schema=INT_SCHEMA
+    )
+    pieces = []
+    for part in np.array_split(np.arange(len(keys)), maps):
+        rows = table.take(pa.array(part)).combine_chunks().to_batches()[0]
+        ids = route(rows, ["k"], partitions)
+        pieces += [rows.filter(pa.array(ids == p)) for p in range(partitions) if (ids == p).any()]
+    return decoded(pieces)
+
+
+def buffer_addresses(tables: Sequence[pa.Table | pa.RecordBatch]) -> set[int]:
+    return {
+        b.address
+        for t in tables
+        for column in t.columns
+        for chunk in getattr(column, "chunks", [column])
+        for b in chunk.buffers()
+        if b is not None
+    }
+
+
+def test_with_partitions_each_batch_of_one_partition_goes_to_its_bucket_uncopied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A coalesced reduce task reads a batch per map output and reduce partition: with the shuffle's
+    ``partitions`` the buckets in memory are those partitions and each batch moves to its own whole,
+    with no split (no copy); every bucket is one partition's rows, every key group whole in one."""
+    keys: list[int | None] = [None if i % 101 == 0 else (i * 7919) % 997 for i in range(40_000)]
+    data = as_a_reduce_task_reads(keys, partitions=12)
+    whole = pa.Table.from_batches(data)
+    arrived = buffer_addresses(data)
+    splits = counted_splits(monkeypatch)
+    tables = list(
+        released_rows(
+            iter(data),
+            INT_SCHEMA,
+            ["k"],
+            memory_bytes=1 << 30,
+            sort_unit_bytes=whole.nbytes // 8,
+            partitions=12,
+        )
+    )
+    assert splits == []
+    assert len(tables) == 12
+    assert buffer_addresses(tables) <= arrived  # the batches themselves, not copies
+    for table in tables:
+        assert len(set(route(table.combine_chunks().to_batches()[0], ["k"], 12).tolist())) == 1
+    assert rows_of(tables) == rows_of([whole])
+    seen: set[int | None] = set()
+    for table in tables:
+        groups = {g["k"][0].as_py() for g in iter_groups(table, ["k"])}
+        assert not groups & seen
+        seen |= groups
+    assert len(seen) == 998
+
+
+def test_with_partitions_a_batch_of_several_partitions_is_split_by_partition() -> None:
+    """Batches that do not keep to one partition are split by it (copies), so rows still meet in a
+    bucket only by their key, whatever a reader hands over."""
+    keys = [(i * 7919) % 997 for i in range(40_000)]
+    mixed = batches(keys, rows_per_batch=700, schema=INT_SCHEMA)
+    data = as_a_reduce_task_reads(keys, partitions=12)[:30] + mixed
+    whole = pa.Table.from_batches(data)
+    tables = list(
+        released_rows(
+            iter(data),
+            INT_SCHEMA,
+            ["k"],
+            memory_bytes=1 << 30,
+            sort_unit_bytes=whole.nbytes // 8,
+            partitions=12,
+        )
+    )
+    assert len(tables) == 12
+    for table in tables:
+        assert len(set(route(table.combine_chunks().to_batches()[0], ["k"], 12).tolist())) == 1
+    assert rows_of(tables) == rows_of([whole])
+    groups = [g["k"][0].as_py() for t in tables for g in iter_groups(t, ["k"])]
+    assert len(groups) == len(set(groups)) == 997
+
+
+def test_with_partitions_a_partition_over_the_sort_unit_comes_back_as_hash_buckets() -> None:
+    """A partition bucket larger than the sort unit (a hot key's) is split into hash buckets as
+    it is handed over, so the grouping's sorted copies stay a bucket's size as without partitions."""
+    keys = [0 if i % 3 else (i * 7919) % 997 for i in range(60_000)]  # key 0: two thirds of the rows
+    data = as_a_reduce_task_reads(keys, partitions=4)
+    whole = pa.Table.from_batches(data)
+    hot = int(route(pa.record_batch({"k": pa.array([0], pa.int64())}), ["k"], 4)[0])
+    hot_bytes = sum(reduce_spill.held_bytes(b) for b in data if route(b, ["k"], 4)[0] == hot)
+    tables = list(
+        released_rows(
+            iter(data), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=hot_bytes // 2, partitions=4
+        )
+    )
+    of_hot = [t for t in tables if route(t.combine_chunks().to_batches()[0], ["k"], 4)[0] == hot]
+    assert len(of_hot) > 1 and len(tables) == 3 + len(of_hot)
+    assert rows_of(tables) == rows_of([whole])
+    groups = [g["k"][0].as_py() for t in tables for g in iter_groups(t, ["k"])]
+    assert len(groups) == len(set(groups)) == 997
+
+
+def test_bucketing_by_partitions_refuses_a_count_below_one() -> None:
+    with pytest.raises(ValueError, match="0 partitions"):
+        list(
+            partition_rows(iter(batches([1, 2], schema=INT_SCHEMA)), INT_SCHEMA, ["k"], None, 1, partitions=0)
+        )
 
 
 def test_spill_roots_are_sparks_local_dirs_else_the_temp_folder(
