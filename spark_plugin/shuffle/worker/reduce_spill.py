@@ -116,6 +116,8 @@ def bucket_rows(
     held as copies of their own: a decoded batch's columns all view its frame's memory, which no
     column of it frees alone, so without the copy the grouping could not drop a column as it
     sorts (a cogroup takes each key's rows from whole tables: no copy for it)."""
+    if partitions is not None and partitions < 1:
+        raise ValueError(f"cannot bucket rows by {partitions} partitions")
     held: list[list[pa.RecordBatch]] = [[] for _ in sides]
     bucketed = all(map(_vector_hashed, sides))  # past the sort unit, in memory buckets
     copied = len(sides) == 1 and not bucketed  # past the sort unit, one table of copies
@@ -148,6 +150,23 @@ def bucket_rows(
 def _owning_copy(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` with each column in memory of its own (a memory copy: 4.8 GB/s measured here)."""
     return pa.RecordBatch.from_arrays([pa.concat_arrays([c]) for c in batch.columns], schema=batch.schema)
+
+
+def _views_more_memory(batch: pa.RecordBatch, size: int) -> bool:
+    """Do ``batch``'s columns view an allocation over twice its ``size``? A stream's payload packs
+    the small batches of consecutive segments, several partitions' (``arrow_shuffle.codec``), and
+    decodes them in place: one of them kept whole keeps the whole payload (a file read's batch is
+    its one-partition segment's). Each column's last buffer, followed to the memory it slices."""
+    for column in batch.columns:
+        buffers = [b for b in column.buffers() if b is not None]
+        if not buffers:
+            continue
+        memory = buffers[-1]
+        while memory.parent is not None:
+            memory = memory.parent
+        if memory.size > 2 * size:
+            return True
+    return False
 
 
 def _spilled(
@@ -297,8 +316,10 @@ class _MemoryBuckets:
     is one partition's rows and moves to its bucket whole, where a split copied every row (a take,
     and a concatenation before it, then a grouping's sort copied them again). Each gathered set is
     hashed at once to check that, so a batch of several partitions is split by copies, and rows
-    never meet in a bucket but by their key. A partition that grows past ``sort_unit_bytes`` (a
-    hot key's) is bucketed by hash from then on, as without ``partitions``, its hashes reused."""
+    never meet in a bucket but by their key; a batch that views a larger payload (a stream's) is
+    copied, so that its bucket's memory goes with the bucket. A partition that grows past
+    ``sort_unit_bytes`` (a hot key's) is bucketed by hash from then on, as without ``partitions``,
+    the hashes of the rows that reach it after that reused."""
 
     def __init__(
         self, sides: Sequence[Side], partitions: int | None = None, sort_unit_bytes: int = SORT_UNIT_BYTES
@@ -373,15 +394,18 @@ class _MemoryBuckets:
 
     def _file(self, side: int, partition: int, batch: pa.RecordBatch, hashes: np.ndarray) -> None:
         within = self._within.get(partition)
-        if within is not None:
-            within.write(side, batch, hashes)
+        if within is not None:  # a copy: a view would keep the whole gathered set's hashes
+            within.write(side, batch, hashes.copy())
             return
+        size = held_bytes(batch)
+        if _views_more_memory(batch, size):
+            batch = _owning_copy(batch)
         self._rows[side].setdefault(partition, []).append(batch)
-        self._sizes[partition] = self._sizes.get(partition, 0) + held_bytes(batch)
+        self._sizes[partition] = self._sizes.get(partition, 0) + size
         if self._sizes[partition] > self._sort_unit_bytes:  # a hot key's, say: by hash from now on
             within = self._within[partition] = _MemoryBuckets(self._sides)
             for i in range(len(self._sides)):
-                within.write_all(i, self._rows[i].pop(partition, []))
+                within.write_all(i, self._rows[i].pop(partition, []))  # hashed again: a sort unit's
 
     def drain(self) -> list[list[pa.RecordBatch]]:
         """Every side's rows so far (bucket after bucket, then those not split yet), no longer held here."""
@@ -399,8 +423,10 @@ class _MemoryBuckets:
 
     def buckets(self) -> Iterator[list[Rows]]:
         """Each non-empty bucket's rows per side, handed on: once its grouping has sorted them and
-        its groups are done, nothing here holds them (a hot bucket is held once, not beside its
-        sorted copy). A partition bucketed by hash comes back as its hash buckets."""
+        its groups are done, nothing here holds them. A hash bucket's columns are copies of their
+        own, so a hot bucket is held once, not beside its sorted copy (a partition bucket's batches
+        are as they were read, within the sort unit). A partition bucketed by hash comes back as
+        its hash buckets."""
         for side in range(len(self._sides)):
             self._split(side)
         for bucket in sorted(set(self._within).union(*self._rows)):

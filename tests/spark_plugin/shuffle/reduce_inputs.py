@@ -8,7 +8,8 @@ import pyarrow as pa
 
 
 def decoded(slices: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
-    """``slices`` as a reduce task receives batches: decoded from IPC, each over buffers of its own.
+    """``slices`` as a reduce task receives a stream's batches: decoded from one IPC stream, each
+    batch over buffers of its own sized to it, all of them slices of the stream's one buffer.
 
     A reduce task counts what it holds by its batches' buffers (``reduce_spill.held_bytes``), and
     a slice's buffers are its whole table's: slices of one table would count it once per slice."""
@@ -24,3 +25,9 @@ def decoded(slices: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
 def read_as_reducer(table: pa.Table, rows: int) -> list[pa.RecordBatch]:
     """``table`` in batches of at most ``rows`` rows, as a reduce task receives them."""
     return decoded(table.to_batches(max_chunksize=rows))
+
+
+def decoded_apart(slices: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
+    """``slices`` as a reduce task reads them from map-output files: each decoded from IPC bytes
+    of its own (a segment's), so that keeping one batch keeps no other's memory."""
+    return [batch for one in slices for batch in decoded([one])]

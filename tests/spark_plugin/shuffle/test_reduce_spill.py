@@ -14,11 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from arrow_shuffle.partitioner import hash_rows
 from spark_plugin.shuffle.map_output import route
 from spark_plugin.shuffle.worker import reduce_spill
 from spark_plugin.shuffle.worker.grouping import Rows, iter_cogroups, iter_groups
 from spark_plugin.shuffle.worker.reduce_spill import Side, bucket_rows, partition_rows, spilled_bytes
-from tests.spark_plugin.shuffle.reduce_inputs import decoded, read_as_reducer
+from tests.spark_plugin.shuffle.reduce_inputs import decoded, decoded_apart, read_as_reducer
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
 
@@ -317,11 +318,12 @@ def test_a_cogroup_past_the_sort_unit_meets_each_key_of_both_sides_in_one_memory
 
 
 def as_a_reduce_task_reads(
-    keys: Sequence[int | None], partitions: int, maps: int = 4
+    keys: Sequence[int | None], partitions: int, maps: int = 4, streamed: bool = False
 ) -> list[pa.RecordBatch]:
     """Rows of ``keys`` as a coalesced reduce task reads them: per map output (``maps`` slices of
     the rows) a batch per reduce partition, each holding only that partition's rows (routed as
-    the map side routes them), decoded."""
+    the map side routes them), decoded as from files (each batch its own memory) or ``streamed``
+    (packed: all of them views of one buffer)."""
     table = pa.table(
         {"k": pa.array(keys, pa.int64()), "v": pa.array(np.arange(len(keys)))}, schema=INT_SCHEMA
     )
@@ -330,7 +332,7 @@ def as_a_reduce_task_reads(
         rows = table.take(pa.array(part)).combine_chunks().to_batches()[0]
         ids = route(rows, ["k"], partitions)
         pieces += [rows.filter(pa.array(ids == p)) for p in range(partitions) if (ids == p).any()]
-    return decoded(pieces)
+    return decoded(pieces) if streamed else decoded_apart(pieces)
 
 
 def buffer_addresses(tables: Sequence[pa.Table | pa.RecordBatch]) -> set[int]:
@@ -405,8 +407,9 @@ def test_with_partitions_a_batch_of_several_partitions_is_split_by_partition() -
 
 
 def test_with_partitions_a_partition_over_the_sort_unit_comes_back_as_hash_buckets() -> None:
-    """A partition bucket larger than the sort unit (a hot key's) is split into hash buckets as
-    it is handed over, so the grouping's sorted copies stay a bucket's size as without partitions."""
+    """A partition that grows past the sort unit (a hot key's) is bucketed by hash from then on,
+    so it comes back as several buckets, each of that partition's rows alone, as without
+    partitions; the other partitions come back one bucket each."""
     keys = [0 if i % 3 else (i * 7919) % 997 for i in range(60_000)]  # key 0: two thirds of the rows
     data = as_a_reduce_task_reads(keys, partitions=4)
     whole = pa.Table.from_batches(data)
@@ -417,11 +420,113 @@ def test_with_partitions_a_partition_over_the_sort_unit_comes_back_as_hash_bucke
             iter(data), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=hot_bytes // 2, partitions=4
         )
     )
-    of_hot = [t for t in tables if route(t.combine_chunks().to_batches()[0], ["k"], 4)[0] == hot]
-    assert len(of_hot) > 1 and len(tables) == 3 + len(of_hot)
+    partitions = [set(route(t.combine_chunks().to_batches()[0], ["k"], 4).tolist()) for t in tables]
+    assert all(len(p) == 1 for p in partitions)  # no bucket mixes partitions
+    assert sorted(min(p) for p in partitions if hot not in p) == sorted(set(range(4)) - {hot})
+    of_hot = [t for t, p in zip(tables, partitions, strict=True) if hot in p]
+    hot_rows = sum(b.num_rows for b in data if route(b, ["k"], 4)[0] == hot)
+    assert len(of_hot) > 1 and sum(t.num_rows for t in of_hot) == hot_rows
     assert rows_of(tables) == rows_of([whole])
     groups = [g["k"][0].as_py() for t in tables for g in iter_groups(t, ["k"])]
     assert len(groups) == len(set(groups)) == 997
+
+
+def test_with_partitions_a_batch_viewing_a_packed_payload_is_filed_as_a_copy() -> None:
+    """A stream packs small batches of several partitions into one payload, decoded in place: a
+    batch filed whole would keep the whole payload alive while its bucket waits, so it is copied
+    and each bucket's memory goes with the bucket (the batches of files are filed as they are)."""
+    keys = [(i * 7919) % 997 for i in range(40_000)]
+    data = as_a_reduce_task_reads(keys, partitions=12, streamed=True)
+    whole = pa.Table.from_batches(data)
+    payload = buffer_addresses(data)
+    tables = list(
+        released_rows(
+            iter(data),
+            INT_SCHEMA,
+            ["k"],
+            memory_bytes=1 << 30,
+            sort_unit_bytes=whole.nbytes // 8,
+            partitions=12,
+        )
+    )
+    assert len(tables) == 12
+    assert not buffer_addresses(tables) & payload
+    assert rows_of(tables) == rows_of([whole])
+
+
+def test_a_hot_partitions_rows_are_split_with_their_hashes_aligned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows that reach a partition gone hot are hash-bucketed with the hashes its filing computed:
+    each split is handed exactly its rows' ``hash_rows``, and every key group comes back whole."""
+    keys: list[int | None] = [
+        0 if i % 3 else None if i % 101 == 0 else (i * 7919) % 997 for i in range(60_000)
+    ]
+    data = as_a_reduce_task_reads(keys, partitions=4, maps=12)
+    whole = pa.Table.from_batches(data)
+    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 40)
+    handed: list[bool] = []
+    split = reduce_spill.split_by_bucket
+
+    def checked(batch: pa.RecordBatch, keys: Sequence[str], *args: Any, **kwargs: Any) -> Iterator[Any]:
+        if kwargs.get("hashes") is not None:
+            assert np.array_equal(kwargs["hashes"], hash_rows(batch, keys))
+        handed.append(kwargs.get("hashes") is not None)
+        return split(batch, keys, *args, **kwargs)
+
+    monkeypatch.setattr(reduce_spill, "split_by_bucket", checked)
+    tables = list(
+        released_rows(
+            iter(data),
+            INT_SCHEMA,
+            ["k"],
+            memory_bytes=1 << 30,
+            sort_unit_bytes=whole.nbytes // 20,
+            partitions=4,
+        )
+    )
+    assert sum(handed) >= 3, handed  # the hot partition's later rows, split with their hashes
+    assert rows_of(tables) == rows_of([whole])
+    groups = [g["k"][0].as_py() for t in tables for g in iter_groups(t, ["k"])]
+    assert len(groups) == len(set(groups)) == len(set(keys))
+
+
+def test_with_partitions_rows_bucketed_in_memory_spill_whole_when_the_budget_is_passed(
+    spill_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the budget, every row bucketed in memory so far (partition buckets, a hot partition's
+    hash buckets, rows not filed yet) is written out with the rest: each comes back once, every
+    key group whole in one bucket."""
+    keys = [0 if i % 2 else (i * 31) % 499 for i in range(80_000)]
+    data = as_a_reduce_task_reads(keys, partitions=6, maps=8)
+    whole = pa.Table.from_batches(data)
+    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 40)
+    drained: list[int] = []
+    drain = reduce_spill._MemoryBuckets.drain
+
+    def counted(self: Any) -> list[list[pa.RecordBatch]]:
+        drained.append(len(self._within))
+        return drain(self)
+
+    monkeypatch.setattr(reduce_spill._MemoryBuckets, "drain", counted)
+    before = spilled_bytes()
+    seen: set[int] = set()
+    tables = []
+    for table in released_rows(
+        iter(data),
+        INT_SCHEMA,
+        ["k"],
+        memory_bytes=whole.nbytes * 2 // 3,
+        sort_unit_bytes=whole.nbytes // 10,
+        partitions=6,
+    ):
+        assert any(spill_root.iterdir()), "read back from disk"
+        groups = {g["k"][0].as_py() for g in iter_groups(table, ["k"])}
+        assert not groups & seen
+        seen |= groups
+        tables.append(table)
+    assert drained == [1, 0]  # drained with the hot partition bucketed by hash, and that within
+    assert rows_of(tables) == rows_of([whole])
+    assert len(seen) == 499
+    assert spilled_bytes() - before >= whole.nbytes
 
 
 def test_bucketing_by_partitions_refuses_a_count_below_one() -> None:
