@@ -91,6 +91,16 @@ def _sorted_runs(components: Sequence[pa.Array], n: int) -> tuple[np.ndarray, np
     return order.to_numpy(zero_copy_only=False), starts
 
 
+def _one_value(component: pa.Array) -> bool:
+    """Does every row of ``component`` hold one value (nulls all, or none and min == max)?"""
+    if component.null_count:
+        return bool(component.null_count == len(component))
+    if not (pa.types.is_integer(component.type) or pa.types.is_boolean(component.type)):
+        return False  # strings, decimals, binaries: sorted as they are
+    bounds = pc.min_max(component)
+    return bool(bounds["min"].as_py() == bounds["max"].as_py())
+
+
 _NARROW = 0xFFFF
 """Integer keys spanning fewer values than this (nulls one more) are sorted as two-byte codes."""
 
@@ -236,6 +246,8 @@ def group_bounds(rows: pa.Table | Rows, key_columns: Sequence[str]) -> tuple[pa.
     if n == 0:
         return table, np.zeros(1, dtype=np.int64)
     components = [c for name in key_columns for c in _components(table.column(name).combine_chunks())]
+    if all(map(_one_value, components)):  # one group (a hot key's bucket): no sort, no copy
+        return table, np.array([0, n], dtype=np.int64)
     order, starts = _sorted_runs(components, n)
     del components
     bounds = np.append(np.flatnonzero(starts), n)

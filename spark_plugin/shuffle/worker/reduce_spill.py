@@ -137,7 +137,12 @@ def bucket_rows(
                 yield from _spilled(held, iterators, index, sides, memory_bytes)
                 return
             if in_memory is None and size > sort_unit_bytes and bucketed:
-                in_memory = _MemoryBuckets(sides, partitions, sort_unit_bytes)
+                heavy = None  # with partitions, decided per partition that grows past the sort unit
+                if partitions is None:
+                    heavy = heavy_hash(
+                        [(b, side.keys) for side, h in zip(sides, held, strict=True) for b in h]
+                    )
+                in_memory = _MemoryBuckets(sides, partitions, sort_unit_bytes, heavy)
                 for i, side_held in enumerate(held):
                     in_memory.write_all(i, side_held)  # emptied as they are bucketed
         batch = None  # held or bucketed now: this frame must not keep the last one's frame alive
@@ -150,6 +155,31 @@ def bucket_rows(
 def _owning_copy(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` with each column in memory of its own (a memory copy: 4.8 GB/s measured here)."""
     return pa.RecordBatch.from_arrays([pa.concat_arrays([c]) for c in batch.columns], schema=batch.schema)
+
+
+HEAVY_SHARE = 0.5
+"""A key hash held by at least this share of a partition's first rows, once they pass the sort
+unit, is a hot key's: its rows get a hash bucket of their own (``heavy_hash``)."""
+HEAVY_SAMPLE_ROWS = 1 << 16
+
+
+def heavy_hash(batches: Sequence[tuple[pa.RecordBatch, Sequence[str]]]) -> int | None:
+    """The key hash of at least ``HEAVY_SHARE`` of the rows of ``batches`` (each with its key
+    columns; up to ``HEAVY_SAMPLE_ROWS`` of them, spread evenly), or ``None``.
+
+    Why: a hot key shares its hash bucket with other keys, so grouping that bucket sorts and copies
+    all of the hot key's rows (12 M rows of the 20 M-row hot matrix cell: 0.43 s). Alone in a
+    bucket it is one group, which the grouping hands on as it is (``grouping.group_bounds``).
+    Decided when a partition's in-memory hash buckets begin, before any row is in one, so every
+    row of that hash goes to the same bucket."""
+    hashes = [hash_rows(batch, keys) for batch, keys in batches if batch.num_rows]
+    if not hashes:
+        return None
+    joined = np.concatenate(hashes)
+    sample = joined[:: max(1, len(joined) // HEAVY_SAMPLE_ROWS)]
+    values, counts = np.unique(sample, return_counts=True)
+    top = int(np.argmax(counts))
+    return int(values[top]) if counts[top] >= HEAVY_SHARE * len(sample) else None
 
 
 def _views_more_memory(batch: pa.RecordBatch, size: int) -> bool:
@@ -257,19 +287,23 @@ def split_by_bucket(
     level: int,
     own_copies: bool = False,
     hashes: np.ndarray | None = None,
+    heavy: int | None = None,
 ) -> Iterator[tuple[int, pa.RecordBatch, np.ndarray]]:
     """``batch``'s rows by the bucket of their key hash at ``level``: each non-empty bucket, its
     rows and their key hashes (``hashes``: already known, ``hash_rows``'s). The rows are slices of
     one reordered copy, or with ``own_copies`` a copy per bucket (rows kept in memory: a bucket's
-    memory then goes with the bucket)."""
+    memory then goes with the bucket). Rows whose hash is ``heavy`` go to a bucket of their own,
+    ``FANOUT`` (a hot key's: ``_MemoryBuckets``)."""
     if batch.num_rows == 0:
         return
     if hashes is None:
         hashes = hash_rows(batch, keys)
     buckets = bucket_of(hashes, level)
+    if heavy is not None:
+        buckets[hashes == np.uint64(heavy)] = FANOUT
     order = np.argsort(buckets, kind="stable")
     hashes = hashes[order]
-    counts = np.bincount(buckets, minlength=FANOUT)
+    counts = np.bincount(buckets, minlength=FANOUT + 1)
     ordered = None if own_copies else batch.take(pa.array(order))
     start = 0
     for bucket, count in enumerate(counts.tolist()):
@@ -322,12 +356,18 @@ class _MemoryBuckets:
     the hashes of the rows that reach it after that reused."""
 
     def __init__(
-        self, sides: Sequence[Side], partitions: int | None = None, sort_unit_bytes: int = SORT_UNIT_BYTES
+        self,
+        sides: Sequence[Side],
+        partitions: int | None = None,
+        sort_unit_bytes: int = SORT_UNIT_BYTES,
+        heavy: int | None = None,
     ) -> None:
         if partitions is not None and partitions < 1:
             raise ValueError(f"cannot bucket rows by {partitions} partitions")
         self._sides = sides
         self._partitions = partitions
+        self._heavy = heavy
+        """A key hash whose rows have a hash bucket of their own (``heavy_hash``)."""
         self._sort_unit_bytes = sort_unit_bytes
         self._rows: list[dict[int, list[pa.RecordBatch]]] = [{} for _ in sides]
         self._sizes: dict[int, int] = {}
@@ -364,21 +404,33 @@ class _MemoryBuckets:
         known = [hashes for _, hashes in gathered if hashes is not None]
         hashes = np.concatenate(known) if len(known) == len(gathered) else None
         del gathered
+        self._split_batches(side, batches, hashes)
+
+    def _split_batches(self, side: int, batches: list[pa.RecordBatch], hashes: np.ndarray | None) -> None:
+        """``batches`` (``hashes``: their rows' ``hash_rows``, or None) split into the hash buckets
+        at once, each bucket's rows a copy of their own."""
         if len(batches) > 1:  # one batch of them all; the pieces are dropped with the old list
             batches = pa.Table.from_batches(batches).combine_chunks().to_batches()
         for rows in batches:  # one, combined
-            split = split_by_bucket(rows, self._sides[side].keys, level=0, own_copies=True, hashes=hashes)
+            keys = self._sides[side].keys
+            split = split_by_bucket(rows, keys, level=0, own_copies=True, hashes=hashes, heavy=self._heavy)
             for bucket, own, _ in split:
                 self._rows[side].setdefault(bucket, []).append(own)
 
     def _file_by_partition(self, side: int, gathered: list[pa.RecordBatch]) -> None:
         """Each batch to the bucket of its rows' partition, whole (no copy) when they all have one;
-        a batch of several partitions is split, each partition's rows a copy of their own."""
+        a batch of several partitions is split, each partition's rows a copy of their own. A set
+        whose rows all go to a partition bucketed by hash is split at once (a hot task's)."""
         assert self._partitions is not None
         hashes = hash_rows(pa.Table.from_batches(gathered), self._sides[side].keys)
         ids = hashes % np.uint64(self._partitions)
         starts = np.cumsum([0] + [batch.num_rows for batch in gathered[:-1]])
         lows, highs = np.minimum.reduceat(ids, starts).tolist(), np.maximum.reduceat(ids, starts).tolist()
+        within = self._within.get(lows[0]) if min(lows) == max(highs) else None
+        if within is not None:
+            within._split(side)  # what it gathered before, first
+            within._split_batches(side, gathered, hashes)
+            return
         for batch, start, low, high in zip(gathered, starts.tolist(), lows, highs, strict=True):
             end = start + batch.num_rows
             if low == high:
@@ -403,9 +455,13 @@ class _MemoryBuckets:
         self._rows[side].setdefault(partition, []).append(batch)
         self._sizes[partition] = self._sizes.get(partition, 0) + size
         if self._sizes[partition] > self._sort_unit_bytes:  # a hot key's, say: by hash from now on
-            within = self._within[partition] = _MemoryBuckets(self._sides)
-            for i in range(len(self._sides)):
-                within.write_all(i, self._rows[i].pop(partition, []))  # hashed again: a sort unit's
+            pieces = [self._rows[i].pop(partition, []) for i in range(len(self._sides))]
+            heavy = heavy_hash(
+                [(batch, side.keys) for side, held in zip(self._sides, pieces, strict=True) for batch in held]
+            )
+            within = self._within[partition] = _MemoryBuckets(self._sides, heavy=heavy)
+            for i, held in enumerate(pieces):
+                within.write_all(i, held)  # hashed again: a sort unit's
 
     def drain(self) -> list[list[pa.RecordBatch]]:
         """Every side's rows so far (bucket after bucket, then those not split yet), no longer held here."""

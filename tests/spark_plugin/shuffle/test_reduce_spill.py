@@ -529,6 +529,45 @@ def test_with_partitions_rows_bucketed_in_memory_spill_whole_when_the_budget_is_
     assert spilled_bytes() - before >= whole.nbytes
 
 
+@pytest.mark.parametrize("partitions", [None, 4])
+def test_a_hot_keys_rows_get_a_bucket_of_their_own(partitions: int | None) -> None:
+    """A key holding most of a partition's rows when its in-memory buckets begin gets a hash bucket
+    of its own: grouped there, it is one group, handed on without a sort or a copy; its rows are
+    all there and no other key's are, and every other key comes back whole elsewhere."""
+    keys = [3 if i % 4 else (i * 7919) % 997 for i in range(60_000)]  # key 3: three quarters
+    data = as_a_reduce_task_reads(keys, partitions=4, maps=6)
+    whole = pa.Table.from_batches(data)
+    tables = list(
+        released_rows(
+            iter(data),
+            INT_SCHEMA,
+            ["k"],
+            memory_bytes=1 << 30,
+            sort_unit_bytes=whole.nbytes // 8,
+            partitions=partitions,
+        )
+    )
+    hot = [t for t in tables if 3 in t["k"].to_pylist()]
+    assert len(hot) == 1 and set(hot[0]["k"].to_pylist()) == {3}
+    assert hot[0].num_rows == keys.count(3)
+    assert rows_of(tables) == rows_of([whole])
+    groups = [g["k"][0].as_py() for t in tables for g in iter_groups(t, ["k"])]
+    assert len(groups) == len(set(groups)) == len(set(keys))
+
+
+def test_the_heavy_hash_is_a_key_of_half_the_rows_or_none() -> None:
+    """Sampled evenly over the rows of every side (each with its own key columns)."""
+    left = pa.record_batch({"k": pa.array([1] * 600 + list(range(400)), pa.int64())})
+    right = pa.record_batch({"key": pa.array([1] * 100 + [2] * 900, pa.int32())})
+    one = int(hash_rows(pa.record_batch({"k": pa.array([1], pa.int64())}), ["k"])[0])
+    two = int(hash_rows(pa.record_batch({"k": pa.array([2], pa.int64())}), ["k"])[0])
+    assert reduce_spill.heavy_hash([(left, ["k"])]) == one
+    assert reduce_spill.heavy_hash([(left, ["k"]), (right, ["key"])]) is None  # 700 and 900 of 2,000
+    assert reduce_spill.heavy_hash([(right, ["key"])]) == two
+    assert reduce_spill.heavy_hash([(left.slice(600), ["k"])]) is None
+    assert reduce_spill.heavy_hash([]) is None
+
+
 def test_bucketing_by_partitions_refuses_a_count_below_one() -> None:
     with pytest.raises(ValueError, match="0 partitions"):
         list(
