@@ -161,22 +161,28 @@ HEAVY_SHARE = 0.5
 """A key hash held by at least this share of a partition's first rows, once they pass the sort
 unit, is a hot key's: its rows get a hash bucket of their own (``heavy_hash``)."""
 HEAVY_SAMPLE_ROWS = 1 << 16
+"""Rows whose key hash ``heavy_hash`` looks at, spread evenly over what is held (only their keys
+are hashed)."""
 
 
 def heavy_hash(batches: Sequence[tuple[pa.RecordBatch, Sequence[str]]]) -> int | None:
     """The key hash of at least ``HEAVY_SHARE`` of the rows of ``batches`` (each with its key
-    columns; up to ``HEAVY_SAMPLE_ROWS`` of them, spread evenly), or ``None``.
+    columns; up to about ``HEAVY_SAMPLE_ROWS`` of them, spread evenly), or ``None``.
 
     Why: a hot key shares its hash bucket with other keys, so grouping that bucket sorts and copies
     all of the hot key's rows (12 M rows of the 20 M-row hot matrix cell: 0.43 s). Alone in a
     bucket it is one group, which the grouping hands on as it is (``grouping.group_bounds``).
     Decided when a partition's in-memory hash buckets begin, before any row is in one, so every
     row of that hash goes to the same bucket."""
-    hashes = [hash_rows(batch, keys) for batch, keys in batches if batch.num_rows]
+    step = max(1, sum(batch.num_rows for batch, _ in batches) // HEAVY_SAMPLE_ROWS)
+    hashes = [
+        hash_rows(batch.select(keys).take(pa.array(np.arange(0, batch.num_rows, step))), keys)
+        for batch, keys in batches
+        if batch.num_rows
+    ]
     if not hashes:
         return None
-    joined = np.concatenate(hashes)
-    sample = joined[:: max(1, len(joined) // HEAVY_SAMPLE_ROWS)]
+    sample = np.concatenate(hashes)
     values, counts = np.unique(sample, return_counts=True)
     top = int(np.argmax(counts))
     return int(values[top]) if counts[top] >= HEAVY_SHARE * len(sample) else None
@@ -344,7 +350,8 @@ class _MemoryBuckets:
     time. Arriving batches are gathered up to ``SPLIT_BYTES`` per side and filed together.
 
     By default the buckets are ``FANOUT`` of the key hash (level 0, the first on-disk level too),
-    each holding copies of its own rows. With ``partitions`` (the shuffle's reduce partitions) they
+    each holding copies of its own rows, and with a ``heavy`` hash (a hot key's) one more, for its
+    rows alone. With ``partitions`` (the shuffle's reduce partitions) they
     are those partitions, found as the map side routes rows (``map_output.route``): a coalesced
     reduce task reads a segment per map output, reduce partition and run, so each batch it reads
     is one partition's rows and moves to its bucket whole, where a split copied every row (a take,
@@ -409,7 +416,7 @@ class _MemoryBuckets:
     def _split_batches(self, side: int, batches: list[pa.RecordBatch], hashes: np.ndarray | None) -> None:
         """``batches`` (``hashes``: their rows' ``hash_rows``, or None) split into the hash buckets
         at once, each bucket's rows a copy of their own."""
-        if len(batches) > 1:  # one batch of them all; the pieces are dropped with the old list
+        if len(batches) > 1:  # one batch of them all (the caller's list keeps the pieces till then)
             batches = pa.Table.from_batches(batches).combine_chunks().to_batches()
         for rows in batches:  # one, combined
             keys = self._sides[side].keys
@@ -457,7 +464,7 @@ class _MemoryBuckets:
         if self._sizes[partition] > self._sort_unit_bytes:  # a hot key's, say: by hash from now on
             pieces = [self._rows[i].pop(partition, []) for i in range(len(self._sides))]
             heavy = heavy_hash(
-                [(batch, side.keys) for side, held in zip(self._sides, pieces, strict=True) for batch in held]
+                [(b, s.keys) for s, held in zip(self._sides, pieces, strict=True) for b in held]
             )
             within = self._within[partition] = _MemoryBuckets(self._sides, heavy=heavy)
             for i, held in enumerate(pieces):

@@ -152,3 +152,22 @@ def test_one_value_and_nulls_are_two_groups_and_are_sorted() -> None:
     assert bounds.tolist() == [0, 3, 5]
     assert ordered["k"].to_pylist() == [5, 5, 5, None, None]
     assert ordered["v"].to_pylist() == [0, 2, 4, 1, 3]
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        pa.table({"k": pa.array([True, None, True, True])}),
+        pa.table({"k": pa.array([{"a": 1, "b": 2}, {"a": 1, "b": 3}, {"a": 1, "b": 2}])}),
+        pa.table({"k": pa.array([1, 1, 1, 1]), "j": pa.array(["x", "y", "x", "x"])}),
+        pa.table({"k": pa.chunked_array([[4, 4], [4, 5]])}),
+        pa.table({"k": pa.array([9, 4, 4, 4]).slice(1)}),
+    ],
+)
+def test_one_value_is_found_only_where_there_is_one_group(table: pa.Table) -> None:
+    """``group_bounds``' one-value shortcut never takes two keys for one: as many groups as
+    distinct keys (Spark's equality: nulls equal), whatever the key's type, shape or slice."""
+    keys = table.column_names
+    _, bounds = group_bounds(table, keys)
+    distinct = {tuple(str(table.column(k)[i]) for k in keys) for i in range(table.num_rows)}
+    assert len(bounds) - 1 == len(distinct)

@@ -555,6 +555,68 @@ def test_a_hot_keys_rows_get_a_bucket_of_their_own(partitions: int | None) -> No
     assert len(groups) == len(set(groups)) == len(set(keys))
 
 
+def test_a_hot_partitions_rows_keep_their_arrival_order_in_each_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sets split at once into a partition's hash buckets come after what those buckets gathered
+    before, so each group's rows stay in arrival order (a stable grouping, as Spark's)."""
+    keys = [0 if i % 3 else (i * 7919) % 997 for i in range(25_000)] + [0] * 35_000
+    data = as_a_reduce_task_reads(keys, partitions=4, maps=24)
+    whole = pa.Table.from_batches(data)
+    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 12)
+    tables = list(
+        released_rows(
+            iter(data),
+            INT_SCHEMA,
+            ["k"],
+            memory_bytes=1 << 30,
+            sort_unit_bytes=whole.nbytes // 20,
+            partitions=4,
+        )
+    )
+    assert rows_of(tables) == rows_of([whole])
+    for table in tables:
+        for group in iter_groups(table, ["k"]):
+            assert (np.diff(group["v"].to_numpy()) > 0).all(), group["k"][0]
+
+
+@pytest.mark.parametrize("partitions", [None, 7])
+@pytest.mark.parametrize("hot_on_left", [True, False])
+def test_a_cogroups_hot_key_meets_whole_on_both_sides(partitions: int | None, hot_on_left: bool) -> None:
+    """A hot key of a cogroup (on both sides, or the right only) meets once, with all its rows."""
+    right_schema = pa.schema([("key", pa.int32()), ("w", pa.float64())])
+    n = 40_000
+    hot = route(pa.record_batch({"k": pa.array([0], pa.int64())}), ["k"], 7)[0]
+    cold = [
+        k
+        for k in range(1, 3000)
+        if route(pa.record_batch({"k": pa.array([k], pa.int64())}), ["k"], 7)[0] != hot
+    ]
+    left_keys = [0 if hot_on_left and i % 4 else cold[i % 400] for i in range(n)]
+    right_keys = [0 if i % 4 else cold[i % 500] for i in range(n)]
+    left = as_a_reduce_task_reads(left_keys, partitions=7, maps=5)
+    right_table = pa.table(
+        {"key": pa.array(right_keys, pa.int32()), "w": pa.array(np.ones(n))}, schema=right_schema
+    )
+    right = read_as_reducer(right_table, 900)
+    unit = pa.Table.from_batches(left).nbytes // 6
+    met: dict[int, tuple[int, int]] = {}
+    for lt, rt in released_sides(
+        [Side(iter(left), INT_SCHEMA, ["k"]), Side(iter(right), right_schema, ["key"])],
+        memory_bytes=None,
+        sort_unit_bytes=unit,
+        partitions=partitions,
+    ):
+        for lg, rg in iter_cogroups(
+            lt, ["k"], rt.cast(pa.schema([("key", pa.int64()), ("w", pa.float64())])), ["key"]
+        ):
+            key = (lg["k"] if lg.num_rows else rg["key"])[0].as_py()
+            assert key not in met, f"{key} met twice"
+            met[key] = (lg.num_rows, rg.num_rows)
+    assert met[0] == (left_keys.count(0), right_keys.count(0))
+    assert sum(lr for lr, _ in met.values()) == n and sum(rr for _, rr in met.values()) == n
+
+
 def test_the_heavy_hash_is_a_key_of_half_the_rows_or_none() -> None:
     """Sampled evenly over the rows of every side (each with its own key columns)."""
     left = pa.record_batch({"k": pa.array([1] * 600 + list(range(400)), pa.int64())})
