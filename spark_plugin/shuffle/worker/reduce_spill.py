@@ -489,16 +489,32 @@ class _MemoryBuckets:
         its groups are done, nothing here holds them. A hash bucket's columns are copies of their
         own, so a hot bucket is held once, not beside its sorted copy (a partition bucket's batches
         are as they were read, within the sort unit). A partition bucketed by hash comes back as
-        its hash buckets."""
+        its hash buckets; consecutive small partitions come back together, up to ``SPLIT_BYTES``
+        (a grouping's cost per bucket, pandas conversions say, is then paid once for them all:
+        a pandas job of 100 partitions of 0.6 MB per task ran 2% slower one by one)."""
         for side in range(len(self._sides)):
             self._split(side)
+        merged: list[list[pa.RecordBatch]] = [[] for _ in self._sides]
+        merged_bytes = 0
         for bucket in sorted(set(self._within).union(*self._rows)):
             within = self._within.pop(bucket, None)
+            size = self._sizes.pop(bucket, 0)
+            if any(merged) and (
+                within is not None or self._partitions is None or merged_bytes + size > SPLIT_BYTES
+            ):
+                yield self._handed_over(merged)
+                merged, merged_bytes = [[] for _ in self._sides], 0
             if within is not None:
                 yield from within.buckets()
                 continue
-            pieces = [self._rows[side].pop(bucket, []) for side in range(len(self._sides))]
-            yield [Rows.of_batches(p, s.schema) for p, s in zip(pieces, self._sides, strict=True)]
+            for side in range(len(self._sides)):
+                merged[side] += self._rows[side].pop(bucket, [])
+            merged_bytes += size
+        if any(merged):
+            yield self._handed_over(merged)
+
+    def _handed_over(self, pieces: list[list[pa.RecordBatch]]) -> list[Rows]:
+        return [Rows.of_batches(p, s.schema) for p, s in zip(pieces, self._sides, strict=True)]
 
 
 @dataclass(frozen=True)

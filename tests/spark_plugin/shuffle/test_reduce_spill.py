@@ -355,6 +355,7 @@ def test_with_partitions_each_batch_of_one_partition_goes_to_its_bucket_uncopied
     keys: list[int | None] = [None if i % 101 == 0 else (i * 7919) % 997 for i in range(40_000)]
     data = as_a_reduce_task_reads(keys, partitions=12)
     whole = pa.Table.from_batches(data)
+    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
     arrived = buffer_addresses(data)
     splits = counted_splits(monkeypatch)
     tables = list(
@@ -381,13 +382,16 @@ def test_with_partitions_each_batch_of_one_partition_goes_to_its_bucket_uncopied
     assert len(seen) == 998
 
 
-def test_with_partitions_a_batch_of_several_partitions_is_split_by_partition() -> None:
+def test_with_partitions_a_batch_of_several_partitions_is_split_by_partition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Batches that do not keep to one partition are split by it (copies), so rows still meet in a
     bucket only by their key, whatever a reader hands over."""
     keys = [(i * 7919) % 997 for i in range(40_000)]
     mixed = batches(keys, rows_per_batch=700, schema=INT_SCHEMA)
     data = as_a_reduce_task_reads(keys, partitions=12)[:30] + mixed
     whole = pa.Table.from_batches(data)
+    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
     tables = list(
         released_rows(
             iter(data),
@@ -406,13 +410,16 @@ def test_with_partitions_a_batch_of_several_partitions_is_split_by_partition() -
     assert len(groups) == len(set(groups)) == 997
 
 
-def test_with_partitions_a_partition_over_the_sort_unit_comes_back_as_hash_buckets() -> None:
+def test_with_partitions_a_partition_over_the_sort_unit_comes_back_as_hash_buckets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A partition that grows past the sort unit (a hot key's) is bucketed by hash from then on,
     so it comes back as several buckets, each of that partition's rows alone, as without
     partitions; the other partitions come back one bucket each."""
     keys = [0 if i % 3 else (i * 7919) % 997 for i in range(60_000)]  # key 0: two thirds of the rows
     data = as_a_reduce_task_reads(keys, partitions=4)
     whole = pa.Table.from_batches(data)
+    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
     hot = int(route(pa.record_batch({"k": pa.array([0], pa.int64())}), ["k"], 4)[0])
     hot_bytes = sum(reduce_spill.held_bytes(b) for b in data if route(b, ["k"], 4)[0] == hot)
     tables = list(
@@ -431,13 +438,16 @@ def test_with_partitions_a_partition_over_the_sort_unit_comes_back_as_hash_bucke
     assert len(groups) == len(set(groups)) == 997
 
 
-def test_with_partitions_a_batch_viewing_a_packed_payload_is_filed_as_a_copy() -> None:
+def test_with_partitions_a_batch_viewing_a_packed_payload_is_filed_as_a_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A stream packs small batches of several partitions into one payload, decoded in place: a
     batch filed whole would keep the whole payload alive while its bucket waits, so it is copied
     and each bucket's memory goes with the bucket (the batches of files are filed as they are)."""
     keys = [(i * 7919) % 997 for i in range(40_000)]
     data = as_a_reduce_task_reads(keys, partitions=12, streamed=True)
     whole = pa.Table.from_batches(data)
+    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
     payload = buffer_addresses(data)
     tables = list(
         released_rows(
@@ -628,6 +638,34 @@ def test_the_heavy_hash_is_a_key_of_half_the_rows_or_none() -> None:
     assert reduce_spill.heavy_hash([(right, ["key"])]) == two
     assert reduce_spill.heavy_hash([(left.slice(600), ["k"])]) is None
     assert reduce_spill.heavy_hash([]) is None
+
+
+def test_with_partitions_small_partitions_come_back_together_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consecutive partitions smaller than ``SPLIT_BYTES`` come back as one bucket (a grouping's
+    cost per bucket paid once for them), never past it but for one partition, each partition
+    whole in exactly one bucket."""
+    keys = [(i * 7919) % 997 for i in range(40_000)]
+    data = as_a_reduce_task_reads(keys, partitions=24)
+    whole = pa.Table.from_batches(data)
+    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 5)
+    tables = list(
+        released_rows(
+            iter(data),
+            INT_SCHEMA,
+            ["k"],
+            memory_bytes=1 << 30,
+            sort_unit_bytes=whole.nbytes // 8,
+            partitions=24,
+        )
+    )
+    assert 5 <= len(tables) <= 8, len(tables)
+    seen: list[int] = []
+    for table in tables:
+        parts = set(route(table.combine_chunks().to_batches()[0], ["k"], 24).tolist())
+        assert len(parts) > 1 and table.nbytes <= whole.nbytes // 5
+        seen += sorted(parts)
+    assert seen == list(range(24))  # each once, in order
+    assert rows_of(tables) == rows_of([whole])
 
 
 def test_bucketing_by_partitions_refuses_a_count_below_one() -> None:
