@@ -53,6 +53,18 @@ def released_sides(*args: Any, **kwargs: Any) -> Iterator[list[pa.Table]]:
         yield [rows.release() for rows in sides]
 
 
+def keys_once(tables: list[pa.Table]) -> list[object]:
+    """The key of every group of ``tables``, each of which must come back in one table only."""
+    groups = [g["k"][0].as_py() for t in tables for g in iter_groups(t, ["k"])]
+    assert len(groups) == len(set(groups)), "a key group came back in more than one bucket"
+    return groups
+
+
+def partitions_of(table: pa.Table, partitions: int) -> set[int]:
+    """The reduce partitions (of ``partitions``) that ``table``'s rows are routed to."""
+    return set(route(table.combine_chunks().to_batches()[0], ["k"], partitions).tolist())
+
+
 def rows_of(tables: list[pa.Table]) -> Counter[tuple[object, int]]:
     return Counter(
         (k, v) for t in tables for k, v in zip(t["k"].to_pylist(), t["v"].to_pylist(), strict=True)
@@ -220,12 +232,7 @@ def test_small_arriving_batches_are_bucketed_together_not_one_by_one(monkeypatch
     )
     assert len(data) == 800 and 4 <= len(splits) <= 6, splits  # one split per quarter of the rows
     assert rows_of(tables) == rows_of([whole])
-    seen: set[int | None] = set()
-    for table in tables:
-        groups = {g["k"][0].as_py() for g in iter_groups(table, ["k"])}
-        assert not groups & seen
-        seen |= groups
-    assert len(seen) == 998
+    assert len(keys_once(tables)) == 998
 
 
 def test_a_large_arriving_batch_is_split_alone_not_joined_to_the_gathered_ones(
@@ -372,14 +379,9 @@ def test_with_partitions_each_batch_of_one_partition_goes_to_its_bucket_uncopied
     assert len(tables) == 12
     assert buffer_addresses(tables) <= arrived  # the batches themselves, not copies
     for table in tables:
-        assert len(set(route(table.combine_chunks().to_batches()[0], ["k"], 12).tolist())) == 1
+        assert len(partitions_of(table, 12)) == 1
     assert rows_of(tables) == rows_of([whole])
-    seen: set[int | None] = set()
-    for table in tables:
-        groups = {g["k"][0].as_py() for g in iter_groups(table, ["k"])}
-        assert not groups & seen
-        seen |= groups
-    assert len(seen) == 998
+    assert len(keys_once(tables)) == 998
 
 
 def test_with_partitions_a_batch_of_several_partitions_is_split_by_partition(
@@ -404,10 +406,9 @@ def test_with_partitions_a_batch_of_several_partitions_is_split_by_partition(
     )
     assert len(tables) == 12
     for table in tables:
-        assert len(set(route(table.combine_chunks().to_batches()[0], ["k"], 12).tolist())) == 1
+        assert len(partitions_of(table, 12)) == 1
     assert rows_of(tables) == rows_of([whole])
-    groups = [g["k"][0].as_py() for t in tables for g in iter_groups(t, ["k"])]
-    assert len(groups) == len(set(groups)) == 997
+    assert len(keys_once(tables)) == 997
 
 
 def test_with_partitions_a_partition_over_the_sort_unit_comes_back_as_hash_buckets(
@@ -427,15 +428,14 @@ def test_with_partitions_a_partition_over_the_sort_unit_comes_back_as_hash_bucke
             iter(data), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=hot_bytes // 2, partitions=4
         )
     )
-    partitions = [set(route(t.combine_chunks().to_batches()[0], ["k"], 4).tolist()) for t in tables]
+    partitions = [partitions_of(t, 4) for t in tables]
     assert all(len(p) == 1 for p in partitions)  # no bucket mixes partitions
     assert sorted(min(p) for p in partitions if hot not in p) == sorted(set(range(4)) - {hot})
     of_hot = [t for t, p in zip(tables, partitions, strict=True) if hot in p]
     hot_rows = sum(b.num_rows for b in data if route(b, ["k"], 4)[0] == hot)
     assert len(of_hot) > 1 and sum(t.num_rows for t in of_hot) == hot_rows
     assert rows_of(tables) == rows_of([whole])
-    groups = [g["k"][0].as_py() for t in tables for g in iter_groups(t, ["k"])]
-    assert len(groups) == len(set(groups)) == 997
+    assert len(keys_once(tables)) == 997
 
 
 def test_with_partitions_a_batch_viewing_a_packed_payload_is_filed_as_a_copy(
@@ -495,8 +495,7 @@ def test_a_hot_partitions_rows_are_split_with_their_hashes_aligned(monkeypatch: 
     )
     assert sum(handed) >= 3, handed  # the hot partition's later rows, split with their hashes
     assert rows_of(tables) == rows_of([whole])
-    groups = [g["k"][0].as_py() for t in tables for g in iter_groups(t, ["k"])]
-    assert len(groups) == len(set(groups)) == len(set(keys))
+    assert len(keys_once(tables)) == len(set(keys))
 
 
 def test_with_partitions_rows_bucketed_in_memory_spill_whole_when_the_budget_is_passed(
@@ -561,8 +560,7 @@ def test_a_hot_keys_rows_get_a_bucket_of_their_own(partitions: int | None) -> No
     assert len(hot) == 1 and set(hot[0]["k"].to_pylist()) == {3}
     assert hot[0].num_rows == keys.count(3)
     assert rows_of(tables) == rows_of([whole])
-    groups = [g["k"][0].as_py() for t in tables for g in iter_groups(t, ["k"])]
-    assert len(groups) == len(set(groups)) == len(set(keys))
+    assert len(keys_once(tables)) == len(set(keys))
 
 
 def test_a_hot_partitions_rows_keep_their_arrival_order_in_each_group(
@@ -661,7 +659,7 @@ def test_with_partitions_small_partitions_come_back_together_whole(monkeypatch: 
     assert 5 <= len(tables) <= 8, len(tables)
     seen: list[int] = []
     for table in tables:
-        parts = set(route(table.combine_chunks().to_batches()[0], ["k"], 24).tolist())
+        parts = partitions_of(table, 24)
         assert len(parts) > 1 and table.nbytes <= whole.nbytes // 5
         seen += sorted(parts)
     assert seen == list(range(24))  # each once, in order
