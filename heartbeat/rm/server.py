@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Iterable
@@ -126,8 +125,34 @@ class _StreamLink:
 
     def finish(self, status: tuple[str, str] | None) -> None:
         self.closed = True
+        self._wake.set()  # the writer ends after the write in flight, if any
         if not self.ended.done():
             self.ended.set_result(status)
+
+    async def wind_up(
+        self, writer: asyncio.Task[None] | None, *, bound_s: float = _LAST_WORDS_DEADLINE_S
+    ) -> None:
+        """After ``finish``: wait for the writer to end, then write the last word, if any, all
+        within ``bound_s``.
+
+        The writer is not cancelled mid-write: gRPC's core keeps a write cancelled in flight
+        pending, and every later write on the call then fails (too many operations), which lost
+        the last word when a timeout fell while a heartbeat request was being written. Only a
+        writer stuck on a peer that stopped reading is cancelled, at the bound.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bound_s
+        if writer is not None:
+            await asyncio.wait({writer}, timeout=bound_s)
+            if not writer.done():
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+                return  # a write is still pending in gRPC: no other can follow it
+        if self.last_words is not None:
+            try:
+                await asyncio.wait_for(self._context.write(self.last_words), max(0.0, deadline - loop.time()))
+            except Exception as exc:  # bounded for a peer that stopped reading
+                log.debug("the last word to an agent was not written: %s", one_line(repr(exc)))
 
     async def write_loop(self) -> None:
         while not self.closed:
@@ -511,6 +536,7 @@ class ResourceManagerServer:
         )
         writer: asyncio.Task[None] | None = None
         reader: asyncio.Task[None] | None = None
+        status: tuple[str, str] | None = None
         try:
             try:
                 await context.write(pb.RmMessage(registered=response))
@@ -525,13 +551,12 @@ class ResourceManagerServer:
             # Whatever ended the call (the agent vanished, a failed write, stop), later
             # requests on this link must fail fast so they count toward UNREACHABLE.
             link.finish(None)
-            for task in (writer, reader):
-                if task is not None:
-                    task.cancel()
+            if reader is not None:
+                reader.cancel()
+            if status is None:
+                link.last_words = None  # said only before an end with a status
+            await link.wind_up(writer)  # the agent may end its frozen host: said before the end
         if status is not None:
-            if link.last_words is not None:  # the agent may end its frozen host: said before the end
-                with contextlib.suppress(Exception):  # bounded for a peer that stopped reading
-                    await asyncio.wait_for(context.write(link.last_words), _LAST_WORDS_DEADLINE_S)
             await context.abort(getattr(grpc.StatusCode, status[0]), status[1])
 
     def _register_proof_ok(self, req: pb.RegisterRequest, rm_nonce: bytes) -> bool:

@@ -3,9 +3,12 @@ registration being served and only while the host is unhealthy (issue 37)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 from heartbeat import AgentCore, AgentThread, EventKind, HeartbeatServices, ManualScheduler
+from heartbeat.rm.server import _StreamLink
+from heartbeat.wire.proto import heartbeat_pb2 as pb
 
 from .fakes import FakeRmLink, served_rm
 
@@ -106,3 +109,58 @@ class Collected:
     def wait(self, timeout_s: float) -> list[str]:
         self._done.wait(timeout_s)
         return self._items
+
+
+class OneWriteAtATime:
+    """A servicer context's writes as gRPC's core takes them: a write started while another is in
+    flight fails, and a write cancelled in flight stays in flight (both measured on grpcio: the
+    later write fails with GRPC_CALL_ERROR_TOO_MANY_OPERATIONS). A reading peer completes each
+    write after ``takes_s``; one that stopped reading completes none."""
+
+    def __init__(self, *, reading: bool, takes_s: float = 0.01) -> None:
+        self.written: list[pb.RmMessage] = []
+        self.in_flight: asyncio.Future[None] | None = None
+        self._reading, self._takes_s = reading, takes_s
+
+    async def write(self, message: pb.RmMessage) -> None:
+        if self.in_flight is not None and not self.in_flight.done():
+            raise RuntimeError("too many operations: a write is in flight")
+        in_flight = self.in_flight = asyncio.get_running_loop().create_future()
+        if self._reading:
+            asyncio.get_running_loop().call_later(self._takes_s, in_flight.set_result, None)
+        await asyncio.shield(in_flight)  # a cancelled await leaves the write in flight
+        self.written.append(message)
+
+
+def _timed_out_mid_write(context: OneWriteAtATime, bound_s: float) -> float:
+    """A heartbeat request is being written when the RM times the registration out and winds
+    the stream up; how long the wind-up took."""
+
+    async def run() -> float:
+        link = _StreamLink(context)  # type: ignore[arg-type]
+        writer = asyncio.create_task(link.write_loop())
+        link.send_heartbeat_request(EPOCH, INSTANCE, 7)
+        while context.in_flight is None:
+            await asyncio.sleep(0)
+        link.ask_kill_host(EPOCH, INSTANCE, "no heartbeat for 1 s")
+        link.finish(("NOT_FOUND", "heartbeat timeout"))
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await link.wind_up(writer, bound_s=bound_s)
+        return loop.time() - start
+
+    return asyncio.run(run())
+
+
+def test_a_timeout_during_a_request_write_still_says_the_last_word_after_it() -> None:
+    context = OneWriteAtATime(reading=True)
+    _timed_out_mid_write(context, bound_s=5.0)
+    kinds = [m.WhichOneof("body") for m in context.written]
+    assert kinds == ["heartbeat_request", "kill_host"], kinds
+    assert context.written[1].kill_host.reason == "no heartbeat for 1 s"
+
+
+def test_a_writer_stuck_on_a_peer_that_stopped_reading_ends_at_the_bound_without_the_last_word() -> None:
+    context = OneWriteAtATime(reading=False)
+    took = _timed_out_mid_write(context, bound_s=0.05)
+    assert context.written == [] and took < 5.0, (context.written, took)
