@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from harness.procs import executor_jvms, ours, wait_until
 from spark_plugin.shuffle import group_apply, partition_apply, shuffle_of
-from spark_plugin.shuffle.worker.reduce_spill import SORT_UNIT_BYTES
+from spark_plugin.shuffle.worker.memory_buckets import SORT_UNIT_BYTES
 from tests.harness.apps import ShuffleCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -41,7 +41,8 @@ import pyarrow as pa
 from arrow_shuffle.errors import SchemaMismatchError, ShuffleConfigError
 from spark_plugin.compat.pandas_udf import PandasConversion, to_arrow, to_pandas
 from spark_plugin.shuffle.worker.grouping import Rows, iter_cogroups, iter_groups
-from spark_plugin.shuffle.worker.reduce_spill import Side, bucket_rows, partition_rows
+from spark_plugin.shuffle.worker.reduce_spill import bucket_rows, partition_rows
+from spark_plugin.shuffle.worker.row_buckets import Side
 
 API = ("pandas", "arrow")
 

@@ -45,7 +45,8 @@ from spark_plugin.shuffle.worker.agent_client import AgentInfo, MapOutputClient,
 from spark_plugin.shuffle.worker.grouping import Rows, iter_groups
 from spark_plugin.shuffle.worker.map_task import _check_schema, _task, attempt_stage
 from spark_plugin.shuffle.worker.output_recovery import _files_of, _label, damaged_output, keyed, lost_outputs
-from spark_plugin.shuffle.worker.reduce_spill import held_bytes, partition_rows, spilled_bytes
+from spark_plugin.shuffle.worker.reduce_spill import partition_rows, spilled_bytes
+from spark_plugin.shuffle.worker.row_buckets import held_bytes
 
 
 @dataclass

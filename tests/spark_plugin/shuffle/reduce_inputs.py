@@ -11,7 +11,7 @@ def decoded(slices: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
     """``slices`` as a reduce task receives a stream's batches: decoded from one IPC stream, each
     batch over buffers of its own sized to it, all of them slices of the stream's one buffer.
 
-    A reduce task counts what it holds by its batches' buffers (``reduce_spill.held_bytes``), and
+    A reduce task counts what it holds by its batches' buffers (``row_buckets.held_bytes``), and
     a slice's buffers are its whole table's: slices of one table would count it once per slice."""
     if not slices:
         return []

@@ -16,9 +16,10 @@ import pytest
 
 from arrow_shuffle.partitioner import hash_rows
 from spark_plugin.shuffle.map_output import route
-from spark_plugin.shuffle.worker import reduce_spill
+from spark_plugin.shuffle.worker import memory_buckets, reduce_spill, row_buckets
 from spark_plugin.shuffle.worker.grouping import Rows, iter_cogroups, iter_groups
-from spark_plugin.shuffle.worker.reduce_spill import Side, bucket_rows, partition_rows, spilled_bytes
+from spark_plugin.shuffle.worker.reduce_spill import bucket_rows, partition_rows, spilled_bytes
+from spark_plugin.shuffle.worker.row_buckets import Side
 from tests.spark_plugin.shuffle.reduce_inputs import decoded, decoded_apart, read_as_reducer
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
@@ -122,7 +123,7 @@ def test_two_big_keys_sharing_a_bucket_twice_are_split_apart_at_the_next_level()
 
     names = [f"key{i}" for i in range(20_000)]
     hashes = hash_rows(pa.record_batch({"k": pa.array(names)}), ["k"])
-    at = [reduce_spill.bucket_of(hashes, level) for level in range(3)]
+    at = [row_buckets.bucket_of(hashes, level) for level in range(3)]
     pair = next(
         (0, j)
         for j in range(1, len(names))
@@ -208,13 +209,13 @@ def test_past_the_sort_unit_the_groups_come_back_a_memory_bucket_at_a_time(spill
 def counted_splits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The rows of every batch ``split_by_bucket`` is handed from now on, in order."""
     splits: list[int] = []
-    split = reduce_spill.split_by_bucket
+    split = row_buckets.split_by_bucket
 
     def counted(batch: pa.RecordBatch, *args: Any, **kwargs: Any) -> Iterator[Any]:
         splits.append(batch.num_rows)
         return split(batch, *args, **kwargs)
 
-    monkeypatch.setattr(reduce_spill, "split_by_bucket", counted)
+    monkeypatch.setattr(memory_buckets, "split_by_bucket", counted)
     return splits
 
 
@@ -225,7 +226,7 @@ def test_small_arriving_batches_are_bucketed_together_not_one_by_one(monkeypatch
     keys: list[int | None] = [None if i % 101 == 0 else (i * 7919) % 997 for i in range(40_000)]
     data = batches(keys, rows_per_batch=50, schema=INT_SCHEMA)
     whole = pa.Table.from_batches(data)
-    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 4)
+    monkeypatch.setattr(memory_buckets, "SPLIT_BYTES", whole.nbytes // 4)
     splits = counted_splits(monkeypatch)
     tables = list(
         released_rows(iter(data), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=whole.nbytes // 8)
@@ -243,7 +244,7 @@ def test_a_large_arriving_batch_is_split_alone_not_joined_to_the_gathered_ones(
     small = batches([i % 997 for i in range(3_000)], rows_per_batch=100, schema=INT_SCHEMA)
     large = batches([i % 997 for i in range(3_000, 23_000)], rows_per_batch=20_000, schema=INT_SCHEMA)
     whole = pa.Table.from_batches(small + large)
-    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", large[0].nbytes)
+    monkeypatch.setattr(memory_buckets, "SPLIT_BYTES", large[0].nbytes)
     splits = counted_splits(monkeypatch)
     tables = list(
         released_rows(iter(small + large), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=1)
@@ -362,7 +363,7 @@ def test_with_partitions_each_batch_of_one_partition_goes_to_its_bucket_uncopied
     keys: list[int | None] = [None if i % 101 == 0 else (i * 7919) % 997 for i in range(40_000)]
     data = as_a_reduce_task_reads(keys, partitions=12)
     whole = pa.Table.from_batches(data)
-    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
+    monkeypatch.setattr(memory_buckets, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
     arrived = buffer_addresses(data)
     splits = counted_splits(monkeypatch)
     tables = list(
@@ -393,7 +394,7 @@ def test_with_partitions_a_batch_of_several_partitions_is_split_by_partition(
     mixed = batches(keys, rows_per_batch=700, schema=INT_SCHEMA)
     data = as_a_reduce_task_reads(keys, partitions=12)[:30] + mixed
     whole = pa.Table.from_batches(data)
-    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
+    monkeypatch.setattr(memory_buckets, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
     tables = list(
         released_rows(
             iter(data),
@@ -420,9 +421,9 @@ def test_with_partitions_a_partition_over_the_sort_unit_comes_back_as_hash_bucke
     keys = [0 if i % 3 else (i * 7919) % 997 for i in range(60_000)]  # key 0: two thirds of the rows
     data = as_a_reduce_task_reads(keys, partitions=4)
     whole = pa.Table.from_batches(data)
-    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
+    monkeypatch.setattr(memory_buckets, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
     hot = int(route(pa.record_batch({"k": pa.array([0], pa.int64())}), ["k"], 4)[0])
-    hot_bytes = sum(reduce_spill.held_bytes(b) for b in data if route(b, ["k"], 4)[0] == hot)
+    hot_bytes = sum(row_buckets.held_bytes(b) for b in data if route(b, ["k"], 4)[0] == hot)
     tables = list(
         released_rows(
             iter(data), INT_SCHEMA, ["k"], memory_bytes=1 << 30, sort_unit_bytes=hot_bytes // 2, partitions=4
@@ -447,7 +448,7 @@ def test_with_partitions_a_batch_viewing_a_packed_payload_is_filed_as_a_copy(
     keys = [(i * 7919) % 997 for i in range(40_000)]
     data = as_a_reduce_task_reads(keys, partitions=12, streamed=True)
     whole = pa.Table.from_batches(data)
-    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
+    monkeypatch.setattr(memory_buckets, "SPLIT_BYTES", whole.nbytes // 100)  # each partition alone
     payload = buffer_addresses(data)
     tables = list(
         released_rows(
@@ -472,9 +473,9 @@ def test_a_hot_partitions_rows_are_split_with_their_hashes_aligned(monkeypatch: 
     ]
     data = as_a_reduce_task_reads(keys, partitions=4, maps=12)
     whole = pa.Table.from_batches(data)
-    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 40)
+    monkeypatch.setattr(memory_buckets, "SPLIT_BYTES", whole.nbytes // 40)
     handed: list[bool] = []
-    split = reduce_spill.split_by_bucket
+    split = row_buckets.split_by_bucket
 
     def checked(batch: pa.RecordBatch, keys: Sequence[str], *args: Any, **kwargs: Any) -> Iterator[Any]:
         if kwargs.get("hashes") is not None:
@@ -482,7 +483,7 @@ def test_a_hot_partitions_rows_are_split_with_their_hashes_aligned(monkeypatch: 
         handed.append(kwargs.get("hashes") is not None)
         return split(batch, keys, *args, **kwargs)
 
-    monkeypatch.setattr(reduce_spill, "split_by_bucket", checked)
+    monkeypatch.setattr(memory_buckets, "split_by_bucket", checked)
     tables = list(
         released_rows(
             iter(data),
@@ -507,15 +508,15 @@ def test_with_partitions_rows_bucketed_in_memory_spill_whole_when_the_budget_is_
     keys = [0 if i % 2 else (i * 31) % 499 for i in range(80_000)]
     data = as_a_reduce_task_reads(keys, partitions=6, maps=8)
     whole = pa.Table.from_batches(data)
-    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 40)
+    monkeypatch.setattr(memory_buckets, "SPLIT_BYTES", whole.nbytes // 40)
     drained: list[int] = []
-    drain = reduce_spill._MemoryBuckets.drain
+    drain = memory_buckets.MemoryBuckets.drain
 
     def counted(self: Any) -> list[list[pa.RecordBatch]]:
         drained.append(len(self._within))
         return drain(self)
 
-    monkeypatch.setattr(reduce_spill._MemoryBuckets, "drain", counted)
+    monkeypatch.setattr(memory_buckets.MemoryBuckets, "drain", counted)
     before = spilled_bytes()
     seen: set[int] = set()
     tables = []
@@ -571,7 +572,7 @@ def test_a_hot_partitions_rows_keep_their_arrival_order_in_each_group(
     keys = [0 if i % 3 else (i * 7919) % 997 for i in range(25_000)] + [0] * 35_000
     data = as_a_reduce_task_reads(keys, partitions=4, maps=24)
     whole = pa.Table.from_batches(data)
-    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 12)
+    monkeypatch.setattr(memory_buckets, "SPLIT_BYTES", whole.nbytes // 12)
     tables = list(
         released_rows(
             iter(data),
@@ -631,11 +632,11 @@ def test_the_heavy_hash_is_a_key_of_half_the_rows_or_none() -> None:
     right = pa.record_batch({"key": pa.array([1] * 100 + [2] * 900, pa.int32())})
     one = int(hash_rows(pa.record_batch({"k": pa.array([1], pa.int64())}), ["k"])[0])
     two = int(hash_rows(pa.record_batch({"k": pa.array([2], pa.int64())}), ["k"])[0])
-    assert reduce_spill.heavy_hash([(left, ["k"])]) == one
-    assert reduce_spill.heavy_hash([(left, ["k"]), (right, ["key"])]) is None  # 700 and 900 of 2,000
-    assert reduce_spill.heavy_hash([(right, ["key"])]) == two
-    assert reduce_spill.heavy_hash([(left.slice(600), ["k"])]) is None
-    assert reduce_spill.heavy_hash([]) is None
+    assert row_buckets.heavy_hash([(left, ["k"])]) == one
+    assert row_buckets.heavy_hash([(left, ["k"]), (right, ["key"])]) is None  # 700 and 900 of 2,000
+    assert row_buckets.heavy_hash([(right, ["key"])]) == two
+    assert row_buckets.heavy_hash([(left.slice(600), ["k"])]) is None
+    assert row_buckets.heavy_hash([]) is None
 
 
 def test_with_partitions_small_partitions_come_back_together_whole(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -645,7 +646,7 @@ def test_with_partitions_small_partitions_come_back_together_whole(monkeypatch: 
     keys = [(i * 7919) % 997 for i in range(40_000)]
     data = as_a_reduce_task_reads(keys, partitions=24)
     whole = pa.Table.from_batches(data)
-    monkeypatch.setattr(reduce_spill, "SPLIT_BYTES", whole.nbytes // 5)
+    monkeypatch.setattr(memory_buckets, "SPLIT_BYTES", whole.nbytes // 5)
     tables = list(
         released_rows(
             iter(data),
@@ -692,7 +693,7 @@ def test_held_bytes_counts_a_decoded_batch_as_nbytes_does_and_a_slice_by_its_who
     read = batches(keys, rows_per_batch=300)
     assert len(read) == 17
     for batch in read:
-        assert batch.nbytes <= reduce_spill.held_bytes(batch) <= batch.nbytes + 64  # IPC padding at most
+        assert batch.nbytes <= row_buckets.held_bytes(batch) <= batch.nbytes + 64  # IPC padding at most
     whole = pa.Table.from_batches(read).combine_chunks().to_batches()[0]
     piece = whole.slice(100, 10)
-    assert reduce_spill.held_bytes(piece) == reduce_spill.held_bytes(whole) > piece.nbytes
+    assert row_buckets.held_bytes(piece) == row_buckets.held_bytes(whole) > piece.nbytes
