@@ -46,6 +46,11 @@ from arrow_shuffle.checksum import CHUNK_BYTES, VerifiedSegment, region_checksum
 from arrow_shuffle.errors import CorruptDataError, ShuffleConfigError, ShuffleError
 from arrow_shuffle.partitioner import hash_rows, key_type_problem
 from arrow_shuffle.private_files import create_private_file, make_private_dir
+from spark_plugin.shuffle.key_buckets import (
+    hot_key_last_keys,
+    map_side_heavy,
+    orders_hot_key_last,
+)
 from spark_plugin.shuffle.map_output_format import (
     PREFIX_BYTES,
     WRITE_OPTIONS,
@@ -120,6 +125,10 @@ class MapOutputWriter:
     (hundreds for a wide schema). A schema with dictionary fields (never Spark's: its Arrow
     conversion makes none) keeps a whole stream per segment, whose batches carry their
     dictionaries.
+
+    With ``hot_key_last`` (a grouped call's shuffle) a hot key's rows come last in their partition,
+    every other order kept (``key_buckets``): the same radix sort, on a 16-bit (partition, hot)
+    key.
     """
 
     def __init__(
@@ -131,6 +140,7 @@ class MapOutputWriter:
         memory_bytes: int,
         memory_pool: pa.MemoryPool | None = None,
         checksum: bool = True,
+        hot_key_last: bool = False,
     ) -> None:
         """``checksum``: each segment gets its checksums (``Segment``), which every reader verifies."""
         self.path = path
@@ -148,6 +158,11 @@ class MapOutputWriter:
         self._route_type = np.uint16 if num_partitions <= 1 << 16 else np.int64
         """Held reduce partition ids are narrowed: 2 bytes a row instead of 8 beside the batches,
         and a stable sort of small integers is a radix sort in numpy (5x faster than on int64)."""
+        self._hot_key_last = hot_key_last and orders_hot_key_last(num_partitions)
+        """Routes are (partition, hot) keys (``hot_key_last_keys``), not partition ids."""
+        self._heavy: int | None = None
+        """The hot key's hash, guessed from the first batch (``map_side_heavy``)."""
+        self._heavy_decided = False
         self._held_bytes = 0
         self._streams = has_dictionaries(schema)
         """Each segment a whole IPC stream (``map_output_format.FLAG_STREAMS``)."""
@@ -187,7 +202,14 @@ class MapOutputWriter:
             return
         if not batch.schema.equals(self.schema):
             batch = pa.RecordBatch.from_arrays(batch.columns, schema=self.schema)
-        self._routes.append(route(batch, self.keys, self.num_partitions).astype(self._route_type))
+        if self._hot_key_last:
+            hashes = hash_rows(batch, self.keys)
+            partitions = hashes % np.uint64(self.num_partitions)
+            if not self._heavy_decided:  # once, so that every run orders a hot key alike
+                self._heavy, self._heavy_decided = map_side_heavy(hashes, partitions), True
+            self._routes.append(hot_key_last_keys(hashes, partitions, self._heavy))
+        else:
+            self._routes.append(route(batch, self.keys, self.num_partitions).astype(self._route_type))
         self._held.append(batch)
         self._held_bytes += batch.nbytes
         if self._held_bytes >= self.memory_bytes:
@@ -221,7 +243,10 @@ class MapOutputWriter:
         if not self._held:
             return 0
         ids = np.concatenate(self._routes)
-        counts = np.bincount(ids, minlength=self.num_partitions)
+        if self._hot_key_last:  # (partition, hot) keys: rows per partition
+            counts = np.bincount(ids, minlength=self.num_partitions * 2).reshape(-1, 2).sum(axis=1)
+        else:
+            counts = np.bincount(ids, minlength=self.num_partitions)
         order = np.argsort(ids, kind="stable")
         del ids
         held = pa.Table.from_batches(self._held, schema=self.schema)

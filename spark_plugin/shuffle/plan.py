@@ -91,6 +91,9 @@ class ShufflePlan:
     """Read map outputs of other executors on the same host from disk (``reads_from_disk``)."""
     checksum: bool = True
     """``spark.arrowbeat.shuffle.checksum``: map outputs carry checksums that every reader verifies."""
+    hot_key_last: bool = False
+    """A grouped call's shuffle: map outputs put a hot key's rows last in their partition
+    (``key_buckets``), where the reduce side takes them as slices, not copies."""
     lost_wait_s: float = 5.0
     """How long a reduce task that found map outputs lost waits for their executor to go before
     failing (``lost_outputs``): Spark's ``spark.shuffle.io.retryWait``."""

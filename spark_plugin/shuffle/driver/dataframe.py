@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -164,6 +165,7 @@ def group_apply(
     session, plan, adaptive = _partitions(
         df, num_partitions, list(key_columns), mode, exact=False, size=_size(route), session=view
     )
+    plan = replace(plan, hot_key_last=True)
     out_schema = _struct(session, schema)
     out_arrow = to_arrow_schema(out_schema)
     consume = group_consumer(

@@ -105,6 +105,7 @@ class GroupedData:
         session, plan, adaptive = _partitions(
             self.df, self.num_partitions, list(self.keys), self.mode, exact=False, size=self.input_size
         )
+        plan = replace(plan, hot_key_last=True)
         call = _call(func, form, session, schema)
         consume = grouped_consumer(
             call, plan.key_columns, plan.schema, plan.reduce_memory_bytes, partitions=plan.num_partitions
@@ -146,6 +147,7 @@ class CoGroupedData:
             size=self.input_size,
             others=[right.df],
         )
+        left_plan = replace(left_plan, hot_key_last=True)
         right_schema = to_arrow_schema(right.df.schema)
         check_keys(right_schema, list(right.keys))
         for lk, rk in zip(left.keys, right.keys, strict=True):

@@ -83,6 +83,7 @@ def map_function(
             plan.num_partitions,
             plan.memory_bytes,
             checksum=plan.checksum,
+            hot_key_last=plan.hot_key_last,
         )
         try:
             for batch in batches:

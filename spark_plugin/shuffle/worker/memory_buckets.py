@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from arrow_shuffle.partitioner import hash_rows
+from spark_plugin.shuffle.key_buckets import FANOUT, hot_tails
 from spark_plugin.shuffle.worker.grouping import Rows
 from spark_plugin.shuffle.worker.row_buckets import (
     Side,
@@ -40,7 +41,8 @@ class MemoryBuckets:
 
     By default the buckets are ``FANOUT`` of the key hash (level 0, the first on-disk level too),
     each holding copies of its own rows, and with a ``heavy`` hash (a hot key's) one more, for its
-    rows alone. With ``partitions`` (the shuffle's reduce partitions) they
+    rows alone (slices of the batches read, where a grouped shuffle's map side wrote them last:
+    ``key_buckets``). With ``partitions`` (the shuffle's reduce partitions) they
     are those partitions, found as the map side routes rows (``map_output.route``): a coalesced
     reduce task reads a segment per map output, reduce partition and run, so each batch it reads
     is one partition's rows and moves to its bucket whole, where a split copied every row (a take,
@@ -104,7 +106,13 @@ class MemoryBuckets:
 
     def _split_batches(self, side: int, batches: list[pa.RecordBatch], hashes: np.ndarray | None) -> None:
         """``batches`` (``hashes``: their rows' ``hash_rows``, or None) split into the hash buckets
-        at once, each bucket's rows a copy of their own."""
+        at once, each bucket's rows a copy of their own; a hot key's rows that end a batch, as a
+        grouped shuffle's map side writes them, are filed as a slice of it (``_hot_tails``)."""
+        if hashes is None:  # hashed here once, for the hot tails and the split
+            hashes = hash_rows(pa.Table.from_batches(batches), self._sides[side].keys)
+        batches, hashes = self._hot_tails(side, batches, hashes)
+        if not batches:
+            return
         if len(batches) > 1:  # one batch of them all (the caller's list keeps the pieces till then)
             batches = pa.Table.from_batches(batches).combine_chunks().to_batches()
         for rows in batches:  # one, combined
@@ -112,6 +120,38 @@ class MemoryBuckets:
             split = split_by_bucket(rows, keys, level=0, own_copies=True, hashes=hashes, heavy=self._heavy)
             for bucket, own, _ in split:
                 self._rows[side].setdefault(bucket, []).append(own)
+
+    def _hot_tails(
+        self, side: int, batches: list[pa.RecordBatch], hashes: np.ndarray
+    ) -> tuple[list[pa.RecordBatch], np.ndarray]:
+        """File the run of hot-key rows that ends each batch (``key_buckets.hot_key_last``) in the
+        hot key's bucket as a slice of the batch, where a copy per bucket copied every one of them
+        (the hot matrix cell's 12 M rows, a third of its reduce task's CPU); the rest of the rows,
+        and their hashes, to be split by copies. Only where the slice keeps nothing much besides:
+        a tail of at least half its batch, of a batch that holds no larger payload (a stream's);
+        and not at all when some hot row comes before another row (another order than the map
+        side's, or another hot key than it guessed)."""
+        if self._heavy is None:
+            return batches, hashes
+        hot = hashes == np.uint64(self._heavy)
+        sizes = np.array([batch.num_rows for batch in batches], dtype=np.int64)
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        tails = hot_tails(hot, starts, ends)
+        if tails is None:
+            return batches, hashes
+        rest: list[pa.RecordBatch] = []
+        rest_hashes: list[np.ndarray] = []
+        for batch, start, tail, end in zip(
+            batches, starts.tolist(), tails.tolist(), ends.tolist(), strict=True
+        ):
+            if 2 * (end - tail) >= end - start and not _views_more_memory(batch, held_bytes(batch)):
+                self._rows[side].setdefault(FANOUT, []).append(batch.slice(tail - start))
+                end = tail
+            if end > start:
+                rest.append(batch.slice(0, end - start))
+                rest_hashes.append(hashes[start:end])
+        return rest, np.concatenate(rest_hashes) if rest_hashes else hashes[:0]
 
     def _file_by_partition(self, side: int, gathered: list[pa.RecordBatch]) -> None:
         """Each batch to the bucket of its rows' partition, whole (no copy) when they all have one;
@@ -176,8 +216,9 @@ class MemoryBuckets:
     def buckets(self) -> Iterator[list[Rows]]:
         """Each non-empty bucket's rows per side, handed on: once its grouping has sorted them and
         its groups are done, nothing here holds them. A hash bucket's columns are copies of their
-        own, so a hot bucket is held once, not beside its sorted copy (a partition bucket's batches
-        are as they were read, within the sort unit). A partition bucketed by hash comes back as
+        own (the hot key's may be slices of batches as read), so a hot bucket is held once, not
+        beside a sorted copy (it is one group: no sort), and a partition bucket's batches are as
+        they were read, within the sort unit. A partition bucketed by hash comes back as
         its hash buckets; consecutive small partitions come back together, up to ``SPLIT_BYTES``
         (a grouping's cost per bucket, pandas conversions say, is then paid once for them all:
         a pandas job of 100 partitions of 0.6 MB per task ran 2% slower one by one)."""

@@ -36,10 +36,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from spark_plugin.shuffle.key_buckets import FANOUT
 from spark_plugin.shuffle.worker.grouping import Rows
 from spark_plugin.shuffle.worker.memory_buckets import SORT_UNIT_BYTES, MemoryBuckets
 from spark_plugin.shuffle.worker.row_buckets import (
-    FANOUT,
     Side,
     handed_out,
     heavy_hash,

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from arrow_shuffle.partitioner import hash_rows
+from spark_plugin.shuffle import key_buckets
 from spark_plugin.shuffle.map_output import route
 from spark_plugin.shuffle.worker import memory_buckets, reduce_spill, row_buckets
 from spark_plugin.shuffle.worker.grouping import Rows, iter_cogroups, iter_groups
@@ -123,7 +124,7 @@ def test_two_big_keys_sharing_a_bucket_twice_are_split_apart_at_the_next_level()
 
     names = [f"key{i}" for i in range(20_000)]
     hashes = hash_rows(pa.record_batch({"k": pa.array(names)}), ["k"])
-    at = [row_buckets.bucket_of(hashes, level) for level in range(3)]
+    at = [key_buckets.bucket_of(hashes, level) for level in range(3)]
     pair = next(
         (0, j)
         for j in range(1, len(names))
