@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
+import pytest
+
+from spark_plugin.shuffle.worker import memory_buckets, row_buckets
 
 
 def decoded(slices: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
@@ -31,3 +35,29 @@ def decoded_apart(slices: Sequence[pa.RecordBatch]) -> list[pa.RecordBatch]:
     """``slices`` as a reduce task reads them from map-output files: each decoded from IPC bytes
     of its own (a segment's), so that keeping one batch keeps no other's memory."""
     return [batch for one in slices for batch in decoded([one])]
+
+
+def counted_splits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of every batch the in-memory buckets hand ``split_by_bucket`` from now on, in
+    order: a split is a copy of the rows."""
+    splits: list[int] = []
+    split = row_buckets.split_by_bucket
+
+    def counted(batch: pa.RecordBatch, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        splits.append(batch.num_rows)
+        return split(batch, *args, **kwargs)
+
+    monkeypatch.setattr(memory_buckets, "split_by_bucket", counted)
+    return splits
+
+
+def buffer_addresses(tables: Sequence[pa.Table | pa.RecordBatch]) -> set[int]:
+    """Where every buffer of ``tables`` starts: shared addresses mean shared memory, no copy."""
+    return {
+        b.address
+        for t in tables
+        for column in t.columns
+        for chunk in getattr(column, "chunks", [column])
+        for b in chunk.buffers()
+        if b is not None
+    }

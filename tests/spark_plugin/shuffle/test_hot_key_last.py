@@ -18,10 +18,10 @@ from arrow_shuffle.partitioner import hash_rows
 from spark_plugin.shuffle import key_buckets
 from spark_plugin.shuffle.key_buckets import FANOUT, bucket_of, hot_tails, map_side_heavy, orders_hot_key_last
 from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
-from spark_plugin.shuffle.worker import memory_buckets, row_buckets
+from spark_plugin.shuffle.worker import memory_buckets
 from spark_plugin.shuffle.worker.grouping import iter_groups
 from spark_plugin.shuffle.worker.reduce_spill import partition_rows
-from tests.spark_plugin.shuffle.reduce_inputs import decoded
+from tests.spark_plugin.shuffle.reduce_inputs import buffer_addresses, counted_splits, decoded
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
 PARTITIONS = 4
@@ -113,29 +113,6 @@ def test_the_map_sides_hot_key_guess() -> None:
     assert orders_hot_key_last(32768) and not orders_hot_key_last(32769)  # the 16-bit (partition, hot) key
 
 
-def counted_splits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    splits: list[int] = []
-    split = row_buckets.split_by_bucket
-
-    def counted(batch: pa.RecordBatch, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        splits.append(batch.num_rows)
-        return split(batch, *args, **kwargs)
-
-    monkeypatch.setattr(memory_buckets, "split_by_bucket", counted)
-    return splits
-
-
-def addresses(tables: Sequence[pa.Table | pa.RecordBatch]) -> set[int]:
-    return {
-        b.address
-        for t in tables
-        for column in t.columns
-        for chunk in getattr(column, "chunks", [column])
-        for b in chunk.buffers()
-        if b is not None
-    }
-
-
 def reduce_input(tmp_path: Path, table: pa.Table, hot_key_last: bool, partition: int) -> list[pa.RecordBatch]:
     """What one reduce task of ``partition`` reads: its segments of two map outputs."""
     half = table.num_rows // 2
@@ -181,12 +158,12 @@ def test_the_hot_keys_rows_written_last_are_bucketed_as_slices_of_what_was_read(
     sliced = grouped(ordered, unit)
     hot = sliced[-1]
     assert hot["k"].unique().to_pylist() == [0] and hot.num_rows > rows // 2
-    assert addresses([hot]) <= addresses(ordered)  # the batches as read, not copies
+    assert buffer_addresses([hot]) <= buffer_addresses(ordered)  # the batches as read, not copies
     assert 0 < sum(splits) < rows - hot.num_rows + unit  # the others, and the rows past the sort unit's
     split_before = sum(splits)
     copied = grouped(plain, unit)
     assert sum(splits) - split_before > rows - unit, "rows in input order are all split by copies"
-    assert not addresses(copied) & addresses(plain)
+    assert not buffer_addresses(copied) & buffer_addresses(plain)
     for tables in (sliced, copied):
         groups = [g["k"][0].as_py() for t in tables for g in iter_groups(t, ["k"])]
         assert len(groups) == len(set(groups))  # each key group in one bucket
@@ -216,12 +193,12 @@ def test_hot_rows_not_last_or_viewing_a_stream_payload_are_copied(
     )[0]
     splits = counted_splits(monkeypatch)
     tables = grouped(reversed_one, unit)
-    assert splits and not addresses(tables) & addresses([reversed_one[longest]])
+    assert splits and not buffer_addresses(tables) & buffer_addresses([reversed_one[longest]])
     assert rows_of(tables) == rows_of(ordered)
     packed = decoded(ordered)  # as a stream delivers them: views of one payload
     splits = counted_splits(monkeypatch)
     tables = grouped(packed, unit)
-    assert splits and not addresses(tables) & addresses(packed)
+    assert splits and not buffer_addresses(tables) & buffer_addresses(packed)
     assert rows_of(tables) == rows_of(ordered)
 
 

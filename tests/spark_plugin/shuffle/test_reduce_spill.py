@@ -21,7 +21,13 @@ from spark_plugin.shuffle.worker import memory_buckets, reduce_spill, row_bucket
 from spark_plugin.shuffle.worker.grouping import Rows, iter_cogroups, iter_groups
 from spark_plugin.shuffle.worker.reduce_spill import bucket_rows, partition_rows, spilled_bytes
 from spark_plugin.shuffle.worker.row_buckets import Side
-from tests.spark_plugin.shuffle.reduce_inputs import decoded, decoded_apart, read_as_reducer
+from tests.spark_plugin.shuffle.reduce_inputs import (
+    buffer_addresses,
+    counted_splits,
+    decoded,
+    decoded_apart,
+    read_as_reducer,
+)
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
 
@@ -207,19 +213,6 @@ def test_past_the_sort_unit_the_groups_come_back_a_memory_bucket_at_a_time(spill
     assert not any(spill_root.iterdir())
 
 
-def counted_splits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The rows of every batch ``split_by_bucket`` is handed from now on, in order."""
-    splits: list[int] = []
-    split = row_buckets.split_by_bucket
-
-    def counted(batch: pa.RecordBatch, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        splits.append(batch.num_rows)
-        return split(batch, *args, **kwargs)
-
-    monkeypatch.setattr(memory_buckets, "split_by_bucket", counted)
-    return splits
-
-
 def test_small_arriving_batches_are_bucketed_together_not_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """A reduce task reads a segment per map output, partition and run (often a thousand rows or
     fewer): they are gathered up to ``SPLIT_BYTES`` and split together, since a split per batch
@@ -342,17 +335,6 @@ def as_a_reduce_task_reads(
         ids = route(rows, ["k"], partitions)
         pieces += [rows.filter(pa.array(ids == p)) for p in range(partitions) if (ids == p).any()]
     return decoded(pieces) if streamed else decoded_apart(pieces)
-
-
-def buffer_addresses(tables: Sequence[pa.Table | pa.RecordBatch]) -> set[int]:
-    return {
-        b.address
-        for t in tables
-        for column in t.columns
-        for chunk in getattr(column, "chunks", [column])
-        for b in chunk.buffers()
-        if b is not None
-    }
 
 
 def test_with_partitions_each_batch_of_one_partition_goes_to_its_bucket_uncopied(
