@@ -85,11 +85,8 @@ def hot_tails(hot: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarr
     """Where each batch's run of hot rows begins (its end when it has none), for consecutive
     batches from ``starts`` to ``ends`` whose rows are flagged ``hot``; None when some batch has
     a hot row before a row that is not (not written by ``hot_key_last``)."""
-    counts = np.add.reduceat(hot.astype(np.int64), starts) if len(starts) else np.zeros(0, np.int64)
-    tails: np.ndarray = ends - counts
-    total = np.cumsum(hot)
-    before = np.where(tails > 0, total[np.maximum(tails - 1, 0)], 0)
-    first = np.where(starts > 0, total[np.maximum(starts - 1, 0)], 0)
-    if np.any(before - first != 0):  # a hot row ahead of the tail
+    seen = np.concatenate(([0], np.cumsum(hot, dtype=np.int64)))  # hot rows before each row
+    tails: np.ndarray = ends - (seen[ends] - seen[starts])
+    if np.any(seen[tails] != seen[starts]):  # a hot row ahead of the tail
         return None
     return tails

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -61,3 +62,10 @@ def buffer_addresses(tables: Sequence[pa.Table | pa.RecordBatch]) -> set[int]:
         for b in chunk.buffers()
         if b is not None
     }
+
+
+def rows_of(tables: Sequence[pa.Table | pa.RecordBatch]) -> Counter[tuple[object, int]]:
+    """Every ``(k, v)`` row of ``tables``, counted: the same multiset means no row lost or doubled."""
+    return Counter(
+        (k, v) for t in tables for k, v in zip(t["k"].to_pylist(), t["v"].to_pylist(), strict=True)
+    )

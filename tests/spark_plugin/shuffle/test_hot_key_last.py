@@ -5,7 +5,6 @@ bucketed by copies as before, into the same groups. No JVM."""
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from spark_plugin.shuffle.map_output import MapOutputWriter, read_segments
 from spark_plugin.shuffle.worker import memory_buckets
 from spark_plugin.shuffle.worker.grouping import iter_groups
 from spark_plugin.shuffle.worker.reduce_spill import partition_rows
-from tests.spark_plugin.shuffle.reduce_inputs import buffer_addresses, counted_splits, decoded
+from tests.spark_plugin.shuffle.reduce_inputs import buffer_addresses, counted_splits, decoded, rows_of
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64())])
 PARTITIONS = 4
@@ -60,12 +59,6 @@ def segments_read(path: str, segments: list[Any]) -> Iterator[list[pa.RecordBatc
 
 def hot_hash() -> int:
     return int(hash_rows(pa.record_batch({"k": pa.array([0], pa.int64())}), ["k"])[0])
-
-
-def rows_of(batches: Sequence[pa.RecordBatch | pa.Table]) -> Counter[tuple[object, int]]:
-    return Counter(
-        (k, v) for b in batches for k, v in zip(b["k"].to_pylist(), b["v"].to_pylist(), strict=True)
-    )
 
 
 def test_a_grouped_map_side_writes_the_hot_key_last_in_its_partition(tmp_path: Path) -> None:
@@ -136,8 +129,8 @@ def grouped(batches: list[pa.RecordBatch], sort_unit_bytes: int) -> list[pa.Tabl
     return [rows.release() for rows in sets]
 
 
-def hot_partition(table: pa.Table) -> int:
-    return int(hash_rows(pa.record_batch({"k": pa.array([0], pa.int64())}), ["k"])[0] % np.uint64(PARTITIONS))
+def hot_partition() -> int:
+    return hot_hash() % PARTITIONS
 
 
 def test_the_hot_keys_rows_written_last_are_bucketed_as_slices_of_what_was_read(
@@ -148,7 +141,7 @@ def test_the_hot_keys_rows_written_last_are_bucketed_as_slices_of_what_was_read(
     whole in one bucket, the hot key alone in the last; the same groups as from outputs in input
     order, whose every row is split by copies."""
     table = table_of(hot_keys(40_000))
-    partition = hot_partition(table)
+    partition = hot_partition()
     ordered = reduce_input(tmp_path, table, True, partition)
     plain = reduce_input(tmp_path, table, False, partition)
     rows = sum(b.num_rows for b in ordered)
@@ -177,7 +170,7 @@ def test_hot_rows_not_last_or_viewing_a_stream_payload_are_copied(
     rows: a batch whose hot rows come first (one reversed) has its set split by copies, and so do
     batches packed in one stream payload."""
     table = table_of(hot_keys(40_000))
-    partition = hot_partition(table)
+    partition = hot_partition()
     ordered = reduce_input(tmp_path, table, True, partition)
     unit = pa.Table.from_batches(ordered).nbytes // 8
     monkeypatch.setattr(memory_buckets, "SPLIT_BYTES", unit // 4)

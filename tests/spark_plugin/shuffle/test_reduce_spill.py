@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import stat
 import tempfile
-from collections import Counter
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from tests.spark_plugin.shuffle.reduce_inputs import (
     decoded,
     decoded_apart,
     read_as_reducer,
+    rows_of,
 )
 
 SCHEMA = pa.schema([("k", pa.string()), ("v", pa.int64())])
@@ -71,12 +71,6 @@ def keys_once(tables: list[pa.Table]) -> list[object]:
 def partitions_of(table: pa.Table, partitions: int) -> set[int]:
     """The reduce partitions (of ``partitions``) that ``table``'s rows are routed to."""
     return set(route(table.combine_chunks().to_batches()[0], ["k"], partitions).tolist())
-
-
-def rows_of(tables: list[pa.Table]) -> Counter[tuple[object, int]]:
-    return Counter(
-        (k, v) for t in tables for k, v in zip(t["k"].to_pylist(), t["v"].to_pylist(), strict=True)
-    )
 
 
 def test_a_partition_within_the_budget_is_one_table_and_writes_nothing(spill_root: Path) -> None:
