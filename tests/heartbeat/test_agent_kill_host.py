@@ -7,7 +7,7 @@ import asyncio
 import threading
 
 from heartbeat import AgentCore, AgentThread, EventKind, HeartbeatServices, ManualScheduler
-from heartbeat.rm.server import _StreamLink
+from heartbeat.rm.stream_link import StreamLink
 from heartbeat.wire.proto import heartbeat_pb2 as pb
 
 from .fakes import FakeRmLink, served_rm
@@ -137,7 +137,7 @@ def _timed_out_mid_write(context: OneWriteAtATime, bound_s: float) -> float:
     the stream up; how long the wind-up took."""
 
     async def run() -> float:
-        link = _StreamLink(context)  # type: ignore[arg-type]
+        link = StreamLink(context)  # type: ignore[arg-type]
         writer = asyncio.create_task(link.write_loop())
         link.send_heartbeat_request(EPOCH, INSTANCE, 7)
         while context.in_flight is None:
