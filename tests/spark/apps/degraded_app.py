@@ -3,7 +3,8 @@
 ``degraded_app.py STOP [--skewed-s S]``. Once both executors ran a warm-up task it prints
 ``APP-READY {json}`` (the executor JVMs' pids), then runs skewed jobs back to back: a Python stage of
 six partitions where the first does eight times the CPU work of the others, and a JVM aggregation
-whose hot key sends most rows to one reduce task. After ``S`` seconds of them it prints
+whose hot key sends most rows to one reduce task. After ``S`` seconds of them, and at least
+``MIN_JOBS`` (one job may take most of ``S`` on a loaded machine), it prints
 ``SKEWED-DONE {json}`` (jobs run, seconds) and goes on running them until the file ``STOP``
 exists; then ``APP-DONE {json}`` and it exits. The caller reads arrowbeat's tables meanwhile, and
 may slow one executor JVM (a duty cycle of SIGSTOP / SIGCONT) while the jobs run.
@@ -26,6 +27,8 @@ PARTITIONS = 6
 HOT_FACTOR = 8
 ROUNDS = 1_500_000
 """Python loop rounds of a light partition (about 0.1-0.3 s here)."""
+MIN_JOBS = 2
+"""Skewed jobs run before ``SKEWED-DONE``: the skew is seen more than once, whatever the load."""
 
 
 def skewed_work(index: int, rows: Iterable[int]) -> Iterator[int]:
@@ -65,7 +68,7 @@ def main() -> int:
     while not stop.exists() and time.monotonic() < give_up:
         skewed_job(spark)
         jobs += 1
-        if not told and time.monotonic() - began >= args.skewed_s:
+        if not told and jobs >= MIN_JOBS and time.monotonic() - began >= args.skewed_s:
             told = True
             print(
                 "SKEWED-DONE " + json.dumps({"jobs": jobs, "seconds": round(time.monotonic() - began, 1)}),
