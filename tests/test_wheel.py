@@ -40,6 +40,9 @@ def test_the_wheel_carries_the_launcher_jar_and_only_the_product(installed_wheel
     sources = {p.stem for p in (ROOT / "launcher" / "src" / "main" / "java" / "arrowbeat").glob("*.java")}
     assert {f"arrowbeat/{s}.class" for s in sources} <= classes
     assert int.from_bytes(plugin[6:8], "big") == JAVA_17_CLASS_VERSION  # javac --release 17
+    # The live page's assets: a folder of data only, which setuptools drops unless it is listed.
+    web = {f"spark_plugin/tools/web/{p.name}" for p in (ROOT / "spark_plugin" / "tools" / "web").iterdir()}
+    assert web and web <= set(names), sorted(web - set(names))
 
 
 def test_the_installed_wheel_wraps_pysparks_grouped_maps_with_no_import_of_arrowbeat(
