@@ -5,8 +5,9 @@ times) on local-cluster[2,1,1024], heartbeats every 0.5 s with a 2 s timeout, ru
 one-second tasks (50 sleeps of 20 ms each); 2.5 s into it the test freezes
 (SIGSTOP) one executor JVM. The driver plugin, told by the driver-side process that the
 executor's heartbeats timed out, has Spark kill it and tells Spark's task scheduler that it is
-lost, so the attempts the freeze cut are rerun on the other executor within interval + timeout +
-1 s of the freeze. Before, only the kill was asked for: Spark resubmitted the cut attempts when
+lost, so the attempts the freeze cut are rerun on the other executor within a second of
+interval + timeout after the freeze, or of the other executor's core coming free if it was still
+in a task then. Before, only the kill was asked for: Spark resubmitted the cut attempts when
 the process was gone, after the Worker's SIGTERM grace on a process that cannot act on it (15 s
 and more here). The benchmark also times the same job undisturbed (the report's figure).
 """
@@ -31,7 +32,10 @@ TASKS = 12
 JOB = ["--plan", "frozen", "--tasks", str(TASKS), "--steps", "50", "--step-s", "0.02"]
 FREEZE_AFTER_S = 2.5
 """Into the job: both executors are in a task, a few tasks are done."""
-RERUN_WITHIN_S = INTERVAL_S + TIMEOUT_S + 1.0
+DETECTED_WITHIN_S = INTERVAL_S + TIMEOUT_S
+RERUN_SLACK_S = 1.0
+"""From the moment the loss is known and the healthy executor's core is free to the rerun's start:
+Spark's rescheduling and the Python worker's start of the attempt."""
 
 
 def test_a_frozen_executors_tasks_are_rerun_elsewhere_within_interval_timeout_and_a_second(
@@ -77,12 +81,27 @@ def test_a_frozen_executors_tasks_are_rerun_elsewhere_within_interval_timeout_an
     ]
     assert cut, f"no attempt ran on the frozen JVM at {frozen_at}: {starts}"
     assert {m["partition"] for m in ends} == set(range(TASKS))
+    # The healthy executor has one core: a rerun waits for the attempt running there when the loss
+    # is known (at most one task, 1 s) to end, however soon the loss was known.
+    detected = frozen_at + DETECTED_WITHIN_S
+    busy_until = [
+        ended[m["tid"]]
+        for m in starts
+        if m["pid"] != victim.pid and m["t"] <= detected < ended.get(m["tid"], float("inf"))
+    ]
+    free_at = max([detected, *busy_until])
     for attempt in cut:
         reruns = sorted(
             m["t"] for m in starts if m["partition"] == attempt["partition"] and m["pid"] != victim.pid
         )
         assert reruns, f"partition {attempt['partition']} was never rerun elsewhere"
-        assert reruns[0] - frozen_at <= RERUN_WITHIN_S, (
-            f"partition {attempt['partition']} rerun {reruns[0] - frozen_at:.2f} s after the freeze "
-            f"(bound {RERUN_WITHIN_S:g} s); job {done['seconds']} s"
+        assert reruns[0] - free_at <= RERUN_SLACK_S, (
+            f"partition {attempt['partition']} rerun {reruns[0] - frozen_at:.2f} s after the freeze, "
+            f"{reruns[0] - free_at:.2f} s after interval + timeout and a free core on the healthy "
+            f"executor ({free_at - frozen_at:.2f} s after the freeze; bound {RERUN_SLACK_S:g} s); "
+            f"job {done['seconds']} s"
+        )
+        print(
+            f"partition {attempt['partition']}: rerun {reruns[0] - frozen_at:.2f} s after the freeze, "
+            f"{reruns[0] - free_at:.2f} s after the healthy executor's core was free"
         )
