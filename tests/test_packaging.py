@@ -37,7 +37,15 @@ def packages_on_disk() -> set[str]:
 def test_every_product_package_is_in_the_wheel_and_nothing_else() -> None:
     table = setuptools_table()
     listed = set(table["packages"])  # type: ignore[call-overload]
-    assert listed == packages_on_disk() | {"spark_plugin.jobs"}
+    # Folders of data only (the live page's assets) are listed too, with package data of their own:
+    # setuptools ignores a package's subfolder of data that is not.
+    data_only = listed - packages_on_disk() - {"spark_plugin.jobs"}
+    for name in data_only:
+        folder = ROOT.joinpath(*name.split("."))
+        assert folder.is_dir() and not list(folder.glob("*.py")), f"{name}: not a folder of data only"
+        assert name in table["package-data"], f"{name}: no package data of its own"  # type: ignore[operator]
+    assert data_only == {"spark_plugin.tools.web"}
+    assert listed == packages_on_disk() | {"spark_plugin.jobs"} | data_only
     assert table["package-dir"] == {"spark_plugin.jobs": "jobs"}
     assert not {p for p in listed if p.split(".")[0] in ("tests", "benchmarks", "harness", "scripts", "jobs")}
 
