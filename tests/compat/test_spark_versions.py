@@ -299,7 +299,22 @@ def test_a_stuck_udfs_stack_is_found_beside_sparks_own_dumps(app: App) -> None:
             ]
             begun = sorted(p.name for p in attempts.iterdir())
             done = not job.is_alive()
-            return f"{time.monotonic() - started:.0f} s in; attempts begun {begun}; job done {done}; {events}"
+            # Late JVM lines read as pauses, and a pause is not idle time: per executor, its
+            # heartbeats since the job began and the largest pulse age and gap between them.
+            beats: dict[str, list[tuple[float, float]]] = {}
+            for b in rows(app.tables, "heartbeats"):
+                if b["ts"].timestamp() >= wall_start:
+                    beats.setdefault(b["executor_id"], []).append(
+                        (b["jvm_pulse_age_ms"] or 0, b["gap_ms"] or 0)
+                    )
+            pulses = {
+                e: f"{len(v)} beats, max pulse age {max(v)[0]:.0f} ms, max gap {max(g for _, g in v):.0f} ms"
+                for e, v in sorted(beats.items())
+            }
+            return (
+                f"{time.monotonic() - started:.0f} s in; attempts begun {begun}; job done {done}; "
+                f"executors {pulses}; {events}"
+            )
 
         assert wait_until(in_the_udf, 60), story()
         if not SPARK_WORKER_TOOLS:  # no kill on idle before 4.1: let the UDF go
