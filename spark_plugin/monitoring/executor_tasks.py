@@ -12,7 +12,9 @@ whose ``faulthandler`` writes a private file; the JVM one by asking the JVM, ``j
 and the heartbeat payload carries it (``WorkProgress``); the driver side records ``TASK_STUCK``.
 
 A gap between lines (the JVM paused: GC, ``SIGSTOP``, a frozen VM) is explained from the JVM's own
-figures across it, and resets every task's idle time: a paused executor is not a stuck task.
+figures across it, and is not idle time beyond the one interval the JVM had to write its next line:
+a paused executor is not a stuck task, and a JVM starved of CPU, whose lines all come late, still
+has its stuck tasks found (all of each gap taken off, their idle time never grew).
 
 Time is ``clock.monotonic()`` of an injected ``arrowbeat_base.clock.Clock`` (only the waits for a stack,
 real I/O, are on real time); processes are looked up through an injectable ``workers`` function,
@@ -164,7 +166,7 @@ class TaskWatch:
                     self._tasks[task_sample.task_id] = _Task(task_sample, jvm_cpu, now, now)
                     continue
                 if gap is not None:  # a paused executor is not a stuck task: the pause is not idle time
-                    task.last_progress += gap.seconds
+                    task.last_progress += max(0.0, gap.seconds - self.interval_s)
                 # A task without a labelled worker may be served by an unlabelled one (PySpark's
                 # own daemon): any CPU of the unlabelled processes counts for it.
                 python = grew.get(task_sample.task_id, 0.0) if task_sample.task_id in labelled else others

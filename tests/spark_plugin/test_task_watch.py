@@ -191,15 +191,36 @@ def test_a_gap_is_explained_and_does_not_make_tasks_stuck() -> None:
     clock.jump(5.0)  # the JVM was stopped: no GC, no CPU across the silence
     w.on_line(line(100, 1001, (1, 5, 6000)))
     assert w.last_gap is not None and w.last_gap.cause.startswith("process stopped: no GC, no CPU")
-    # The pause is not idle time: the task is as idle as before it.
+    # The pause is not idle time: the task is as idle as before it, plus the interval it had.
     assert [p.stuck for p in w.work()] == [False]
-    assert w.work()[0].idle_s == pytest.approx(idle_before)
+    assert w.work()[0].idle_s == pytest.approx(idle_before + INTERVAL)
     clock.jump(3.0)  # a GC pause: the collectors' time covers the silence
     w.on_line(line(2900, 4200, (1, 5, 9000)))
     assert w.last_gap is not None and w.last_gap.cause.startswith("garbage collection (2.80s of GC")
     metrics = w.metrics()
     assert metrics["jvm_gaps"] == 2 and metrics["jvm_gap_gc_s"] == pytest.approx(2.8)
     assert metrics["jvm_gc_s"] == pytest.approx(2.9)
+
+
+@pytest.mark.parametrize("spacing", [2.1, 3.0, 8.0])
+def test_a_task_of_a_jvm_whose_lines_all_come_late_is_still_found_stuck(spacing: float) -> None:
+    """A JVM starved of CPU writes every line late, each one a gap. Were each whole gap taken off
+    the idle time (a CI run's stalled UDF was never found stuck), a stalled task's would never grow;
+    it grows by one interval per line, so the task is stuck once ``spacing`` times the timeout
+    has passed, and not before the timeout."""
+    clock = ManualClock(start=0.0)
+    w = watch(clock)
+    cpu_ms, due_at = 1000, None
+    while due_at is None and clock.monotonic() < 10 * spacing * w.timeout_s:
+        clock.jump(INTERVAL * spacing)
+        cpu_ms += int(INTERVAL * spacing * 300)  # the JVM runs (a third of a core); the task does not
+        w.on_line(line(100, cpu_ms, (1, 5, int(clock.monotonic() * 1000))))
+        if w.work()[0].idle_s >= w.timeout_s:
+            due_at = clock.monotonic()
+    assert w.gaps > 0 and w.last_gap is not None and w.last_gap.cause.startswith("unknown")
+    assert due_at is not None, f"idle {w.work()[0].idle_s:.2f} s after {clock.monotonic():.1f} s"
+    assert w.timeout_s < due_at <= spacing * (w.timeout_s + 2 * INTERVAL), due_at
+    assert wait_until(lambda: [p.stuck for p in w.work()] == [True], 10)
 
 
 @pytest.mark.parametrize(
