@@ -5,9 +5,9 @@ times) on local-cluster[2,1,1024], heartbeats every 0.5 s with a 2 s timeout, ru
 one-second tasks (50 sleeps of 20 ms each); 2.5 s into it the test freezes
 (SIGSTOP) one executor JVM. The driver plugin, told by the driver-side process that the
 executor's heartbeats timed out, has Spark kill it and tells Spark's task scheduler that it is
-lost, so the attempts the freeze cut are rerun on the other executor within a second of
-interval + timeout after the freeze, or of the other executor's core coming free if it was still
-in a task then. Before, only the kill was asked for: Spark resubmitted the cut attempts when
+lost, so the attempts the freeze cut are rerun on the other executor within 2 s of interval +
+timeout after the freeze, or of the other executor's core coming free if it was still in a task
+then. Before, only the kill was asked for: Spark resubmitted the cut attempts when
 the process was gone, after the Worker's SIGTERM grace on a process that cannot act on it (15 s
 and more here). The benchmark also times the same job undisturbed (the report's figure).
 """
@@ -15,6 +15,7 @@ and more here). The benchmark also times the same job undisturbed (the report's 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from pathlib import Path
 
@@ -33,12 +34,14 @@ JOB = ["--plan", "frozen", "--tasks", str(TASKS), "--steps", "50", "--step-s", "
 FREEZE_AFTER_S = 2.5
 """Into the job: both executors are in a task, a few tasks are done."""
 DETECTED_WITHIN_S = INTERVAL_S + TIMEOUT_S
-RERUN_SLACK_S = 1.0
+RERUN_SLACK_S = 2.0
 """From the moment the loss is known and the healthy executor's core is free to the rerun's start:
-Spark's rescheduling and the Python worker's start of the attempt."""
+the driver's handling of the loss, Spark's rescheduling and the Python worker's start of the
+attempt. Measured: 0.05-0.07 s here unloaded, 1.93 s on a run of the whole suite at a load of 15
+on 2 cores. Without arrowbeat's report of the loss the rerun waited 15 s and more."""
 
 
-def test_a_frozen_executors_tasks_are_rerun_elsewhere_within_interval_timeout_and_a_second(
+def test_a_frozen_executors_tasks_are_rerun_elsewhere_soon_after_interval_and_timeout(
     scratch: Path,
 ) -> None:
     folder = scratch / f"recovery-{time.time_ns()}"
@@ -90,6 +93,11 @@ def test_a_frozen_executors_tasks_are_rerun_elsewhere_within_interval_timeout_an
         if m["pid"] != victim.pid and m["t"] <= detected < ended.get(m["tid"], float("inf"))
     ]
     free_at = max([detected, *busy_until])
+    healthy = sorted(
+        (m["partition"], round(m["t"] - frozen_at, 2), round(ended.get(m["tid"], math.nan) - frozen_at, 2))
+        for m in starts
+        if m["pid"] != victim.pid
+    )
     for attempt in cut:
         reruns = sorted(
             m["t"] for m in starts if m["partition"] == attempt["partition"] and m["pid"] != victim.pid
@@ -99,7 +107,8 @@ def test_a_frozen_executors_tasks_are_rerun_elsewhere_within_interval_timeout_an
             f"partition {attempt['partition']} rerun {reruns[0] - frozen_at:.2f} s after the freeze, "
             f"{reruns[0] - free_at:.2f} s after interval + timeout and a free core on the healthy "
             f"executor ({free_at - frozen_at:.2f} s after the freeze; bound {RERUN_SLACK_S:g} s); "
-            f"job {done['seconds']} s"
+            f"job {done['seconds']} s; the healthy executor's attempts (partition, start, end after "
+            f"the freeze): {healthy}"
         )
         print(
             f"partition {attempt['partition']}: rerun {reruns[0] - frozen_at:.2f} s after the freeze, "
