@@ -27,6 +27,7 @@ APP = Path(__file__).parent / "apps" / "view_app.py"
 SECRET = "spark-view-test-secret-0123456789"
 GENEROUS_S = 60.0
 IDLE = "removed by Spark (idle, dynamic allocation): Executor killed by driver."
+KINDS = ("REGISTERED", "SPARK_REMOVED", "SPARK_LOST")
 
 
 def conf(tables: Path) -> dict[str, str]:
@@ -164,13 +165,14 @@ def test_the_executors_spark_starts_register(allocation: Allocation) -> None:
     another in its place (a CI run saw three registered before the test's go). Such an executor
     can be released before its agent registers, so an executor Spark ended without a registration
     must have been released as idle, never lost."""
-    events = rows(allocation.tables, "executor_events")
+    events = rows(allocation.tables, "executor_events")  # read once: each read opens the table
+    of_kind = {kind: {e["executor_id"] for e in events if e["event"] == kind} for kind in KINDS}
     assert len(allocation.first) >= 2, allocation
-    removed, lost = ids_with(allocation.tables, "SPARK_REMOVED"), ids_with(allocation.tables, "SPARK_LOST")
+    removed, lost = of_kind["SPARK_REMOVED"], of_kind["SPARK_LOST"]
     assert allocation.first <= removed and allocation.killed in lost, events
-    never_registered = (removed | lost) - ids_with(allocation.tables, "REGISTERED")
+    never_registered = (removed | lost) - of_kind["REGISTERED"]
     for executor_id in never_registered:
-        [gone] = recorded(allocation.tables, executor_id, "SPARK_REMOVED")
+        [gone] = [e for e in events if e["executor_id"] == executor_id and e["event"] == "SPARK_REMOVED"]
         assert gone["detail"] == IDLE, events
     assert allocation.killed in allocation.second
 
