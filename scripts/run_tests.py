@@ -26,13 +26,18 @@ leftover-process check and scratch folder, which holds its ``local-cluster`` wor
 other runs' output is kept in ``.cache/test-logs/`` and printed when they have finished. The exit
 status is non-zero when any run fails.
 
+The whole run has a budget (``--budget SECONDS``, default ``BUDGET_S``): CI ends a run that
+overstays its own limit with nothing said about the runs still going, so at the budget every
+run still going is stopped as an interrupted ``make test`` stops it (pytest then prints where it
+was), the chaos soak does not start, and the summary names what was stopped.
+
 The output ends with every run's exit status and the ids of its failed and erroring tests
 (``FAILED``/``ERROR`` lines, collection and teardown errors included), read from the JUnit XML
 report each run writes beside its log (``.cache/test-logs/<run>.xml``; a matrix cell's is
 ``matrix-<cell>.xml``): a failure in a run whose output scrolled by long before is named at the
 end, not only counted.
 
-    python -m scripts.run_tests [--matrix] [PYTEST ARGS]
+    python -m scripts.run_tests [--matrix] [--budget SECONDS] [PYTEST ARGS]
                                                    extra arguments go to every primary-cell run
 
 Only the standard library is imported here: the venv's pytest is run as a child.
@@ -48,7 +53,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scripts import matrix
@@ -57,12 +62,15 @@ ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / ".cache" / "test-logs"
 MARKER = "ARROWBEAT_TEST_RUN"  # harness.procs.MARKER: each run draws its own
 NOTHING_SELECTED = 5
+"""pytest's exit status when arguments (``-k``, a path) leave a run no test: not a failure,
+unless it is every run's."""
 START_FAILED = 127
 """The exit status given to a run whose command could not be started (as a shell gives it)."""
 NOT_RUN = -1
 """The status of a run that never started: its lane was interrupted before it."""
-"""pytest's exit status when arguments (``-k``, a path) leave a run no test: not a failure,
-unless it is every run's."""
+BUDGET_S = 3600.0
+"""Seconds for the whole of ``make test`` (the slowest clean runs here took about 2,600 s; CI
+allows 5,400 s for set-up, this and the demo)."""
 
 
 def _pytest(python: str, marks: str, report: Path, extra: list[str], *options: str) -> list[str]:
@@ -105,21 +113,43 @@ def _test_id(case: ET.Element) -> str:
     return "::".join([file, *filter(None, classes), name])
 
 
-def summary(codes: dict[str, int], reports: Mapping[str, Path]) -> str:
-    """The end of ``make test``'s output: each run's exit status, then its failed test ids."""
+def summary(
+    codes: dict[str, int],
+    reports: Mapping[str, Path],
+    seconds: Mapping[str, float] | None = None,
+    stopped: frozenset[str] = frozenset(),
+) -> str:
+    """The end of ``make test``'s output: each run's exit status and seconds (and whether the
+    budget stopped it), then its failed test ids."""
     lines = ["", "---- every run's exit status and failed tests ----"]
     for name, code in codes.items():
-        lines.append(f"{name}: exit {code}")
+        took = f" in {seconds[name]:.0f}s" if seconds and name in seconds else ""
+        lines.append(
+            f"{name}: exit {code}{took}" + (" (stopped: the budget was spent)" if name in stopped else "")
+        )
         if code in (0, NOTHING_SELECTED):
+            continue
+        if code == NOT_RUN:
+            lines.append("  (not started)")
             continue
         failed = failed_ids(reports[name]) or ["(its report names no failed test: see its output above)"]
         lines += [f"  {line}" for line in failed]
     return "\n".join(lines)
 
 
-def _options(argv: list[str]) -> tuple[bool, list[str]]:
-    """``--matrix``, and the arguments left for pytest."""
-    return "--matrix" in argv, [word for word in argv if word != "--matrix"]
+def _options(argv: list[str]) -> tuple[bool, float, list[str]]:
+    """``--matrix``, ``--budget SECONDS``, and the arguments left for pytest."""
+    rest, budget = list(argv), BUDGET_S
+    if "--budget" in rest:
+        at = rest.index("--budget")
+        try:
+            budget = float(rest[at + 1])
+        except (IndexError, ValueError):
+            raise SystemExit("--budget: expected a number of seconds, e.g. --budget 3600") from None
+        if not budget > 0:
+            raise SystemExit(f"--budget {rest[at + 1]}: expected a positive number of seconds")
+        del rest[at : at + 2]
+    return "--matrix" in rest, budget, [word for word in rest if word != "--matrix"]
 
 
 def matrix_cells() -> list[str]:
@@ -132,16 +162,23 @@ def _dealt(cells: list[str], lanes: int) -> list[list[str]]:
     return [cells[k::lanes] for k in range(lanes)]
 
 
-class Lane(threading.Thread):
-    """Commands run one after the other, each logged to its own file and exit status kept in
-    ``codes``. A command that cannot start gets ``START_FAILED`` and the lane goes on. Each runs
-    in a process group of its own, so ``stop`` (an interrupted ``make test``) ends it and whatever
-    it started (its Spark JVMs): first as Ctrl-C would, so pytest tears its fixtures down."""
+Step = tuple[str, Path | None, list[str]]
+"""A run: its name, the file its output goes to (``None``: this process's own output, printed as
+it goes) and its command."""
 
-    def __init__(self, steps: list[tuple[str, Path, list[str]]], env: dict[str, str]) -> None:
+
+class Lane(threading.Thread):
+    """Commands run one after the other, each logged to its own file (or printed as it goes) and
+    its exit status and seconds kept in ``codes`` and ``seconds``. A command that cannot start
+    gets ``START_FAILED`` and the lane goes on. Each runs in a process group of its own, so
+    ``stop`` (an interrupted ``make test``, or the budget spent) ends it and whatever it started
+    (its Spark JVMs): first as Ctrl-C would, so pytest tears its fixtures down."""
+
+    def __init__(self, steps: Sequence[Step], env: dict[str, str]) -> None:
         super().__init__(daemon=True)
         self.steps, self.env = steps, env
         self.codes: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
         self._current: subprocess.Popen[bytes] | None = None
         self._stopped = False
         self._lock = threading.Lock()  # a step starts, or the lane stops: never both at once
@@ -151,8 +188,9 @@ class Lane(threading.Thread):
             with self._lock:
                 if self._stopped:
                     return
+                began = time.monotonic()
                 try:
-                    with log_path.open("wb") as log:
+                    with open(log_path, "wb") if log_path else contextlib.nullcontext() as log:
                         child = subprocess.Popen(
                             command, cwd=ROOT, env=self.env, stdout=log, stderr=log, start_new_session=True
                         )
@@ -162,6 +200,7 @@ class Lane(threading.Thread):
                     continue
                 self._current = child
             self.codes[name] = child.wait()
+            self.seconds[name] = time.monotonic() - began
 
     def stop(self) -> None:
         with self._lock:
@@ -178,11 +217,12 @@ class Lane(threading.Thread):
 
 
 def main(argv: list[str]) -> int:
-    with_matrix, argv = _options(argv)
+    with_matrix, budget_s, argv = _options(argv)
     python = str(ROOT / ".venv" / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k != MARKER}
     LOGS.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    deadline = started + budget_s
     spark = "spark and not chaos"
     reports: dict[str, Path] = {
         "tests without a JVM": LOGS / "no-jvm.xml",
@@ -202,54 +242,71 @@ def main(argv: list[str]) -> int:
     # Each lane ends with its share of the matrix's cells (each builds its venv first, if missing).
     tails = _dealt(matrix_cells() if with_matrix else [], 3)
 
-    def cells(names: list[str]) -> list[tuple[str, Path, list[str]]]:
+    def cells(names: list[str], printed: bool = False) -> list[Step]:
         return [
             (
                 f"matrix cell {name}",
-                LOGS / f"matrix-{name}.log",
+                None if printed else LOGS / f"matrix-{name}.log",
                 [python, "-m", "scripts.matrix", "run", name],
             )
             for name in names
         ]
 
+    # The first lane prints as it goes; the others' output is printed when they have ended.
+    first = Lane([("Spark shard 1/3", None, shard(1)), *cells(tails[0], printed=True)], env)
     second = Lane([("Spark shard 2/3", LOGS / "spark-2.log", shard(2)), *cells(tails[1])], env)
-    third_steps = [
+    third_steps: list[Step] = [
         ("tests without a JVM", LOGS / "no-jvm.log", _pytest(python, "not spark", LOGS / "no-jvm.xml", argv)),
         ("Spark shard 3/3", LOGS / "spark-3.log", shard(3)),
         *cells(tails[2]),
     ]
     third = Lane(third_steps, env)
-    lanes = (second, third)
-    codes: dict[str, int] = {}
-    try:
-        for lane in lanes:
-            lane.start()
-        codes["Spark shard 1/3"] = subprocess.call(shard(1), cwd=ROOT, env=env)
-        for name, _, command in cells(tails[0]):  # printed as it goes, as the first shard is
-            codes[name] = subprocess.call(command, cwd=ROOT, env=env)
-        for lane in lanes:
-            lane.join()
-    finally:
-        for lane in lanes:
-            if lane.is_alive():  # interrupted: end the runs we started
-                lane.stop()
-    for lane in lanes:
+    chaos = Lane([("chaos soak", None, _pytest(python, "chaos", LOGS / "chaos.xml", argv))], env)
+    lanes = (first, second, third)
+    stopped = _run_until(lanes, deadline)
+    for lane in lanes[1:]:
         for name, log_path, _ in lane.steps:
-            codes[name] = lane.codes.get(name, NOT_RUN)
-            if log_path.exists() and name in lane.codes:
+            if log_path is not None and log_path.exists() and name in lane.codes:
                 print(f"\n---- {name} ({log_path.relative_to(ROOT)}) ----", flush=True)
                 sys.stdout.write(log_path.read_text(errors="replace"))
-    print(f"\n---- the chaos soak, alone (after {time.monotonic() - started:.0f}s) ----", flush=True)
-    chaos = subprocess.call(_pytest(python, "chaos", LOGS / "chaos.xml", argv), cwd=ROOT, env=env)
-    codes["chaos soak"] = chaos
+    if not stopped:
+        print(f"\n---- the chaos soak, alone (after {time.monotonic() - started:.0f}s) ----", flush=True)
+        stopped = _run_until((chaos,), deadline)
+    else:
+        print(
+            f"\n---- the budget of {budget_s:.0f}s was spent: the chaos soak does not start ----", flush=True
+        )
+    codes = {name: lane.codes.get(name, NOT_RUN) for lane in (*lanes, chaos) for name, _, _ in lane.steps}
+    seconds = {name: s for lane in (*lanes, chaos) for name, s in lane.seconds.items()}
     took = time.monotonic() - started
-    print(summary(codes, reports), flush=True)
+    print(summary(codes, reports, seconds, stopped), flush=True)
     outcome = ", ".join(f"{name} exit {code}" for name, code in codes.items())
     print(f"\nprimary cell{' and matrix' if with_matrix else ''}: {outcome}, {took:.0f}s", flush=True)
     if all(code == NOTHING_SELECTED for code in codes.values()):
         print("no test selected by these arguments", flush=True)
         return 1
     return 0 if all(code in (0, NOTHING_SELECTED) for code in codes.values()) else 1
+
+
+def _run_until(lanes: tuple[Lane, ...], deadline: float) -> frozenset[str]:
+    """Starts the lanes and waits for them until ``deadline`` (``time.monotonic``); then, or when
+    interrupted, stops those still going. The names of the runs the deadline stopped."""
+    stopped: set[str] = set()
+    try:
+        for lane in lanes:
+            lane.start()
+        for lane in lanes:
+            lane.join(max(0.0, deadline - time.monotonic()))
+        for lane in lanes:
+            if lane.is_alive():
+                stopped.update(name for name, _, _ in lane.steps if name not in lane.codes)
+        if stopped:
+            print(f"\n---- the budget is spent: stopping {', '.join(sorted(stopped))} ----", flush=True)
+    finally:
+        for lane in lanes:
+            if lane.is_alive():  # the budget spent, or interrupted: end the runs we started
+                lane.stop()
+    return frozenset(stopped)
 
 
 if __name__ == "__main__":

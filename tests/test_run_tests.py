@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from scripts import run_tests
 
 SUITE = {
@@ -126,8 +128,36 @@ def test_a_stopped_lane_ends_its_run_and_starts_no_other(tmp_path: Path) -> None
 
 
 def test_options() -> None:
-    assert run_tests._options(["-k", "x"]) == (False, ["-k", "x"])
-    assert run_tests._options(["--matrix", "-x"]) == (True, ["-x"])
+    assert run_tests._options(["-k", "x"]) == (False, run_tests.BUDGET_S, ["-k", "x"])
+    assert run_tests._options(["--matrix", "-x"]) == (True, run_tests.BUDGET_S, ["-x"])
+    assert run_tests._options(["--budget", "90", "--matrix", "-x"]) == (True, 90.0, ["-x"])
+    for bad in (["--budget"], ["--budget", "soon"], ["--budget", "0"]):
+        with pytest.raises(SystemExit, match="--budget"):
+            run_tests._options(bad)
+
+
+def test_at_the_budget_the_runs_still_going_are_stopped_and_named(tmp_path: Path) -> None:
+    """A run that overstays the budget is stopped (its process gone, the next step never started)
+    and named; a lane that ended in time is not; the summary says which runs the budget stopped."""
+    sleeper = "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); time.sleep(120)"
+    slow = run_tests.Lane(
+        [
+            ("slow", tmp_path / "slow.log", [sys.executable, "-c", sleeper]),
+            ("after slow", tmp_path / "after.log", [sys.executable, "-c", "pass"]),
+        ],
+        {},
+    )
+    quick = run_tests.Lane([("quick", tmp_path / "quick.log", [sys.executable, "-c", "pass"])], {})
+    began = time.monotonic()
+    stopped = run_tests._run_until((slow, quick), time.monotonic() + 3.0)
+    assert stopped == {"slow", "after slow"}
+    assert not slow.is_alive() and time.monotonic() - began < 60
+    assert quick.codes == {"quick": 0} and slow.codes["slow"] != 0 and "after slow" not in slow.codes
+    codes = {"slow": slow.codes["slow"], "after slow": run_tests.NOT_RUN, "quick": 0}
+    text = run_tests.summary(codes, {n: tmp_path / "none.xml" for n in codes}, quick.seconds, stopped)
+    assert f"slow: exit {slow.codes['slow']} (stopped: the budget was spent)" in text
+    assert "quick: exit 0 in " in text and "quick: exit 0 in 0s (stopped" not in text
+    assert "after slow: exit -1 (stopped: the budget was spent)\n  (not started)" in text
 
 
 def test_the_matrix_cells_are_dealt_out_over_the_lanes() -> None:
