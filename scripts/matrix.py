@@ -194,8 +194,11 @@ def junit_report(cell: str) -> Path:
 
 
 def run(c: Cell, pytest_args: list[str]) -> int:
-    """The compatibility subset in ``c``'s venv; prints what the cell is and how long it took."""
+    """The compatibility subset in ``c``'s venv; prints what the cell is and how long its venv's
+    set-up (pip, on a fresh machine) and its tests took."""
+    began = time.monotonic()
     python = venv(c) / "bin" / "python"
+    print(f"== matrix cell {c.name}: venv ready in {time.monotonic() - began:.0f} s", flush=True)
     versions = subprocess.run(
         [
             str(python),
@@ -298,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("delta-jars")
     for name in ("venv", "lock"):
         sub.add_parser(name).add_argument("cell")
+    sub.add_parser("venvs")
     every = sub.add_parser("run-all")
     every.add_argument("--jobs", type=int, default=3, help="cells at a time")
     runner = sub.add_parser("run")
@@ -314,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(delta_jars()))
     elif args.command == "venv":
         print(venv(cell(args.cell)))
+    elif args.command == "venvs":
+        for c in CELLS:
+            if not c.primary:
+                began = time.monotonic()
+                print(f"matrix: {venv(c)} ready in {time.monotonic() - began:.0f} s", flush=True)
     elif args.command == "lock":
         lock(cell(args.cell))
     else:

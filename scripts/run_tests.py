@@ -68,9 +68,9 @@ START_FAILED = 127
 """The exit status given to a run whose command could not be started (as a shell gives it)."""
 NOT_RUN = -1
 """The status of a run that never started: its lane was interrupted before it."""
-BUDGET_S = 3600.0
-"""Seconds for the whole of ``make test`` (the slowest clean runs here took about 2,600 s; CI
-allows 5,400 s for set-up, this and the demo)."""
+BUDGET_S = 4000.0
+"""Seconds for the whole of ``make test``: the slowest clean runs here took about 2,600 s, and CI
+allows 5,400 s for a fresh machine's set-up (about 10 minutes), this and the demo (about 8)."""
 
 
 def _pytest(python: str, marks: str, report: Path, extra: list[str], *options: str) -> list[str]:
