@@ -22,7 +22,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup setup-python setup-jvm prereqs prereqs-python prereqs-jvm demo test lint typecheck unit \
-	proto bench bench-readme clean wheel matrix matrix-venvs cell jvm-test docs
+	proto bench bench-readme clean wheel matrix wheelhouse cell jvm-test docs
 # Set-up in two parts: Python (venv + pip: all `unit`, `lint` and `typecheck` need) and the JVM
 # side on top (the Delta jars via Maven, the launcher via javac) for Spark, `test`, `demo`, `bench`.
 setup: setup-python setup-jvm
@@ -107,20 +107,19 @@ unit: setup-python
 # launcher's JUnit tests first, a few seconds; then three lanes side by side: two Spark shards, and
 # the JVM-less tests then a third Spark shard, each lane ending with its share of the matrix's
 # cells; then the chaos soak alone: scripts/run_tests.py).
-test: setup lint jvm-test docs $(CACHE)/.chromium matrix-venvs
+test: setup lint jvm-test docs $(CACHE)/.chromium wheelhouse
 	$(PY) -m scripts.run_tests --matrix
 
-# The matrix's other cells' venvs, made before the lanes start (up to date: a stamp check each).
-# On a fresh machine pip then fetches and builds each cell's pyspark (an sdist of about 430 MB)
-# once, with the machine to itself, and the wheel test's resolutions beside every supported
-# pyspark (tests/test_wheel.py) find them in pip's caches instead of fetching and unpacking each
-# again in the middle of the Spark tests.
-matrix-venvs: $(VENV)/.installed
-	$(PYTHON) -m scripts.matrix venvs
+# Every cell's pyspark as a wheel in .cache/wheelhouse/, each fetched and built once (PyPI has only
+# a 455 MB sdist, and pip neither caches that download nor reuses its built wheel): the cells' venvs,
+# the installed wheel's venv and the wheel test's resolutions beside every supported pyspark take it
+# from there (scripts/matrix.py WHEELHOUSE). Present: nothing to do.
+wheelhouse:
+	$(PYTHON) -m scripts.matrix wheelhouse
 
 # The version matrix's other cells (one venv each under .cache/venvs/, from locks/<cell>.txt), each
 # running the tests marked `compat`, MATRIX_JOBS cells at a time. `make cell CELL=spark-4.3` runs one.
-matrix: setup-jvm matrix-venvs
+matrix: setup-jvm
 	$(PYTHON) -m scripts.matrix run-all --jobs $(MATRIX_JOBS)
 
 MATRIX_JOBS ?= 3

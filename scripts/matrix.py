@@ -9,6 +9,7 @@ cells.
 
     python -m scripts.matrix list                 the cells that run the compatibility subset
     python -m scripts.matrix venv CELL            create or refresh the cell's venv (cached by lock)
+    python -m scripts.matrix wheelhouse           build every cell's pyspark wheel once (WHEELHOUSE)
     python -m scripts.matrix run CELL [ARGS]      run the subset there (ARGS go to pytest)
     python -m scripts.matrix run-all [--jobs N]   every non-primary cell, N at a time (default 3)
     python -m scripts.matrix lock CELL            re-resolve locks/CELL.txt from the cell's seeds
@@ -35,6 +36,13 @@ from typing import IO
 ROOT = Path(__file__).resolve().parent.parent
 LOCKS = ROOT / "locks"
 VENVS = ROOT / ".cache" / "venvs"
+WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
+"""Each cell's pyspark as a wheel, built once from its sdist (about 455 MB; PyPI has no wheel of
+it). pip neither keeps that download in its HTTP cache nor reuses its own built wheel for it: every
+venv, install and resolution that named a pyspark fetched and unpacked the sdist again, eight
+times in a fresh machine's ``make test``. Every pip run of the project's set-up and tests looks
+here first (``--find-links``; ``PIP_FIND_LINKS`` for the tests' own, ``harness.env``) and takes
+the wheel of the same version from here: no fetch, no build."""
 COMPAT_TESTS = (
     "tests/compat",
     "tests/spark/test_launcher_compat.py",
@@ -143,9 +151,25 @@ def _stamp(c: Cell) -> str:
 
 
 def _pip(python: Path, *args: str) -> None:
+    links = ["--find-links", str(WHEELHOUSE)] if args[0] in ("install", "wheel") else []
     subprocess.run(
-        [str(python), "-m", "pip", "-q", "--disable-pip-version-check", *args], check=True, cwd=ROOT
+        [str(python), "-m", "pip", "-q", "--disable-pip-version-check", *args, *links], check=True, cwd=ROOT
     )
+
+
+def pyspark_wheel(c: Cell) -> Path:
+    """The wheel of the pyspark ``c``'s lock pins, in ``WHEELHOUSE``: built there (fetched once)
+    when missing."""
+    version = locked(c, "pyspark")
+    found = sorted(WHEELHOUSE.glob(f"pyspark-{version}-*.whl"))
+    if found:
+        return found[0]
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    _pip(Path(sys.executable), "wheel", "--no-deps", "--wheel-dir", str(WHEELHOUSE), f"pyspark=={version}")
+    [built] = WHEELHOUSE.glob(f"pyspark-{version}-*.whl")
+    print(f"matrix: built {built.name} in {time.monotonic() - began:.0f} s", flush=True)
+    return built
 
 
 def venv(c: Cell) -> Path:
@@ -156,6 +180,7 @@ def venv(c: Cell) -> Path:
     stamp = _stamp(c)
     if stamp_file.is_file() and stamp_file.read_text() == stamp:
         return c.venv
+    pyspark_wheel(c)
     python = c.venv / "bin" / "python"
     if not python.is_file():
         subprocess.run([interpreter(c.python), "-m", "venv", str(c.venv)], check=True)
@@ -301,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("delta-jars")
     for name in ("venv", "lock"):
         sub.add_parser(name).add_argument("cell")
-    sub.add_parser("venvs")
+    sub.add_parser("wheelhouse")
     every = sub.add_parser("run-all")
     every.add_argument("--jobs", type=int, default=3, help="cells at a time")
     runner = sub.add_parser("run")
@@ -318,11 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(delta_jars()))
     elif args.command == "venv":
         print(venv(cell(args.cell)))
-    elif args.command == "venvs":
+    elif args.command == "wheelhouse":
         for c in CELLS:
-            if not c.primary:
-                began = time.monotonic()
-                print(f"matrix: {venv(c)} ready in {time.monotonic() - began:.0f} s", flush=True)
+            pyspark_wheel(c)
     elif args.command == "lock":
         lock(cell(args.cell))
     else:
