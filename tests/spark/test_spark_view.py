@@ -9,12 +9,14 @@ application's jobs run on."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from harness.history_read import rows
@@ -72,6 +74,24 @@ def ids_with(tables: Path, kind: str) -> set[str]:
     return {r["executor_id"] for r in rows(tables, "executor_events") if r["event"] == kind}
 
 
+def told(tables: Path) -> list[tuple[str, str, str]]:
+    """``executor_events`` as (executor, event, detail): what a failure message shows whole."""
+    return [(r["executor_id"], r["event"], r["detail"] or "") for r in rows(tables, "executor_events")]
+
+
+def holding(directory: Path, hold: str, jvms: dict[str, Any]) -> set[str]:
+    """The executors among ``jvms`` (id to JVM process) that run a task of ``hold`` now: each task
+    leaves ``running-<hold>-<pid>`` (``view_app.wait_for``), and its Python worker descends from
+    its executor's JVM."""
+    by_pid = {proc.pid: executor_id for executor_id, proc in jvms.items()}
+    found: set[str] = set()
+    for marker in directory.glob(f"running-{hold}-*"):
+        with contextlib.suppress(psutil.Error, ValueError):
+            worker = psutil.Process(int(marker.name.rsplit("-", 1)[1]))
+            found.update(by_pid[p.pid] for p in worker.parents() if p.pid in by_pid)
+    return found
+
+
 @dataclass
 class Allocation:
     tables: Path
@@ -109,8 +129,8 @@ def allocation(scratch: Path) -> Iterator[Allocation]:
         # the 2 s idle timeout, and Spark would rightly release an idle executor before that. A
         # hold sent after APP-READY came too late under CI's load: an initial executor was
         # released first and a third one started.
-        assert wait_until(lambda: len(ids_with(result.tables, "REGISTERED")) >= 2, GENEROUS_S), rows(
-            result.tables, "executor_events"
+        assert wait_until(lambda: len(ids_with(result.tables, "REGISTERED")) >= 2, GENEROUS_S), told(
+            result.tables
         )
         result.first = ids_with(result.tables, "REGISTERED")
         commands.go("first-go")
@@ -121,36 +141,41 @@ def allocation(scratch: Path) -> Iterator[Allocation]:
                 <= ids_with(result.tables, "SPARK_REMOVED") & ids_with(result.tables, "UNREGISTERED")
             ),
             GENEROUS_S,
-        ), rows(result.tables, "executor_events")
+        ), told(result.tables)
         result.view_after_idle = {e.executor_id: e.state for e in list_executors(address, SECRET)}
 
         # A job brings new executors; one is SIGKILLed while its task runs.
         commands.hold("second-go")
         assert wait_until(
             lambda: len(ids_with(result.tables, "REGISTERED") - result.first) >= 1, GENEROUS_S
-        ), rows(result.tables, "executor_events")
+        ), told(result.tables)
         jvms: dict[str, Any] = {}
+        busy: set[str] = set()
 
-        def busy_jvms() -> bool:
+        def busy_new_jvm() -> bool:
+            """A new executor holds a task of the hold now: it is not idle, so Spark is not
+            releasing it (an idle one killed could be recorded as released, not lost)."""
             for proc in ours("CoarseGrainedExecutorBackend", app.marker):
                 args = proc.cmdline()
                 jvms[args[args.index("--executor-id") + 1]] = proc
-            return any(e not in result.first for e in jvms)
+            busy.update(holding(commands.directory, "second-go", jvms))
+            return bool(busy - result.first)
 
-        assert wait_until(busy_jvms, GENEROUS_S)
-        result.killed = sorted(e for e in jvms if e not in result.first)[0]
+        assert wait_until(busy_new_jvm, GENEROUS_S), (jvms, busy)
+        result.killed = sorted(busy - result.first)[0]
         assert wait_until(lambda: recorded(result.tables, result.killed, "REGISTERED"), GENEROUS_S)
         jvms[result.killed].send_signal(signal.SIGKILL)
-        assert wait_until(lambda: recorded(result.tables, result.killed, "SPARK_LOST"), GENEROUS_S), rows(
-            result.tables, "executor_events"
+        assert wait_until(lambda: recorded(result.tables, result.killed, "SPARK_LOST"), GENEROUS_S), (
+            result.killed,
+            told(result.tables),
         )
         commands.go("second-go")
         app.wait_for("HOLD-DONE ", timeout_s=180)
         result.second = ids_with(result.tables, "REGISTERED") - result.first
         survivors = result.second - {result.killed}
         # Idle again: Spark releases the survivors too.
-        assert wait_until(lambda: survivors <= ids_with(result.tables, "SPARK_REMOVED"), GENEROUS_S), rows(
-            result.tables, "executor_events"
+        assert wait_until(lambda: survivors <= ids_with(result.tables, "SPARK_REMOVED"), GENEROUS_S), told(
+            result.tables
         )
         commands.send("stop")
         result.exit_code = app.wait(timeout_s=120)

@@ -13,6 +13,7 @@ starts, in the background, a job of two tasks that wait for the file NAME in COM
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -25,7 +26,10 @@ from harness.procs import wait_until
 
 
 def wait_for(go: str, x: int) -> int:
-    """A task that runs until the test says go (bounded, so nothing waits forever)."""
+    """A task that runs until the test says go (bounded, so nothing waits forever). It leaves
+    ``running-<go>-<pid>`` beside the go file first, so the test can tell which executors hold a
+    task (its Python worker's ancestors)."""
+    (Path(go).parent / f"running-{Path(go).name}-{os.getpid()}").touch()
     wait_until(Path(go).exists, 600)
     return x
 
