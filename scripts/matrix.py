@@ -39,7 +39,7 @@ VENVS = ROOT / ".cache" / "venvs"
 WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
 """Each cell's pyspark as a wheel, built once from its sdist (about 455 MB; PyPI has no wheel of
 it). pip neither keeps that download in its HTTP cache nor reuses its own built wheel for it: every
-venv, install and resolution that named a pyspark fetched and unpacked the sdist again, eight
+venv, install and resolution that named a pyspark fetched and unpacked the sdist again, nine
 times in a fresh machine's ``make test``. Every pip run of the project's set-up and tests looks
 here first (``--find-links``; ``PIP_FIND_LINKS`` for the tests' own, ``harness.env``) and takes
 the wheel of the same version from here: no fetch, no build."""
