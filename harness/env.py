@@ -19,6 +19,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from harness.procs import MARKER
+from scripts.matrix import WHEELHOUSE
 
 ROOT = Path(__file__).resolve().parents[1]
 SPARK_HOME_DIR = "spark-home"
@@ -81,23 +82,19 @@ users run. (The chaos test runs ``harness.chaos`` as its child, with the test's 
 asserts invariants, not speed.)"""
 
 
-WHEELHOUSE = ROOT / ".cache" / "wheelhouse"
-"""Each matrix cell's pyspark as a wheel (``scripts/matrix.py``, ``make wheelhouse``). The tests'
-own pip runs (the installed wheel's venv, its resolutions beside every supported pyspark) look
-there first (``PIP_FIND_LINKS``) and take the wheel of the version they name, where pip would
-fetch and build a 455 MB sdist each time."""
-
-
 def for_tests() -> Path:
     """``prepare``, the tests' JVM options (``TEST_JVM_OPTIONS``, through ``JAVA_TOOL_OPTIONS``,
-    which every JVM reads: Spark's driver, executors, standalone daemons, Maven) and the
-    ``WHEELHOUSE`` for their pip runs; called by the suite's conftest, never by a benchmark.
-    Options already set come first and are kept."""
+    which every JVM reads: Spark's driver, executors, standalone daemons, Maven) and the matrix's
+    ``WHEELHOUSE`` for their pip runs (``PIP_FIND_LINKS``: the installed wheel's venv and its
+    resolutions beside every supported pyspark take each pyspark's wheel from there); called by the
+    suite's conftest, never by a benchmark. Options already set come first and are kept."""
     scratch = prepare()
     for option in TEST_JVM_OPTIONS:
         with_java_option(os.environ, option)
-    if WHEELHOUSE.is_dir():
-        os.environ.setdefault("PIP_FIND_LINKS", str(WHEELHOUSE))
+    if WHEELHOUSE.is_dir():  # beside any the machine sets (pip reads the variable as a list)
+        links = os.environ.get("PIP_FIND_LINKS", "").split()
+        if str(WHEELHOUSE) not in links:
+            os.environ["PIP_FIND_LINKS"] = " ".join([*links, str(WHEELHOUSE)])
     return scratch
 
 

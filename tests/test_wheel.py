@@ -85,7 +85,7 @@ def test_conf_of_the_installed_wheel_names_its_jar_and_lets_spark_fetch_delta(
 def test_the_wheel_resolves_beside_every_supported_pyspark(installed_wheel: Installed, pyspark: str) -> None:
     """A user's ``pip install pyspark==X arrowbeat-*.whl`` in a fresh venv: pip finds a set for
     every supported Spark (no ``--no-deps``, nothing downgraded below the user's pick). pyspark X
-    itself comes from the wheelhouse (``harness.env.WHEELHOUSE``: PyPI's sdist of X, built once),
+    itself comes from the wheelhouse (``scripts.matrix.WHEELHOUSE``: PyPI's sdist of X, built once),
     everything else from the index."""
     done = subprocess.run(
         [
