@@ -102,18 +102,24 @@ def test_a_lane_step_that_cannot_start_fails_and_the_lane_goes_on(tmp_path: Path
     assert (tmp_path / "after.log").read_text().strip() == "ran"
 
 
+def overstaying_run(started: Path) -> list[str]:
+    """A run that outlasts any test here (two minutes) unless a lane stops it, and touches
+    ``started`` once it runs. Python keeps SIGINT ignored when it starts ignored (a make run in the
+    background), and the lane's SIGINT then waits out its 60 s grace: the child takes the interrupt
+    as a shell's would."""
+    code = (
+        "import pathlib, signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"pathlib.Path({str(started)!r}).touch(); time.sleep(120)"
+    )
+    return [sys.executable, "-c", code]
+
+
 def test_a_stopped_lane_ends_its_run_and_starts_no_other(tmp_path: Path) -> None:
     """An interrupted ``make test``: the lane's running command (and its process group) ends, and
     the steps after it never start (the summary counts them ``NOT_RUN``)."""
     started = tmp_path / "started"
-    # Python keeps SIGINT ignored when it starts ignored (a make run in the background), and the
-    # lane's SIGINT then waits out its 60 s grace: the child takes the interrupt as a shell's would.
-    sleeper = (
-        "import pathlib, signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        f"pathlib.Path({str(started)!r}).touch(); time.sleep(120)"
-    )
     steps = [
-        ("long", tmp_path / "long.log", [sys.executable, "-c", sleeper]),
+        ("long", tmp_path / "long.log", overstaying_run(started)),
         ("next", tmp_path / "next.log", [sys.executable, "-c", "pass"]),
     ]
     lane = run_tests.Lane(steps, {})
@@ -139,10 +145,9 @@ def test_options() -> None:
 def test_at_the_budget_the_runs_still_going_are_stopped_and_named(tmp_path: Path) -> None:
     """A run that overstays the budget is stopped (its process gone, the next step never started)
     and named; a lane that ended in time is not; the summary says which runs the budget stopped."""
-    sleeper = "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); time.sleep(120)"
     slow = run_tests.Lane(
         [
-            ("slow", tmp_path / "slow.log", [sys.executable, "-c", sleeper]),
+            ("slow", tmp_path / "slow.log", overstaying_run(tmp_path / "started")),
             ("after slow", tmp_path / "after.log", [sys.executable, "-c", "pass"]),
         ],
         {},
